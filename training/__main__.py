@@ -1,0 +1,108 @@
+"""`python -m training`: seed, prepare, check (the host-side stages)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from training.errors import USER_ERRORS
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Host-side stages of a training trial.")
+err = Console(stderr=True)
+out = Console()
+
+
+def _fail(e: Exception) -> None:
+    err.print(f"[bold red]error:[/] {e}", highlight=False)
+    raise typer.Exit(2)
+
+
+@app.command()
+def seed(kind: str = typer.Option(..., help="smollm2-135m | tiny | local"),
+         out_dir: Path = typer.Option(..., "--out", help="directory to create"),
+         source: Optional[Path] = typer.Option(None, help="for --kind local: a Hugging Face dir"),
+         expect: Optional[str] = typer.Option(None, help="required receipt digest")) -> None:
+    """Materialize a seed model directory (safetensors + tokenizer + receipt.json), offline."""
+    from training.seed import materialize
+
+    try:
+        with err.status(f"materializing {kind} seed into {out_dir}…"):
+            receipt = materialize(kind, out_dir, source=str(source) if source else None,
+                                  expect=expect)
+    except USER_ERRORS as e:
+        _fail(e)
+    out.print_json(json.dumps({"out": str(out_dir), "kind": kind, "receipt_digest": receipt["digest"],
+                               "parameters": receipt["meta"].get("parameters"),
+                               "seconds": receipt["meta"].get("seconds")}))
+
+
+@app.command()
+def prepare(experiment: str = typer.Option(...), profile: str = typer.Option(...),
+            home: Path = typer.Option(..., help="the trial home to write"),
+            model_dir: Optional[Path] = typer.Option(
+                None, help="seed directory (default: .seeds/<profile's seed kind>)"),
+            previous_home: Optional[Path] = typer.Option(
+                None, help="home of the previous experiment whose tasks must not recur"),
+            replay: Optional[Path] = typer.Option(
+                None, help="user-supplied replay JSONL (default: generated conversations)")) -> None:
+    """Generate, check, tokenize and commit the experiment's inputs."""
+    from training.config import resolve
+    from training.prepare import prepare as run_prepare
+
+    try:
+        cfg = resolve(experiment, profile)
+        md = model_dir or Path(".seeds") / cfg.profile.seed
+        with err.status(f"preparing {experiment}/{profile} in {home}…"):
+            res = run_prepare(cfg, home, md, replay_file=str(replay) if replay else None,
+                              previous_home=str(previous_home) if previous_home else None)
+    except USER_ERRORS as e:
+        _fail(e)
+    p, rec = res["prepared"], res["record"]
+    c = p["counts"]
+    t = Table(title=f"{experiment}/{profile}: {res['status']} in {rec['seconds']['total']:.1f} s")
+    for col in ("role", "documents", "target tokens", "weighted targets", "max doc tokens"):
+        t.add_column(col, justify="right")
+    for role in ("task", "replay", "damaged_task", "probes"):
+        r = c[role]
+        t.add_row(role, str(r["documents"]), str(r["target_tokens"]), str(r["weighted_targets"]),
+                  str(r["max_document_tokens"]))
+    err.print(t)
+    err.print(f"task share of targets: {c['task_share_of_targets']:.1%} unweighted, "
+              f"{c['task_share_of_weighted_targets']:.1%} weighted; "
+              f"{p['corruption']['count']} damaged targets; splits {p['splits']}")
+    out.print_json(json.dumps({"home": str(home), "status": res["status"],
+                               "seconds": rec["seconds"], "counts": c}))
+
+
+@app.command()
+def check(home: Path = typer.Option(...), case: str = typer.Option(..., help="case id, e.g. test-00003")) -> None:
+    """Strictly check the answer text on stdin against CASE; print one JSON line."""
+    from training.checker import check_answer
+    from training.prepare import PrepareError, load_cases, require_prepared
+
+    try:
+        require_prepared(home)
+        cases = load_cases(home)
+        if case not in cases:
+            raise PrepareError(f"no case '{case}' in {home}/inputs/tasks.jsonl "
+                               f"(ids look like {next(iter(cases))})")
+    except USER_ERRORS as e:
+        _fail(e)
+    row = cases[case]
+    verdict = check_answer(sys.stdin.read(), row["schema"], row["answer"])
+    print(json.dumps({"case": case, **verdict.as_dict()}))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
