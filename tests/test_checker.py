@@ -1,0 +1,75 @@
+"""Every checker semantic, tried with hostile answers."""
+
+import pytest
+
+from training.checker import INT, INT_OR_NULL, STR, STR_LIST, STR_OR_NULL, check_answer
+
+LOOKUP = ({"sku": STR, "qty": INT_OR_NULL}, {"sku": "A-1000", "qty": 5})
+MISSING = ({"sku": STR, "qty": INT_OR_NULL}, {"sku": "A-1000", "qty": None})
+ZERO = ({"sku": STR, "qty": INT_OR_NULL}, {"sku": "A-1000", "qty": 0})
+STATUS = ({"sku": STR, "status": STR_OR_NULL}, {"sku": "A-1000", "status": "open"})
+INVOICE = ({"invoice": STR, "total_cents": INT}, {"invoice": "INV-1", "total_cents": 1200})
+ORDER = ({"order": STR_LIST}, {"order": ["T-002", "T-010", "T-001"]})
+
+
+@pytest.mark.parametrize("text,case,reason", [
+    ('{"sku": "A-1000", "qty": 5}', LOOKUP, "ok"),
+    ('  \n{"qty": 5, "sku": "A-1000"}\n ', LOOKUP, "ok"),  # whitespace and key order are free
+    ('{"sku":"A-1000","qty":5}', LOOKUP, "ok"),
+    # malformed JSON
+    ('{"sku": "A-1000", "qty": 5', LOOKUP, "malformed_json"),
+    ("{'sku': 'A-1000', 'qty': 5}", LOOKUP, "malformed_json"),
+    ('', LOOKUP, "malformed_json"),
+    ('```json\n{"sku": "A-1000", "qty": 5}\n```', LOOKUP, "malformed_json"),
+    ('The answer is {"sku": "A-1000", "qty": 5}', LOOKUP, "malformed_json"),
+    # trailing text, including a second object
+    ('{"sku": "A-1000", "qty": 5} done', LOOKUP, "trailing_text"),
+    ('{"sku": "A-1000", "qty": 5}{"sku": "A-1000", "qty": 5}', LOOKUP, "trailing_text"),
+    ('{"sku": "A-1000", "qty": 5}\n```', LOOKUP, "trailing_text"),
+    # duplicate keys, also when both values are right, and nested
+    ('{"sku": "A-1000", "qty": 5, "qty": 5}', LOOKUP, "duplicate_key:qty"),
+    ('{"sku": "A-1000", "qty": 4, "qty": 5}', LOOKUP, "duplicate_key:qty"),
+    ('{"order": [{"a": 1, "a": 2}]}', ORDER, "duplicate_key:a"),
+    # wrong numeric types
+    ('{"sku": "A-1000", "qty": "5"}', LOOKUP, "wrong_type:qty"),
+    ('{"sku": "A-1000", "qty": 5.0}', LOOKUP, "wrong_type:qty"),
+    ('{"sku": "A-1000", "qty": true}', LOOKUP, "wrong_type:qty"),
+    ('{"sku": "A-1000", "qty": 5e0}', LOOKUP, "wrong_type:qty"),
+    ('{"invoice": "INV-1", "total_cents": 1200.0}', INVOICE, "wrong_type:total_cents"),
+    ('{"invoice": "INV-1", "total_cents": null}', INVOICE, "wrong_type:total_cents"),
+    ('{"invoice": 1, "total_cents": 1200}', INVOICE, "wrong_type:invoice"),
+    ('{"order": ["T-002", 10, "T-001"]}', ORDER, "wrong_type:order"),
+    ('{"order": "T-002,T-010,T-001"}', ORDER, "wrong_type:order"),
+    # NaN / Infinity
+    ('{"sku": "A-1000", "qty": NaN}', LOOKUP, "non_finite_number"),
+    ('{"sku": "A-1000", "qty": Infinity}', LOOKUP, "non_finite_number"),
+    ('{"sku": "A-1000", "qty": -Infinity}', LOOKUP, "non_finite_number"),
+    # extra / missing keys
+    ('{"sku": "A-1000", "qty": 5, "note": "x"}', LOOKUP, "extra_key:note"),
+    ('{"sku": "A-1000"}', LOOKUP, "missing_key:qty"),
+    ('{}', LOOKUP, "missing_key:sku"),
+    # not an object
+    ('[{"sku": "A-1000", "qty": 5}]', LOOKUP, "not_an_object"),
+    ('5', LOOKUP, "not_an_object"),
+    ('"{\\"sku\\": \\"A-1000\\", \\"qty\\": 5}"', LOOKUP, "not_an_object"),
+    # missing lookups: null, not 0, not ""; zero quantity: 0, not null
+    ('{"sku": "A-1000", "qty": null}', MISSING, "ok"),
+    ('{"sku": "A-1000", "qty": 0}', MISSING, "wrong_value:qty"),
+    ('{"sku": "A-1000", "qty": null}', ZERO, "wrong_value:qty"),
+    ('{"sku": "A-1000", "qty": 0}', ZERO, "ok"),
+    ('{"sku": "A-1000", "status": ""}', STATUS, "wrong_value:status"),
+    ('{"sku": "A-1000", "status": "Open"}', STATUS, "wrong_value:status"),
+    # order matters for lists (ties are part of the expected order)
+    ('{"order": ["T-010", "T-002", "T-001"]}', ORDER, "wrong_value:order"),
+    ('{"order": ["T-002", "T-010"]}', ORDER, "wrong_value:order"),
+    ('{"sku": "A-1001", "qty": 5}', LOOKUP, "wrong_value:sku"),
+])
+def test_semantics(text, case, reason):
+    schema, expected = case
+    v = check_answer(text, schema, expected)
+    assert v.reason == reason
+    assert v.correct is (reason == "ok")
+
+
+def test_deep_nesting_is_malformed_not_a_crash():
+    assert check_answer("[" * 100000, *LOOKUP).reason in ("malformed_json", "not_an_object")

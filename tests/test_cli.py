@@ -1,0 +1,68 @@
+"""The command lines, as a user runs them."""
+
+import json
+
+from conftest import run_cli
+
+
+def test_check_entry(smoke_home):
+    from training.prepare import load_cases
+
+    row = load_cases(smoke_home)["test-00003"]
+    ok = run_cli("-m", "training", "check", "--home", str(smoke_home), "--case", "test-00003",
+                 stdin=row["target"] + "\n")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout) == {"case": "test-00003", "correct": True, "reason": "ok"}
+    bad = run_cli("-m", "training", "check", "--home", str(smoke_home), "--case", "test-00003",
+                  stdin=row["target"] + " thanks!")
+    assert json.loads(bad.stdout) == {"case": "test-00003", "correct": False, "reason": "trailing_text"}
+    unknown = run_cli("-m", "training", "check", "--home", str(smoke_home), "--case", "test-99999")
+    assert unknown.returncode == 2 and "no case 'test-99999'" in unknown.stderr
+
+
+def test_check_refuses_uncommitted_home(tmp_path):
+    r = run_cli("-m", "training", "check", "--home", str(tmp_path), "--case", "test-00000")
+    assert r.returncode == 2 and "no 'prepare' commitment" in r.stderr
+
+
+def test_prepare_bad_names_write_nothing(tmp_path, tiny_seed):
+    r = run_cli("-m", "training", "prepare", "--experiment", "nope", "--profile", "smoke",
+                "--home", str(tmp_path / "h"), "--model-dir", str(tiny_seed))
+    assert r.returncode == 2 and "unknown experiment 'nope'" in r.stderr
+    assert "local-training-windows" in r.stderr
+    r = run_cli("-m", "training", "prepare", "--experiment", "cooperative-learning", "--profile",
+                "huge", "--home", str(tmp_path / "h"), "--model-dir", str(tiny_seed))
+    assert r.returncode == 2 and "no profile 'huge'" in r.stderr
+    assert not (tmp_path / "h").exists()
+
+
+def test_prepare_missing_seed_says_how_to_make_it(tmp_path):
+    r = run_cli("-m", "training", "prepare", "--experiment", "cooperative-learning", "--profile",
+                "smoke", "--home", str(tmp_path / "h"), "--model-dir", str(tmp_path / "seed"))
+    assert r.returncode == 2 and "python -m training seed" in r.stderr
+
+
+def test_evidence_verify(smoke_home, home_copy):
+    ok = run_cli("-m", "evidence", "verify", "--home", str(smoke_home))
+    assert ok.returncode == 0 and json.loads(ok.stdout)["kind"] == "prepare"
+    (home_copy / "prepared.json").write_text("{}")
+    bad = run_cli("-m", "evidence", "verify", "--home", str(home_copy))
+    assert bad.returncode == 2 and "committed file changed" in bad.stderr
+
+
+def test_orchestrate_run_smoke(tmp_path, tiny_seed):
+    import shutil
+
+    seeds = tmp_path / "seeds"
+    seeds.mkdir()
+    shutil.copytree(tiny_seed, seeds / "tiny")
+    r = run_cli("-m", "orchestrate", "run", "diloco-four", "--profile", "smoke",
+                "--trials", str(tmp_path / "trials"), "--seeds", str(seeds))
+    assert r.returncode == 0, r.stderr
+    assert "no task of" in r.stderr and "the trial stops here" in r.stderr
+    from training.prepare import require_prepared
+
+    p = require_prepared(tmp_path / "trials" / "local-training-windows-smoke")
+    assert p["previous"]["experiment"] == "cooperative-learning"
+    r = run_cli("-m", "orchestrate", "run", "no-such-arm", "--profile", "smoke")
+    assert r.returncode == 2 and "no-such-arm" in r.stderr

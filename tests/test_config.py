@@ -1,0 +1,45 @@
+"""Experiments as data: every experiment and profile resolves; bad configs are refused clearly."""
+
+import shutil
+
+import pytest
+
+from training.config import ConfigError, arm_to_experiment, experiment_names, load_experiment, resolve
+
+
+def test_all_resolve():
+    assert experiment_names() == ["batched-learning", "cooperative-learning", "local-training-windows"]
+    for name in experiment_names():
+        for prof in ("smoke", "cpu", "gpu"):
+            r = resolve(name, prof)
+            assert r.epochs >= 1 and r.digest() == resolve(name, prof).digest()
+    gpu = resolve("batched-learning", "gpu")
+    assert (gpu.documents, gpu.global_batch, gpu.epochs) == (8192, 256, 4)
+    ltw = resolve("local-training-windows", "gpu")
+    d = ltw.arm("diloco-four")
+    assert (d.sync_every, d.outer_lr, d.outer_momentum, ltw.docs_per_rank(d)) == (16, 0.7, 0.9, 2)
+    assert arm_to_experiment("diloco-four") == "local-training-windows"
+    assert arm_to_experiment("powersgd-pair") == "batched-learning"
+
+
+def test_profiles_do_not_change_rules():
+    for name in experiment_names():
+        dumps = {p: resolve(name, p).as_dict()["experiment"] for p in ("smoke", "cpu", "gpu")}
+        assert dumps["smoke"] == dumps["cpu"] == dumps["gpu"]
+
+
+def test_bad_config_messages(tmp_path, monkeypatch):
+    src = load_experiment.__globals__["config_dir"]()
+    shutil.copy(src / "cooperative-learning.toml", tmp_path / "cooperative-learning.toml")
+    monkeypatch.setenv("TRIAL_CONFIG_DIR", str(tmp_path))
+    f = tmp_path / "cooperative-learning.toml"
+    f.write_text(f.read_text().replace('serving_arm = "clean-pair"', 'serving_arm = "clean-quad"'))
+    with pytest.raises(ConfigError, match="clean-quad"):
+        load_experiment("cooperative-learning")
+    f.write_text("name = [")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_experiment("cooperative-learning")
+    shutil.copy(src / "cooperative-learning.toml", f)
+    f.write_text(f.read_text().replace("updates = 16", "updates = 15", 1))
+    with pytest.raises(ConfigError, match="whole number of passes"):
+        resolve("cooperative-learning", "smoke")

