@@ -70,9 +70,18 @@ def _verified_gguf() -> Path:
     return path
 
 
+def _quiet() -> None:
+    """Our own progress display is the CLI's; silence the libraries' bars in logs and CI."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
 def _gguf_tokenizer(path: Path) -> Any:
     from transformers import AutoTokenizer
 
+    _quiet()
     return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
 
 
