@@ -50,6 +50,25 @@ def _utcnow() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="microseconds")
 
 
+_FIELDS = {"seq": int, "kind": str, "subject": str, "sha256": str, "data": dict, "at": str,
+           "prev": str, "hash": str}
+
+
+def _check_rule(kind: str, kinds: set[str]) -> None:
+    """Raise unless `kind` may follow a log whose committed kinds are `kinds`."""
+    rule = RULES.get(kind)
+    if rule is None:
+        raise CommitmentError(f"unknown commitment kind '{kind}' (known: {sorted(RULES)})")
+    for need in rule.requires:
+        if need not in kinds:
+            raise CommitmentError(f"'{kind}' needs a '{need}' commitment first")
+    for late in rule.not_after:
+        if late in kinds:
+            raise CommitmentError(f"'{kind}' refused: '{late}' was already committed")
+    if rule.once and kind in kinds:
+        raise CommitmentError(f"'{kind}' is committed once per trial and already was")
+
+
 def _entry_hash(entry: dict[str, Any]) -> str:
     return canonical_sha256({k: v for k, v in entry.items() if k != "hash"})
 
@@ -63,7 +82,12 @@ class CommitmentLog:
 
     # -- reading -------------------------------------------------------------------------------
     def entries(self) -> list[dict[str, Any]]:
-        """All entries, after checking every hash and link; raises on any break."""
+        """All entries, after checking every hash, link and sequencing rule; raises on any break.
+
+        The chain is keyless: it proves order and detects edits of a log whose head hash (`head`)
+        is known from elsewhere. Anchoring the head outside the home (the evidence store's index)
+        is what detects a truncated or wholly rewritten log.
+        """
         if not self.path.exists():
             return []
         entries = []
@@ -76,6 +100,9 @@ class CommitmentLog:
                     entry = json.loads(line)
                 except json.JSONDecodeError as e:
                     raise CommitmentError(f"{self.path}:{lineno}: not JSON ({e})") from None
+                if not isinstance(entry, dict) or set(entry) != set(_FIELDS) or not all(
+                        type(entry[k]) is t for k, t in _FIELDS.items()):
+                    raise CommitmentError(f"{self.path}:{lineno}: not a commitment entry")
                 if entry.get("seq") != lineno - 1:
                     raise CommitmentError(f"{self.path}:{lineno}: sequence number out of order")
                 if entry.get("prev") != prev:
@@ -85,9 +112,18 @@ class CommitmentLog:
                     )
                 if entry.get("hash") != _entry_hash(entry):
                     raise CommitmentError(f"{self.path}:{lineno}: entry hash mismatch; edited")
+                try:
+                    _check_rule(entry["kind"], {e["kind"] for e in entries})
+                except CommitmentError as e:
+                    raise CommitmentError(f"{self.path}:{lineno}: out of sequence: {e}") from None
                 prev = entry["hash"]
                 entries.append(entry)
         return entries
+
+    def head(self) -> str:
+        """The last entry's hash (GENESIS for an empty log): what an outside record anchors."""
+        entries = self.entries()
+        return entries[-1]["hash"] if entries else GENESIS
 
     def latest(self, kind: str) -> dict[str, Any] | None:
         found = [e for e in self.entries() if e["kind"] == kind]
@@ -121,9 +157,9 @@ class CommitmentLog:
     # -- writing -------------------------------------------------------------------------------
     def append(self, kind: str, subject: str, data: dict[str, Any] | None = None) -> dict[str, Any]:
         """Commit `home/subject` under `kind`, enforcing RULES under an exclusive file lock."""
-        rule = RULES.get(kind)
-        if rule is None:
+        if kind not in RULES:
             raise CommitmentError(f"unknown commitment kind '{kind}' (known: {sorted(RULES)})")
+        rule = RULES[kind]
         subject_path = self.home / subject
         if not subject_path.is_file():
             raise CommitmentError(f"cannot commit {subject_path}: no such file")
@@ -131,15 +167,7 @@ class CommitmentLog:
         with open(self.home / (LOG_NAME + ".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             entries = self.entries()
-            kinds = {e["kind"] for e in entries}
-            for need in rule.requires:
-                if need not in kinds:
-                    raise CommitmentError(f"'{kind}' needs a '{need}' commitment first")
-            for late in rule.not_after:
-                if late in kinds:
-                    raise CommitmentError(f"'{kind}' refused: '{late}' was already committed")
-            if rule.once and kind in kinds:
-                raise CommitmentError(f"'{kind}' is committed once per trial and already was")
+            _check_rule(kind, {e["kind"] for e in entries})
             for e in entries:
                 if e["kind"] in rule.requires:
                     self.verify_subject(e)

@@ -71,5 +71,18 @@ def test_semantics(text, case, reason):
     assert v.correct is (reason == "ok")
 
 
+@pytest.mark.parametrize("text,reason", [
+    ('{"sku": "A-1000", "qty": ' + "9" * 5000 + '}', "malformed_json"),  # beyond int() limit
+    ('\u00a0{"sku": "A-1000", "qty": 5}', "malformed_json"),  # no-break space is not JSON ws
+    ('\x1c{"sku": "A-1000", "qty": 5}\x1f', "malformed_json"),
+    ('{"sku": "A-1000", "qty": 5}\u2028', "trailing_text"),
+    ('{"sku": "A-1000", "qty": 1e400}', "non_finite_number"),
+    ('\ufeff{"sku": "A-1000", "qty": 5}', "malformed_json"),
+    ('\t\r\n {"sku": "A-1000", "qty": 5} \r\n', "ok"),
+])
+def test_hostile_edges(text, reason):
+    assert check_answer(text, *LOOKUP).reason == reason
+
+
 def test_deep_nesting_is_malformed_not_a_crash():
     assert check_answer("[" * 100000, *LOOKUP).reason in ("malformed_json", "not_an_object")

@@ -69,3 +69,42 @@ def test_changed_subject_detected(log, tmp_path):
         log.require("prepare")
     with pytest.raises(CommitmentError, match="committed file changed"):
         log.append("candidates", "candidates.json")
+
+
+def _forge(log, kind, subject):
+    """Append a line with a correct hash but bypassing the rules, as a hand edit would."""
+    from evidence.canonical import canonical_bytes, file_sha256
+    from evidence.commitments import GENESIS, _entry_hash
+
+    entries = log.entries()
+    e = {"seq": len(entries), "kind": kind, "subject": subject,
+         "sha256": file_sha256(log.home / subject), "data": {}, "at": "2026-01-01T00:00:00",
+         "prev": entries[-1]["hash"] if entries else GENESIS}
+    e["hash"] = _entry_hash(e)
+    with open(log.path, "ab") as f:
+        f.write(canonical_bytes(e) + b"\n")
+
+
+def test_forged_out_of_sequence_entry_detected_on_read(log):
+    log.append("prepare", "prepared.json")
+    _forge(log, "test-evaluation", "test.json")
+    with pytest.raises(CommitmentError, match="out of sequence.*needs a 'selection'"):
+        log.entries()
+
+
+def test_non_entry_line_detected(log):
+    log.append("prepare", "prepared.json")
+    with open(log.path, "a") as f:
+        f.write("1\n")
+    with pytest.raises(CommitmentError, match="not a commitment entry"):
+        log.entries()
+
+
+def test_head_moves_with_each_entry(log):
+    from evidence.commitments import GENESIS
+
+    assert log.head() == GENESIS
+    first = log.append("prepare", "prepared.json")
+    assert first["prev"] == GENESIS and log.head() == first["hash"] != GENESIS
+    second = log.append("candidates", "candidates.json")
+    assert second["prev"] == first["hash"] and log.head() == second["hash"]

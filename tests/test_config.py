@@ -43,3 +43,14 @@ def test_bad_config_messages(tmp_path, monkeypatch):
     f.write_text(f.read_text().replace("updates = 16", "updates = 15", 1))
     with pytest.raises(ConfigError, match="whole number of passes"):
         resolve("cooperative-learning", "smoke")
+
+
+@pytest.mark.parametrize("records", [(1, 1), (0, 0), (5, 3)])
+def test_profile_record_range_validated(records):
+    from pydantic import ValidationError
+
+    from training.config import Profile
+
+    with pytest.raises(ValidationError, match="records"):
+        Profile(seed="tiny", tasks=8, replay=8, dev=1, test=1, probes=1, updates=2,
+                max_context=64, records=records)

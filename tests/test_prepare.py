@@ -91,13 +91,14 @@ def test_targets_are_the_response_and_end_of_turn(smoke_home, tiny_seed):
     assert tok.decode(ids[:k]) == gen_prompt
 
 
-def test_rerun_is_noop_and_other_inputs_refused(home_copy, tiny_seed):
+def test_rerun_is_noop_and_other_inputs_refused(home_copy, smoke_home, tiny_seed):
     before = (home_copy / "commitments.jsonl").read_bytes()
     res = prepare(resolve("cooperative-learning", "smoke"), home_copy, tiny_seed)
     assert res["status"] == "unchanged"
     assert (home_copy / "commitments.jsonl").read_bytes() == before
     with pytest.raises(PrepareError, match="already holds different prepared inputs"):
-        prepare(resolve("local-training-windows", "smoke"), home_copy, tiny_seed)
+        prepare(resolve("local-training-windows", "smoke"), home_copy, tiny_seed,
+                previous_home=str(smoke_home))
     assert (home_copy / "commitments.jsonl").read_bytes() == before
 
 
@@ -210,3 +211,31 @@ def test_interrupted_prepare_leaves_home_untouched(tiny_seed, tmp_path, monkeypa
     with pytest.raises(KeyboardInterrupt):
         prepare(resolve("cooperative-learning", "smoke"), tmp_path / "h", tiny_seed)
     assert _listing(tmp_path / "h") == []
+
+
+def test_heldout_variants_cover_every_family(smoke_home):
+    test = [c for c in load_cases(smoke_home).values() if c["split"] == "test"]
+    for fam in ("lookup", "filter", "invoice", "priority"):
+        mine = [c for c in test if c["family"] == fam]
+        held = [c for c in mine if c["heldout_variant"]]
+        assert held and len(held) < len(mine), fam
+
+
+def test_declared_previous_is_required_and_must_match(smoke_home, tiny_seed, tmp_path):
+    with pytest.raises(PrepareError, match="must not repeat any task of cooperative-learning"):
+        prepare(resolve("local-training-windows", "smoke"), tmp_path / "a", tiny_seed)
+    with pytest.raises(PrepareError, match="holds cooperative-learning.*local-training-windows"):
+        prepare(resolve("batched-learning", "smoke"), tmp_path / "b", tiny_seed,
+                previous_home=str(smoke_home))
+    assert not (tmp_path / "a").exists() and _listing(tmp_path / "b") == []
+
+
+def test_inconsistent_home_refused_before_any_change(home_copy, tiny_seed):
+    from evidence.canonical import file_sha256
+
+    (home_copy / "prepared.json").unlink()
+    before = {p: file_sha256(home_copy / p) for p in _listing(home_copy) if (home_copy / p).is_file()}
+    with pytest.raises(PrepareError, match="commitment but no prepared.json"):
+        prepare(resolve("cooperative-learning", "smoke"), home_copy, tiny_seed)
+    after = {p: file_sha256(home_copy / p) for p in _listing(home_copy) if (home_copy / p).is_file()}
+    assert before == after

@@ -46,6 +46,9 @@ def test_local_directory_with_expected_digest(tiny_seed, tmp_path):
     (src / "receipt.json").unlink()
     r = materialize("local", tmp_path / "imported", source=str(src))
     assert r["files"]["model.safetensors"]["sha256"] == PINNED["tiny"]
+    src2 = tmp_path / "elsewhere" / "hf"
+    shutil.copytree(src, src2)
+    assert materialize("local", tmp_path / "imported2", source=str(src2))["digest"] == r["digest"]
     with pytest.raises(SeedError, match="differs from --expect"):
         materialize("local", tmp_path / "again", source=str(src), expect="0" * 64)
     assert not (tmp_path / "again").exists()

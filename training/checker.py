@@ -3,10 +3,11 @@
 An answer is correct only if it is exactly one JSON object whose keys and value types match the
 family's schema and whose values equal the expected ones. The semantics, in the order checked:
 
-1. Surrounding whitespace is ignored; nothing else is (no code fences, no prose). Text left after
-   the first complete JSON value is `trailing_text`.
-2. Text that does not parse as JSON is `malformed_json`; `NaN`, `Infinity` and `-Infinity` (which
-   Python's json accepts but JSON forbids) are `non_finite_number`.
+1. Surrounding JSON whitespace (space, tab, LF, CR) is ignored; nothing else is (no code fences, no
+   prose, no other Unicode spaces). Text left after the first complete JSON value is `trailing_text`.
+2. Text that does not parse as JSON is `malformed_json` (so are integers longer than Python's
+   4,300-digit conversion limit); `NaN`, `Infinity`, `-Infinity` (which Python's json accepts but
+   JSON forbids) and numbers that overflow to infinity (`1e400`) are `non_finite_number`.
 3. A repeated key in any object, at any depth, is `duplicate_key` (parsers disagree on which value
    wins, so no answer may rely on it).
 4. A top-level value that is not an object is `not_an_object`.
@@ -23,6 +24,7 @@ The family semantics the expected answers follow (missing lookups are `null`, ze
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,23 +62,29 @@ def _constant(name: str) -> Any:
     raise _NonFinite(name)
 
 
-_DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_constant)
+def _float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _NonFinite(text)
+    return value
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_constant, parse_float=_float)
+_JSON_WS = " \t\n\r"
 
 
 def parse_strict(text: str) -> tuple[Any, str | None]:
     """Parse one JSON value; return (value, None) or (None, reason)."""
-    s = text.strip()
+    s = text.strip(_JSON_WS)
     try:
         value, end = _DECODER.raw_decode(s)
     except _Duplicate as e:
         return None, f"duplicate_key:{e}"
     except _NonFinite:
         return None, "non_finite_number"
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError, ValueError):
         return None, "malformed_json"
-    except RecursionError:
-        return None, "malformed_json"
-    if s[end:].strip():
+    if s[end:].strip(_JSON_WS):
         return None, "trailing_text"
     return value, None
 

@@ -76,7 +76,20 @@ class Profile(_Strict):
     replay_steps: tuple[int, int] = (3, 8)
     replay_parts: tuple[int, int] = (1, 1)
     sync_every: int | None = None  # scales DiLoCo's H with the number of updates
-    microbatch_scale: float = 1.0
+
+    @model_validator(mode="after")
+    def _ranges(self) -> "Profile":
+        if not 2 <= self.records[0] <= self.records[1]:
+            raise ValueError("records must be [lo, hi] with 2 <= lo <= hi (a one-record task "
+                             "has no wrong order or wrong sum to damage)")
+        for name in ("replay_steps", "replay_parts"):
+            lo, hi = getattr(self, name)
+            if not 1 <= lo <= hi:
+                raise ValueError(f"{name} must be [lo, hi] with 1 <= lo <= hi")
+        for name in ("tasks", "replay", "dev", "test", "probes", "updates", "max_context"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        return self
 
 
 class Experiment(_Strict):

@@ -21,6 +21,8 @@ leaves H as it was. Re-running with identical inputs is a no-op; different input
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import random
@@ -80,9 +82,10 @@ class _Split:
 
 def _test_variant(frac: float):
     def variant(i: int) -> int:
-        heldout = int((i + 1) * frac) > int(i * frac)
+        j = i // len(FAMILIES)  # the i-th case's family cycles with i, so decide per round
+        heldout = int((j + 1) * frac) > int(j * frac)
         pool = HELDOUT_VARIANTS if heldout else TRAIN_VARIANTS
-        return pool[(i // len(FAMILIES)) % len(pool)]
+        return pool[(j // 2) % len(pool)]
     return variant
 
 
@@ -98,13 +101,18 @@ def _task_row(task: Task, split: str, idx: int) -> dict[str, Any]:
             "records": task.records, "question": task.question}
 
 
-def _previous_proof(previous_home: Path, tasks: list[dict[str, Any]]) -> dict[str, Any]:
+def _previous_proof(previous_home: Path, tasks: list[dict[str, Any]],
+                    expected: str | None) -> dict[str, Any]:
     log = CommitmentLog(previous_home)
     try:
         entry = log.require("prepare", PREPARED)
     except CommitmentError as e:
         raise PrepareError(f"--previous-home {previous_home}: {e}") from None
     prev = read_json(previous_home / PREPARED)
+    prev_name = prev["experiment"]["experiment"]["name"]
+    if expected and prev_name != expected:
+        raise PrepareError(f"--previous-home {previous_home} holds {prev_name}, but this experiment "
+                           f"must be disjoint from {expected}")
     tasks_file = previous_home / "inputs" / "tasks.jsonl"
     want = prev["inputs"]["tasks.jsonl"]
     if not tasks_file.is_file() or file_sha256(tasks_file) != want:
@@ -174,7 +182,7 @@ def build_inputs(cfg: Resolved, model_dir: Path, out: Path, *, replay_file: Path
     timer["generate_tasks"] = time.monotonic() - t0
 
     t0 = time.monotonic()
-    proof = _previous_proof(previous_home, rows) if previous_home else None
+    proof = _previous_proof(previous_home, rows, exp.previous) if previous_home else None
     timer["previous_proof"] = time.monotonic() - t0
 
     t0 = time.monotonic()
@@ -326,9 +334,34 @@ def prepare(cfg: Resolved, home: str | os.PathLike[str], model_dir: str | os.Pat
             raise PrepareError(f"--previous-home {ph} has no {PREPARED}; prepare that experiment first")
         if ph.resolve() == home.resolve():
             raise PrepareError("--previous-home must be another experiment's home, not this one")
+    if cfg.experiment.previous and previous_home is None:
+        raise PrepareError(
+            f"{cfg.experiment.name} must not repeat any task of {cfg.experiment.previous}: pass "
+            f"--previous-home with the home where {cfg.experiment.previous} was prepared "
+            "(`orchestrate run` does this for you)")
     home.mkdir(parents=True, exist_ok=True)
+    with _locked(home):
+        return _prepare_locked(cfg, home, model_dir, replay_file, previous_home)
+
+
+@contextlib.contextmanager
+def _locked(home: Path):
+    """An exclusive flock on the home directory itself: concurrent prepares queue, no lock file."""
+    fd = os.open(home, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _prepare_locked(cfg: Resolved, home: Path, model_dir: Path, replay_file: str | None,
+                    previous_home: str | None) -> dict[str, Any]:
     log = CommitmentLog(home)
     log.entries()  # a broken log stops us before any work
+    if log.latest("prepare") is not None and not (home / PREPARED).exists():
+        raise PrepareError(f"{home} has a 'prepare' commitment but no {PREPARED}; the home is "
+                           "inconsistent — restore prepared.json from your evidence or use a new --home")
     started = time.monotonic()
     timer: dict[str, float] = {}
     tmp = Path(tempfile.mkdtemp(dir=home, prefix=".prepare-"))
@@ -349,7 +382,7 @@ def prepare(cfg: Resolved, home: str | os.PathLike[str], model_dir: str | os.Pat
             status = "unchanged"
         else:
             if (home / "inputs").exists():  # leftover of an interrupted run: keep it, aside
-                os.replace(home / "inputs", home / f".orphaned-inputs-{int(time.time())}")
+                os.replace(home / "inputs", home / f".orphaned-inputs-{time.time_ns()}")
             os.replace(tmp / "inputs", home / "inputs")
             write_json_atomic(existing, prepared)
             status = "prepared"
@@ -357,9 +390,6 @@ def prepare(cfg: Resolved, home: str | os.PathLike[str], model_dir: str | os.Pat
             log.append("prepare", PREPARED, {"prepared_digest": digest,
                                              "experiment": cfg.experiment.name,
                                              "profile": cfg.profile_name})
-        elif status == "prepared":
-            raise PrepareError(f"{home} has a 'prepare' commitment but no prepared.json; the home "
-                               "is inconsistent — inspect it or use a new --home")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     timer["total"] = time.monotonic() - started

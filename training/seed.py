@@ -142,7 +142,7 @@ def _import_local(tmp: Path, source: Path) -> dict[str, Any]:
     for p in sorted(source.iterdir()):
         if p.is_file() and not p.name.startswith(".") and p.name != RECEIPT_NAME:
             shutil.copy2(p, tmp / p.name)
-    return {"source": {"local_dir": str(source)}}
+    return {"source": {"format": "huggingface-directory"}}
 
 
 def materialize(kind: str, out: str | os.PathLike[str], *, source: str | None = None,
@@ -172,8 +172,12 @@ def materialize(kind: str, out: str | os.PathLike[str], *, source: str | None = 
             meta = _import_local(tmp, Path(source))
         else:
             raise SeedError(f"unknown seed kind '{kind}' (smollm2-135m, tiny, local)")
-        meta.update(kind=kind, versions=_versions())
+        meta["kind"] = kind
         receipt = make_receipt(tmp, meta=meta)
+        # Provenance is recorded but outside the digest: the same files imported from another
+        # path, or made by the same pinned torch built for another device, are the same seed.
+        receipt["provenance"] = {"versions": _versions(),
+                                 "source_dir": str(Path(source).resolve()) if source else None}
         weights = receipt["files"].get(WEIGHTS, {}).get("sha256")
         pinned = PINNED.get(kind)
         if pinned and weights != pinned:
