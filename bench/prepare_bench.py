@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from training.config import resolve  # noqa: E402
+from training.config import lineage  # noqa: E402
 from training.prepare import prepare  # noqa: E402
 
 
@@ -33,9 +33,14 @@ def main() -> None:
     rows = []
     for name in args.experiments:
         with tempfile.TemporaryDirectory() as tmp:
-            t0 = time.monotonic()
-            res = prepare(resolve(name, args.profile), Path(tmp) / "home", args.model_dir)
-            wall = time.monotonic() - t0
+            previous = None  # earlier experiments are prepared first (untimed): no task may recur
+            for step in lineage(name, args.profile):
+                home = Path(tmp) / step.experiment.name
+                t0 = time.monotonic()
+                res = prepare(step, home, args.model_dir,
+                              previous_home=str(previous) if previous else None)
+                wall = time.monotonic() - t0
+                previous = home
         c = res["prepared"]["counts"]
         rows.append({
             "experiment": name, "profile": args.profile,

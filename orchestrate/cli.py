@@ -26,7 +26,7 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
         seeds: Path = typer.Option(Path(".seeds"), help="where seed models are materialized"),
         model_dir: Optional[Path] = typer.Option(None, help="seed directory for a 'local' seed")) -> None:
     """Run ARM's experiment on the embedded local cluster (currently: seed → prepare → commit)."""
-    from training.config import arm_to_experiment, resolve
+    from training.config import arm_to_experiment, lineage, resolve
     from training.errors import USER_ERRORS
     from training.prepare import prepare
     from training.seed import materialize
@@ -45,19 +45,14 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
             con.print(f"[bold]seed[/] {cfg.profile.seed} → {md}")
             with con.status("materializing / verifying the seed…"):
                 materialize(cfg.profile.seed, md)
-        chain = []  # the experiment, preceded by the ones whose tasks it must not repeat
-        n: Optional[str] = name
-        while n:
-            chain.insert(0, n)
-            n = resolve(n, profile).experiment.previous
         previous: Optional[Path] = None
-        for exp_name in chain:
+        for step in lineage(name, profile):  # earlier experiments first: no task may recur
+            exp_name = step.experiment.name
             home = trials / f"{exp_name}-{profile}"
             con.print(f"[bold]prepare[/] {exp_name}/{profile} → {home}"
                       + (f" (no task of {previous} may recur)" if previous else ""))
             with con.status(f"preparing {exp_name}…"):
-                res = prepare(resolve(exp_name, profile), home, md,
-                              previous_home=str(previous) if previous else None)
+                res = prepare(step, home, md, previous_home=str(previous) if previous else None)
             c = res["prepared"]["counts"]
             con.print(f"  {res['status']} in {res['record']['seconds']['total']:.1f} s: "
                       f"{c['task']['documents']} task + {c['replay']['documents']} replay documents, "

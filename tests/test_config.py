@@ -20,6 +20,10 @@ def test_all_resolve():
     assert (d.sync_every, d.outer_lr, d.outer_momentum, ltw.docs_per_rank(d)) == (16, 0.7, 0.9, 2)
     assert arm_to_experiment("diloco-four") == "local-training-windows"
     assert arm_to_experiment("powersgd-pair") == "batched-learning"
+    from training.config import lineage
+
+    assert [r.experiment.name for r in lineage("batched-learning", "smoke")] == [
+        "cooperative-learning", "local-training-windows", "batched-learning"]
 
 
 def test_profiles_do_not_change_rules():

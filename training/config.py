@@ -225,6 +225,21 @@ def resolve(name: str, profile: str, directory: Path | None = None) -> Resolved:
     return r
 
 
+def lineage(name: str, profile: str, directory: Path | None = None) -> list[Resolved]:
+    """`name` preceded by every experiment whose tasks it must not repeat, oldest first."""
+    chain: list[Resolved] = []
+    seen: set[str] = set()
+    n: str | None = name
+    while n:
+        if n in seen:
+            raise ConfigError(f"experiments' 'previous' links form a cycle through {n}")
+        seen.add(n)
+        r = resolve(n, profile, directory)
+        chain.insert(0, r)
+        n = r.experiment.previous
+    return chain
+
+
 def arm_to_experiment(arm: str, directory: Path | None = None) -> str:
     """The experiment whose primary arm is `arm` (used by `orchestrate run ARM`)."""
     d = directory or config_dir()
