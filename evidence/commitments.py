@@ -157,8 +157,7 @@ class CommitmentLog:
     # -- writing -------------------------------------------------------------------------------
     def append(self, kind: str, subject: str, data: dict[str, Any] | None = None) -> dict[str, Any]:
         """Commit `home/subject` under `kind`, enforcing RULES under an exclusive file lock."""
-        if kind not in RULES:
-            raise CommitmentError(f"unknown commitment kind '{kind}' (known: {sorted(RULES)})")
+        _check_rule(kind, set())  # an unknown kind is refused before anything is read
         rule = RULES[kind]
         subject_path = self.home / subject
         if not subject_path.is_file():
