@@ -157,7 +157,8 @@ class CommitmentLog:
     # -- writing -------------------------------------------------------------------------------
     def append(self, kind: str, subject: str, data: dict[str, Any] | None = None) -> dict[str, Any]:
         """Commit `home/subject` under `kind`, enforcing RULES under an exclusive file lock."""
-        _check_rule(kind, set())  # an unknown kind is refused before anything is read
+        if kind not in RULES:
+            raise CommitmentError(f"unknown commitment kind '{kind}' (known: {sorted(RULES)})")
         rule = RULES[kind]
         subject_path = self.home / subject
         if not subject_path.is_file():
