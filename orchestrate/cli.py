@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -11,7 +12,8 @@ from rich.console import Console
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Run budget-bounded training trials end to end.")
-con = Console(stderr=True)
+# logs and CI are not terminals: give tables room instead of rich's 80-column default
+con = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
 
 
 @app.callback()
@@ -25,7 +27,7 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
         trials: Path = typer.Option(Path("trials"), help="where trial homes are created"),
         seeds: Path = typer.Option(Path(".seeds"), help="where seed models are materialized"),
         model_dir: Optional[Path] = typer.Option(None, help="seed directory for a 'local' seed")) -> None:
-    """Run ARM's experiment on the embedded local cluster (currently: seed → prepare → commit)."""
+    """Run ARM's experiment on the embedded local cluster: seed → prepare → commit → train every arm."""
     from training.config import arm_to_experiment, lineage, resolve
     from training.errors import USER_ERRORS
     from training.prepare import prepare
@@ -59,12 +61,56 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
                       f"task share of targets {c['task_share_of_targets']:.1%} unweighted / "
                       f"{c['task_share_of_weighted_targets']:.1%} weighted; committed")
             previous = home
+        summaries = train_arms(cfg, previous, md)
     except USER_ERRORS as e:
         con.print(f"[bold red]error:[/] {e}", highlight=False)
         raise typer.Exit(2)
-    con.print(f"[bold]{arm}[/]: inputs prepared and committed in {time.monotonic() - started:.1f} s. "
-              "Training, evaluation, serving and the report are not built yet (issues #3–#8); "
+    show_summaries(cfg, summaries)
+    con.print(f"[bold]{arm}[/]: prepared, committed and trained in {time.monotonic() - started:.1f} s. "
+              "Evaluation, serving and the report are not built yet (issues #5, #6, #8); "
               "the trial stops here.")
+
+
+def train_arms(cfg, home: Path, model_dir: Path) -> list[dict]:
+    """Train every arm of the experiment, one after another (never two jobs on one device)."""
+    from orchestrate.local import launch_group, threads_per_rank
+    from training.errors import TrainError
+    from training.results import finished, load_results, summarize
+
+    out = []
+    for a in cfg.experiment.arms:
+        if a.kind == "seed":
+            continue
+        if finished(home, a.name, a.world_size):
+            con.print(f"[bold]train[/] {a.name}: already finished, results kept")
+        else:
+            con.print(f"[bold]train[/] {a.name} ({a.kind}, {a.world_size} rank"
+                      f"{'s' if a.world_size > 1 else ''}) → {home / 'runs' / a.name}")
+            argv = [sys.executable, "-m", "training", "train", "--home", str(home), "--arm", a.name,
+                    "--model-dir", str(model_dir), "--threads", str(threads_per_rank(a.world_size))]
+            res = launch_group(argv, a.world_size, log_dir=home / "logs" / a.name,
+                               echo=lambda line: con.print(f"  {line}", highlight=False, markup=False))
+            if not res.ok:
+                raise TrainError(f"arm {a.name} failed; {res.failure_text()}")
+        out.append(summarize(load_results(home, a.name, a.world_size)))
+    return out
+
+
+def show_summaries(cfg, summaries: list[dict]) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"{cfg.experiment.name}/{cfg.profile_name}: training")
+    for col in ("arm", "ranks", "updates", "step s", "loop s", "MB/update", "loss first", "loss last",
+                "replicas"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for s in summaries:
+        t.add_row(s["arm"], str(s["world_size"]), str(s["updates"]), f"{s['step_seconds_median']:.3f}",
+                  f"{s['training_loop_seconds']:.1f}", f"{s['payload_bytes_per_update'] / 1e6:.2f}",
+                  f"{s['loss_first']:.4f}", f"{s['loss_last']:.4f}",
+                  "agree" if s["replicas_agree"] else "DIFFER")
+    con.print(t)
+    con.print("step s: median over updates of the slowest rank; MB/update: logical collective payload "
+              "per rank; loss: global weighted response loss of the first and last update")
 
 
 def main() -> None:

@@ -44,3 +44,53 @@ def run_cli(*args: str, stdin: str = "", cwd: Path = ROOT) -> subprocess.Complet
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.run([sys.executable, *args], input=stdin, capture_output=True, text=True,
                           cwd=cwd, env=env, timeout=300)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(argv: list[str], world: int, *, env: dict[str, str] | None = None,
+              rank_env: dict[int, dict[str, str]] | None = None, timeout: float = 300,
+              cwd: Path = ROOT) -> list[tuple[int, str]]:
+    """Start `world` rank processes of `argv` over loopback gloo; return (exit code, output) each.
+
+    Only the processes started here are ever killed, by their own pid, if they outlive `timeout`.
+    """
+    port = free_port()
+    procs = []
+    for r in range(world):
+        e = dict(os.environ, WORLD_SIZE=str(world), RANK=str(r), LOCAL_RANK=str(r),
+                 MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+                 PYTHONUNBUFFERED="1", **(env or {}), **((rank_env or {}).get(r, {})))
+        procs.append(subprocess.Popen(argv, cwd=cwd, env=e, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    results = []
+    try:
+        for p in procs:
+            out, _ = p.communicate(timeout=timeout)
+            results.append((p.returncode, out))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return results
+
+
+def run_worker(tmp: Path, model_dir: Path, world: int, jobs: list[dict], **kw) -> Path:
+    """Run tests/dist_worker.py on `world` ranks; fail with every rank's output if one fails."""
+    import json
+
+    out = tmp / f"worker-{world}"
+    out.mkdir(parents=True, exist_ok=True)
+    res = run_ranks([sys.executable, str(ROOT / "tests" / "dist_worker.py"), str(out),
+                     str(model_dir), json.dumps(jobs)], world, **kw)
+    if any(code != 0 for code, _ in res):
+        raise AssertionError("\n".join(f"--- rank {r} exit {c}\n{o[-3000:]}"
+                                       for r, (c, o) in enumerate(res)))
+    return out

@@ -1,4 +1,4 @@
-"""`python -m training`: seed, prepare, check (the host-side stages)."""
+"""`python -m training`: seed, prepare, train, check (the host-side stages)."""
 
 from __future__ import annotations
 
@@ -79,6 +79,36 @@ def prepare(experiment: str = typer.Option(...), profile: str = typer.Option(...
               f"{p['corruption']['count']} damaged targets; splits {p['splits']}")
     out.print_json(json.dumps({"home": str(home), "status": res["status"],
                                "seconds": rec["seconds"], "counts": c}))
+
+
+@app.command()
+def train(home: Path = typer.Option(..., help="the prepared trial home"),
+          arm: str = typer.Option(..., help="arm to train, e.g. clean-pair, diloco-four"),
+          model_dir: Optional[Path] = typer.Option(
+              None, help="seed directory prepare used (default: .seeds/<profile's seed kind>)"),
+          threads: Optional[int] = typer.Option(None, help="torch CPU threads for this rank")) -> None:
+    """Train one rank of ARM (rank identity from WORLD_SIZE, RANK, MASTER_ADDR, MASTER_PORT)."""
+    import os
+
+    from training.train import main_say, train as run_train
+
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        if model_dir is None:
+            from training.prepare import require_prepared
+            from training.train import resolved_from_prepared
+
+            model_dir = Path(".seeds") / resolved_from_prepared(require_prepared(home)).profile.seed
+        res = run_train(home, model_dir, arm, threads=threads, say=main_say(rank))
+    except USER_ERRORS as e:
+        _fail(e)
+    t = res["timers"]
+    out.print_json(json.dumps({
+        "arm": arm, "rank": res["rank"], "updates": len(res["updates"]),
+        "final_parameters": res["digests"]["final_parameters"],
+        "training_loop_seconds": round(t["training_loop_seconds"], 3),
+        "training_payload_bytes_per_update": res["comm"]["training_payload_bytes_per_update"],
+        "result": f"{home}/runs/{arm}/rank-{res['rank']}/result.json"}))
 
 
 @app.command()

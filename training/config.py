@@ -76,6 +76,7 @@ class Profile(_Strict):
     replay_steps: tuple[int, int] = (3, 8)
     replay_parts: tuple[int, int] = (1, 1)
     sync_every: int | None = None  # scales DiLoCo's H with the number of updates
+    dense_warmup: int | None = None  # scales PowerSGD's dense warmup with the number of updates
 
     @model_validator(mode="after")
     def _ranges(self) -> "Profile":

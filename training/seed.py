@@ -70,7 +70,7 @@ def _verified_gguf() -> Path:
     return path
 
 
-def _quiet() -> None:
+def quiet_libraries() -> None:
     """Our own progress display is the CLI's; silence the libraries' bars in logs and CI."""
     from transformers.utils import logging as hf_logging
 
@@ -81,7 +81,7 @@ def _quiet() -> None:
 def _gguf_tokenizer(path: Path) -> Any:
     from transformers import AutoTokenizer
 
-    _quiet()
+    quiet_libraries()
     return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
 
 

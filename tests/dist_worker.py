@@ -1,0 +1,122 @@
+"""One rank of a multi-process test: `python tests/dist_worker.py OUT MODEL_DIR JOBS_JSON`.
+
+Rank identity comes from the environment (WORLD_SIZE, RANK, MASTER_ADDR, MASTER_PORT), as in a
+real run. Each job writes `OUT/<job name>-rank<r>.pt`; an exception in a job is recorded there
+(type and message) and the next job runs, so a test can assert on the failure itself.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from dist_cases import case  # noqa: E402
+
+from training.comm import Ledger, agree, chunked_mean  # noqa: E402
+from training.diloco import OuterNesterov  # noqa: E402
+from training.trainer import Trainer, TrainSpec, parameter_digest  # noqa: E402
+
+
+def train_state(trainer: Trainer, records: list) -> dict:
+    names = {id(p): n for n, p in trainer.model.named_parameters()}
+    adam = {}
+    for p in trainer.params:
+        st = trainer.optimizer.state[p]
+        adam[names[id(p)]] = {"exp_avg": st["exp_avg"].clone(), "exp_avg_sq": st["exp_avg_sq"].clone(),
+                              "step": float(st["step"])}
+    out = {"params": {n: p.detach().clone() for n, p in trainer.model.named_parameters()},
+           "adam": adam, "records": records, "digest": parameter_digest(trainer.model),
+           "ledger": trainer.ledger.snapshot()}
+    if trainer.outer is not None:
+        out["outer_v"] = [v.clone() for v in trainer.outer.v]
+    return out
+
+
+def run_train(job: dict, model_dir: str, rank: int, world: int) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    corpus, plan = case(job["case"])
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    spec = TrainSpec(kind=job["kind"], plan=plan, lr=job.get("lr", 1e-3), warmup=job.get("warmup", 0),
+                     microbatch=job.get("microbatch"), world_size=world, rank=rank,
+                     sync_every=job.get("sync_every"), outer_lr=job.get("outer_lr"),
+                     outer_momentum=job.get("outer_momentum"), powersgd_rank=job.get("powersgd_rank"),
+                     dense_warmup=job.get("dense_warmup"))
+    ledger = Ledger(world)
+    trainer = Trainer(model, corpus, spec, torch.device("cpu"), pad_id=2, ledger=ledger)
+    with ledger.counting():
+        records = [trainer.step() for _ in range(job.get("updates", spec.updates))]
+    return train_state(trainer, records)
+
+
+def values(rank: int, sizes: list[int]) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 + rank)
+    return [torch.randn(n, generator=g) for n in sizes]
+
+
+def run_chunked_mean(job: dict, rank: int) -> dict:
+    sizes = job["sizes"]
+    mine = values(rank, sizes)
+    out = [torch.full((n,), float("nan")) for n in sizes]
+    seen = []
+
+    def fill(view, pc):
+        view.copy_(mine[pc.index][pc.start:pc.end])
+
+    def consume(mean, pc):
+        seen.append((pc.index, pc.start, pc.end))
+        out[pc.index][pc.start:pc.end] = mean
+
+    sent = chunked_mean(sizes, fill, consume, device="cpu", chunk_bytes=job["chunk_bytes"])
+    return {"mean": out, "pieces": seen, "sent": sent}
+
+
+def run_outer(job: dict, rank: int, world: int) -> dict:
+    """Parent x; worker r ends each round at y_r = x − (r+1)·δ_k; two outer steps."""
+    g = torch.Generator().manual_seed(7)
+    sizes = job["sizes"]
+    params = [torch.nn.Parameter(torch.randn(n, generator=g)) for n in sizes]
+    start = [p.detach().clone() for p in params]
+    outer = OuterNesterov(params, job["lr"], job["momentum"], chunk_bytes=job["chunk_bytes"])
+    after = []
+    for k, delta in enumerate(job["deltas"]):
+        with torch.no_grad():
+            for p, x in zip(params, outer.x):
+                p.copy_(x - (rank + 1) * delta)
+        outer.step()
+        after.append({"params": [p.detach().clone() for p in params],
+                      "x": [x.clone() for x in outer.x], "v": [v.clone() for v in outer.v]})
+    return {"start": start, "rounds": after}
+
+
+def main() -> None:
+    out, model_dir, jobs = Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    for job in jobs:
+        try:
+            if job["type"] == "train":
+                res = run_train(job, model_dir, rank, world)
+            elif job["type"] == "chunked-mean":
+                res = run_chunked_mean(job, rank)
+            elif job["type"] == "outer":
+                res = run_outer(job, rank, world)
+            elif job["type"] == "agree":
+                res = {"digests": agree(job["what"], job["digests"][rank])}
+            else:
+                raise KeyError(job["type"])
+        except Exception as e:  # recorded for the test to assert on
+            res = {"error": type(e).__name__, "message": str(e)}
+        torch.save(res, out / f"{job['name']}-rank{rank}.pt")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,273 @@
+"""The arms against independent references, with real multi-process gloo (2 and 4 ranks).
+
+DDP and PowerSGD's dense phase must reproduce the single-process objective (parameters, Adam
+moments, loss and grad norm) when ranks hold unequal target counts; DiLoCo must reproduce four
+independent local trainers joined by the outer formula computed here, not by the code under test.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import run_worker
+from dist_cases import case
+from dist_worker import train_state
+from training.comm import chunk_plan
+from training.diloco import apply_update
+from training.objective import weighted_targets
+from training.results import global_losses
+from training.trainer import Trainer, TrainSpec
+
+LR = 1e-3  # large enough that parameters move well past rounding in a few updates
+# 1 % of one update's size. Adam divides by √v, so an element whose gradient nearly cancels turns a
+# reordering's rounding into a visible step difference: one element in 3.1M differed by 5.3e-6,
+# and reordering microbatches inside one process gives the same figure. A changed objective moves
+# elements by ~1e-3 (test_tolerance_detects_a_changed_objective keeps that margin honest).
+ATOL = 1e-5
+
+JOBS_2 = [
+    {"name": "ddp-unequal", "type": "train", "case": "unequal", "kind": "ddp", "microbatch": 3},
+    {"name": "ddp-concentrated", "type": "train", "case": "concentrated", "kind": "ddp", "microbatch": 3},
+    {"name": "ddp-reversed", "type": "train", "case": "reversed", "kind": "ddp", "microbatch": 3},
+    {"name": "psgd-dense", "type": "train", "case": "unequal", "kind": "powersgd", "microbatch": 3,
+     "powersgd_rank": 4, "dense_warmup": 4},
+    {"name": "psgd-compressed", "type": "train", "case": "unequal", "kind": "powersgd",
+     "microbatch": 3, "powersgd_rank": 2, "dense_warmup": 2},
+    {"name": "agree-same", "type": "agree", "what": "prepared-input", "digests": ["ab" * 32] * 2},
+    {"name": "agree-differ", "type": "agree", "what": "numerical-profile",
+     "digests": ["ab" * 32, "cd" * 32]},
+]
+JOBS_4 = [
+    {"name": "ddp-4", "type": "train", "case": "unequal-4", "kind": "ddp", "microbatch": 1},
+    {"name": "diloco", "type": "train", "case": "unequal-4", "kind": "diloco", "microbatch": 1,
+     "sync_every": 2, "outer_lr": 0.7, "outer_momentum": 0.9},
+    {"name": "outer", "type": "outer", "sizes": [5, 40, 3], "chunk_bytes": 32, "lr": 0.7,
+     "momentum": 0.9, "deltas": [0.01, -0.02]},
+    *[{"name": f"mean-{cb}", "type": "chunked-mean", "sizes": [1, 7, 33, 1000, 5], "chunk_bytes": cb}
+      for cb in (4, 64, 1 << 20)],
+]
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory, tiny_seed):
+    return run_worker(tmp_path_factory.mktemp("arms"), tiny_seed, 2, JOBS_2)
+
+
+@pytest.fixture(scope="module")
+def four(tmp_path_factory, tiny_seed):
+    return run_worker(tmp_path_factory.mktemp("arms"), tiny_seed, 4, JOBS_4)
+
+
+def load(out, name, world):
+    return [torch.load(out / f"{name}-rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def single(tiny_seed, name, *, microbatch=None, plan=None, corpus=None, weights=None):
+    from transformers import AutoModelForCausalLM
+
+    c, p = case(name)
+    corpus, plan = corpus or c, plan or p
+    if weights is not None:
+        corpus.weights[:] = weights
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_seed), dtype=torch.float32)
+    tr = Trainer(model, corpus, TrainSpec(kind="single", plan=plan, lr=LR, microbatch=microbatch),
+                 torch.device("cpu"), pad_id=2)
+    return train_state(tr, [tr.step() for _ in plan])
+
+
+def max_diff(a: dict, b: dict) -> float:
+    d = max(float((a["params"][k] - b["params"][k]).abs().max()) for k in a["params"])
+    for k in a["adam"]:
+        for m in ("exp_avg", "exp_avg_sq"):
+            d = max(d, float((a["adam"][k][m] - b["adam"][k][m]).abs().max()))
+    return d
+
+
+def assert_matches_single(ranks: list[dict], ref: dict) -> None:
+    assert len({r["digest"] for r in ranks}) == 1, "replicas of one group must agree exactly"
+    assert max_diff(ranks[0], ref) < ATOL
+    for k, st in ranks[0]["adam"].items():
+        assert st["step"] == ref["adam"][k]["step"]
+    losses = global_losses([r["records"] for r in ranks])
+    for got, rec in zip(losses, ref["records"]):
+        assert got == pytest.approx(rec["loss"], rel=1e-6)
+    for rec, want in zip(ranks[0]["records"], ref["records"]):
+        assert rec["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-5)
+
+
+@pytest.mark.parametrize("name", ["ddp-unequal", "ddp-concentrated", "ddp-reversed"])
+def test_ddp_two_ranks_equals_single(two, tiny_seed, name):
+    ranks = load(two, name, 2)
+    cname = name.split("-", 1)[1]
+    corpus, plan = case(cname)
+    # the case really has unequal target counts between the ranks of every update
+    for r0, r1 in (([d for d in p[:4]], [d for d in p[4:]]) for p in plan):
+        assert weighted_targets(corpus, r0) != weighted_targets(corpus, r1)
+    # and each rank's local batch of 4 ends in a partial microbatch of 1 (microbatch 3)
+    assert all(rec["microbatches"] == [3, 1] for rec in ranks[0]["records"])
+    ref = single(tiny_seed, cname, microbatch=8)
+    assert_matches_single(ranks, ref)
+
+
+def test_reversed_assignment_gives_the_same_model(two):
+    a, b = load(two, "ddp-concentrated", 2), load(two, "ddp-reversed", 2)
+    for u in range(4):  # the heavy documents moved from rank 0 to rank 1
+        assert set(a[0]["records"][u]["local_docs"]) == set(b[1]["records"][u]["local_docs"])
+        assert set(a[0]["records"][u]["local_docs"]) != set(b[0]["records"][u]["local_docs"])
+    assert max_diff(a[0], b[0]) < ATOL
+
+
+def test_tolerance_detects_a_changed_objective(two, tiny_seed):
+    """Guard against a vacuous tolerance: equal token weights (1 everywhere) must fail ATOL."""
+    ref = single(tiny_seed, "concentrated", microbatch=8)
+    flat = single(tiny_seed, "concentrated", microbatch=8, weights=1)
+    assert max_diff(ref, flat) > 100 * ATOL
+    # and a per-rank (local) normalization, which is DiLoCo's inner objective, is not DDP's
+    _, plan = case("concentrated")
+    local_only = single(tiny_seed, "concentrated", plan=[p[:4] for p in plan])
+    assert max_diff(ref, local_only) > 100 * ATOL
+
+
+def test_ddp_four_ranks_equals_single(four, tiny_seed):
+    ranks = load(four, "ddp-4", 4)
+    assert all(rec["microbatches"] == [1, 1] for rec in ranks[0]["records"])
+    assert_matches_single(ranks, single(tiny_seed, "unequal-4", microbatch=3))
+
+
+def test_padding_and_prompt_masks_do_not_leak(tiny_seed):
+    """The same update with every document alone (no padding) or all padded together."""
+    a = single(tiny_seed, "unequal", microbatch=1)
+    b = single(tiny_seed, "unequal", microbatch=8)
+    assert max_diff(a, b) < ATOL
+
+
+def test_powersgd_dense_warmup_is_ddp_bit_for_bit(two):
+    dense, ddp = load(two, "psgd-dense", 2), load(two, "ddp-unequal", 2)
+    assert not any(r["powersgd_compressed"] for r in dense[0]["records"])
+    assert dense[0]["digest"] == ddp[0]["digest"] == dense[1]["digest"]
+
+
+def test_powersgd_compresses_after_warmup_and_replicas_agree(two):
+    ranks = load(two, "psgd-compressed", 2)
+    recs = ranks[0]["records"]
+    assert [r["powersgd_compressed"] for r in recs] == [False, False, True, True]
+    dense_bytes = recs[0]["comm"]["gradient"]["payload_bytes"]
+    numel = sum(p.numel() for k, p in ranks[0]["params"].items())
+    assert dense_bytes == numel * 4
+    for r in recs[2:]:
+        assert 0 < r["comm"]["gradient"]["payload_bytes"] < dense_bytes
+    assert ranks[0]["digest"] == ranks[1]["digest"]
+
+
+def test_digest_agreement(two):
+    same = load(two, "agree-same", 2)
+    assert all("error" not in r for r in same)
+    for r in load(two, "agree-differ", 2):
+        assert r["error"] == "DigestMismatch"
+        assert "ab" * 32 in r["message"] and "cd" * 32 in r["message"]
+        assert "rank 0" in r["message"] and "rank 1" in r["message"]
+
+
+def test_diloco_equals_four_local_trainers_and_the_outer_formula(four, tiny_seed):
+    """Reference: four single-process trainers on the local documents (local normalization), and
+    the outer step written out here from the formula, applied every H = 2 updates."""
+    from transformers import AutoModelForCausalLM
+
+    ranks = load(four, "diloco", 4)
+    assert len({r["digest"] for r in ranks}) == 1
+    corpus, plan = case("unequal-4")
+    workers = []
+    for r in range(4):
+        m = AutoModelForCausalLM.from_pretrained(str(tiny_seed), dtype=torch.float32)
+        workers.append(Trainer(m, corpus, TrainSpec(kind="single", plan=[p[2 * r:2 * r + 2] for p in plan],
+                                                    lr=LR, microbatch=1), torch.device("cpu"), pad_id=2))
+    names = [n for n, _ in workers[0].model.named_parameters()]
+    x = {n: p.detach().clone() for n, p in workers[0].model.named_parameters()}
+    v = {n: torch.zeros_like(t) for n, t in x.items()}
+    eta, mu = 0.7, 0.9
+    for u in range(4):
+        for w in workers:
+            w.step()
+        if (u + 1) % 2 == 0:
+            ys = [dict(w.model.named_parameters()) for w in workers]
+            for n in names:
+                d = sum(x[n] - y[n].detach() for y in ys) / 4
+                v[n] = mu * v[n] + d
+                x[n] = x[n] - eta * (d + mu * v[n])
+            for w in workers:
+                with torch.no_grad():
+                    for n, p in w.model.named_parameters():
+                        p.copy_(x[n])
+    for n in names:
+        torch.testing.assert_close(ranks[0]["params"][n], x[n], atol=ATOL, rtol=0)
+    # each worker kept its own Adam moments: compare rank 2's with reference worker 2's
+    st = workers[2].optimizer.state
+    for n, p in workers[2].model.named_parameters():
+        torch.testing.assert_close(ranks[2]["adam"][n]["exp_avg"], st[p]["exp_avg"], atol=ATOL, rtol=0)
+    assert not torch.equal(ranks[0]["adam"][names[0]]["exp_avg"], ranks[2]["adam"][names[0]]["exp_avg"])
+    # logical payload: one full FP32 delta per H updates, exactly 1/H of DDP's per-update gradient
+    ddp = load(four, "ddp-4", 4)[0]["ledger"]["gradient"]["payload_bytes"]
+    outer = ranks[0]["ledger"]["outer-delta"]["payload_bytes"]
+    assert outer * 2 == ddp
+    assert sum(1 for r in ranks[0]["records"] if r["outer_step"]) == 2
+
+
+def test_outer_step_formula_and_sign(four):
+    ranks = load(four, "outer", 4)
+    start = ranks[0]["start"]
+    eta, mu = 0.7, 0.9
+    x = [t.clone() for t in start]
+    v = [torch.zeros_like(t) for t in start]
+    for k, delta in enumerate([0.01, -0.02]):
+        d = 2.5 * delta  # mean over r of (r + 1)·δ, r = 0…3
+        before = [t.clone() for t in x]
+        for i in range(len(x)):
+            v[i] = mu * v[i] + d
+            x[i] = x[i] - eta * (d + mu * v[i])
+        for r in ranks:
+            for i in range(len(x)):
+                torch.testing.assert_close(r["rounds"][k]["params"][i], x[i], atol=1e-6, rtol=0)
+                torch.testing.assert_close(r["rounds"][k]["v"][i], v[i], atol=1e-7, rtol=0)
+        if k == 0:
+            # workers descended (y < x): the parent must move the same way, and further than the
+            # workers' mean endpoint x − 2.5δ because of the Nesterov look-ahead η(1 + μ) = 1.33
+            for b, a in zip(before, x):
+                assert torch.all(a < b)
+                assert torch.all(a < b - d)
+    # first step by hand for one element: v = d, x = x0 − η(d + μd)
+    x0 = float(start[0][0])
+    assert float(ranks[0]["rounds"][0]["params"][0][0]) == pytest.approx(x0 - 0.7 * 0.025 * 1.9, abs=1e-6)
+
+
+def test_apply_update_in_place():
+    x, v, d = torch.tensor([1.0]), torch.tensor([0.0]), torch.tensor([0.5])
+    apply_update(x, v, d, 0.7, 0.9)
+    assert float(v) == pytest.approx(0.5) and float(x) == pytest.approx(1 - 0.7 * (0.5 + 0.45))
+
+
+@pytest.mark.parametrize("cb", [4, 64, 1 << 20])
+def test_chunked_mean_covers_every_element(four, cb):
+    from dist_worker import values
+
+    sizes = [1, 7, 33, 1000, 5]
+    want = [sum(values(r, sizes)[i] for r in range(4)) / 4 for i in range(len(sizes))]
+    for r in load(four, f"mean-{cb}", 4):
+        for got, exp in zip(r["mean"], want):
+            assert not torch.isnan(got).any()
+            torch.testing.assert_close(got, exp, atol=1e-6, rtol=0)
+        assert r["sent"] == sum(sizes) * 4
+        covered = sorted((i, s, e) for i, s, e in r["pieces"])
+        assert covered == sorted((p.index, p.start, p.end) for c in chunk_plan(sizes, max(1, cb // 4))
+                                 for p in c)
+
+
+def test_chunk_plan_bounds():
+    plan = chunk_plan([10, 3, 20], 8)
+    assert all(sum(p.end - p.start for p in c) <= 8 for c in plan)
+    assert [sum(p.end - p.start for p in c) for c in plan] == [8, 8, 8, 8, 1]
+    elems = [(p.index, k) for c in plan for p in c for k in range(p.start, p.end)]
+    assert elems == [(i, k) for i, n in enumerate([10, 3, 20]) for k in range(n)]
+    assert all(p.offset + p.end - p.start <= 8 for c in plan for p in c)
+    with pytest.raises(ValueError):
+        chunk_plan([1], 0)

@@ -1,0 +1,301 @@
+"""`python -m training train`: one rank of one arm, from committed inputs to `result.json`.
+
+    H/runs/<arm>/numerical-profile.json     committed by rank 0 before the first update
+    H/runs/<arm>/rank-<r>/result.json       every rank (see `RESULT_FORMAT`)
+    H/runs/<arm>/model/                      rank 0: final weights, tokenizer, receipt.json
+    H/runs/<arm>/attempts/                   earlier unfinished attempts, moved aside, never deleted
+
+Before training, every rank agrees (fixed-size byte digests) on the prepared inputs, the seed
+receipt and the numerical profile; afterwards on the final parameters. The training-loop timer
+runs from the first update through the final model's write, read-back verification and agreement;
+seed verification, model loading and process-group setup are timed separately.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from evidence.canonical import canonical_sha256, read_json, write_json_atomic
+from evidence.commitments import CommitmentLog
+from evidence.receipts import make_receipt, verify_receipt
+from training.config import Arm, ConfigError, Experiment, Resolved
+from training.errors import TrainError
+
+RESULT_FORMAT = "trial-result-v1"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                   "special_tokens_map.json", "generation_config.json")
+
+
+
+def resolved_from_prepared(prepared: dict[str, Any]) -> Resolved:
+    """Rebuild the experiment exactly as committed (hosts never need the TOML files)."""
+    d = prepared["experiment"]
+    exp = Experiment.model_validate({**d["experiment"], "profiles": {d["profile_name"]: d["profile"]}})
+    cfg = Resolved(experiment=exp, profile_name=d["profile_name"], profile=exp.profiles[d["profile_name"]])
+    if cfg.digest() != prepared["experiment_digest"]:
+        raise TrainError("prepared.json's experiment does not match its own digest; prepare again")
+    return cfg
+
+
+def run_dir(home: Path, arm: str) -> Path:
+    return home / "runs" / arm
+
+
+def _set_aside(rank_dir: Path) -> None:
+    """Keep an unfinished attempt's files under attempts/ rather than overwrite them."""
+    if not rank_dir.exists():
+        return
+    attempts = rank_dir.parent / "attempts"
+    attempts.mkdir(exist_ok=True)
+    n = len(list(attempts.glob(f"{rank_dir.name}.*"))) + 1
+    rank_dir.rename(attempts / f"{rank_dir.name}.{n}")
+
+
+def _commit_profile(home: Path, arm: str, profile: dict[str, Any], digest: str) -> None:
+    rel = f"runs/{arm}/numerical-profile.json"
+    path = home / rel
+    log = CommitmentLog(home)
+    earlier = [e for e in log.entries() if e["kind"] == "numerical-profile" and e["subject"] == rel]
+    if earlier:
+        old = earlier[-1]["data"].get("profile_digest")
+        if old != digest:
+            raise TrainError(f"{rel} was committed with numerical profile {old}, this run has {digest}; "
+                             "a run's numerics cannot change — use a new --home for new settings")
+        if path.is_file() and canonical_sha256(read_json(path)) != digest:
+            raise TrainError(f"{path} differs from its commitment ({digest}); restore it or use a "
+                             "new --home")
+        if not path.is_file():  # the commitment pins the content, so it can be written again
+            write_json_atomic(path, profile, canonical=True)
+        return
+    write_json_atomic(path, profile, canonical=True)
+    log.append("numerical-profile", rel, {"profile_digest": digest, "arm": arm})
+
+
+def _write_model(model: Any, seed_dir: Path, out: Path, meta: dict[str, Any]) -> dict[str, Any]:
+    """Save weights + tokenizer in a hidden directory, receipt it, re-verify, then rename."""
+    tmp = out.parent / f".{out.name}.partial"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    model.save_pretrained(tmp, safe_serialization=True)
+    for name in TOKENIZER_FILES:
+        if (seed_dir / name).is_file():
+            shutil.copy2(seed_dir / name, tmp / name)
+    receipt = make_receipt(tmp, meta=meta)
+    write_json_atomic(tmp / "receipt.json", receipt)
+    verify_receipt(tmp, read_json(tmp / "receipt.json"), what="trained model")  # read back
+    if out.exists():
+        _set_aside(out)
+    tmp.rename(out)
+    return receipt
+
+
+def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_name: str, *,
+          threads: int | None = None, say: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run this process's rank (identity from the environment); return its result."""
+    import torch
+    import torch.distributed as dist
+
+    from training import comm, runtime
+    from training.corpus import Corpus
+    from training.prepare import require_prepared
+    from training.seed import load_tokenizer, verify_seed
+    from training.trainer import Trainer, TrainSpec, barrier_ok, parameter_digest
+
+    t_start = time.perf_counter()
+    home, model_dir = Path(home), Path(model_dir)
+    info = runtime.RankInfo.from_env()
+    say = say or (lambda msg: None)
+    lead = info.rank == 0
+
+    prepared = require_prepared(home)
+    prepared_digest = canonical_sha256(prepared)
+    cfg = resolved_from_prepared(prepared)
+    arm: Arm = cfg.arm(arm_name)
+    if arm.kind == "seed":
+        raise ConfigError(f"arm '{arm.name}' is the untrained seed: evaluate it directly, there is "
+                          "nothing to train")
+    if arm.world_size != info.world_size:
+        raise TrainError(f"arm {arm.name} runs on {arm.world_size} rank(s) but WORLD_SIZE="
+                         f"{info.world_size}; start {arm.world_size} processes")
+    rd = run_dir(home, arm.name)
+    rank_dir = rd / f"rank-{info.rank}"
+    if (rank_dir / "result.json").is_file():
+        raise TrainError(f"{rank_dir / 'result.json'} already exists: this rank has finished; its "
+                         "results are kept — use a new --home to train again")
+    _set_aside(rank_dir)
+    rank_dir.mkdir(parents=True)
+
+    if threads:
+        torch.set_num_threads(threads)
+    prof = cfg.profile
+    if prof.device == "cuda":
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    device = runtime.pick_device(prof.device, info.local_rank)
+    lock = runtime.device_lock(device)  # noqa: F841 (held for the life of the process)
+
+    t0 = time.perf_counter()
+    receipt = verify_seed(model_dir)
+    if receipt["digest"] != prepared["model"]["receipt_digest"]:
+        raise TrainError(f"seed {model_dir} has receipt {receipt['digest']}, but the inputs were "
+                         f"prepared with {prepared['model']['receipt_digest']}; pass the same "
+                         "--model-dir that prepare used")
+    t_verify = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    runtime.init_group(info, device)
+    t_group = time.perf_counter() - t0
+    runtime.configure_numerics(device)
+
+    t0 = time.perf_counter()
+    from transformers import AutoModelForCausalLM
+
+    from training.seed import quiet_libraries
+    quiet_libraries()
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    tok = load_tokenizer(model_dir, verified=True)
+    t_load = time.perf_counter() - t0
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+    corpus_name = "train-damaged.safetensors" if arm.data == "damaged" else "train.safetensors"
+    corpus = Corpus.load(home / "inputs" / corpus_name)
+    plan = read_json(home / "inputs" / "schedule.json")["updates"]
+    committed_w = prepared["schedule"]["weighted_targets_per_update"
+                                       + ("_damaged" if arm.data == "damaged" else "")]
+    autocast = getattr(torch, prof.dtype) if prof.dtype != "float32" else None
+    spec = TrainSpec(
+        kind=arm.kind, plan=plan, lr=cfg.experiment.lr, warmup=cfg.experiment.warmup,
+        weight_decay=cfg.experiment.weight_decay, grad_clip=cfg.experiment.grad_clip,
+        microbatch=arm.microbatch, world_size=info.world_size, rank=info.rank,
+        sync_every=prof.sync_every or arm.sync_every, outer_lr=arm.outer_lr,
+        outer_momentum=arm.outer_momentum, powersgd_rank=arm.powersgd_rank,
+        dense_warmup=prof.dense_warmup or arm.dense_warmup, autocast_dtype=autocast)
+    arm_numerics = {**arm.model_dump(mode="json"), "sync_every": spec.sync_every,
+                    "microbatch": spec.microbatch, "dense_warmup": spec.dense_warmup,
+                    "sort_by_length": spec.sort_by_length,
+                    "chunk_bytes": spec.chunk_bytes, "lr": spec.lr, "warmup": spec.warmup,
+                    "weight_decay": spec.weight_decay, "grad_clip": spec.grad_clip,
+                    "betas": list(spec.betas), "eps": spec.eps, "powersgd_seed": spec.powersgd_seed}
+    numerics = runtime.numerical_profile(device, dtype=prof.dtype, arm=arm_numerics,
+                                         attention=str(model.config._attn_implementation))
+    numerics_digest = runtime.profile_digest(numerics)
+
+    ledger = comm.Ledger(info.world_size)
+    net_before = runtime.net_counters()
+    with ledger.counting():
+        t0 = time.perf_counter()
+        if info.world_size > 1:
+            with ledger.phase("control"):
+                for name, digest in (("prepared-input", prepared_digest),
+                                     ("seed receipt", receipt["digest"]),
+                                     ("numerical-profile", numerics_digest)):
+                    comm.agree(name, digest, device)
+        ok = True
+        try:
+            if lead:
+                _commit_profile(home, arm.name, numerics, numerics_digest)
+        except Exception:
+            ok = False
+            raise
+        finally:
+            with ledger.phase("control"):
+                barrier_ok(ok, "committing the numerical profile", device)
+        t_agree = time.perf_counter() - t0
+
+        trainer = Trainer(model, corpus, spec, device, pad_id, ledger)
+        if [trainer.global_weights[u] for u in range(spec.updates)] != committed_w:
+            raise TrainError(f"the weighted target counts of {corpus_name} differ from the committed "
+                             "schedule; the prepared inputs are inconsistent — prepare again")
+        say(f"rank {info.rank}/{info.world_size} {arm.name} ({arm.kind}): {spec.updates} updates, "
+            f"{len(spec.local_docs(0))} docs per rank per update, {trainer.numel:,} parameters on {device}")
+
+        records = []
+        t_loop0 = time.perf_counter()
+        for _ in range(spec.updates):
+            rec = trainer.step()
+            records.append(rec)
+            say(f"update {rec['update'] + 1}/{spec.updates} loss_local {rec['loss_local']:.4f} "
+                f"grad_norm {rec['grad_norm']:.3f} {rec['seconds']:.3f} s"
+                + (" +outer" if rec["outer_step"] else ""))
+        t_updates = time.perf_counter() - t_loop0
+
+        t0 = time.perf_counter()
+        final_digest = parameter_digest(model)
+        with ledger.phase("control"):
+            if info.world_size > 1:
+                comm.agree("final-parameters", final_digest, device)
+        model_receipt = None
+        ok = True
+        try:
+            if lead:
+                model_receipt = _write_model(model, model_dir, rd / "model", meta={
+                    "experiment": cfg.experiment.name, "profile": cfg.profile_name, "arm": arm.name,
+                    "parameters_sha256": final_digest, "seed_receipt": receipt["digest"],
+                    "prepared_digest": prepared_digest, "numerical_profile": numerics_digest})
+        except Exception:
+            ok = False
+            raise
+        finally:
+            with ledger.phase("control"):
+                barrier_ok(ok, "writing the final model", device)
+        t_final = time.perf_counter() - t0
+        t_loop = time.perf_counter() - t_loop0
+    net_after = runtime.net_counters()
+
+    totals = ledger.snapshot()
+    train_labels = ("gradient", "outer-delta")
+    train_payload = sum(totals.get(k, {}).get("payload_bytes", 0) for k in train_labels)
+    result = {
+        "format": RESULT_FORMAT,
+        "experiment": cfg.experiment.name, "profile": cfg.profile_name,
+        "arm": arm.model_dump(mode="json"),
+        "rank": info.rank, "world_size": info.world_size,
+        "identity": {"rank": info.rank, "world_size": info.world_size, "local_rank": info.local_rank,
+                     "master_addr": info.master_addr, "master_port": info.master_port,
+                     "device": str(device)},
+        "digests": {"prepared": prepared_digest, "seed_receipt": receipt["digest"],
+                    "numerical_profile": numerics_digest, "final_parameters": final_digest},
+        "parameters": trainer.numel,
+        "numerical_profile": numerics,
+        "runtime": runtime.runtime_settings(device),
+        "updates": records,
+        "comm": {
+            "by_label": totals,
+            "by_collective": {k: dict(v) for k, v in ledger.ops.items()},
+            "training_payload_bytes": train_payload,
+            "training_payload_bytes_per_update": train_payload / spec.updates,
+            "dense_gradient_bytes_per_update": trainer.numel * 4,
+            "note": "logical payload handed to collectives by this rank; ring wire bytes per rank "
+                    "= 2(N-1)/N x payload for all-reduce",
+        },
+        "network": {"before": net_before, "after": net_after,
+                    "delta": runtime.net_delta(net_after, net_before),
+                    "note": "whole-host interface counters: include all other traffic on the host"},
+        "timers": {
+            "seed_verification_seconds": t_verify, "process_group_seconds": t_group,
+            "model_load_seconds": t_load, "agreement_and_commit_seconds": t_agree,
+            "updates_seconds": t_updates, "final_agreement_and_model_seconds": t_final,
+            "training_loop_seconds": t_loop,
+            "note": "training_loop = first update through final model write, read-back "
+                    "verification and parameter agreement",
+        },
+        "model": ({"dir": f"runs/{arm.name}/model", "receipt_digest": model_receipt["digest"]}
+                  if model_receipt else None),
+        "resources": runtime.process_figures(device),
+        "process_seconds_in_train": time.perf_counter() - t_start,
+    }
+    write_json_atomic(rank_dir / "result.json", result)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return result
+
+
+def main_say(rank: int) -> Callable[[str], None]:
+    def say(msg: str) -> None:
+        if rank == 0:
+            print(msg, file=sys.stderr, flush=True)
+    return say

@@ -1,0 +1,221 @@
+"""One training loop for every arm; the arms differ only in three small decisions.
+
+| arm       | engine                     | loss scale per microbatch      | after the optimizer step   |
+|-----------|----------------------------|--------------------------------|----------------------------|
+| single    | the model                  | 1 / W (global weighted targets)| —                          |
+| ddp       | DDP, allreduce hook        | N / W  (DDP divides by N)      | —                          |
+| powersgd  | DDP, PowerSGD hook         | N / W                          | —                          |
+| diloco    | the model (no per-step sync)| 1 / W_r (this worker's targets)| every H updates: outer step|
+
+With N ranks each holding 1/N of the update's documents, the DDP average of N·g_r/W is Σ_r g_r / W,
+the single-process objective exactly. Microbatches before the last run under `no_sync` (forward
+included), so one reduction happens per update; clipping and AdamW follow it on every rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from training.comm import CHUNK_BYTES, Ledger
+from training.corpus import Corpus
+from training.diloco import OuterNesterov
+from training.objective import WeightedResponseLoss, make_microbatches, weighted_targets
+
+Kind = Literal["single", "ddp", "powersgd", "diloco"]
+
+
+@dataclass
+class TrainSpec:
+    kind: Kind
+    plan: list[list[int]]  # the global documents of every update
+    lr: float
+    warmup: int = 0
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    microbatch: int | None = None
+    world_size: int = 1
+    rank: int = 0
+    sync_every: int | None = None
+    outer_lr: float | None = None
+    outer_momentum: float | None = None
+    powersgd_rank: int | None = None
+    dense_warmup: int | None = None
+    powersgd_seed: int = 0
+    autocast_dtype: torch.dtype | None = None
+    sort_by_length: bool = True
+    chunk_bytes: int = CHUNK_BYTES
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        if self.kind == "single" and self.world_size != 1:
+            raise ValueError("the single arm runs on one process")
+        if self.kind != "single" and self.world_size < 2:
+            raise ValueError(f"the {self.kind} arm needs at least two ranks")
+        for u, docs in enumerate(self.plan):
+            if len(docs) % self.world_size:
+                raise ValueError(f"update {u} has {len(docs)} documents, not divisible by "
+                                 f"{self.world_size} ranks")
+        if self.kind == "diloco" and not (self.sync_every and self.outer_lr is not None
+                                          and self.outer_momentum is not None):
+            raise ValueError("diloco needs sync_every, outer_lr and outer_momentum")
+        if self.kind == "powersgd" and (not self.powersgd_rank or (self.dense_warmup or 0) < 2):
+            raise ValueError("powersgd needs powersgd_rank and dense_warmup >= 2 "
+                             "(PyTorch's minimum with error feedback)")
+
+    @property
+    def updates(self) -> int:
+        return len(self.plan)
+
+    def local_docs(self, update: int) -> list[int]:
+        docs = self.plan[update]
+        k = len(docs) // self.world_size
+        return list(docs[self.rank * k:(self.rank + 1) * k])
+
+    def lr_at(self, update: int) -> float:
+        """Linear warmup over `warmup` updates, then constant."""
+        if self.warmup and update < self.warmup:
+            return self.lr * (update + 1) / self.warmup
+        return self.lr
+
+    def syncs_after(self, update: int) -> bool:
+        return self.kind == "diloco" and ((update + 1) % self.sync_every == 0
+                                          or update + 1 == self.updates)
+
+
+@dataclass
+class Trainer:
+    model: nn.Module
+    corpus: Corpus
+    spec: TrainSpec
+    device: torch.device
+    pad_id: int
+    ledger: Ledger = field(default_factory=lambda: Ledger(1))
+
+    def __post_init__(self) -> None:
+        s = self.spec
+        self.model.to(self.device).train()
+        self.loss = WeightedResponseLoss(self.model)
+        self.engine: nn.Module = self.loss
+        self.powersgd_state = None
+        if s.kind in ("ddp", "powersgd"):
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            # init_sync=False: every rank loaded the same verified seed (digests agreed before),
+            # so the setup broadcast of all weights would only move bytes.
+            self.engine = DDP(self.loss, device_ids=[self.device] if self.device.type == "cuda" else None,
+                              forward_sync_buffers=False, init_sync=False)
+            if s.kind == "ddp":
+                self.engine.register_comm_hook(None, default_hooks.allreduce_hook)
+            else:
+                self.powersgd_state = powerSGD_hook.PowerSGDState(
+                    process_group=None, matrix_approximation_rank=s.powersgd_rank,
+                    start_powerSGD_iter=s.dense_warmup, use_error_feedback=True, warm_start=True,
+                    random_seed=s.powersgd_seed)
+                self.engine.register_comm_hook(self.powersgd_state, powerSGD_hook.powerSGD_hook)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=s.lr, betas=s.betas, eps=s.eps,
+                                           weight_decay=s.weight_decay)
+        self.outer = (OuterNesterov(self.params, s.outer_lr, s.outer_momentum,
+                                    chunk_bytes=s.chunk_bytes) if s.kind == "diloco" else None)
+        self.update = 0  # the next update to run
+        self.global_weights = [weighted_targets(self.corpus, docs) for docs in s.plan]
+
+    @property
+    def numel(self) -> int:
+        return sum(p.numel() for p in self.params)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.spec.autocast_dtype is None or self.device.type != "cuda":
+            return contextlib.nullcontext()
+        return torch.autocast("cuda", dtype=self.spec.autocast_dtype)
+
+    def step(self) -> dict[str, Any]:
+        """Run update `self.update`; return its record."""
+        s, u = self.spec, self.update
+        if u >= s.updates:
+            raise IndexError(f"all {s.updates} updates already ran")
+        self._sync()
+        t0 = time.perf_counter()
+        before = self.ledger.snapshot()
+        local = s.local_docs(u)
+        w_local = weighted_targets(self.corpus, local)
+        w_global = self.global_weights[u]
+        scale = {"single": 1.0 / w_global, "ddp": s.world_size / w_global,
+                 "powersgd": s.world_size / w_global, "diloco": 1.0 / w_local}[s.kind]
+        mbs = make_microbatches(self.corpus, local, s.microbatch, pad_id=self.pad_id,
+                                sort_by_length=s.sort_by_length)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        with self.ledger.phase("gradient"):
+            for i, mb in enumerate(mbs):
+                quiet = (self.engine.no_sync() if s.kind in ("ddp", "powersgd") and i < len(mbs) - 1
+                         else contextlib.nullcontext())
+                with quiet:
+                    with self._autocast():
+                        part = self.engine(*mb.to(self.device).args())
+                    (part * scale).backward()
+                loss_sum += part.detach().double()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, s.grad_clip)
+        lr = s.lr_at(u)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._sync()
+        t_inner = time.perf_counter()
+        outer = s.syncs_after(u)
+        if outer:
+            with self.ledger.phase("outer-delta"):
+                self.outer.step()
+            self._sync()
+        t1 = time.perf_counter()
+        self.update += 1
+        ls = float(loss_sum)
+        return {
+            "update": u, "global_docs": list(s.plan[u]), "local_docs": local,
+            "microbatches": [len(mb.docs) for mb in mbs],
+            "microbatch_docs": [mb.docs for mb in mbs],  # the order they ran in
+            "weighted_targets_local": w_local, "weighted_targets_global": w_global,
+            "loss_sum_local": ls, "loss_local": ls / w_local,
+            "loss": ls / w_global if s.world_size == 1 else None,  # global: Σ_r loss_sum / W
+            "grad_norm": float(grad_norm), "lr": lr,
+            "powersgd_compressed": (self.powersgd_state is not None
+                                    and u >= self.powersgd_state.start_powerSGD_iter),
+            "outer_step": outer,
+            "seconds": t1 - t0, "inner_seconds": t_inner - t0, "outer_seconds": t1 - t_inner,
+            "comm": Ledger.diff(self.ledger.snapshot(), before),
+        }
+
+
+def parameter_digest(model: nn.Module) -> str:
+    """sha256 over every parameter's name, dtype, shape and bytes, in a fixed order."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+        t = p.detach().to("cpu").contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}\n".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def barrier_ok(ok: bool, what: str, device: torch.device) -> None:
+    """Every rank learns whether every rank succeeded at `what`; the failed ones already raised."""
+    if not dist.is_initialized():
+        return
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    if not int(flag.item()):
+        raise RuntimeError(f"another rank failed at {what}; this rank stops too")
