@@ -91,6 +91,9 @@ def main() -> int:
             print(f"{s['arm']}: {p['dense_updates']} dense updates at {p['dense_payload_bytes_per_update']:,.0f} "
                   f"B, {p['compressed_updates']} compressed at {p['compressed_payload_bytes_per_update']:,.0f} B "
                   f"({p['compressed_payload_bytes_per_update'] / p['dense_payload_bytes_per_update']:.4f} of dense)")
+            if p["compressed_payload_bytes_per_update"] == p["dense_payload_bytes_per_update"]:
+                print("  (nothing was compressible: PowerSGD compresses an n×m matrix only when "
+                      "(n + m)·rank·2 < n·m, and at rank 32 no matrix of this seed qualifies)")
     import torch
 
     report = {

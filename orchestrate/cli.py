@@ -76,6 +76,7 @@ def train_arms(cfg, home: Path, model_dir: Path) -> list[dict]:
     from orchestrate.local import launch_group, threads_per_rank
     from training.errors import TrainError
     from training.results import finished, load_results, summarize
+    from training.train import set_aside_unfinished
 
     out = []
     for a in cfg.experiment.arms:
@@ -86,9 +87,15 @@ def train_arms(cfg, home: Path, model_dir: Path) -> list[dict]:
         else:
             con.print(f"[bold]train[/] {a.name} ({a.kind}, {a.world_size} rank"
                       f"{'s' if a.world_size > 1 else ''}) → {home / 'runs' / a.name}")
+            if set_aside_unfinished(home, a.name, a.world_size):
+                con.print(f"  an unfinished earlier attempt was moved to "
+                          f"{home / 'runs' / a.name / 'attempts'}")
             argv = [sys.executable, "-m", "training", "train", "--home", str(home), "--arm", a.name,
                     "--model-dir", str(model_dir), "--threads", str(threads_per_rank(a.world_size))]
-            res = launch_group(argv, a.world_size, log_dir=home / "logs" / a.name,
+            logs = home / "logs" / a.name
+            attempt = 1 + max((int(p.name[8:]) for p in logs.glob("attempt-*") if p.name[8:].isdigit()),
+                              default=0)
+            res = launch_group(argv, a.world_size, log_dir=logs / f"attempt-{attempt}",
                                echo=lambda line: con.print(f"  {line}", highlight=False, markup=False))
             if not res.ok:
                 raise TrainError(f"arm {a.name} failed; {res.failure_text()}")

@@ -34,6 +34,7 @@ JOBS_2 = [
      "powersgd_rank": 4, "dense_warmup": 4},
     {"name": "psgd-compressed", "type": "train", "case": "unequal", "kind": "powersgd",
      "microbatch": 3, "powersgd_rank": 2, "dense_warmup": 2},
+    {"name": "barrier", "type": "barrier"},
     {"name": "agree-same", "type": "agree", "what": "prepared-input", "digests": ["ab" * 32] * 2},
     {"name": "agree-differ", "type": "agree", "what": "numerical-profile",
      "digests": ["ab" * 32, "cd" * 32]},
@@ -158,6 +159,14 @@ def test_powersgd_compresses_after_warmup_and_replicas_agree(two):
     for r in recs[2:]:
         assert 0 < r["comm"]["gradient"]["payload_bytes"] < dense_bytes
     assert ranks[0]["digest"] == ranks[1]["digest"]
+    # over gloo, PowerSGD runs on one DDP bucket (see trainer.bucket_cap_mb for why)
+    assert recs[-1]["ddp_bucket_bytes"] == [dense_bytes]
+
+
+def test_a_failed_rank_keeps_its_own_error_and_stops_its_peers(two):
+    healthy, failed = load(two, "barrier", 2)
+    assert healthy["error"] == "TrainError" and "another rank failed at a test step" in healthy["message"]
+    assert failed == {"returned": True}  # the failing rank goes on to raise its own error
 
 
 def test_digest_agreement(two):

@@ -89,7 +89,9 @@ def test_single_and_pair(home_copy, tiny_seed):
     assert single["comm"]["training_payload_bytes"] == 0
     t = pair[0]["timers"]
     assert t["training_loop_seconds"] >= t["updates_seconds"] > 0
-    assert pair[0]["network"]["delta"]  # recorded, whatever else moved on the host
+    # host counters are recorded around the loop; the ranks' gloo traffic crossed loopback
+    assert pair[0]["network"]["delta"]["lo"]["rx_bytes"] >= 0
+    assert pair[0]["network"]["delta"]["lo"]["tx_bytes"] > 0
 
     # a finished rank is never overwritten
     code, out = run_ranks(train_argv(home, "clean-single", tiny_seed), 1)[0]
@@ -166,3 +168,25 @@ def test_powersgd_pair(batched_home, tmp_path, tiny_seed):
             ran = [d for mb in r["microbatch_docs"] for d in mb]
             assert sorted(ran) == sorted(r["local_docs"])
             assert [lengths[d] for d in ran] == sorted((lengths[d] for d in ran), reverse=True)
+
+
+def test_partly_finished_group_is_set_aside_whole(tmp_path):
+    from training.train import set_aside_unfinished
+
+    rd = tmp_path / "runs" / "clean-pair"
+    (rd / "rank-0").mkdir(parents=True)
+    (rd / "rank-0" / "result.json").write_text("{}")
+    (rd / "rank-1").mkdir()
+    (rd / "rank-1" / "partial.bin").write_text("x")
+    (rd / "attempts").mkdir()
+    (rd / "attempts" / "rank-0.7").mkdir()  # an earlier attempt: numbering continues after it
+    assert set_aside_unfinished(tmp_path, "clean-pair", 2)
+    assert not (rd / "rank-0").exists() and not (rd / "rank-1").exists()
+    assert (rd / "attempts" / "rank-0.8" / "result.json").is_file()
+    assert (rd / "attempts" / "rank-1.1" / "partial.bin").is_file()
+    # a wholly finished group is left alone
+    for r in range(2):
+        (rd / f"rank-{r}").mkdir()
+        (rd / f"rank-{r}" / "result.json").write_text("{}")
+    assert not set_aside_unfinished(tmp_path, "clean-pair", 2)
+    assert (rd / "rank-0" / "result.json").is_file()

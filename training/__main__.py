@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from training.config import ConfigError
 from training.errors import USER_ERRORS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -109,6 +110,24 @@ def train(home: Path = typer.Option(..., help="the prepared trial home"),
         "training_loop_seconds": round(t["training_loop_seconds"], 3),
         "training_payload_bytes_per_update": res["comm"]["training_payload_bytes_per_update"],
         "result": f"{home}/runs/{arm}/rank-{res['rank']}/result.json"}))
+
+
+@app.command()
+def summary(home: Path = typer.Option(..., help="the trial home"),
+            arm: str = typer.Option(..., help="a trained arm")) -> None:
+    """Summarize a finished arm from its ranks' result.json files (one JSON object)."""
+    from training.prepare import require_prepared
+    from training.results import finished, load_results, summarize
+    from training.train import resolved_from_prepared
+
+    try:
+        a = resolved_from_prepared(require_prepared(home)).arm(arm)
+        if not finished(home, arm, a.world_size):
+            raise ConfigError(f"arm {arm} has not finished in {home}: every one of its "
+                              f"{a.world_size} ranks needs runs/{arm}/rank-<r>/result.json")
+    except USER_ERRORS as e:
+        _fail(e)
+    out.print_json(json.dumps(summarize(load_results(home, arm, a.world_size))))
 
 
 @app.command()

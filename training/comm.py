@@ -26,7 +26,10 @@ from training.errors import DigestMismatch
 
 CHUNK_BYTES = 32 << 20  # the DiLoCo reduction bound: 32 MiB of FP32 per collective
 
-_COUNTED = ("all_reduce", "all_gather_single", "broadcast")
+# torch 2.13 renamed all_gather_into_tensor to all_gather_single (the old name warns); hosts with an
+# older torch have only the old one
+GATHER = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+_COUNTED = ("all_reduce", GATHER, "broadcast")
 
 
 
@@ -35,7 +38,7 @@ def wire_bytes(op: str, payload: int, world: int) -> float:
         return 0.0
     if op == "all_reduce":
         return 2 * (world - 1) / world * payload
-    if op == "all_gather_single":
+    if op == GATHER:
         return float((world - 1) * payload)
     return float(payload)  # broadcast: the root sends it once per hop in a chain
 
@@ -78,8 +81,11 @@ class Ledger:
 
         def wrap(name: str, fn: Callable) -> Callable:
             def counted(tensor, *args, **kwargs):
-                # all_gather_single(output, input): the payload is the input a rank sends
-                self.record(name, args[0] if name == "all_gather_single" else tensor)
+                # all-gather(output, input): the payload is the input a rank sends
+                if name == GATHER:
+                    self.record(name, args[0] if args else kwargs["input_tensor"])
+                else:
+                    self.record(name, tensor)
                 return fn(tensor, *args, **kwargs)
             return counted
 
@@ -119,7 +125,7 @@ def agree(name: str, hexdigest: str, device: torch.device | str = "cpu") -> list
     world = dist.get_world_size()
     mine = torch.tensor(list(raw), dtype=torch.uint8, device=device)
     every = torch.empty(world * 32, dtype=torch.uint8, device=device)
-    dist.all_gather_single(every, mine)
+    getattr(dist, GATHER)(every, mine)
     digests = [bytes(every[r * 32:(r + 1) * 32].cpu().tolist()).hex() for r in range(world)]
     if len(set(digests)) != 1:
         lines = ", ".join(f"rank {r} has {d}" for r, d in enumerate(digests))

@@ -54,4 +54,6 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
         "replicas_agree": len(digests) == 1,
         "final_parameters": sorted(digests)[0] if len(digests) == 1 else sorted(digests),
         "max_rss_bytes": max(r["resources"]["max_rss_bytes"] for r in results),
+        "payload_bytes_by_update": [sum(v["payload_bytes"] for v in u["comm"].values()
+                                        if v) for u in r0["updates"]],
     }

@@ -46,14 +46,33 @@ def run_dir(home: Path, arm: str) -> Path:
     return home / "runs" / arm
 
 
-def _set_aside(rank_dir: Path) -> None:
+def _set_aside(path: Path) -> None:
     """Keep an unfinished attempt's files under attempts/ rather than overwrite them."""
-    if not rank_dir.exists():
+    if not path.exists():
         return
-    attempts = rank_dir.parent / "attempts"
+    attempts = path.parent / "attempts"
     attempts.mkdir(exist_ok=True)
-    n = len(list(attempts.glob(f"{rank_dir.name}.*"))) + 1
-    rank_dir.rename(attempts / f"{rank_dir.name}.{n}")
+    used = [int(p.suffix[1:]) for p in attempts.glob(f"{path.name}.*") if p.suffix[1:].isdigit()]
+    path.rename(attempts / f"{path.name}.{max(used, default=0) + 1}")
+
+
+def set_aside_unfinished(home: Path, arm: str, world: int) -> bool:
+    """Before relaunching an arm: if not every rank finished, move every rank's files aside.
+
+    A rank that finished while a peer died cannot be reused on its own (the group restarts from the
+    beginning until checkpoints exist), so its result is kept as part of the earlier attempt.
+    Returns whether anything was moved.
+    """
+    rd = run_dir(home, arm)
+    dirs = [rd / f"rank-{r}" for r in range(world)]
+    if all((d / "result.json").is_file() for d in dirs):
+        return False
+    moved = False
+    for d in [*dirs, rd / "model"]:
+        if d.exists():
+            _set_aside(d)
+            moved = True
+    return moved
 
 
 def _commit_profile(home: Path, arm: str, profile: dict[str, Any], digest: str) -> None:
@@ -94,6 +113,21 @@ def _write_model(model: Any, seed_dir: Path, out: Path, meta: dict[str, Any]) ->
     return receipt
 
 
+def _spec(arm: Arm, cfg: Resolved, plan: list[list[int]], world: int, rank: int, autocast: Any):
+    """The arm's TrainSpec; the profile may scale H and the dense warmup (never other rules)."""
+    from training.trainer import TrainSpec
+
+    prof, exp = cfg.profile, cfg.experiment
+    return TrainSpec(
+        kind=arm.kind, plan=plan, lr=exp.lr, warmup=exp.warmup, weight_decay=exp.weight_decay,
+        grad_clip=exp.grad_clip, microbatch=arm.microbatch, world_size=world, rank=rank,
+        sync_every=(prof.sync_every or arm.sync_every) if arm.kind == "diloco" else None,
+        outer_lr=arm.outer_lr, outer_momentum=arm.outer_momentum,
+        powersgd_rank=arm.powersgd_rank,
+        dense_warmup=(prof.dense_warmup or arm.dense_warmup) if arm.kind == "powersgd" else None,
+        autocast_dtype=autocast)
+
+
 def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_name: str, *,
           threads: int | None = None, say: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run this process's rank (identity from the environment); return its result."""
@@ -104,7 +138,7 @@ def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_n
     from training.corpus import Corpus
     from training.prepare import require_prepared
     from training.seed import load_tokenizer, verify_seed
-    from training.trainer import Trainer, TrainSpec, barrier_ok, parameter_digest
+    from training.trainer import Trainer, barrier_ok, bucket_cap_mb, parameter_digest
 
     t_start = time.perf_counter()
     home, model_dir = Path(home), Path(model_dir)
@@ -126,7 +160,8 @@ def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_n
     rank_dir = rd / f"rank-{info.rank}"
     if (rank_dir / "result.json").is_file():
         raise TrainError(f"{rank_dir / 'result.json'} already exists: this rank has finished; its "
-                         "results are kept — use a new --home to train again")
+                         "results are kept — use a new --home to train again (orchestrate moves a "
+                         "partly finished group's files to runs/<arm>/attempts/ before relaunching)")
     _set_aside(rank_dir)
     rank_dir.mkdir(parents=True)
 
@@ -139,16 +174,23 @@ def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_n
     lock = runtime.device_lock(device)  # noqa: F841 (held for the life of the process)
 
     t0 = time.perf_counter()
-    receipt = verify_seed(model_dir)
-    if receipt["digest"] != prepared["model"]["receipt_digest"]:
-        raise TrainError(f"seed {model_dir} has receipt {receipt['digest']}, but the inputs were "
-                         f"prepared with {prepared['model']['receipt_digest']}; pass the same "
-                         "--model-dir that prepare used")
+    failure: Exception | None = None
+    try:  # a local failure here must reach the peers, not leave them waiting for the group
+        receipt = verify_seed(model_dir)
+        if receipt["digest"] != prepared["model"]["receipt_digest"]:
+            raise TrainError(f"seed {model_dir} has receipt {receipt['digest']}, but the inputs were "
+                             f"prepared with {prepared['model']['receipt_digest']}; pass the same "
+                             "--model-dir that prepare used")
+    except Exception as e:  # noqa: BLE001 (re-raised below, after the peers are told)
+        failure = e
     t_verify = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     runtime.init_group(info, device)
     t_group = time.perf_counter() - t0
+    barrier_ok(failure is None, "seed verification", device)
+    if failure is not None:
+        raise failure
     runtime.configure_numerics(device)
 
     t0 = time.perf_counter()
@@ -167,19 +209,17 @@ def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_n
     committed_w = prepared["schedule"]["weighted_targets_per_update"
                                        + ("_damaged" if arm.data == "damaged" else "")]
     autocast = getattr(torch, prof.dtype) if prof.dtype != "float32" else None
-    spec = TrainSpec(
-        kind=arm.kind, plan=plan, lr=cfg.experiment.lr, warmup=cfg.experiment.warmup,
-        weight_decay=cfg.experiment.weight_decay, grad_clip=cfg.experiment.grad_clip,
-        microbatch=arm.microbatch, world_size=info.world_size, rank=info.rank,
-        sync_every=prof.sync_every or arm.sync_every, outer_lr=arm.outer_lr,
-        outer_momentum=arm.outer_momentum, powersgd_rank=arm.powersgd_rank,
-        dense_warmup=prof.dense_warmup or arm.dense_warmup, autocast_dtype=autocast)
+    try:
+        spec = _spec(arm, cfg, plan, info.world_size, info.rank, autocast)
+    except ValueError as e:
+        raise ConfigError(f"arm {arm.name}: {e}") from None
     arm_numerics = {**arm.model_dump(mode="json"), "sync_every": spec.sync_every,
                     "microbatch": spec.microbatch, "dense_warmup": spec.dense_warmup,
                     "sort_by_length": spec.sort_by_length,
                     "chunk_bytes": spec.chunk_bytes, "lr": spec.lr, "warmup": spec.warmup,
                     "weight_decay": spec.weight_decay, "grad_clip": spec.grad_clip,
-                    "betas": list(spec.betas), "eps": spec.eps, "powersgd_seed": spec.powersgd_seed}
+                    "betas": list(spec.betas), "eps": spec.eps, "powersgd_seed": spec.powersgd_seed,
+                    "ddp_bucket_cap_mb": bucket_cap_mb(spec.kind, device.type, model)}
     numerics = runtime.numerical_profile(device, dtype=prof.dtype, arm=arm_numerics,
                                          attention=str(model.config._attn_implementation))
     numerics_digest = runtime.profile_digest(numerics)

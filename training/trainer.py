@@ -90,6 +90,21 @@ class TrainSpec:
                                           or update + 1 == self.updates)
 
 
+def bucket_cap_mb(kind: str, device_type: str, model: nn.Module) -> int | None:
+    """DDP's bucket size: the default, except PowerSGD over gloo gets one bucket.
+
+    PowerSGD issues each bucket's Q all-reduce from a callback of its P all-reduce. CUDA (NCCL)
+    futures complete when the work is enqueued, so the callbacks run in bucket order on every rank;
+    gloo's complete when the bytes arrive, so with several buckets one rank can issue bucket k's Q
+    before bucket k+1's P while its peer does the opposite, and gloo aborts on the size mismatch
+    (seen with the 135M model: "18432 vs 2304"). One bucket leaves one chain.
+    """
+    if kind == "powersgd" and device_type != "cuda":
+        total = sum(p.numel() * p.element_size() for p in model.parameters())
+        return total // (1 << 20) + 1
+    return None
+
+
 @dataclass
 class Trainer:
     model: nn.Module
@@ -111,8 +126,16 @@ class Trainer:
 
             # init_sync=False: every rank loaded the same verified seed (digests agreed before),
             # so the setup broadcast of all weights would only move bytes.
+            # buffers (rotary frequencies) are identical by construction: never sync them. torch
+            # 2.13 spells that forward_sync_buffers (broadcast_buffers warns); older torch, the latter
+            import inspect
+
+            no_buffer_sync = ({"forward_sync_buffers": False}
+                              if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
+                              else {"broadcast_buffers": False})
             self.engine = DDP(self.loss, device_ids=[self.device] if self.device.type == "cuda" else None,
-                              forward_sync_buffers=False, init_sync=False)
+                              init_sync=False, bucket_cap_mb=bucket_cap_mb(s.kind, self.device.type, self.model),
+                              **no_buffer_sync)
             if s.kind == "ddp":
                 self.engine.register_comm_hook(None, default_hooks.allreduce_hook)
             else:
@@ -132,6 +155,13 @@ class Trainer:
     @property
     def numel(self) -> int:
         return sum(p.numel() for p in self.params)
+
+    def _bucket_sizes(self) -> list[int] | None:
+        """DDP's current bucket sizes in bytes (as its logger reports them), None without DDP."""
+        if not hasattr(self.engine, "_get_ddp_logging_data"):
+            return None
+        sizes = str(self.engine._get_ddp_logging_data().get("bucket_sizes", ""))
+        return [int(x) for x in sizes.split(",") if x.strip()]
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -194,6 +224,7 @@ class Trainer:
             "powersgd_compressed": (self.powersgd_state is not None
                                     and u >= self.powersgd_state.start_powerSGD_iter),
             "outer_step": outer,
+            "ddp_bucket_bytes": self._bucket_sizes(),
             "seconds": t1 - t0, "inner_seconds": t_inner - t0, "outer_seconds": t1 - t_inner,
             "comm": Ledger.diff(self.ledger.snapshot(), before),
         }
@@ -212,10 +243,17 @@ def parameter_digest(model: nn.Module) -> str:
 
 
 def barrier_ok(ok: bool, what: str, device: torch.device) -> None:
-    """Every rank learns whether every rank succeeded at `what`; the failed ones already raised."""
+    """Every rank learns whether every rank succeeded at `what`.
+
+    A rank that failed calls this with ok=False from its error path and then re-raises its own
+    error (the one that names the cause); the others stop here with a message pointing to it.
+    """
     if not dist.is_initialized():
         return
     flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    if not int(flag.item()):
-        raise RuntimeError(f"another rank failed at {what}; this rank stops too")
+    if ok and not int(flag.item()):
+        from training.errors import TrainError
+
+        raise TrainError(f"another rank failed at {what}; its log names the cause — this rank "
+                         "stops too")

@@ -1,0 +1,72 @@
+"""The weighted response objective against Hugging Face's own masked loss, position by position."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from dist_cases import synthetic_corpus
+from training.objective import WeightedResponseLoss, collate, make_microbatches
+
+SPECS = [(14, 5, 8), (9, 3, 1), (20, 12, 8), (9, 8, 1)]  # (length, prompt, weight); last: 1 target
+
+
+def test_collate_targets_are_exactly_the_response_tokens():
+    corpus = synthetic_corpus(SPECS, 3)
+    mb = collate(corpus, [0, 1, 2, 3], pad_id=2)
+    assert mb.input_ids.shape == (4, 20) and mb.attention_mask is not None
+    # the token predicted at (row, col) is the one at col + 1, and it is a target label
+    assert torch.equal(mb.input_ids[mb.rows, mb.cols + 1], mb.labels)
+    for r, (n, p, w) in enumerate(SPECS):
+        sel = mb.rows == r
+        cols = mb.cols[sel]
+        assert cols.tolist() == list(range(p - 1, n - 1))  # never a prompt token, never padding
+        assert mb.labels[sel].tolist() == corpus.doc(r)[p:].tolist()
+        assert set(mb.weights[sel].tolist()) == {float(w)}
+        assert mb.attention_mask[r].sum() == n
+    assert mb.weighted_targets == sum(w * (n - p) for n, p, w in SPECS)
+
+
+def test_no_padding_means_no_mask():
+    corpus = synthetic_corpus([(10, 4, 1), (10, 2, 8)], 4)
+    assert collate(corpus, [0, 1], pad_id=2).attention_mask is None
+
+
+def test_document_without_targets_is_refused():
+    corpus = synthetic_corpus([(6, 6, 1)], 5)
+    with pytest.raises(ValueError, match="no target tokens"):
+        collate(corpus, [0], pad_id=2)
+
+
+def test_microbatches_sort_longest_first_and_keep_a_partial_last():
+    corpus = synthetic_corpus([(9, 2, 1), (30, 2, 1), (9, 2, 1), (15, 2, 1), (30, 2, 1)], 6)
+    mbs = make_microbatches(corpus, [0, 1, 2, 3, 4], 2, pad_id=2)
+    assert [m.docs for m in mbs] == [[1, 4], [3, 0], [2]]  # ties keep their assignment order
+    unsorted = make_microbatches(corpus, [0, 1, 2, 3, 4], 2, pad_id=2, sort_by_length=False)
+    assert [m.docs for m in unsorted] == [[0, 1], [2, 3], [4]]
+    assert [len(m.docs) for m in make_microbatches(corpus, [0, 1, 2], None, pad_id=2)] == [3]
+
+
+def test_weighted_loss_equals_hugging_face_masked_loss(tiny_seed):
+    """Σ_d w_d · Σ_targets CE, from a padded batch, equals HF's per-document mean loss with
+    prompt labels = -100, times each document's target count and weight."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_seed), dtype=torch.float32).eval()
+    corpus = synthetic_corpus(SPECS, 3)
+    mb = collate(corpus, [0, 1, 2, 3], pad_id=2)
+    with torch.no_grad():
+        got = float(WeightedResponseLoss(model)(*mb.args()))
+        want = 0.0
+        for d, (n, p, w) in enumerate(SPECS):
+            ids = torch.from_numpy(corpus.doc(d).astype(np.int64))[None]
+            labels = ids.clone()
+            labels[0, :p] = -100
+            want += w * (n - p) * float(model(input_ids=ids, labels=labels).loss)
+    assert got == pytest.approx(want, rel=1e-5)
+    # and the weights matter: the same batch with weight 1 everywhere differs
+    with torch.no_grad():
+        flat = float(WeightedResponseLoss(model)(mb.input_ids, mb.attention_mask, mb.rows, mb.cols,
+                                                 mb.labels, torch.ones_like(mb.weights)))
+    assert abs(flat - got) > 0.1 * got
