@@ -8,6 +8,7 @@ real run. Each job writes `OUT/<job name>-rank<r>.pt`; an exception in a job is 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -119,6 +120,10 @@ def main() -> None:
             res = {"error": type(e).__name__, "message": str(e)}
         torch.save(res, out / f"{job['name']}-rank{rank}.pt")
     dist.destroy_process_group()
+    # skip interpreter finalization: see training.__main__._exit_now for the gloo abort it avoids
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -110,6 +110,8 @@ def train(home: Path = typer.Option(..., help="the prepared trial home"),
         "training_loop_seconds": round(t["training_loop_seconds"], 3),
         "training_payload_bytes_per_update": res["comm"]["training_payload_bytes_per_update"],
         "result": f"{home}/runs/{arm}/rank-{res['rank']}/result.json"}))
+    if res["world_size"] > 1:
+        _exit_now()
 
 
 @app.command()
@@ -147,6 +149,21 @@ def check(home: Path = typer.Option(...), case: str = typer.Option(..., help="ca
     row = cases[case]
     verdict = check_answer(sys.stdin.read(), row["schema"], row["answer"])
     print(json.dumps({"case": case, **verdict.as_dict()}))
+
+
+def _exit_now() -> None:
+    """Leave without interpreter finalization once a distributed rank's outputs are durable.
+
+    Gloo's worker threads can still hold work objects with Python references when the interpreter
+    tears down; destroying them then aborts the process ("terminate called without an active
+    exception", seen once in CI after every result had been written), which a supervisor would
+    count as a failed rank. result.json and the model are fsynced before this point.
+    """
+    import os
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main() -> None:
