@@ -23,7 +23,10 @@ class GroupResult:
     codes: list[int]
     logs: list[Path]
     seconds: float
-    first_failure: int | None  # the rank that failed first, if any
+    first_failure: int | None  # the rank whose failure was observed first, if any
+    reason: str | None = None  # "exit" (non-zero status) or "heartbeat" (no progress in time)
+    failure_observed_at: float | None = None  # unix time the supervisor saw it
+    survivors_stopped_at: float | None = None  # unix time every other rank had exited
 
     @property
     def ok(self) -> bool:
@@ -32,7 +35,8 @@ class GroupResult:
     def failure_text(self, lines: int = 20) -> str:
         r = self.first_failure if self.first_failure is not None else 0
         tail = self.logs[r].read_text(errors="replace").splitlines()[-lines:]
-        return f"rank {r} exited {self.codes[r]} (log {self.logs[r]}):\n" + "\n".join(tail)
+        why = "stopped making progress" if self.reason == "heartbeat" else f"exited {self.codes[r]}"
+        return f"rank {r} {why} (log {self.logs[r]}):\n" + "\n".join(tail)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -47,12 +51,20 @@ def threads_per_rank(world: int) -> int:
 
 def launch_group(argv: Sequence[str], world: int, *, log_dir: Path, cwd: Path | None = None,
                  env: dict[str, str] | None = None, port: int | None = None,
-                 grace_s: float = 10.0, echo: Callable[[str], None] | None = None) -> GroupResult:
+                 grace_s: float = 10.0, echo: Callable[[str], None] | None = None,
+                 heartbeats: Sequence[Path] | None = None, stale_s: float = 600.0) -> GroupResult:
+    """Start one process per rank and supervise them as a group.
+
+    A rank fails when it exits non-zero or, once it has written a heartbeat file, when that file
+    has not changed for `stale_s` seconds (a hang, e.g. a peer stuck in a collective). Either way
+    every other rank is stopped (SIGTERM, SIGKILL after `grace_s`), by pid.
+    """
     log_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     procs: list[subprocess.Popen] = []
     logs = [log_dir / f"rank-{r}.log" for r in range(world)]
     t0 = time.monotonic()
+    sup = _Supervision()
     try:
         for r in range(world):
             e = dict(os.environ, **(env or {}), WORLD_SIZE=str(world), RANK=str(r),
@@ -63,39 +75,94 @@ def launch_group(argv: Sequence[str], world: int, *, log_dir: Path, cwd: Path | 
             with open(logs[r], "w") as fh, open(logs[r].with_suffix(".out"), "w") as fo:
                 procs.append(subprocess.Popen(list(argv), cwd=cwd, env=e, stdout=fo, stderr=fh))
         with open(logs[0]) as follow:
-            first_failure = _supervise(procs, grace_s, follow, echo)
+            sup.run(procs, grace_s, follow, echo, list(heartbeats or []), stale_s)
     finally:
         for p in procs:  # only ever our own children, by pid
             if p.poll() is None:
                 p.kill()
                 p.wait()
-    return GroupResult([p.returncode for p in procs], logs, time.monotonic() - t0, first_failure)
+    return GroupResult([p.returncode for p in procs], logs, time.monotonic() - t0, sup.failed,
+                       sup.reason, sup.observed_at, sup.stopped_at)
 
 
-def _supervise(procs: list[subprocess.Popen], grace_s: float, follow, echo) -> int | None:
-    pending = [""]
+class _Supervision:
+    failed: int | None = None
+    reason: str | None = None
+    observed_at: float | None = None
+    stopped_at: float | None = None
 
-    def drain() -> None:  # echo whole lines only; a partial line waits for its end
-        text = pending[0] + follow.read()
-        *lines, pending[0] = text.split("\n")
-        for line in lines:
-            if echo:
-                echo(line)
+    def run(self, procs: list[subprocess.Popen], grace_s: float, follow, echo,
+            heartbeats: list[Path], stale_s: float) -> None:
+        pending = [""]
 
-    while True:
-        drain()
-        codes = [p.poll() for p in procs]
-        failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
-        if failed:
-            for p in procs:
-                if p.poll() is None:
-                    p.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + grace_s
-            while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-                time.sleep(0.1)
+        def drain() -> None:  # echo whole lines only; a partial line waits for its end
+            text = pending[0] + follow.read()
+            *lines, pending[0] = text.split("\n")
+            for line in lines:
+                if echo:
+                    echo(line)
+
+        seen: dict[int, tuple[float, float]] = {}  # rank -> (heartbeat mtime, when it last changed)
+        while True:
             drain()
-            return failed[0]
-        if all(c == 0 for c in codes):
-            drain()
-            return None
-        time.sleep(0.2)
+            codes = [p.poll() for p in procs]
+            failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+            now = time.monotonic()
+            stale = []
+            for r, hb in enumerate(heartbeats):
+                try:
+                    m = hb.stat().st_mtime
+                except OSError:
+                    continue
+                if r not in seen or seen[r][0] != m:
+                    seen[r] = (m, now)
+                elif codes[r] is None and now - seen[r][1] > stale_s:
+                    stale.append(r)
+            if failed or stale:
+                self.observed_at = time.time()
+                self.failed, self.reason = (failed[0], "exit") if failed else (stale[0], "heartbeat")
+                for p in procs:
+                    if p.poll() is None:
+                        p.send_signal(signal.SIGTERM)
+                deadline = time.monotonic() + grace_s
+                while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+                    time.sleep(0.02)
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+                        p.wait()
+                self.stopped_at = time.time()
+                drain()
+                return
+            if all(c == 0 for c in codes):
+                drain()
+                return
+            time.sleep(0.1)
+
+
+def supervise(argv: Sequence[str], world: int, *, log_root: Path, heartbeats: Sequence[Path],
+              max_restarts: int = 1, first_env: dict[str, str] | None = None,
+              env: dict[str, str] | None = None, echo: Callable[[str], None] | None = None,
+              resume_first: bool = False, stale_s: float = 600.0) -> list[GroupResult]:
+    """Run the group; after a failure, restart the same membership with `--resume`.
+
+    `first_env` applies to the first attempt only (fault injection for recovery trials). Returns
+    every attempt's result, in order; each attempt's logs are under `log_root/attempt-<n>/`.
+    """
+    attempts: list[GroupResult] = []
+    start = 1 + max((int(p.name[8:]) for p in log_root.glob("attempt-*") if p.name[8:].isdigit()),
+                    default=0) if log_root.exists() else 1
+    for i in range(max_restarts + 1):
+        resume = resume_first or i > 0
+        e = {**(env or {}), **((first_env or {}) if i == 0 else {})}
+        res = launch_group([*argv, *(["--resume"] if resume else [])], world,
+                           log_dir=log_root / f"attempt-{start + i}", env=e, echo=echo,
+                           heartbeats=heartbeats, stale_s=stale_s)
+        attempts.append(res)
+        if res.ok:
+            break
+        if echo:
+            echo(f"group failed: {res.failure_text(lines=3)}")
+            if i < max_restarts:
+                echo("restarting the same membership from the latest common manifest")
+    return attempts

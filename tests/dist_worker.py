@@ -56,6 +56,41 @@ def run_train(job: dict, model_dir: str, rank: int, world: int) -> dict:
     return train_state(trainer, records)
 
 
+def run_resume(job: dict, model_dir: str, rank: int, world: int, out: Path) -> dict:
+    """Uninterrupted run vs a fresh model + fresh DDP restored from the state after `at` updates
+    (with and without the bucket warm-up pass), to the same final update."""
+    from transformers import AutoModelForCausalLM
+
+    corpus, plan = case(job["case"])
+
+    def fresh() -> Trainer:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        spec = TrainSpec(kind=job["kind"], plan=plan, lr=1e-3, microbatch=job.get("microbatch"),
+                         world_size=world, rank=rank, powersgd_rank=job.get("powersgd_rank"),
+                         dense_warmup=job.get("dense_warmup"), sync_every=job.get("sync_every"),
+                         outer_lr=job.get("outer_lr"), outer_momentum=job.get("outer_momentum"))
+        return Trainer(model, corpus, spec, torch.device("cpu"), pad_id=2, ledger=Ledger(world))
+
+    path = out / f"{job['name']}-state-rank{rank}.pt"
+    a = fresh()
+    for _ in range(job["at"]):
+        a.step()
+    torch.save(a.state(), path)
+    while a.update < len(plan):
+        a.step()
+    digests = {"uninterrupted": parameter_digest(a.model)}
+    for label, warm in (("resumed", True), ("resumed_without_warmup", False)):
+        b = fresh()
+        b.load_state(torch.load(path, weights_only=False), warm_ddp=warm)
+        while b.update < len(plan):
+            b.step()
+        digests[label] = parameter_digest(b.model)
+        if b.powersgd_state is not None:
+            digests[label + "_error_feedback_buckets"] = sorted(b.powersgd_state.error_dict)
+    return digests
+
+
 def values(rank: int, sizes: list[int]) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(1000 + rank)
     return [torch.randn(n, generator=g) for n in sizes]
@@ -109,6 +144,8 @@ def main() -> None:
                 res = run_chunked_mean(job, rank)
             elif job["type"] == "outer":
                 res = run_outer(job, rank, world)
+            elif job["type"] == "resume":
+                res = run_resume(job, model_dir, rank, world, out)
             elif job["type"] == "barrier":  # rank 1 reports a failure; returns normally there
                 barrier_ok(rank != 1, "a test step", torch.device("cpu"))
                 res = {"returned": True}

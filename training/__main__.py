@@ -87,7 +87,9 @@ def train(home: Path = typer.Option(..., help="the prepared trial home"),
           arm: str = typer.Option(..., help="arm to train, e.g. clean-pair, diloco-four"),
           model_dir: Optional[Path] = typer.Option(
               None, help="seed directory prepare used (default: .seeds/<profile's seed kind>)"),
-          threads: Optional[int] = typer.Option(None, help="torch CPU threads for this rank")) -> None:
+          threads: Optional[int] = typer.Option(None, help="torch CPU threads for this rank"),
+          resume: bool = typer.Option(False, help="continue from the latest group checkpoint whose "
+                                                  "manifest every rank holds")) -> None:
     """Train one rank of ARM (rank identity from WORLD_SIZE, RANK, MASTER_ADDR, MASTER_PORT)."""
     import os
 
@@ -100,7 +102,7 @@ def train(home: Path = typer.Option(..., help="the prepared trial home"),
             from training.train import resolved_from_prepared
 
             model_dir = Path(".seeds") / resolved_from_prepared(require_prepared(home)).profile.seed
-        res = run_train(home, model_dir, arm, threads=threads, say=main_say(rank))
+        res = run_train(home, model_dir, arm, threads=threads, say=main_say(rank), resume=resume)
     except USER_ERRORS as e:
         _fail(e)
     t = res["timers"]

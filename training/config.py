@@ -77,6 +77,7 @@ class Profile(_Strict):
     replay_parts: tuple[int, int] = (1, 1)
     sync_every: int | None = None  # scales DiLoCo's H with the number of updates
     dense_warmup: int | None = None  # scales PowerSGD's dense warmup with the number of updates
+    checkpoint_every: int | None = None  # publish a group checkpoint every N updates (and the last)
 
     @model_validator(mode="after")
     def _ranges(self) -> "Profile":

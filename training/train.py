@@ -24,6 +24,8 @@ from evidence.canonical import canonical_sha256, fsync_dir, read_json, write_jso
 from evidence.commitments import CommitmentLog
 from evidence.receipts import make_receipt, verify_receipt
 from training.config import Arm, ConfigError, Experiment, Resolved
+from training.checkpoint import (CheckpointError, common_step, load_rank_state, orphan_after,
+                                 write_manifest, write_rank_state)
 from training.errors import TrainError
 
 RESULT_FORMAT = "trial-result-v1"
@@ -73,6 +75,157 @@ def set_aside_unfinished(home: Path, arm: str, world: int) -> bool:
             _set_aside(d)
             moved = True
     return moved
+
+
+def _publish(trainer: Any, rank_dir: Path, step: int, identity: dict[str, Any], device: Any
+             ) -> dict[str, Any]:
+    """Write this rank's state, exchange receipt digests, write the common manifest, confirm."""
+    import torch.distributed as dist
+
+    from training import comm
+    from training.trainer import barrier_ok
+
+    t0 = time.perf_counter()
+    fig, failure = None, None
+    try:
+        fig = write_rank_state(rank_dir, step, trainer.state(), identity)
+    except Exception as e:  # noqa: BLE001 (the peers hear before this rank raises)
+        failure = e
+    barrier_ok(failure is None, f"writing checkpoint step {step}", device)
+    if failure is not None:
+        raise failure
+    world = identity["world_size"]
+    if world > 1:
+        raw = torch_bytes(fig["receipt_digest"], device)
+        every = raw.new_empty(world * 32)
+        getattr(dist, comm.GATHER)(every, raw)
+        digests = [bytes(every[r * 32:(r + 1) * 32].cpu().tolist()).hex() for r in range(world)]
+    else:
+        digests = [fig["receipt_digest"]]
+    common = {k: identity[k] for k in ("experiment", "profile", "arm", "prepared_digest",
+                                       "numerical_profile")}
+    try:
+        write_manifest(rank_dir, step, digests, common)
+    except Exception as e:  # noqa: BLE001
+        failure = e
+    barrier_ok(failure is None, f"publishing the step {step} manifest", device)
+    if failure is not None:
+        raise failure
+    fig["publish_seconds"] = time.perf_counter() - t0
+    return fig
+
+
+def torch_bytes(hexdigest: str, device: Any) -> Any:
+    import torch
+
+    return torch.tensor(list(bytes.fromhex(hexdigest)), dtype=torch.uint8, device=device)
+
+
+def _restore(trainer: Any, rank_dir: Path, rank: int, every: int | None, updates: int, device: Any,
+             say: Callable[[str], None]) -> dict[str, Any]:
+    """Resume from the latest step every rank holds an identical manifest for (or stop, naming why)."""
+    from training.trainer import barrier_ok
+
+    t0 = time.perf_counter()
+    candidates = sorted(set(range(every, updates + 1, every)) | {updates}) if every else [updates]
+    step = common_step(rank_dir, candidates, device)
+    state, failure = None, None
+    try:
+        if step is None:
+            raise CheckpointError(f"rank {rank}: no checkpoint step has an identical manifest on every "
+                                  f"rank (this rank holds {sorted(_held(rank_dir))}); nothing can be resumed")
+        if step >= updates:
+            raise CheckpointError(f"rank {rank}: the common manifest is the final step {step}; the run "
+                                  "finished — its result files were lost after training, not resumable")
+        state, manifest = load_rank_state(rank_dir, step, rank)
+    except Exception as e:  # noqa: BLE001 (every rank must hear before anyone raises)
+        failure = e
+    barrier_ok(failure is None, "verifying the checkpoint to resume from", device)
+    if failure is not None:
+        raise failure
+    t_load = time.perf_counter() - t0
+    trainer.load_state(state)
+    orphans = orphan_after(rank_dir, step)
+    size = (rank_dir / "checkpoints" / f"step-{step:06d}" / "state.pt").stat().st_size
+    say(f"resumed from step {step} (common manifest on every rank); "
+        f"{len(orphans)} later file(s) kept under orphaned/")
+    return {"step": step, "bytes": size, "seconds": time.perf_counter() - t0,
+            "verify_and_load_seconds": t_load, "orphaned": orphans}
+
+
+def _held(rank_dir: Path) -> list[int]:
+    from training.checkpoint import local_manifests
+
+    return list(local_manifests(rank_dir))
+
+
+def _fault_plan(rank: int) -> int | None:
+    """TRIAL_FAULT_KILL="RANK:UPDATE" makes that rank SIGKILL itself after UPDATE (recovery trials)."""
+    spec = os.environ.get("TRIAL_FAULT_KILL")
+    if not spec:
+        return None
+    r, _, u = spec.partition(":")
+    return int(u) if int(r) == rank else None
+
+
+def _die(rank_dir: Path, msg: str) -> None:
+    """SIGKILL this process (no cleanup, like a crash), after noting when in `fault.json`."""
+    import signal
+
+    write_json_atomic(rank_dir / "fault.json", {"at": time.time(), "pid": os.getpid(), "what": msg})
+    print(msg, file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _plain_write_baseline(rank_dir: Path, published: list[dict[str, Any]],
+                          restored: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Time a plain sequential write + fsync of as many bytes as one checkpoint, in this run.
+
+    The ratio of checkpoint write (and restore) time to this says what the checkpoint format,
+    hashing and publication cost on top of the disk itself.
+    """
+    sizes = [c["bytes"] for c in published] or ([restored["bytes"]] if restored else [])
+    if not sizes:
+        return None
+    n = max(sizes)
+    path = rank_dir / ".plain-write.tmp"
+    block = os.urandom(1 << 20)
+    t0 = time.perf_counter()
+    with open(path, "wb") as fh:
+        left = n
+        while left > 0:
+            fh.write(block[:min(left, len(block))])
+            left -= len(block)
+        fh.flush()
+        os.fsync(fh.fileno())
+    plain = time.perf_counter() - t0
+    path.unlink()
+    out: dict[str, Any] = {"plain_write_bytes": n, "plain_write_seconds": plain}
+    if published:
+        w = sum(c["seconds"] for c in published) / len(published)
+        p = sum(c["publish_seconds"] for c in published) / len(published)
+        out.update(checkpoint_write_seconds_mean=w, checkpoint_publish_seconds_mean=p,
+                   write_over_plain=w / plain if plain else None,
+                   publish_over_plain=p / plain if plain else None)
+    if restored:
+        out.update(restore_seconds=restored["seconds"],
+                   restore_over_plain=restored["seconds"] / plain if plain else None)
+    return out
+
+
+def _seed_everything(base: int, rank: int) -> None:
+    """Every generator a rank could draw from starts from (experiment, rank), not from the OS:
+    two runs of one arm then begin in the same state, and a checkpoint's RNG state is comparable
+    with an uninterrupted run's. (Training itself draws nothing: no dropout, fixed schedule.)"""
+    import random
+
+    import numpy as np
+    import torch
+
+    seed = (base * 1_000_003 + rank) % 2**32
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)  # CPU and every CUDA device
 
 
 def _commit_profile(home: Path, arm: str, profile: dict[str, Any], digest: str) -> None:
@@ -133,7 +286,8 @@ def _spec(arm: Arm, cfg: Resolved, plan: list[list[int]], world: int, rank: int,
 
 
 def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_name: str, *,
-          threads: int | None = None, say: Callable[[str], None] | None = None) -> dict[str, Any]:
+          threads: int | None = None, say: Callable[[str], None] | None = None,
+          resume: bool = False) -> dict[str, Any]:
     """Run this process's rank (identity from the environment); return its result."""
     import torch
     import torch.distributed as dist
@@ -166,8 +320,13 @@ def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_n
         raise TrainError(f"{rank_dir / 'result.json'} already exists: this rank has finished; its "
                          "results are kept — use a new --home to train again (orchestrate moves a "
                          "partly finished group's files to runs/<arm>/attempts/ before relaunching)")
-    _set_aside(rank_dir)
-    rank_dir.mkdir(parents=True)
+    if resume:
+        if not (rank_dir / "manifests").is_dir():
+            raise CheckpointError(f"rank {info.rank}: nothing to resume: {rank_dir / 'manifests'} does "
+                                  "not exist (run without --resume to start from the seed)")
+    else:
+        _set_aside(rank_dir)
+        rank_dir.mkdir(parents=True)
 
     if threads:
         torch.set_num_threads(threads)
@@ -197,6 +356,8 @@ def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_n
         raise failure
     runtime.configure_numerics(device)
 
+    _seed_everything(cfg.experiment.generator_seed, info.rank)
+
     t0 = time.perf_counter()
     from transformers import AutoModelForCausalLM
 
@@ -223,7 +384,8 @@ def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_n
                     "chunk_bytes": spec.chunk_bytes, "lr": spec.lr, "warmup": spec.warmup,
                     "weight_decay": spec.weight_decay, "grad_clip": spec.grad_clip,
                     "betas": list(spec.betas), "eps": spec.eps, "powersgd_seed": spec.powersgd_seed,
-                    "ddp_bucket_cap_mb": bucket_cap_mb(spec.kind, device.type, model)}
+                    "ddp_bucket_cap_mb": bucket_cap_mb(spec.kind, device.type, model),
+                    "rng_seed": "generator_seed * 1000003 + rank"}
     numerics = runtime.numerical_profile(device, dtype=prof.dtype, arm=arm_numerics,
                                          attention=str(model.config._attn_implementation))
     numerics_digest = runtime.profile_digest(numerics)
@@ -257,14 +419,32 @@ def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_n
         say(f"rank {info.rank}/{info.world_size} {arm.name} ({arm.kind}): {spec.updates} updates, "
             f"{len(spec.local_docs(0))} docs per rank per update, {trainer.numel:,} parameters on {device}")
 
-        records = []
+        every = prof.checkpoint_every
+        identity = {"experiment": cfg.experiment.name, "profile": cfg.profile_name, "arm": arm.name,
+                    "rank": info.rank, "world_size": info.world_size,
+                    "prepared_digest": prepared_digest, "numerical_profile": numerics_digest}
+        restored = None
+        if resume:
+            restored = _restore(trainer, rank_dir, info.rank, every, spec.updates, device, say)
+        heartbeat = rank_dir / "heartbeat.json"
+        fault = _fault_plan(info.rank)
+        checkpoints: list[dict[str, Any]] = []
         t_loop0 = time.perf_counter()
-        for _ in range(spec.updates):
+        while trainer.update < spec.updates:
             rec = trainer.step()
-            records.append(rec)
-            say(f"update {rec['update'] + 1}/{spec.updates} loss_local {rec['loss_local']:.4f} "
+            done = trainer.update
+            say(f"update {done}/{spec.updates} loss_local {rec['loss_local']:.4f} "
                 f"grad_norm {rec['grad_norm']:.3f} {rec['seconds']:.3f} s"
                 + (" +outer" if rec["outer_step"] else ""))
+            if every and (done % every == 0 or done == spec.updates):
+                with ledger.phase("control"):
+                    checkpoints.append(_publish(trainer, rank_dir, done, identity, device))
+                say(f"checkpoint step {done} published ({checkpoints[-1]['bytes'] / 1e6:.1f} MB, "
+                    f"{checkpoints[-1]['seconds']:.2f} s)")
+            write_json_atomic(heartbeat, {"update": done, "time": time.time(), "pid": os.getpid()})
+            if fault is not None and done == fault:
+                _die(rank_dir, f"fault injection: rank {info.rank} killed after update {done}")
+        records = trainer.journal
         t_updates = time.perf_counter() - t_loop0
 
         t0 = time.perf_counter()
@@ -327,6 +507,8 @@ def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_n
             "note": "training_loop = first update through final model write, read-back "
                     "verification and parameter agreement",
         },
+        "checkpoints": {"every": every, "published": checkpoints, "restored": restored,
+                        "io": _plain_write_baseline(rank_dir, checkpoints, restored)},
         "model": ({"dir": f"runs/{arm.name}/model", "receipt_digest": model_receipt["digest"]}
                   if model_receipt else None),
         "resources": runtime.process_figures(device),

@@ -137,19 +137,31 @@ class Trainer:
                               init_sync=False, bucket_cap_mb=bucket_cap_mb(s.kind, self.device.type, self.model),
                               **no_buffer_sync)
             if s.kind == "ddp":
-                self.engine.register_comm_hook(None, default_hooks.allreduce_hook)
+                real = lambda bucket: default_hooks.allreduce_hook(None, bucket)  # noqa: E731
             else:
                 self.powersgd_state = powerSGD_hook.PowerSGDState(
                     process_group=None, matrix_approximation_rank=s.powersgd_rank,
                     start_powerSGD_iter=s.dense_warmup, use_error_feedback=True, warm_start=True,
                     random_seed=s.powersgd_seed)
-                self.engine.register_comm_hook(self.powersgd_state, powerSGD_hook.powerSGD_hook)
+                real = lambda bucket: powerSGD_hook.powerSGD_hook(self.powersgd_state, bucket)  # noqa: E731
+
+            def hook(_state, bucket):
+                """The arm's reduction; during a resume's warm-up pass, the bucket unchanged."""
+                if self._warming:
+                    fut: torch.futures.Future = torch.futures.Future()
+                    fut.set_result(bucket.buffer())
+                    return fut
+                return real(bucket)
+
+            self._warming = False
+            self.engine.register_comm_hook(None, hook)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=s.lr, betas=s.betas, eps=s.eps,
                                            weight_decay=s.weight_decay)
         self.outer = (OuterNesterov(self.params, s.outer_lr, s.outer_momentum,
                                     chunk_bytes=s.chunk_bytes) if s.kind == "diloco" else None)
         self.update = 0  # the next update to run
+        self.journal: list[dict[str, Any]] = []  # every update's record, carried in checkpoints
         self.global_weights = [weighted_targets(self.corpus, docs) for docs in s.plan]
 
     @property
@@ -213,7 +225,7 @@ class Trainer:
         t1 = time.perf_counter()
         self.update += 1
         ls = float(loss_sum)
-        return {
+        rec = {
             "update": u, "global_docs": list(s.plan[u]), "local_docs": local,
             "microbatches": [len(mb.docs) for mb in mbs],
             "microbatch_docs": [mb.docs for mb in mbs],  # the order they ran in
@@ -228,6 +240,84 @@ class Trainer:
             "seconds": t1 - t0, "inner_seconds": t_inner - t0, "outer_seconds": t1 - t_inner,
             "comm": Ledger.diff(self.ledger.snapshot(), before),
         }
+        self.journal.append(rec)
+        return rec
+
+    # ------------------------------------------------------------------ checkpoint state
+
+    def state(self) -> dict[str, Any]:
+        """This rank's whole training state: enough to continue bit for bit."""
+        import random
+
+        import numpy as np
+
+        psgd = None
+        if self.powersgd_state is not None:
+            psgd = {k: getattr(self.powersgd_state, k) for k in self.powersgd_state.__slots__
+                    if k != "process_group"}
+        return {
+            "update": self.update,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
+                    "torch": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None},
+            "outer": self.outer.state_dict() if self.outer is not None else None,
+            "powersgd": psgd,
+            "ledger": {"totals": self.ledger.snapshot(), "ops": {k: dict(v) for k, v in self.ledger.ops.items()}},
+            "journal": self.journal,
+        }
+
+    def load_state(self, state: dict[str, Any], *, warm_ddp: bool = True) -> None:
+        """Restore `state()`; `warm_ddp=False` exists only to show, in a test, why the pass is needed."""
+        import random
+
+        import numpy as np
+
+        with torch.no_grad():
+            self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.outer is not None:
+            self.outer.load_state_dict(state["outer"])
+        if self.powersgd_state is not None:
+            for k, v in state["powersgd"].items():
+                if isinstance(v, dict):  # error feedback and P/Q memories live on the device
+                    v = {i: t.to(self.device) if torch.is_tensor(t) else t for i, t in v.items()}
+                setattr(self.powersgd_state, k, v)
+        for label, t in state["ledger"]["totals"].items():
+            self.ledger.totals[label].update(t)
+        for k, v in state["ledger"]["ops"].items():
+            self.ledger.ops[k].update(v)
+        self.journal = list(state["journal"])
+        self.update = int(state["update"])
+        if self.engine is not self.loss and warm_ddp:
+            self._warm_ddp()
+        rng = state["rng"]  # last: the warm-up pass must not be what moves any generator
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        torch.set_rng_state(rng["torch"])
+        if rng["cuda"] is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state_all(rng["cuda"])
+
+    def _warm_ddp(self) -> None:
+        """Give a fresh DDP its rebuilt bucket layout before the first real update of a resume.
+
+        DDP re-buckets parameters by gradient-ready order after its first backward. An
+        uninterrupted run reduces (and keeps PowerSGD's error feedback) in that rebuilt layout, so a
+        resumed run must reach it before its first reduction: one forward/backward whose hook
+        returns the bucket unchanged (no communication), then the gradients are dropped.
+        """
+        mb = make_microbatches(self.corpus, self.spec.local_docs(min(self.update, self.spec.updates - 1)),
+                               self.spec.microbatch, pad_id=self.pad_id,
+                               sort_by_length=self.spec.sort_by_length)[0]
+        self._warming = True
+        try:
+            with self._autocast():
+                part = self.engine(*mb.to(self.device).args())
+            part.backward()
+        finally:
+            self._warming = False
+        self.optimizer.zero_grad(set_to_none=True)
 
 
 def parameter_digest(model: nn.Module) -> str:

@@ -1,0 +1,200 @@
+"""Group checkpoints and coordinated recovery, with real rank processes killed mid-run.
+
+One session fixture trains clean-pair (2 ranks, checkpoints at 8 and 16) to the end, another is
+killed after update 11 (so only step 8 is published); each test damages a copy of the latter in one
+way and checks that resuming refuses, or recovers exactly, without deleting anything.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+
+import pytest
+import torch
+
+from conftest import run_ranks
+from evidence.canonical import file_sha256, read_json
+
+ARM = "clean-pair"
+
+
+def argv(home, seed, *extra):
+    return [sys.executable, "-m", "training", "train", "--home", str(home), "--arm", ARM,
+            "--model-dir", str(seed), *extra]
+
+
+def rank_dir(home, r):
+    return home / "runs" / ARM / f"rank-{r}"
+
+
+def files(home):
+    """Every file under the run, with its hash: the 'nothing deleted' check."""
+    root = home / "runs" / ARM
+    return {str(p.relative_to(root)): file_sha256(p) for p in root.rglob("*") if p.is_file()
+            and p.name not in ("heartbeat.json",)}
+
+
+@pytest.fixture(scope="session")
+def full_pair(tmp_path_factory, smoke_home, tiny_seed):
+    home = tmp_path_factory.mktemp("ckpt") / "full"
+    shutil.copytree(smoke_home, home)
+    res = run_ranks(argv(home, tiny_seed), 2)
+    assert all(c == 0 for c, _ in res), res
+    return home
+
+
+@pytest.fixture(scope="session")
+def killed_pair(tmp_path_factory, smoke_home, tiny_seed):
+    home = tmp_path_factory.mktemp("ckpt") / "killed"
+    shutil.copytree(smoke_home, home)
+    res = run_ranks(argv(home, tiny_seed), 2, env={"TRIAL_FAULT_KILL": "1:11"})
+    assert res[1][0] == -9, res[1][1]  # rank 1 died by SIGKILL; rank 0 lost its peer
+    assert res[0][0] != 0
+    for r in range(2):
+        assert (rank_dir(home, r) / "manifests" / "step-000008.json").is_file()
+        assert not (rank_dir(home, r) / "result.json").exists()
+    return home
+
+
+@pytest.fixture
+def killed(killed_pair, tmp_path):
+    dst = tmp_path / "home"
+    shutil.copytree(killed_pair, dst)
+    return dst
+
+
+def resume(home, seed):
+    res = run_ranks(argv(home, seed, "--resume"), 2)
+    return [(c, " ".join(o.split())) for c, o in res]
+
+
+def test_resume_is_exact(killed, full_pair, tiny_seed):
+    res = resume(killed, tiny_seed)
+    assert all(c == 0 for c, _ in res), res
+    for r in range(2):
+        got, want = read_json(rank_dir(killed, r) / "result.json"), read_json(rank_dir(full_pair, r) / "result.json")
+        assert got["checkpoints"]["restored"]["step"] == 8
+        assert got["digests"]["final_parameters"] == want["digests"]["final_parameters"]
+        # the journal carries the updates before the restart: all 16, same losses
+        assert [u["loss_sum_local"] for u in got["updates"]] == [u["loss_sum_local"] for u in want["updates"]]
+        io = got["checkpoints"]["io"]
+        assert io["plain_write_bytes"] > 0 and io["restore_seconds"] > 0
+    from training.checkpoint import compare_states, load_rank_state
+
+    for r in range(2):
+        a, _ = load_rank_state(rank_dir(killed, r), 16, r)
+        b, _ = load_rank_state(rank_dir(full_pair, r), 16, r)
+        cmp = compare_states(a, b)
+        assert cmp["identical"] and cmp["max_abs_diff"] == 0.0, cmp
+        assert cmp["optimizer"]["tensors"] > 0 and cmp["rng"]["tensors"] == 2
+
+
+def test_compare_states_sees_a_single_changed_element(full_pair):
+    from training.checkpoint import compare_states, load_rank_state
+
+    a, _ = load_rank_state(rank_dir(full_pair, 0), 16, 0)
+    b, _ = load_rank_state(rank_dir(full_pair, 0), 16, 0)
+    name = next(iter(b["model"]))
+    b["model"][name].view(-1)[7] += 1e-3
+    b["rng"]["python"] = (3, b["rng"]["python"][1][:-1] + (7,), None)
+    cmp = compare_states(a, b)
+    assert not cmp["identical"]
+    assert cmp["model"]["max_abs_diff"] == pytest.approx(1e-3, rel=1e-3)
+    assert cmp["rng"]["mismatches"]
+
+
+def test_corrupt_byte_stops_naming_rank_and_file(killed, tiny_seed):
+    state = rank_dir(killed, 1) / "checkpoints" / "step-000008" / "state.pt"
+    data = bytearray(state.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    state.write_bytes(bytes(data))
+    before = files(killed)
+    for code, out in resume(killed, tiny_seed):
+        assert code == 2, out
+    code, out = resume(killed, tiny_seed)[1]
+    assert "rank 1" in out and "state.pt" in out and "no other step is substituted" in out
+    assert files(killed) == before  # nothing deleted or rewritten
+
+
+def test_manifest_missing_on_one_host_stops(killed, tiny_seed):
+    (rank_dir(killed, 0) / "manifests" / "step-000008.json").unlink()
+    before = files(killed)
+    res = resume(killed, tiny_seed)
+    for code, out in res:
+        assert code == 2 and "no checkpoint step has an identical manifest on every rank" in out, out
+    assert files(killed) == before
+
+
+def test_another_ranks_directory_is_refused(killed, tiny_seed):
+    a, b, t = rank_dir(killed, 0), rank_dir(killed, 1), rank_dir(killed, 0).with_name("swap")
+    a.rename(t)
+    b.rename(a)
+    t.rename(b)
+    before = files(killed)
+    res = resume(killed, tiny_seed)
+    assert all(code == 2 for code, _ in res), res
+    assert "rank 0" in res[0][1] and "holds rank 1's checkpoint" in res[0][1]
+    assert files(killed) == before
+
+
+def test_half_published_step_is_not_used_and_is_kept(killed, full_pair, tiny_seed):
+    """A kill during publication leaves the next step's manifest on some ranks only (and maybe a
+    hidden partial directory). Restart uses the common step, moves the rest to orphaned/."""
+    src, dst = rank_dir(full_pair, 0), rank_dir(killed, 0)
+    shutil.copytree(src / "checkpoints" / "step-000016", dst / "checkpoints" / "step-000016")
+    shutil.copy2(src / "manifests" / "step-000016.json", dst / "manifests" / "step-000016.json")
+    (rank_dir(killed, 1) / "checkpoints" / ".step-000016.partial").mkdir()
+    (rank_dir(killed, 1) / "checkpoints" / ".step-000016.partial" / "state.pt").write_bytes(b"half")
+    res = resume(killed, tiny_seed)
+    assert all(c == 0 for c, _ in res), res
+    assert read_json(dst / "result.json")["checkpoints"]["restored"]["step"] == 8
+    orphaned = dst / "orphaned" / "attempt-1"
+    assert (orphaned / "manifests" / "step-000016.json").is_file()
+    assert (orphaned / "checkpoints" / "step-000016" / "state.pt").is_file()
+    assert (rank_dir(killed, 1) / "orphaned" / "attempt-1" / "checkpoints" / ".step-000016.partial"
+            / "state.pt").read_bytes() == b"half"
+    full = read_json(rank_dir(full_pair, 0) / "result.json")["digests"]["final_parameters"]
+    assert read_json(dst / "result.json")["digests"]["final_parameters"] == full
+
+
+def test_resume_without_checkpoints_says_so(home_copy, tiny_seed):
+    res = resume(home_copy, tiny_seed)
+    assert all(c == 2 and "nothing to resume" in o for c, o in res), res
+
+
+def test_supervisor_restarts_the_group_after_a_kill(smoke_home, tmp_path, tiny_seed, full_pair):
+    from orchestrate.local import supervise
+
+    home = tmp_path / "home"
+    shutil.copytree(smoke_home, home)
+    hb = [rank_dir(home, r) / "heartbeat.json" for r in range(2)]
+    attempts = supervise(argv(home, tiny_seed), 2, log_root=home / "logs", heartbeats=hb,
+                         max_restarts=1, first_env={"TRIAL_FAULT_KILL": "0:11"})
+    assert [a.ok for a in attempts] == [False, True]
+    first = attempts[0]
+    assert first.first_failure == 0 and first.reason == "exit" and first.codes[0] == -9
+    killed_at = read_json(rank_dir(home, 0) / "fault.json")["at"]
+    assert 0 <= first.survivors_stopped_at - killed_at < 15  # observed and stopped within a bound
+    got = read_json(rank_dir(home, 1) / "result.json")
+    assert got["checkpoints"]["restored"]["step"] == 8
+    want = read_json(rank_dir(full_pair, 1) / "result.json")
+    assert got["digests"]["final_parameters"] == want["digests"]["final_parameters"]
+    assert (home / "logs" / "attempt-1" / "rank-0.log").is_file()
+    assert (home / "logs" / "attempt-2" / "rank-0.log").is_file()
+
+
+def test_heartbeat_timeout_stops_a_hung_group(tmp_path):
+    """A rank that stops making progress (here: sleeps) is treated as failed and stopped."""
+    from orchestrate.local import launch_group
+
+    hb = [tmp_path / f"hb{r}" for r in range(2)]
+    script = ("import os, sys, time, pathlib; r = int(os.environ['RANK']); "
+              f"p = pathlib.Path({str(tmp_path)!r}) / f'hb{{r}}'; p.write_text('0'); "
+              "time.sleep(0.5 if r else 60); p.write_text('1'); time.sleep(0 if r else 60)")
+    res = launch_group([sys.executable, "-c", script], 2, log_dir=tmp_path / "logs", heartbeats=hb,
+                       stale_s=2.0, grace_s=2.0)
+    assert not res.ok and res.reason == "heartbeat" and res.first_failure == 0
+    assert res.survivors_stopped_at - res.failure_observed_at < 5
+    assert json.dumps(res.codes)  # every process has an exit status: none left running
