@@ -73,7 +73,7 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
 
 def train_arms(cfg, home: Path, model_dir: Path) -> list[dict]:
     """Train every arm of the experiment, one after another (never two jobs on one device)."""
-    from orchestrate.local import launch_group, threads_per_rank
+    from orchestrate.local import supervise, threads_per_rank
     from training.errors import TrainError
     from training.results import finished, load_results, summarize
     from training.train import set_aside_unfinished
@@ -87,20 +87,32 @@ def train_arms(cfg, home: Path, model_dir: Path) -> list[dict]:
         else:
             con.print(f"[bold]train[/] {a.name} ({a.kind}, {a.world_size} rank"
                       f"{'s' if a.world_size > 1 else ''}) → {home / 'runs' / a.name}")
-            if set_aside_unfinished(home, a.name, a.world_size):
+            resumable = _resumable(home, a.name, a.world_size)
+            if not resumable and set_aside_unfinished(home, a.name, a.world_size):
                 con.print(f"  an unfinished earlier attempt was moved to "
                           f"{home / 'runs' / a.name / 'attempts'}")
             argv = [sys.executable, "-m", "training", "train", "--home", str(home), "--arm", a.name,
                     "--model-dir", str(model_dir), "--threads", str(threads_per_rank(a.world_size))]
-            logs = home / "logs" / a.name
-            attempt = 1 + max((int(p.name[8:]) for p in logs.glob("attempt-*") if p.name[8:].isdigit()),
-                              default=0)
-            res = launch_group(argv, a.world_size, log_dir=logs / f"attempt-{attempt}",
-                               echo=lambda line: con.print(f"  {line}", highlight=False, markup=False))
-            if not res.ok:
-                raise TrainError(f"arm {a.name} failed; {res.failure_text()}")
+            rank_dirs = [home / "runs" / a.name / f"rank-{r}" for r in range(a.world_size)]
+            # with group checkpoints, a failed group is restarted once from the common manifest
+            attempts = supervise(argv, a.world_size, log_root=home / "logs" / a.name,
+                                 heartbeats=[d / "heartbeat.json" for d in rank_dirs],
+                                 max_restarts=1 if cfg.profile.checkpoint_every else 0,
+                                 resume_first=resumable,
+                                 can_resume=lambda: _resumable(home, a.name, a.world_size),
+                                 echo=lambda line: con.print(f"  {line}", highlight=False, markup=False))
+            if not attempts[-1].ok:
+                raise TrainError(f"arm {a.name} failed; {attempts[-1].failure_text()}")
         out.append(summarize(load_results(home, a.name, a.world_size)))
     return out
+
+
+def _resumable(home: Path, arm: str, world: int) -> bool:
+    """An earlier attempt left a manifest for the same step on every rank: resume, don't restart."""
+    from training.checkpoint import local_manifests
+
+    held = [set(local_manifests(home / "runs" / arm / f"rank-{r}")) for r in range(world)]
+    return bool(held) and bool(set.intersection(*held))
 
 
 def show_summaries(cfg, summaries: list[dict]) -> None:

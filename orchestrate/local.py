@@ -143,9 +143,12 @@ class _Supervision:
 def supervise(argv: Sequence[str], world: int, *, log_root: Path, heartbeats: Sequence[Path],
               max_restarts: int = 1, first_env: dict[str, str] | None = None,
               env: dict[str, str] | None = None, echo: Callable[[str], None] | None = None,
-              resume_first: bool = False, stale_s: float = 600.0) -> list[GroupResult]:
+              resume_first: bool = False, stale_s: float = 600.0,
+              can_resume: Callable[[], bool] | None = None) -> list[GroupResult]:
     """Run the group; after a failure, restart the same membership with `--resume`.
 
+    `can_resume()` is asked before each restart (default: yes); when it says no — the group failed
+    before its first common checkpoint — the restart begins from the seed instead.
     `first_env` applies to the first attempt only (fault injection for recovery trials). Returns
     every attempt's result, in order; each attempt's logs are under `log_root/attempt-<n>/`.
     """
@@ -153,7 +156,7 @@ def supervise(argv: Sequence[str], world: int, *, log_root: Path, heartbeats: Se
     start = 1 + max((int(p.name[8:]) for p in log_root.glob("attempt-*") if p.name[8:].isdigit()),
                     default=0) if log_root.exists() else 1
     for i in range(max_restarts + 1):
-        resume = resume_first or i > 0
+        resume = resume_first if i == 0 else (can_resume() if can_resume else True)
         e = {**(env or {}), **((first_env or {}) if i == 0 else {})}
         res = launch_group([*argv, *(["--resume"] if resume else [])], world,
                            log_dir=log_root / f"attempt-{start + i}", env=e, echo=echo,
