@@ -219,3 +219,26 @@ def test_recovery_trial_command(tmp_path):
     f = rep["failure"]
     assert f["observed_rank"] == 1 and f["reason"] == "exit"
     assert 0 <= f["kill_to_survivors_stopped_seconds"] < 15
+
+
+def test_kill_while_a_manifest_is_published(smoke_home, tmp_path, tiny_seed, full_pair):
+    """Rank 1 dies after the step-16 receipts are exchanged, before its manifest is written: the
+    restart resumes from 8 (the last step published everywhere), keeps the half-published step under
+    orphaned/, and ends where the uninterrupted run did."""
+    from orchestrate.local import supervise
+
+    home = tmp_path / "home"
+    shutil.copytree(smoke_home, home)
+    hb = [rank_dir(home, r) / "heartbeat.json" for r in range(2)]
+    attempts = supervise(argv(home, tiny_seed), 2, log_root=home / "logs", heartbeats=hb,
+                         max_restarts=1, first_env={"TRIAL_FAULT_KILL": "1:16:publish"})
+    assert [a.ok for a in attempts] == [False, True]
+    assert "while publishing step 16" in read_json(rank_dir(home, 1) / "fault.json")["what"]
+    for r in range(2):
+        got = read_json(rank_dir(home, r) / "result.json")
+        assert got["checkpoints"]["restored"]["step"] == 8
+        assert got["digests"]["final_parameters"] == \
+            read_json(rank_dir(full_pair, r) / "result.json")["digests"]["final_parameters"]
+    # rank 1 had written and receipted its step-16 state but no manifest: kept, not deleted
+    kept = rank_dir(home, 1) / "orphaned" / "attempt-1" / "checkpoints" / "step-000016" / "state.pt"
+    assert kept.is_file()

@@ -77,8 +77,8 @@ def set_aside_unfinished(home: Path, arm: str, world: int) -> bool:
     return moved
 
 
-def _publish(trainer: Any, rank_dir: Path, step: int, identity: dict[str, Any], device: Any
-             ) -> dict[str, Any]:
+def _publish(trainer: Any, rank_dir: Path, step: int, identity: dict[str, Any], device: Any,
+             die_before_manifest: bool = False) -> dict[str, Any]:
     """Write this rank's state, exchange receipt digests, write the common manifest, confirm."""
     import torch.distributed as dist
 
@@ -104,6 +104,8 @@ def _publish(trainer: Any, rank_dir: Path, step: int, identity: dict[str, Any], 
         digests = [fig["receipt_digest"]]
     common = {k: identity[k] for k in ("experiment", "profile", "arm", "prepared_digest",
                                        "numerical_profile")}
+    if die_before_manifest:
+        _die(rank_dir, f"fault injection: rank {identity['rank']} killed while publishing step {step}")
     try:
         write_manifest(rank_dir, step, digests, common)
     except Exception as e:  # noqa: BLE001
@@ -159,13 +161,15 @@ def _held(rank_dir: Path) -> list[int]:
     return list(local_manifests(rank_dir))
 
 
-def _fault_plan(rank: int) -> int | None:
-    """TRIAL_FAULT_KILL="RANK:UPDATE" makes that rank SIGKILL itself after UPDATE (recovery trials)."""
+def _fault_plan(rank: int) -> tuple[int, str] | None:
+    """TRIAL_FAULT_KILL="RANK:UPDATE[:publish]" makes that rank SIGKILL itself after UPDATE, or
+    (":publish") in the middle of publishing step UPDATE: after the receipt digests are exchanged,
+    before its own manifest is written. For recovery trials and tests."""
     spec = os.environ.get("TRIAL_FAULT_KILL")
     if not spec:
         return None
-    r, _, u = spec.partition(":")
-    return int(u) if int(r) == rank else None
+    r, u, *phase = spec.split(":")
+    return (int(u), phase[0] if phase else "after") if int(r) == rank else None
 
 
 def _die(rank_dir: Path, msg: str) -> None:
@@ -437,12 +441,13 @@ def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_n
                 f"grad_norm {rec['grad_norm']:.3f} {rec['seconds']:.3f} s"
                 + (" +outer" if rec["outer_step"] else ""))
             if every and (done % every == 0 or done == spec.updates):
+                die = fault == (done, "publish")
                 with ledger.phase("control"):
-                    checkpoints.append(_publish(trainer, rank_dir, done, identity, device))
+                    checkpoints.append(_publish(trainer, rank_dir, done, identity, device, die))
                 say(f"checkpoint step {done} published ({checkpoints[-1]['bytes'] / 1e6:.1f} MB, "
                     f"{checkpoints[-1]['seconds']:.2f} s)")
             write_json_atomic(heartbeat, {"update": done, "time": time.time(), "pid": os.getpid()})
-            if fault is not None and done == fault:
+            if fault == (done, "after"):
                 _die(rank_dir, f"fault injection: rank {info.rank} killed after update {done}")
         records = trainer.journal
         t_updates = time.perf_counter() - t_loop0
