@@ -71,6 +71,9 @@ def resume(home, seed):
 
 
 def test_resume_is_exact(killed, full_pair, tiny_seed):
+    # rank 1 comes back on a replacement host: the hostname is recorded, not part of the identity
+    host = rank_dir(killed, 1) / "checkpoints" / "step-000008" / "host.json"
+    host.write_text(json.dumps({"hostname": "replacement-host", "pid": 1}))
     res = resume(killed, tiny_seed)
     assert all(c == 0 for c, _ in res), res
     for r in range(2):
