@@ -1,4 +1,4 @@
-"""`python -m evidence`: verify a trial home's commitments (the report arrives with issue #5)."""
+"""`python -m evidence`: verify a trial home's commitments; recompute its report."""
 
 from __future__ import annotations
 
@@ -28,6 +28,22 @@ def verify(home: Path = typer.Option(..., help="trial home holding commitments.j
     except CommitmentError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
+
+
+@app.command()
+def report(home: Path = typer.Option(..., help="the trial home"),
+           output: Path = typer.Option(..., help="report JSON to write (Markdown beside it, .md)")) -> None:
+    """Recompute the report from raw evidence; stop on any inconsistency, changing nothing."""
+    from evidence.receipts import ReceiptError
+    from evidence.report import EvidenceError, write_report
+
+    try:
+        rep = write_report(home, output)
+    except (EvidenceError, CommitmentError, ReceiptError, FileNotFoundError) as e:
+        typer.echo(f"error: evidence is inconsistent, no report written: {e}", err=True)
+        raise typer.Exit(2)
+    print(json.dumps({"report": str(output), "markdown": str(output.with_suffix(".md")),
+                      "failed_gates": rep["failed_gates"]}))
 
 
 @app.command()

@@ -62,13 +62,45 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
                       f"{c['task_share_of_weighted_targets']:.1%} weighted; committed")
             previous = home
         summaries = train_arms(cfg, previous, md)
+        show_summaries(cfg, summaries)
+        report = select_evaluate_report(cfg, previous, md)
     except USER_ERRORS as e:
         con.print(f"[bold red]error:[/] {e}", highlight=False)
         raise typer.Exit(2)
-    show_summaries(cfg, summaries)
-    con.print(f"[bold]{arm}[/]: prepared, committed and trained in {time.monotonic() - started:.1f} s. "
-              "Evaluation, serving and the report are not built yet (issues #5, #6, #8); "
-              "the trial stops here.")
+    con.print(f"[bold]{arm}[/]: prepared, trained, selected, scored and reported in "
+              f"{time.monotonic() - started:.1f} s → {report}. Serving and cloud preservation are not "
+              "built yet (issues #6, #8).")
+
+
+def select_evaluate_report(cfg, home: Path, seed_dir: Path) -> Path:
+    """select (once) → test scoring of the seed and every candidate (once each) → the report."""
+    from evidence.commitments import CommitmentLog
+    from evidence.report import EvidenceError, write_report
+    from training.errors import TrainError
+    from training.evaluate import attempts_dir, evaluate
+    from training.select import select
+
+    if CommitmentLog(home).latest("selection") is None:
+        sel = select(home, cfg)
+        con.print(f"[bold]select[/] committed: primary {sel['primary']} (fixed by the rules), "
+                  f"{len(sel['candidates'])} candidates acknowledged")
+    for a in cfg.experiment.arms:
+        if (attempts_dir(home, "test", a.name)).exists():
+            con.print(f"[bold]test[/] {a.name}: already scored, attempts kept")
+            continue
+        with con.status(f"scoring {a.name} on the test cases…"):
+            res = evaluate(home, a.name, "test", seed_dir=seed_dir)
+        con.print(f"[bold]test[/] {a.name}: {res['correct']}/{res['cases']} exact, retention probe loss "
+                  f"{res['probe_mean_loss']:.4f} ({res['seconds']:.1f} s)")
+    out = home / "report.json"
+    try:
+        rep = write_report(home, out)
+    except EvidenceError as e:
+        raise TrainError(f"evidence is inconsistent, no report written: {e}") from None
+    for g in rep["gates"]:
+        con.print(f"  gate {g['gate']}: {g['value']:.4g} → {'passed' if g['passed'] else 'FAILED'}",
+                  highlight=False, markup=False)
+    return out
 
 
 def train_arms(cfg, home: Path, model_dir: Path) -> list[dict]:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from training.checker import INT, INT_OR_NULL, STR, STR_LIST, STR_OR_NULL, check_answer
+from evidence.checker import INT, INT_OR_NULL, STR, STR_LIST, STR_OR_NULL, check_answer
 
 LOOKUP = ({"sku": STR, "qty": INT_OR_NULL}, {"sku": "A-1000", "qty": 5})
 MISSING = ({"sku": STR, "qty": INT_OR_NULL}, {"sku": "A-1000", "qty": None})

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from training.checker import check_answer
+from evidence.checker import check_answer
 from training.tasks import (FAMILIES, HELDOUT_VARIANTS, TRAIN_VARIANTS, answer_text, damage,
                             generate_task)
 

@@ -116,6 +116,38 @@ def train(home: Path = typer.Option(..., help="the prepared trial home"),
         _exit_now()
 
 
+@app.command("select")
+def select_cmd(home: Path = typer.Option(..., help="the trial home")) -> None:
+    """Verify and commit every candidate's acknowledgments, then commit the selection."""
+    from training.prepare import require_prepared
+    from training.select import select
+    from training.train import resolved_from_prepared
+
+    try:
+        sel = select(home, resolved_from_prepared(require_prepared(home)))
+    except USER_ERRORS as e:
+        _fail(e)
+    out.print_json(json.dumps(sel))
+
+
+@app.command()
+def evaluate(home: Path = typer.Option(..., help="the trial home"),
+             arm: str = typer.Option(..., help="an arm of the selection, or the seed arm"),
+             role: str = typer.Option(..., help="dev | test"),
+             model_dir: Optional[Path] = typer.Option(None, help="the seed directory (seed arm only)"),
+             retry: Optional[str] = typer.Option(None, help="run another attempt; the reason is recorded")
+             ) -> None:
+    """Greedy answers to every case of ROLE, strictly checked; retention probe losses."""
+    from training.evaluate import evaluate as run_eval
+
+    try:
+        res = run_eval(home, arm, role, seed_dir=model_dir, retry_reason=retry,
+                       say=lambda m: err.print(m, highlight=False))
+    except USER_ERRORS as e:
+        _fail(e)
+    out.print_json(json.dumps(res))
+
+
 @app.command()
 def summary(home: Path = typer.Option(..., help="the trial home"),
             arm: str = typer.Option(..., help="a trained arm")) -> None:
@@ -137,7 +169,7 @@ def summary(home: Path = typer.Option(..., help="the trial home"),
 @app.command()
 def check(home: Path = typer.Option(...), case: str = typer.Option(..., help="case id, e.g. test-00003")) -> None:
     """Strictly check the answer text on stdin against CASE; print one JSON line."""
-    from training.checker import check_answer
+    from evidence.checker import check_answer
     from training.prepare import PrepareError, load_cases, require_prepared
 
     try:

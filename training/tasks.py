@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from evidence.canonical import canonical_sha256
-from training.checker import INT, INT_OR_NULL, STR, STR_LIST, STR_OR_NULL, check_answer
+from evidence.checker import INT, INT_OR_NULL, STR, STR_LIST, STR_OR_NULL, check_answer
 
 FAMILIES = ("lookup", "filter", "invoice", "priority")
 STATUSES = ("open", "pending", "shipped", "backordered", "cancelled")

@@ -39,7 +39,7 @@ def resolved_from_prepared(prepared: dict[str, Any]) -> Resolved:
     d = prepared["experiment"]
     exp = Experiment.model_validate({**d["experiment"], "profiles": {d["profile_name"]: d["profile"]}})
     cfg = Resolved(experiment=exp, profile_name=d["profile_name"], profile=exp.profiles[d["profile_name"]])
-    if cfg.digest() != prepared["experiment_digest"]:
+    if canonical_sha256(d) != prepared["experiment_digest"]:  # the stored form, as committed
         raise TrainError("prepared.json's experiment does not match its own digest; prepare again")
     return cfg
 

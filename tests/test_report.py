@@ -1,0 +1,163 @@
+"""select → test → report on a smoke trial, and the tampering the report must catch."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+
+import pytest
+
+from conftest import run_cli, run_ranks
+from evidence.canonical import read_json
+
+ARMS = ("clean-single", "damaged-single", "clean-pair")
+
+
+def evaluate(home, arm, seed, *extra):
+    return run_cli("-m", "training", "evaluate", "--home", str(home), "--arm", arm, "--role", "test",
+                   "--model-dir", str(seed), *extra)
+
+
+def report(home, out):
+    return run_cli("-m", "evidence", "report", "--home", str(home), "--output", str(out))
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory, smoke_home, tiny_seed):
+    home = tmp_path_factory.mktemp("report") / "home"
+    shutil.copytree(smoke_home, home)
+    for arm in ARMS:
+        world = 2 if arm == "clean-pair" else 1
+        res = run_ranks([sys.executable, "-m", "training", "train", "--home", str(home), "--arm", arm,
+                         "--model-dir", str(tiny_seed)], world)
+        assert all(c == 0 for c, _ in res), res
+    return home
+
+
+@pytest.fixture(scope="session")
+def scored(tmp_path_factory, trained, tiny_seed):
+    home = tmp_path_factory.mktemp("report") / "scored"
+    shutil.copytree(trained, home)
+    r = evaluate(home, "seed", tiny_seed)
+    assert r.returncode == 2 and "selection" in r.stderr  # no scoring before the selection
+    r = run_cli("-m", "training", "select", "--home", str(home))
+    assert r.returncode == 0, r.stderr
+    for arm in ("seed", *ARMS):
+        r = evaluate(home, arm, tiny_seed)
+        assert r.returncode == 0, r.stderr
+    return home
+
+
+@pytest.fixture
+def copy(scored, tmp_path):
+    dst = tmp_path / "home"
+    shutil.copytree(scored, dst)
+    return dst
+
+
+def test_full_trial_report(copy, tmp_path):
+    r = report(copy, tmp_path / "r.json")
+    assert r.returncode == 0, r.stderr
+    rep = read_json(tmp_path / "r.json")
+    assert rep["selection"]["primary"] == "clean-single"
+    assert set(rep["accuracy"]) == {"seed", *ARMS}
+    assert all(a["cases"] == 32 for a in rep["accuracy"].values())
+    # the gates are listed with their values; failures are reported, the selection is unchanged
+    assert {g["gate"] for g in rep["gates"]} >= {"gain ≥ 5.0 pp", "McNemar p ≤ 0.01"}
+    assert rep["failed_gates"] == [g["gate"] for g in rep["gates"] if not g["passed"]]
+    # recomputed from raw answers: the accuracy equals the answers file's verdicts
+    answers = [json.loads(x) for x in (copy / "evaluations" / "test" / "clean-single" / "attempt-1"
+                                       / "answers.jsonl").read_text().splitlines()]
+    assert rep["accuracy"]["clean-single"]["correct"] == sum(a["correct"] for a in answers)
+    costs = rep["arms"]["clean-pair"]["costs"]
+    assert costs["allocated_device_seconds"] >= costs["whole_process_seconds"] >= costs["active_training_seconds"] > 0
+    md = (tmp_path / "r.md").read_text()
+    assert "## Gates" in md and "clean-pair" in md
+
+
+def refused(home, tmp_path, needle):
+    out = tmp_path / "refused.json"
+    r = report(home, out)
+    assert r.returncode == 2, r.stdout
+    err = " ".join(r.stderr.split())
+    assert needle in err, err
+    assert not out.exists()
+
+
+def test_edited_raw_answer_is_caught(copy, tmp_path):
+    p = copy / "evaluations" / "test" / "seed" / "attempt-1" / "answers.jsonl"
+    rows = [json.loads(x) for x in p.read_text().splitlines()]
+    rows[0]["text"] = json.dumps({"edited": True})
+    p.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+    refused(copy, tmp_path, "answers.jsonl")
+
+
+def test_swapped_rank_result_is_caught(copy, tmp_path):
+    a = copy / "runs" / "clean-pair" / "rank-0" / "result.json"
+    b = copy / "runs" / "clean-pair" / "rank-1" / "result.json"
+    ta, tb = a.read_bytes(), b.read_bytes()
+    a.write_bytes(tb)
+    b.write_bytes(ta)
+    refused(copy, tmp_path, "differs from the hash committed in candidates.json")
+
+
+def test_altered_schedule_is_caught(copy, tmp_path):
+    p = copy / "inputs" / "schedule.json"
+    s = read_json(p)
+    s["updates"][0][0], s["updates"][0][1] = s["updates"][0][1], s["updates"][0][0]
+    p.write_text(json.dumps(s))
+    refused(copy, tmp_path, "schedule.json is missing or differs from its committed hash")
+
+
+def test_deleted_evaluation_attempt_is_caught(copy, tmp_path):
+    shutil.rmtree(copy / "evaluations" / "test" / "clean-pair" / "attempt-1")
+    refused(copy, tmp_path, "committed test attempt 1 of clean-pair is missing")
+
+
+def test_selection_after_test_scoring_is_caught(trained, tmp_path, tiny_seed):
+    """A test evaluation entry placed before the selection in the log (forged by hand, with a valid
+    hash chain, since the log itself refuses to append it) stops the report: replaying the log's
+    sequencing rules catches it."""
+    from evidence.commitments import CommitmentLog, _entry_hash
+
+    home = tmp_path / "home"
+    shutil.copytree(trained, home)
+    assert run_cli("-m", "training", "select", "--home", str(home)).returncode == 0
+    assert evaluate(home, "seed", tiny_seed).returncode == 0
+    log = CommitmentLog(home)
+    entries = log.entries()
+    sel = next(e for e in entries if e["kind"] == "selection")
+    test = next(e for e in entries if e["kind"] == "test-evaluation")
+    # rewrite the chain with the test entry moved in front of the selection
+    order = [e for e in entries if e is not test]
+    order.insert(order.index(sel), test)
+    prev = entries[0]["prev"]
+    lines = []
+    for i, e in enumerate(order):
+        e = {**e, "seq": i, "prev": prev}
+        e.pop("hash")
+        e["hash"] = _entry_hash(e)
+        prev = e["hash"]
+        lines.append(json.dumps(e, sort_keys=True, separators=(",", ":"), ensure_ascii=False))
+    log.path.write_text("\n".join(lines) + "\n")
+    refused(home, tmp_path, "out of sequence: 'test-evaluation' needs a 'selection' commitment first")
+
+
+def test_second_test_attempt_needs_the_flag(copy, tiny_seed, tmp_path):
+    r = evaluate(copy, "clean-single", tiny_seed)
+    assert r.returncode == 2 and "--retry" in " ".join(r.stderr.split())
+    r = evaluate(copy, "clean-single", tiny_seed, "--retry", "re-run after a host reboot")
+    assert r.returncode == 0, r.stderr
+    attempts = sorted(p.name for p in (copy / "evaluations" / "test" / "clean-single").iterdir())
+    assert attempts == ["attempt-1", "attempt-2"]  # both kept
+    r = report(copy, tmp_path / "r.json")
+    assert r.returncode == 0
+    rep = read_json(tmp_path / "r.json")
+    assert rep["accuracy"]["clean-single"]["attempts"] == 2  # the first attempt is the one used
+    # an unflagged second attempt slipped in by hand is refused by the report
+    second = copy / "evaluations" / "test" / "clean-single" / "attempt-2" / "summary.json"
+    s = read_json(second)
+    s["retry_reason"] = None
+    second.write_text(json.dumps(s))
+    refused(copy, tmp_path, "summary.json")
