@@ -59,10 +59,19 @@ def test_orchestrate_run_smoke(tmp_path, tiny_seed):
     r = run_cli("-m", "orchestrate", "run", "diloco-four", "--profile", "smoke",
                 "--trials", str(tmp_path / "trials"), "--seeds", str(seeds))
     assert r.returncode == 0, r.stderr
-    assert "no task of" in r.stderr and "the trial stops here" in r.stderr
+    err = " ".join(r.stderr.split())
+    assert "no task of" in err and "scored and reported in" in err
+    from evidence.canonical import read_json
     from training.prepare import require_prepared
 
-    p = require_prepared(tmp_path / "trials" / "local-training-windows-smoke")
+    home = tmp_path / "trials" / "local-training-windows-smoke"
+    p = require_prepared(home)
     assert p["previous"]["experiment"] == "cooperative-learning"
+    rep = read_json(home / "report.json")  # the whole trial: train → select → test → report
+    assert rep["selection"]["primary"] == "diloco-four"
+    assert set(rep["accuracy"]) == {"seed", "single", "ddp-four", "diloco-four"}
+    # smoke's H = 4 gives 1/4 of DDP's bytes: the 1/8 gate fails, is listed, and changes nothing
+    gate = next(g for g in rep["gates"] if g["gate"].startswith("bytes"))
+    assert gate["value"] == 0.25 and not gate["passed"] and gate["gate"] in rep["failed_gates"]
     r = run_cli("-m", "orchestrate", "run", "no-such-arm", "--profile", "smoke")
     assert r.returncode == 2 and "no-such-arm" in r.stderr
