@@ -287,9 +287,68 @@ def markdown(rep: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def plots(rep: dict[str, Any], out_dir: Path, stem: str) -> list[str]:
+    """PNG figures beside the Markdown: loss per update, bytes per update, accuracy with one-sided
+    bounds, costs. Drawn from the report's own numbers (nothing else is read)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = []
+
+    def save(fig, name: str) -> None:
+        fig.tight_layout()
+        fig.savefig(out_dir / f"{stem}-{name}.png", dpi=110)
+        plt.close(fig)
+        names.append(f"{stem}-{name}.png")
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for arm, a in rep["arms"].items():
+        ax.plot(range(1, len(a["loss_per_update"]) + 1), a["loss_per_update"], label=arm)
+    ax.set_xlabel("update")
+    ax.set_ylabel("global weighted response loss")
+    ax.legend(fontsize=8)
+    save(fig, "loss")
+
+    fig, ax = plt.subplots(figsize=(6, 3))
+    arms = list(rep["arms"])
+    ax.bar(arms, [rep["arms"][a]["payload_bytes_per_update"] / 1e6 for a in arms])
+    ax.set_ylabel("logical payload MB / update / rank")
+    save(fig, "bytes")
+
+    if rep["accuracy"]:
+        fig, ax = plt.subplots(figsize=(6, 3))
+        accs = list(rep["accuracy"])
+        ax.bar(accs, [rep["accuracy"][a]["accuracy"] for a in accs])
+        base = rep["selection"]["baseline"]
+        for i, a in enumerate(accs):
+            c = rep["comparisons"].get(f"{a} vs {base}")
+            if c:  # the one-sided lower bound of the gain, drawn from the seed's accuracy
+                lo = rep["accuracy"][base]["accuracy"] + c["accuracy_change"]["lower"]
+                ax.plot([i - 0.3, i + 0.3], [lo, lo], color="black")
+        ax.set_ylabel("test exact accuracy (bar: lower bound)")
+        ax.set_ylim(0, 1)
+        save(fig, "accuracy")
+
+    fig, ax = plt.subplots(figsize=(6, 3))
+    keys = ("active_training_seconds", "checkpoint_seconds", "startup_seconds", "whole_process_seconds")
+    width = 0.2
+    for k_i, k in enumerate(keys):
+        ax.bar([i + k_i * width for i in range(len(arms))], [rep["arms"][a]["costs"][k] for a in arms],
+               width, label=k.replace("_seconds", "").replace("_", " "))
+    ax.set_xticks([i + 1.5 * width for i in range(len(arms))], arms)
+    ax.set_ylabel("seconds")
+    ax.legend(fontsize=7)
+    save(fig, "costs")
+    return names
+
+
 def write_report(home: str | Path, output: str | Path) -> dict[str, Any]:
     rep = build_report(home)
     output = Path(output)
     write_json_atomic(output, rep)
-    output.with_suffix(".md").write_text(markdown(rep), encoding="utf-8")
+    figures = plots(rep, output.parent, output.stem)
+    md = markdown(rep) + "\n## Figures\n\n" + "".join(f"![{n}]({n})\n\n" for n in figures)
+    output.with_suffix(".md").write_text(md, encoding="utf-8")
     return rep

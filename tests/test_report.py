@@ -74,6 +74,9 @@ def test_full_trial_report(copy, tmp_path):
     assert costs["allocated_device_seconds"] >= costs["whole_process_seconds"] >= costs["active_training_seconds"] > 0
     md = (tmp_path / "r.md").read_text()
     assert "## Gates" in md and "clean-pair" in md
+    for fig in ("loss", "bytes", "accuracy", "costs"):
+        png = tmp_path / f"r-{fig}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"r-{fig}.png" in md
 
 
 def refused(home, tmp_path, needle):
