@@ -67,6 +67,9 @@ def _check_ranks(home: Path, cand: dict, schedule: list[list[int]]) -> list[dict
         results.append(res)
     world = cand["world_size"]
     for res in results:
+        if len(res["updates"]) != len(schedule):
+            raise EvidenceError(f"{cand['arm']} rank {res['rank']} records {len(res['updates'])} updates; "
+                                f"the schedule has {len(schedule)}")
         h = res["numerical_profile"]["arm"].get("sync_every")
         for u, rec in enumerate(res["updates"]):
             docs = schedule[u]
@@ -83,16 +86,44 @@ def _check_ranks(home: Path, cand: dict, schedule: list[list[int]]) -> list[dict
     return results
 
 
-def _check_attempt(home: Path, d: Path, cases: dict[str, dict]) -> dict[str, Any]:
+def _attempt_no(p: Path) -> int:
+    tail = p.name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else -1
+
+
+def _check_attempt(home: Path, d: Path, role: str, arm: str, cases: dict[str, dict],
+                   committed: dict[int, dict], log: CommitmentLog, model_receipt: str | None
+                   ) -> dict[str, Any]:
+    """An attempt counts only as committed: its receipt file is the committed one, its receipt
+    names this role, arm and attempt, its summary names the selected model, and it answers every
+    case of the role exactly once."""
+    n = _attempt_no(d)
     receipt_path = d / "receipt.json"
-    if not receipt_path.is_file():
-        return {"attempt": d.name, "complete": False}
+    entry = committed.get(n)
+    if entry is None:
+        if receipt_path.is_file():
+            raise EvidenceError(f"{d}: a finished attempt that was never committed")
+        return {"attempt": d.name, "complete": False}  # started, never finished: kept as evidence
     try:
-        verify_receipt(d, read_json(receipt_path), what=f"evaluation {d.relative_to(home)}",
-                       exclude=["started.json"])
+        log.verify_subject(entry)  # receipt.json is the committed file
+        receipt = read_json(receipt_path)
+        verify_receipt(d, receipt, what=f"evaluation {d.relative_to(home)}", exclude=["started.json"])
     except Exception as e:  # noqa: BLE001
         raise EvidenceError(str(e)) from None
+    meta = receipt.get("meta", {})
+    if (meta.get("arm"), meta.get("role"), meta.get("attempt")) != (arm, role, n) or \
+            entry["data"].get("receipt_digest") != receipt["digest"]:
+        raise EvidenceError(f"{d}: its receipt does not belong to {role} attempt {n} of {arm}")
+    summary = read_json(d / "summary.json")
+    if model_receipt is not None and summary.get("model_receipt") != model_receipt:
+        raise EvidenceError(f"{d / 'summary.json'}: scored model {summary.get('model_receipt')} is not "
+                            f"the selected {model_receipt}")
     answers = _jsonl(d / "answers.jsonl")
+    want = sorted(cid for cid, c in cases.items() if c["split"] == role)
+    got = [a["case_id"] for a in answers]
+    if sorted(got) != want:
+        raise EvidenceError(f"{d / 'answers.jsonl'}: answers {len(got)} cases, the {role} split has "
+                            f"{len(want)} (each exactly once)")
     for a in answers:
         c = cases[a["case_id"]]
         v = check_answer(a["text"], c["schema"], c["answer"]).as_dict()
@@ -100,7 +131,7 @@ def _check_attempt(home: Path, d: Path, cases: dict[str, dict]) -> dict[str, Any
             raise EvidenceError(f"{d / 'answers.jsonl'}: case {a['case_id']} is recorded as "
                                 f"{'correct' if a['correct'] else 'wrong'} but re-checks as {v}")
     return {"attempt": d.name, "complete": True, "answers": answers,
-            "probes": _jsonl(d / "probes.jsonl"), "summary": read_json(d / "summary.json")}
+            "probes": _jsonl(d / "probes.jsonl"), "summary": summary}
 
 
 def build_report(home: str | Path) -> dict[str, Any]:
@@ -134,7 +165,9 @@ def build_report(home: str | Path) -> dict[str, Any]:
             "loss_per_update": losses,
             "payload_bytes_per_update": results[0]["comm"]["training_payload_bytes_per_update"],
             "costs": {
-                "active_training_seconds": max(x["updates_seconds"] for x in t),
+                # the journal's per-update seconds: carried across resumes, checkpoints excluded
+                "active_training_seconds": max(sum(u["seconds"] for u in r["updates"]) for r in results),
+                "resumed": any(r.get("checkpoints", {}).get("restored") for r in results),
                 "checkpoint_seconds": max(ckpt) if ckpt else 0.0,
                 "startup_seconds": max(x["seed_verification_seconds"] + x["process_group_seconds"]
                                        + x["model_load_seconds"] for x in t),
@@ -149,14 +182,16 @@ def build_report(home: str | Path) -> dict[str, Any]:
     evaluations: dict[str, dict[str, Any]] = {}
     for role_dir in sorted((home / "evaluations").glob("*")) if (home / "evaluations").exists() else []:
         for arm_dir in sorted(role_dir.glob("*")):
-            attempts = [_check_attempt(home, d, cases) for d in sorted(arm_dir.glob("attempt-*"))]
-            committed = [e for e in entries if e["kind"] == f"{role_dir.name}-evaluation"
-                         and e["data"].get("arm") == arm_dir.name]
-            on_disk = {a["attempt"] for a in attempts}
-            for e in committed:
-                if f"attempt-{e['data']['attempt']}" not in on_disk:
-                    raise EvidenceError(f"committed {role_dir.name} attempt {e['data']['attempt']} of "
-                                        f"{arm_dir.name} is missing from {arm_dir}")
+            role, arm = role_dir.name, arm_dir.name
+            committed = {int(e["data"]["attempt"]): e for e in entries
+                         if e["kind"] == f"{role}-evaluation" and e["data"].get("arm") == arm}
+            dirs = sorted(arm_dir.glob("attempt-*"), key=_attempt_no)
+            for n in committed:
+                if arm_dir / f"attempt-{n}" not in dirs:
+                    raise EvidenceError(f"committed {role} attempt {n} of {arm} is missing from {arm_dir}")
+            model = (selection["candidates"].get(arm) if arm != selection["baseline"]
+                     else prepared["model"]["receipt_digest"])
+            attempts = [_check_attempt(home, d, role, arm, cases, committed, log, model) for d in dirs]
             if len([a for a in attempts if a["complete"]]) > 1:
                 for a in attempts[1:]:
                     if a["complete"] and not a["summary"].get("retry_reason"):

@@ -245,3 +245,13 @@ def test_kill_while_a_manifest_is_published(smoke_home, tmp_path, tiny_seed, ful
     # rank 1 had written and receipted its step-16 state but no manifest: kept, not deleted
     kept = rank_dir(home, 1) / "orphaned" / "attempt-1" / "checkpoints" / "step-000016" / "state.pt"
     assert kept.is_file()
+
+
+def test_compare_states_never_calls_nan_identical():
+    from training.checkpoint import compare_states
+
+    a, b = {"model": {"w": torch.tensor([1.0, 2.0])}}, {"model": {"w": torch.tensor([float("nan"), 2.0])}}
+    assert not compare_states(a, b)["identical"] and not compare_states(b, a)["identical"]
+    assert compare_states(b, b)["identical"]  # the same NaN on both sides is the same state
+    assert not compare_states({"model": {"w": torch.tensor([0.0])}},
+                              {"model": {"w": torch.tensor([-0.0])}})["identical"]

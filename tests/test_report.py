@@ -164,3 +164,11 @@ def test_second_test_attempt_needs_the_flag(copy, tiny_seed, tmp_path):
     s["retry_reason"] = None
     second.write_text(json.dumps(s))
     refused(copy, tmp_path, "summary.json")
+
+
+def test_another_arms_attempt_copied_over_is_caught(copy, tmp_path):
+    """Re-receipted or copied evaluation files cannot stand in for the committed attempt."""
+    dst = copy / "evaluations" / "test" / "clean-single" / "attempt-1"
+    shutil.rmtree(dst)
+    shutil.copytree(copy / "evaluations" / "test" / "clean-pair" / "attempt-1", dst)
+    refused(copy, tmp_path, "committed file changed")

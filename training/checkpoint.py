@@ -214,9 +214,17 @@ def compare_states(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
                 acc["tensors"] += 1
                 acc["elements"] += tx.numel()
                 if tx.numel():
-                    d = (tx.to(torch.float64) - ty.to(torch.float64)).abs().max().item()
-                    if not torch.equal(tx, ty) and d == 0.0:  # e.g. NaN patterns or -0.0
-                        acc["mismatches"].append(f"{path}: bitwise different")
+                    fx, fy = tx.to(torch.float64), ty.to(torch.float64)
+                    same_nan = torch.isnan(fx) & torch.isnan(fy)
+                    diff = (fx - fy).abs().masked_fill(same_nan, 0.0)
+                    if torch.isnan(diff).any():  # NaN on one side only: never "identical"
+                        acc["mismatches"].append(f"{path}: NaN on one side")
+                        diff = diff.nan_to_num(nan=float("inf"))
+                    d = diff.max().item()
+                    if d == 0.0 and not torch.equal(tx.view(-1).view(torch.uint8) if tx.is_floating_point()
+                                                    else tx, ty.view(-1).view(torch.uint8)
+                                                    if ty.is_floating_point() else ty):
+                        acc["mismatches"].append(f"{path}: bitwise different (e.g. -0.0)")
                     acc["max_abs_diff"] = max(acc["max_abs_diff"], d)
             elif isinstance(x, dict):
                 if not isinstance(y, dict) or set(x) != set(y):
