@@ -83,17 +83,11 @@ def _publish(trainer: Any, rank_dir: Path, step: int, identity: dict[str, Any], 
     import torch.distributed as dist
 
     from training import comm
-    from training.trainer import barrier_ok
+    from training.trainer import all_or_none
 
     t0 = time.perf_counter()
-    fig, failure = None, None
-    try:
+    with all_or_none(f"writing checkpoint step {step}", device):
         fig = write_rank_state(rank_dir, step, trainer.state(), identity)
-    except Exception as e:  # noqa: BLE001 (the peers hear before this rank raises)
-        failure = e
-    barrier_ok(failure is None, f"writing checkpoint step {step}", device)
-    if failure is not None:
-        raise failure
     world = identity["world_size"]
     if world > 1:
         raw = torch_bytes(fig["receipt_digest"], device)
@@ -106,13 +100,8 @@ def _publish(trainer: Any, rank_dir: Path, step: int, identity: dict[str, Any], 
                                        "numerical_profile")}
     if die_before_manifest:
         _die(rank_dir, f"fault injection: rank {identity['rank']} killed while publishing step {step}")
-    try:
+    with all_or_none(f"publishing the step {step} manifest", device):
         write_manifest(rank_dir, step, digests, common)
-    except Exception as e:  # noqa: BLE001
-        failure = e
-    barrier_ok(failure is None, f"publishing the step {step} manifest", device)
-    if failure is not None:
-        raise failure
     fig["publish_seconds"] = time.perf_counter() - t0
     return fig
 
@@ -126,25 +115,19 @@ def torch_bytes(hexdigest: str, device: Any) -> Any:
 def _restore(trainer: Any, rank_dir: Path, rank: int, every: int | None, updates: int, device: Any,
              say: Callable[[str], None]) -> dict[str, Any]:
     """Resume from the latest step every rank holds an identical manifest for (or stop, naming why)."""
-    from training.trainer import barrier_ok
+    from training.trainer import all_or_none
 
     t0 = time.perf_counter()
     candidates = sorted(set(range(every, updates + 1, every)) | {updates}) if every else [updates]
     step = common_step(rank_dir, candidates, device)
-    state, failure = None, None
-    try:
+    with all_or_none("verifying the checkpoint to resume from", device):
         if step is None:
             raise CheckpointError(f"rank {rank}: no checkpoint step has an identical manifest on every "
                                   f"rank (this rank holds {sorted(_held(rank_dir))}); nothing can be resumed")
         if step >= updates:
             raise CheckpointError(f"rank {rank}: the common manifest is the final step {step}; the run "
                                   "finished — its result files were lost after training, not resumable")
-        state, manifest = load_rank_state(rank_dir, step, rank)
-    except Exception as e:  # noqa: BLE001 (every rank must hear before anyone raises)
-        failure = e
-    barrier_ok(failure is None, "verifying the checkpoint to resume from", device)
-    if failure is not None:
-        raise failure
+        state, _ = load_rank_state(rank_dir, step, rank)
     t_load = time.perf_counter() - t0
     trainer.load_state(state)
     orphans = orphan_after(rank_dir, step)
@@ -300,7 +283,7 @@ def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_n
     from training.corpus import Corpus
     from training.prepare import require_prepared
     from training.seed import load_tokenizer, verify_seed
-    from training.trainer import Trainer, barrier_ok, bucket_cap_mb, parameter_digest
+    from training.trainer import Trainer, all_or_none, barrier_ok, bucket_cap_mb, parameter_digest
 
     t_start = time.perf_counter()
     home, model_dir = Path(home), Path(model_dir)
@@ -404,16 +387,9 @@ def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_n
                                      ("seed receipt", receipt["digest"]),
                                      ("numerical-profile", numerics_digest)):
                     comm.agree(name, digest, device)
-        ok = True
-        try:
+        with ledger.phase("control"), all_or_none("committing the numerical profile", device):
             if lead:
                 _commit_profile(home, arm.name, numerics, numerics_digest)
-        except Exception:
-            ok = False
-            raise
-        finally:
-            with ledger.phase("control"):
-                barrier_ok(ok, "committing the numerical profile", device)
         t_agree = time.perf_counter() - t0
 
         trainer = Trainer(model, corpus, spec, device, pad_id, ledger)
@@ -458,19 +434,12 @@ def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_n
             if info.world_size > 1:
                 comm.agree("final-parameters", final_digest, device)
         model_receipt = None
-        ok = True
-        try:
+        with ledger.phase("control"), all_or_none("writing the final model", device):
             if lead:
                 model_receipt = _write_model(model, model_dir, rd / "model", meta={
                     "experiment": cfg.experiment.name, "profile": cfg.profile_name, "arm": arm.name,
                     "parameters_sha256": final_digest, "seed_receipt": receipt["digest"],
                     "prepared_digest": prepared_digest, "numerical_profile": numerics_digest})
-        except Exception:
-            ok = False
-            raise
-        finally:
-            with ledger.phase("control"):
-                barrier_ok(ok, "writing the final model", device)
         t_final = time.perf_counter() - t0
         t_loop = time.perf_counter() - t_loop0
     net_after = runtime.net_counters()

@@ -332,6 +332,18 @@ def parameter_digest(model: nn.Module) -> str:
     return h.hexdigest()
 
 
+@contextlib.contextmanager
+def all_or_none(what: str, device: torch.device):
+    """Run a step some ranks do alone (a commit, a file write); then every rank learns whether all
+    succeeded. The rank that failed re-raises its own error; the others stop at `barrier_ok`."""
+    try:
+        yield
+    except BaseException:
+        barrier_ok(False, what, device)
+        raise
+    barrier_ok(True, what, device)
+
+
 def barrier_ok(ok: bool, what: str, device: torch.device) -> None:
     """Every rank learns whether every rank succeeded at `what`.
 
