@@ -42,6 +42,7 @@ RULES: dict[str, Rule] = {
     "selection": Rule(requires=("candidates",), not_after=("test-evaluation",), once=True),
     "dev-evaluation": Rule(requires=("selection",)),
     "test-evaluation": Rule(requires=("selection",)),
+    "serving": Rule(requires=("selection",)),
     "report": Rule(requires=("prepare",)),
 }
 

@@ -9,9 +9,12 @@ Checks, in order (the first failure stops the report with a message; nothing is 
      and, for DiLoCo, its outer steps against the sync schedule (every H updates and the last);
   4. every evaluation attempt's files against its receipt; every raw answer re-checked strictly
      against the committed task answers, and the recorded verdict must match;
-  5. recovery comparison receipts found under the home, against their own digests.
+  5. recovery comparison receipts found under the home, against their own digests;
+  6. the first committed serving probe (evidence/serving.py): its receipt, the fixed workload, the
+     attempt bound, and every stored figure against its own per-request records.
 Then: accuracy per arm, paired gains (exact one-sided McNemar p, one-sided bounds), retention bounds,
-the experiment's gates — each listed as passed or failed, the selection unchanged — and costs kept
+the serving phases (throughput ratio, failover overhead, token and model identity), the
+experiment's gates — each listed as passed or failed, the selection unchanged — and costs kept
 apart: active training, checkpoint, startup and whole-process seconds, allocated device-seconds,
 dollars where a price is known (none on the local cluster).
 """
@@ -26,6 +29,8 @@ from evidence.canonical import canonical_sha256, file_sha256, read_json, write_j
 from evidence.checker import check_answer
 from evidence.commitments import CommitmentLog
 from evidence.receipts import verify_receipt
+from evidence.serving import ServingEvidenceError, check_probe
+from evidence.serving import gates as serving_gates
 from evidence.stats import mcnemar_exact_greater, paired_bounds
 
 
@@ -277,6 +282,9 @@ def build_report(home: str | Path) -> dict[str, Any]:
         recoveries.append({"file": str(f.relative_to(home)), "identical": rep["comparison"]["identical"],
                            "max_abs_diff": rep["comparison"]["max_abs_diff"]})
 
+    serving, serving_attempts = _serving(home, entries, selection, cases)
+    gates += serving_gates(serving)
+
     report = {
         "format": "trial-report-v1", "experiment": exp["name"], "profile": prepared["experiment"]["profile_name"],
         "commitments_head": entries[-1]["hash"], "selection": selection,
@@ -286,8 +294,31 @@ def build_report(home: str | Path) -> dict[str, Any]:
         "evaluation_attempts": {role: {arm: [a["attempt"] for a in v] for arm, v in d.items()}
                                 for role, d in evaluations.items()},
         "recovery_comparisons": recoveries,
+        "serving": serving, "serving_attempts": serving_attempts,
     }
     return report
+
+
+def _serving(home: Path, entries: list[dict], selection: dict, cases: dict[str, dict]
+             ) -> tuple[dict[str, Any] | None, list[str]]:
+    """The first committed probe is the one reported (later ones are listed, never substituted)."""
+    committed = [e for e in entries if e["kind"] == "serving"]
+    started = sorted((home / "serving").glob("attempt-*"), key=_attempt_no) if (home / "serving").exists() else []
+    names = [d.name for d in started]
+    for d in started:
+        if (d / "receipt.json").is_file() and not any(e["subject"] == str((d / "receipt.json").relative_to(home))
+                                                      for e in committed):
+            raise EvidenceError(f"{d}: a finished serving probe that was never committed")
+    if not committed:
+        return None, names
+    try:
+        CommitmentLog(home).verify_subject(committed[0])
+        arm = selection["serving"]
+        comp = check_probe(home, committed[0], sorted(c for c, v in cases.items() if v["split"] == "dev"),
+                           {"arm": arm, "receipt_digest": selection["candidates"].get(arm, "")})
+    except (ServingEvidenceError, OSError, KeyError) as e:
+        raise EvidenceError(f"serving: {e}") from None
+    return comp, names
 
 
 def markdown(rep: dict[str, Any]) -> str:
@@ -316,10 +347,36 @@ def markdown(rep: dict[str, Any]) -> str:
                      f"| {c['checkpoint_seconds']:.2f} | {c['startup_seconds']:.2f} | {c['whole_process_seconds']:.2f} "
                      f"| {c['allocated_device_seconds']:.2f} |")
     lines += ["", "Dollars: not applicable on the embedded local cluster (no price).", ""]
+    lines += _serving_markdown(rep.get("serving"), rep.get("serving_attempts", []))
     if rep["recovery_comparisons"]:
         lines += ["## Recovery", ""] + [f"- {r['file']}: identical={r['identical']}, max |Δ| = {r['max_abs_diff']}"
                                         for r in rep["recovery_comparisons"]] + [""]
     return "\n".join(lines)
+
+
+def _serving_markdown(sv: dict[str, Any] | None, attempts: list[str]) -> list[str]:
+    if sv is None:
+        return ["## Serving", "", "No committed serving probe." + (f" Started: {', '.join(attempts)}." if attempts else ""), ""]
+    out = ["## Serving", "",
+           f"{sv['attempt']} ({len(attempts)} probe attempt(s)); {sv['replicas']} replicas; stopped for the failure "
+           f"phase: {(sv.get('stopped') or {}).get('replica')}.", "",
+           "| phase | answered | failed | retries | wall s | req/s | p50 s | p90 s | p99 s |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for p, f in sv["phases"].items():
+        lat = f["latency_seconds"]
+        cell = lambda x: "—" if x is None else f"{x:.3f}"  # noqa: E731
+        out.append(f"| {p} | {f['completed']}/{f['requests']} | {f['failed']} | {f['retries']} | {f['wall_seconds']:.2f} "
+                   f"| {cell(f['throughput_rps'])} | {cell(lat['p50'])} | {cell(lat['p90'])} | {cell(lat['p99'])} |")
+    out.append("")
+    if "throughput_ratio_replicas_vs_single" in sv:
+        out.append(f"- throughput, {sv['replicas']} replicas / 1 replica: {sv['throughput_ratio_replicas_vs_single']:.3f}")
+    if "failover" in sv:
+        fo = sv["failover"]
+        out.append(f"- failover: {fo['extra_retries']} extra retries, p50 latency {fo['extra_latency_p50_seconds']:+.3f} s, "
+                   f"p90 {fo['extra_latency_p90_seconds']:+.3f} s, wall × {fo['wall_ratio_failure_vs_replicas']:.3f}")
+    out.append(f"- tokens: {sv['tasks_answered']} tasks, {len(sv['tasks_with_differing_tokens'])} with differing "
+               f"tokens; model identities: {len(sv['model_identities'])} (selected: {sv['model_matches_selection']})")
+    return out + [""]
 
 
 def plots(rep: dict[str, Any], out_dir: Path, stem: str) -> list[str]:
@@ -376,6 +433,17 @@ def plots(rep: dict[str, Any], out_dir: Path, stem: str) -> list[str]:
     ax.set_ylabel("seconds")
     ax.legend(fontsize=7)
     save(fig, "costs")
+
+    if rep.get("serving"):
+        ph = rep["serving"]["phases"]
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(7, 3))
+        a1.bar(list(ph), [f["throughput_rps"] or 0 for f in ph.values()])
+        a1.set_ylabel("answered requests / s")
+        for q in ("p50", "p90", "p99"):
+            a2.plot(list(ph), [f["latency_seconds"][q] or 0 for f in ph.values()], marker="o", label=q)
+        a2.set_ylabel("latency s (retries included)")
+        a2.legend(fontsize=7)
+        save(fig, "serving")
     return names
 
 

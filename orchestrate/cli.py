@@ -67,13 +67,14 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
     except USER_ERRORS as e:
         con.print(f"[bold red]error:[/] {e}", highlight=False)
         raise typer.Exit(2)
-    con.print(f"[bold]{arm}[/]: prepared, trained, selected, scored and reported in "
-              f"{time.monotonic() - started:.1f} s → {report}. Serving and cloud preservation are not "
-              "built yet (issues #6, #8).")
+    con.print(f"[bold]{arm}[/]: prepared, trained, selected, scored, served and reported in "
+              f"{time.monotonic() - started:.1f} s → {report}. Cloud preservation is not built yet "
+              "(issue #8).")
 
 
 def select_evaluate_report(cfg, home: Path, seed_dir: Path) -> Path:
-    """select (once) → test scoring of the seed and every candidate (once each) → the report."""
+    """select (once) → test scoring of the seed and every candidate (once each) → the serving probe
+    (once) → the report."""
     from evidence.commitments import CommitmentLog
     from evidence.report import EvidenceError, write_report
     from training.errors import TrainError
@@ -92,6 +93,10 @@ def select_evaluate_report(cfg, home: Path, seed_dir: Path) -> Path:
             res = evaluate(home, a.name, "test", seed_dir=seed_dir)
         con.print(f"[bold]test[/] {a.name}: {res['correct']}/{res['cases']} exact, retention probe loss "
                   f"{res['probe_mean_loss']:.4f} ({res['seconds']:.1f} s)")
+    if CommitmentLog(home).latest("serving") is None:
+        serve_probe(cfg, home)
+    else:
+        con.print("[bold]serve[/] already probed, attempts kept")
     out = home / "report.json"
     try:
         rep = write_report(home, out)
@@ -101,6 +106,24 @@ def select_evaluate_report(cfg, home: Path, seed_dir: Path) -> Path:
         con.print(f"  gate {g['gate']}: {g['value']:.4g} → {'passed' if g['passed'] else 'FAILED'}",
                   highlight=False, markup=False)
     return out
+
+
+def serve_probe(cfg, home: Path, retry: str | None = None) -> dict:
+    """The serving probe on this machine: one replica process per rank of the serving arm."""
+    from orchestrate.local import threads_per_rank
+    from orchestrate.serving import local_probe
+
+    arm = cfg.arm(cfg.experiment.serving_arm)
+    n = arm.world_size
+    con.print(f"[bold]serve[/] {arm.name}: {n} replicas on this machine, 1 → {n} → {n} with one stopped")
+    with con.status("serving probe…"):
+        res = local_probe(home, arm.name, n, threads=threads_per_rank(n), retry=retry,
+                          say=lambda m: con.print(f"  {m}", highlight=False, markup=False))
+    r = res.get("throughput_ratio_replicas_vs_single")
+    con.print(f"  throughput {n} replicas / 1: {'—' if r is None else f'{r:.2f}'}; "
+              f"tasks with differing tokens: {len(res['tasks_with_differing_tokens'])}; "
+              f"model identities: {len(res['model_identities'])} → {res['attempt']}", highlight=False)
+    return res
 
 
 def train_arms(cfg, home: Path, model_dir: Path) -> list[dict]:
@@ -162,6 +185,21 @@ def show_summaries(cfg, summaries: list[dict]) -> None:
     con.print(t)
     con.print("step s: median over updates of the slowest rank; MB/update: logical collective payload "
               "per rank; loss: global weighted response loss of the first and last update")
+
+
+@app.command()
+def probe(home: Path = typer.Option(..., help="a trial home with a committed selection"),
+          retry: Optional[str] = typer.Option(None, help="run another probe; the reason is recorded")) -> None:
+    """Run the serving probe on this machine (one replica per rank of the serving arm)."""
+    from training.errors import USER_ERRORS
+    from training.prepare import require_prepared
+    from training.train import resolved_from_prepared
+
+    try:
+        serve_probe(resolved_from_prepared(require_prepared(home)), home, retry=retry)
+    except USER_ERRORS as e:
+        con.print(f"[bold red]error:[/] {e}", highlight=False)
+        raise typer.Exit(2)
 
 
 @app.command("recovery-trial")

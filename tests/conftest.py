@@ -33,6 +33,22 @@ def smoke_home(tmp_path_factory, tiny_seed) -> Path:
     return home
 
 
+SMOKE_ARMS = ("clean-single", "damaged-single", "clean-pair")
+
+
+@pytest.fixture(scope="session")
+def trained(tmp_path_factory, smoke_home, tiny_seed) -> Path:
+    """Every arm of cooperative-learning/smoke trained (no selection yet); copy before altering."""
+    home = tmp_path_factory.mktemp("trained") / "home"
+    shutil.copytree(smoke_home, home)
+    for arm in SMOKE_ARMS:
+        world = 2 if arm == "clean-pair" else 1
+        res = run_ranks([sys.executable, "-m", "training", "train", "--home", str(home), "--arm", arm,
+                         "--model-dir", str(tiny_seed)], world)
+        assert all(c == 0 for c, _ in res), res
+    return home
+
+
 @pytest.fixture
 def home_copy(smoke_home, tmp_path) -> Path:
     dst = tmp_path / "home"

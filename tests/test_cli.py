@@ -60,15 +60,18 @@ def test_orchestrate_run_smoke(tmp_path, tiny_seed):
                 "--trials", str(tmp_path / "trials"), "--seeds", str(seeds))
     assert r.returncode == 0, r.stderr
     err = " ".join(r.stderr.split())
-    assert "no task of" in err and "scored and reported in" in err
+    assert "no task of" in err and "scored, served and reported in" in err
     from evidence.canonical import read_json
     from training.prepare import require_prepared
 
     home = tmp_path / "trials" / "local-training-windows-smoke"
     p = require_prepared(home)
     assert p["previous"]["experiment"] == "cooperative-learning"
-    rep = read_json(home / "report.json")  # the whole trial: train → select → test → report
+    rep = read_json(home / "report.json")  # the whole trial: train → select → test → serve → report
     assert rep["selection"]["primary"] == "diloco-four"
+    # four replicas of the serving arm, one killed for the last phase; every request answered
+    assert rep["serving"]["replicas"] == 4 and rep["serving"]["stopped"]["replica"] == "replica-3"
+    assert [g["passed"] for g in rep["gates"] if g["gate"].startswith("serving")] == [True, True, True]
     assert set(rep["accuracy"]) == {"seed", "single", "ddp-four", "diloco-four"}
     # smoke's H = 4 gives 1/4 of DDP's bytes: the 1/8 gate fails, is listed, and changes nothing
     gate = next(g for g in rep["gates"] if g["gate"].startswith("bytes"))

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 
 import pytest
 
-from conftest import run_cli, run_ranks
+from conftest import SMOKE_ARMS as ARMS
+from conftest import run_cli
 from evidence.canonical import read_json
-
-ARMS = ("clean-single", "damaged-single", "clean-pair")
 
 
 def evaluate(home, arm, seed, *extra):
@@ -21,18 +19,6 @@ def evaluate(home, arm, seed, *extra):
 
 def report(home, out):
     return run_cli("-m", "evidence", "report", "--home", str(home), "--output", str(out))
-
-
-@pytest.fixture(scope="session")
-def trained(tmp_path_factory, smoke_home, tiny_seed):
-    home = tmp_path_factory.mktemp("report") / "home"
-    shutil.copytree(smoke_home, home)
-    for arm in ARMS:
-        world = 2 if arm == "clean-pair" else 1
-        res = run_ranks([sys.executable, "-m", "training", "train", "--home", str(home), "--arm", arm,
-                         "--model-dir", str(tiny_seed)], world)
-        assert all(c == 0 for c, _ in res), res
-    return home
 
 
 @pytest.fixture(scope="session")

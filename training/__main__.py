@@ -149,6 +149,35 @@ def evaluate(home: Path = typer.Option(..., help="the trial home"),
 
 
 @app.command()
+def serve(home: Path = typer.Option(..., help="the trial home (selection committed)"),
+          arm: Optional[str] = typer.Option(None, help="default: the selection's serving arm"),
+          model_dir: Optional[Path] = typer.Option(None, help="the seed directory (seed arm only)"),
+          host: str = typer.Option("127.0.0.1", help="address to listen on (a private one)"),
+          port: int = typer.Option(0, help="0 picks a free port (see --ready-file)"),
+          ready_file: Optional[Path] = typer.Option(None, help="written with host, port, pid and model "
+                                                               "once the port accepts connections"),
+          name: str = typer.Option("replica", help="this replica's name in every answer"),
+          threads: Optional[int] = typer.Option(None, help="torch CPU threads"),
+          cache_size: int = typer.Option(1024, help="retry cache entries (request IDs)")) -> None:
+    """Serve the selected model's greedy answers to committed development task IDs over HTTP."""
+    from training.serve import load_replica, serve as run_serve
+
+    try:
+        with err.status(f"verifying and loading the model for {name}…"):
+            rep = load_replica(home, arm=arm, seed_dir=model_dir, name=name, threads=threads,
+                               cache_size=cache_size)
+    except USER_ERRORS as e:
+        _fail(e)
+    err.print(f"{name}: {rep.identity['arm']} (receipt {rep.identity['receipt_digest'][:12]}…), "
+              f"{len(rep.tasks)} development tasks, max {rep.max_new_tokens} new tokens, on {rep.device}",
+              highlight=False)
+    try:
+        run_serve(rep, host, port, ready_file)
+    except OSError as e:
+        _fail(f"cannot listen on {host}:{port}: {e}")
+
+
+@app.command()
 def summary(home: Path = typer.Option(..., help="the trial home"),
             arm: str = typer.Option(..., help="a trained arm")) -> None:
     """Summarize a finished arm from its ranks' result.json files (one JSON object)."""

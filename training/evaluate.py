@@ -32,7 +32,7 @@ def attempts_dir(home: Path, role: str, arm: str) -> Path:
     return home / "evaluations" / role / arm
 
 
-def _model_dir(home: Path, arm: str, selection: dict[str, Any], seed_dir: Path | None,
+def model_dir_for(home: Path, arm: str, selection: dict[str, Any], seed_dir: Path | None,
                prepared: dict[str, Any]) -> tuple[Path, str]:
     from training.seed import verify_seed
 
@@ -54,6 +54,19 @@ def _model_dir(home: Path, arm: str, selection: dict[str, Any], seed_dir: Path |
     return d, receipt["digest"]
 
 
+def prompt_text(tok: Any, case: dict[str, Any]) -> str:
+    """The case's prompt as the model sees it: one user turn and the generation prompt."""
+    return tok.apply_chat_template([{"role": "user", "content": case["prompt"]}], tokenize=False,
+                                   add_generation_prompt=True)
+
+
+def generation_budget(tok: Any, cases: Any) -> int:
+    """max_new_tokens: twice the longest reference answer of these cases, plus 8 — room for a wrong
+    answer to be wrong at length without letting a runaway answer run forever."""
+    return 2 * max(len(tok(json.dumps(c["answer"]), add_special_tokens=False)["input_ids"])
+                   for c in cases) + 8
+
+
 def evaluate(home: str | os.PathLike[str], arm: str, role: str, *, seed_dir: Path | None = None,
              retry_reason: str | None = None, batch: int = 16,
              say=lambda m: None) -> dict[str, Any]:
@@ -71,7 +84,7 @@ def evaluate(home: str | os.PathLike[str], arm: str, role: str, *, seed_dir: Pat
     log = CommitmentLog(home)
     log.require("selection", "selection.json")  # raises, naming the missing stage
     selection = read_json(home / "selection.json")
-    model_dir, receipt_digest = _model_dir(home, arm, selection, seed_dir, prepared)
+    model_dir, receipt_digest = model_dir_for(home, arm, selection, seed_dir, prepared)
 
     root = attempts_dir(home, role, arm)
     earlier = sorted(root.glob("attempt-*")) if root.exists() else []
@@ -94,15 +107,13 @@ def evaluate(home: str | os.PathLike[str], arm: str, role: str, *, seed_dir: Pat
                           and torch.cuda.is_available() else "cpu")
     model.to(device)
     cases = [c for c in load_cases(home).values() if c["split"] == role]
-    answer_lens = [len(tok(json.dumps(c["answer"]), add_special_tokens=False)["input_ids"]) for c in cases]
-    max_new = 2 * max(answer_lens) + 8
+    max_new = generation_budget(tok, cases)
     tok.padding_side = "left"
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     rows = []
     for i in range(0, len(cases), batch):
         chunk = cases[i:i + batch]
-        texts = [tok.apply_chat_template([{"role": "user", "content": c["prompt"]}], tokenize=False,
-                                         add_generation_prompt=True) for c in chunk]
+        texts = [prompt_text(tok, c) for c in chunk]
         enc = tok(texts, add_special_tokens=False, return_tensors="pt", padding=True).to(device)
         with torch.no_grad():
             gen = model.generate(**enc, max_new_tokens=max_new, do_sample=False, pad_token_id=pad)
