@@ -1,5 +1,6 @@
-"""The Pulumi program for a trial cluster (issue #7): hosts, volumes, network, guards, bucket.
+"""The Pulumi program for a trial cluster: hosts, volumes, network, guards, evidence bucket.
 
-Not built yet. Pure functions (prices, estimates, validation) will live beside the program so they
-test without Pulumi's mocks; the program stays importable under `pulumi.runtime.set_mocks`.
+`plan` (config, estimate, refusal), `prices` and `userdata` are plain Python and test without
+Pulumi; `program.build` registers the resources and stays importable under Pulumi's mocks;
+`outputs` is the shape `orchestrate` reads from `pulumi stack output --json`.
 """

@@ -1,4 +1,9 @@
-"""Pulumi entry (`main: infra/`). The program is issue #7's work; until then it refuses plainly."""
+"""Pulumi entry (`main: infra/`): read `trials:cluster` and `aws:region`, then build the cluster."""
 
-raise SystemExit("the Pulumi program for trial clusters is not built yet (issue #7); "
-                 "use `orchestrate run ARM` on the embedded local cluster")
+import pulumi
+
+from infra.plan import TrialConfig
+from infra.program import build
+
+_cluster = pulumi.Config("trials").require_object("cluster")
+build(TrialConfig.model_validate({**_cluster, "region": pulumi.Config("aws").require("region")}))

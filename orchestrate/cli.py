@@ -202,6 +202,33 @@ def probe(home: Path = typer.Option(..., help="a trial home with a committed sel
         raise typer.Exit(2)
 
 
+@app.command()
+def estimate(stack: Path = typer.Option(Path("Pulumi.dev.yaml"), help="a Pulumi stack config file"),
+             as_json: bool = typer.Option(False, "--json", help="print the estimate as JSON")) -> None:
+    """The cost and traffic estimate of a stack's plan against its budget (what `pulumi up` checks)."""
+    import json
+
+    import yaml
+    from pydantic import ValidationError
+
+    from infra.plan import TrialConfig, estimate as run_estimate, table
+
+    try:
+        conf = yaml.safe_load(stack.read_text())["config"]
+        cfg = TrialConfig.model_validate({**conf["trials:cluster"], "region": conf["aws:region"]})
+    except (OSError, KeyError, TypeError, yaml.YAMLError, ValidationError) as e:
+        con.print(f"[bold red]error:[/] {stack}: {e}", highlight=False)
+        raise typer.Exit(2)
+    est = run_estimate(cfg)
+    if as_json:
+        print(json.dumps(est, indent=1))
+    else:
+        print(table(est))
+    for p in est["problems"]:
+        con.print(f"[bold red]over:[/] {p}", highlight=False)
+    raise typer.Exit(1 if est["problems"] else 0)
+
+
 @app.command("recovery-trial")
 def recovery_trial_cmd(
         arm: str = typer.Option("diloco-four", help="the arm to interrupt"),

@@ -1,0 +1,353 @@
+"""The Pulumi program under Pulumi's own mocks (no CLI, no AWS): every property the trial relies on,
+the refusal before anything is registered, the estimate for the four-worker study, the outputs'
+shape, and the on-host transfer guard script run for real with bash."""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pulumi
+import pytest
+import yaml
+
+from infra.outputs import OutputsError, parse_outputs
+from infra.plan import BudgetError, TrialConfig, arm_traffic, estimate
+from infra.userdata import GUARD_SCRIPT
+
+ROOT = Path(__file__).resolve().parents[1]
+NOW = dt.datetime(2026, 11, 30, 0, 0, tzinfo=dt.timezone.utc)
+PARAMS = 1_711_376_384
+
+
+def study(**changes) -> dict:
+    """The example stack (Pulumi.dev.yaml), its deadline 3 h after NOW."""
+    cfg = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())["config"]
+    c = copy.deepcopy(cfg["trials:cluster"]) | {"region": cfg["aws:region"]}
+    c["deadline"] = (NOW + dt.timedelta(hours=3)).isoformat()
+    c.update(changes)
+    return c
+
+
+class Recorder(pulumi.runtime.Mocks):
+    def __init__(self) -> None:
+        self.resources: list[pulumi.runtime.MockResourceArgs] = []
+        self.calls: list[pulumi.runtime.MockCallArgs] = []
+
+    def new_resource(self, args):
+        self.resources.append(args)
+        out = dict(args.inputs)
+        if args.typ == "aws:ec2/instance:Instance":
+            n = sum(r.typ == args.typ for r in self.resources)
+            iid = f"i-{n:017x}"
+            out |= {"privateIp": f"10.42.0.{10 + n}", "publicIp": f"198.18.0.{10 + n}",
+                    "arn": f"arn:aws:ec2:us-east-1:123456789012:instance/{iid}"}
+            return [iid, out]
+        if args.typ == "aws:s3/bucket:Bucket":
+            out["bucket"] = "ltw-four-evidence-0001"
+        out.setdefault("arn", f"arn:aws:mock:::{args.name}")
+        return [f"{args.name}-id", out]
+
+    def call(self, args):
+        self.calls.append(args)
+        if args.token == "aws:ec2/getAmi:getAmi":
+            return {"id": "ami-0123456789abcdef0", "name": "Deep Learning Base OSS Nvidia Driver GPU AMI"}
+        return {}
+
+    def of(self, typ: str) -> list:
+        return [r for r in self.resources if r.typ == typ]
+
+
+def run_program(cfg: dict, now: dt.datetime = NOW) -> tuple[Recorder, dict]:
+    mocks = Recorder()
+    pulumi.runtime.set_mocks(mocks, project="trials", stack="test", preview=False)
+    from infra.program import build
+
+    got: dict = {}
+
+    @pulumi.runtime.test
+    def go():
+        return pulumi.Output.from_input(build(TrialConfig.model_validate(cfg), now)).apply(got.update)
+
+    go()
+    return mocks, got
+
+
+@pytest.fixture(scope="module")
+def program():
+    return run_program(study())
+
+
+def test_hosts(program):
+    mocks, _ = program
+    inst = sorted(mocks.of("aws:ec2/instance:Instance"), key=lambda r: r.name)
+    assert [(r.inputs["instanceType"], r.inputs["availabilityZone"]) for r in inst] == \
+        [("g6e.xlarge", "us-east-1c")] * 3 + [("g6e.xlarge", "us-east-1d")]
+    subnets = {r.inputs["availabilityZone"]: r for r in mocks.of("aws:ec2/subnet:Subnet")}
+    assert set(subnets) == {"us-east-1c", "us-east-1d"}
+    for r in inst:
+        i = r.inputs
+        assert i["ami"] == "ami-0123456789abcdef0"
+        assert i["subnetId"] == f"{subnets[i['availabilityZone']].name}-id"
+        assert i["metadataOptions"]["httpTokens"] == "required"
+        assert i["instanceInitiatedShutdownBehavior"] == "stop"
+        d = i["rootBlockDevice"]
+        assert (d["volumeType"], d["volumeSize"], d["encrypted"]) == ("gp3", 300, True)
+        assert (d["throughput"], d["iops"]) == (250, 3000)  # the same for every host, so every arm
+        assert "blockdev --setra 8192" in i["userData"]
+        assert "OnCalendar=2026-11-30 03:00:00 UTC" in i["userData"]
+        # only the isolated-zone host carries the cumulative transfer guard
+        assert ("LIMIT=${TRIAL_GUARD_LIMIT:-3100000000000}" in i["userData"]) == (i["availabilityZone"] == "us-east-1d")
+    (ami,) = [c for c in mocks.calls if c.token == "aws:ec2/getAmi:getAmi"]  # looked up, not pinned
+    assert ami.args["owners"] == ["amazon"] and ami.args["mostRecent"] is True
+    assert {"name": "name", "values": ["Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)*"]} \
+        in ami.args["filters"]
+
+
+def test_every_taggable_resource_names_the_trial(program):
+    mocks, _ = program
+    untagged_types = {"aws:ec2/routeTableAssociation:RouteTableAssociation", "aws:iam/rolePolicy:RolePolicy",
+                      "aws:s3/bucketVersioning:BucketVersioning", "aws:sns/topicPolicy:TopicPolicy",
+                      "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
+                      "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock", "aws:s3/bucketPolicy:BucketPolicy",
+                      "aws:s3/bucketOwnershipControls:BucketOwnershipControls",
+                      "aws:scheduler/schedule:Schedule", "aws:costexplorer/costAllocationTag:CostAllocationTag"}
+    for r in mocks.resources:
+        if r.typ not in untagged_types:
+            assert r.inputs.get("tags", {}).get("trial") == "ltw-four", (r.typ, r.name)
+
+
+def test_security_group_members_only(program):
+    mocks, _ = program
+    sg = mocks.of("aws:ec2/securityGroup:SecurityGroup")
+    assert len(sg) == 1 and "ingress" not in sg[0].inputs  # rules are separate resources, all below
+    ingress = mocks.of("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
+    sg_id = f"{sg[0].name}-id"
+    for r in ingress:
+        i = r.inputs
+        assert i.get("cidrIpv4") != "0.0.0.0/0" and "cidrIpv6" not in i
+        if i["ipProtocol"] == "-1":  # every port: NCCL and rendezvous
+            assert i["referencedSecurityGroupId"] == sg_id and "cidrIpv4" not in i
+        else:
+            assert (i["ipProtocol"], i["fromPort"], i["toPort"], i["cidrIpv4"]) == ("tcp", 22, 22, "203.0.113.7/32")
+    assert len(ingress) == 2
+
+
+def test_ssh_from_anywhere_refused_unless_forced():
+    with pytest.raises(ValueError, match="whole internet"):
+        TrialConfig.model_validate(study(operator_cidr="0.0.0.0/0"))
+    mocks, _ = run_program(study(operator_cidr="0.0.0.0/0", allow_ssh_from_anywhere=True))
+    ssh = [r for r in mocks.of("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
+           if r.inputs["ipProtocol"] == "tcp"]
+    assert [r.inputs["cidrIpv4"] for r in ssh] == ["0.0.0.0/0"]  # only SSH, only when forced
+    assert all(r.inputs.get("cidrIpv4") is None for r in
+               mocks.of("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule") if r.inputs["ipProtocol"] == "-1")
+
+
+def test_deadline_schedule_stops_every_instance(program):
+    mocks, _ = program
+    ids = sorted(f"i-{n:017x}" for n in range(1, 5))
+    (sched,) = mocks.of("aws:scheduler/schedule:Schedule")
+    s = sched.inputs
+    assert s["scheduleExpression"] == "at(2026-11-30T03:00:00)" and s["scheduleExpressionTimezone"] == "UTC"
+    assert s["flexibleTimeWindow"]["mode"] == "OFF"
+    assert s["target"]["arn"] == "arn:aws:scheduler:::aws-sdk:ec2:stopInstances"
+    assert sorted(json.loads(s["target"]["input"])["InstanceIds"]) == ids
+    roles = {r.name: r for r in mocks.of("aws:iam/role:Role")}
+    assert s["target"]["roleArn"] == "arn:aws:mock:::ltw-four-deadline"
+    assert "scheduler.amazonaws.com" in roles["ltw-four-deadline"].inputs["assumeRolePolicy"]
+    pol = next(json.loads(r.inputs["policy"]) for r in mocks.of("aws:iam/rolePolicy:RolePolicy")
+               if r.name == "ltw-four-deadline-stop")
+    assert pol["Statement"] == [{"Effect": "Allow", "Action": "ec2:StopInstances",
+                                 "Resource": [f"arn:aws:ec2:us-east-1:123456789012:instance/{i}" for i in ids]}]
+
+
+def test_budget_and_notifications(program):
+    mocks, _ = program
+    (b,) = mocks.of("aws:budgets/budget:Budget")
+    i = b.inputs
+    assert (i["budgetType"], i["limitAmount"], i["limitUnit"]) == ("COST", "100.00", "USD")
+    assert i["costFilters"] == [{"name": "TagKeyValue", "values": ["user:trial$ltw-four"]}]
+    (topic,) = mocks.of("aws:sns/topic:Topic")
+    got = sorted((n["notificationType"], n["threshold"]) for n in i["notifications"])
+    assert got == [("ACTUAL", 50), ("ACTUAL", 80), ("ACTUAL", 100), ("FORECASTED", 100)]
+    assert all(n["subscriberSnsTopicArns"] == [f"arn:aws:mock:::{topic.name}"] for n in i["notifications"])
+    (tag,) = mocks.of("aws:costexplorer/costAllocationTag:CostAllocationTag")
+    assert (tag.inputs["tagKey"], tag.inputs["status"]) == ("trial", "Active")
+
+
+def test_transfer_alarm_on_isolated_host(program):
+    mocks, _ = program
+    (alarm,) = mocks.of("aws:cloudwatch/metricAlarm:MetricAlarm")
+    a = alarm.inputs
+    assert alarm.name == "ltw-four-transfer-3" and a["threshold"] == 3.1e12
+    metrics = {q["id"]: q for q in a["metricQueries"]}
+    assert {m["metric"]["metricName"] for k, m in metrics.items() if k != "total"} == {"NetworkIn", "NetworkOut"}
+    assert all(m["metric"]["dimensions"] == {"InstanceId": "i-00000000000000004"}
+               for k, m in metrics.items() if k != "total")
+    assert metrics["total"]["expression"] == "rx + tx" and metrics["total"]["returnData"]
+    assert sorted(a["alarmActions"]) == sorted(["arn:aws:mock:::ltw-four-alerts", "arn:aws:automate:us-east-1:ec2:stop"])
+
+
+def test_evidence_bucket(program):
+    mocks, _ = program
+    assert mocks.of("aws:s3/bucketVersioning:BucketVersioning")[0].inputs["versioningConfiguration"]["status"] == "Enabled"
+    sse = mocks.of("aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration")[0]
+    assert sse.inputs["rules"][0]["applyServerSideEncryptionByDefault"]["sseAlgorithm"] == "AES256"
+    pab = mocks.of("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock")[0].inputs
+    assert all(pab[k] for k in ("blockPublicAcls", "blockPublicPolicy", "ignorePublicAcls", "restrictPublicBuckets"))
+    assert not mocks.of("aws:s3/bucketObjectLockConfiguration:BucketObjectLockConfiguration")
+    host = next(json.loads(r.inputs["policy"]) for r in mocks.of("aws:iam/rolePolicy:RolePolicy")
+                if r.name == "ltw-four-host-evidence")
+    resources = [s["Resource"] for s in host["Statement"]]
+    assert resources == ["arn:aws:mock:::ltw-four-evidence/trials/ltw-four/*", "arn:aws:mock:::ltw-four-evidence"]
+    assert host["Statement"][1]["Condition"] == {"StringLike": {"s3:prefix": ["trials/ltw-four/*"]}}
+    assert not any("*" == s["Resource"] or s["Action"] == "s3:*" for s in host["Statement"])
+    locked, _ = run_program(study(object_lock_days=30))
+    (lock,) = locked.of("aws:s3/bucketObjectLockConfiguration:BucketObjectLockConfiguration")
+    assert lock.inputs["rule"]["defaultRetention"] == {"mode": "GOVERNANCE", "days": 30}
+    assert locked.of("aws:s3/bucket:Bucket")[0].inputs["objectLockEnabled"] is True
+
+
+def test_outputs_have_the_documented_shape(program):
+    _, out = program
+    parsed = parse_outputs(json.dumps(out))
+    assert [(h.rank, h.zone, h.private_ip) for h in parsed.hosts] == [
+        (0, "us-east-1c", "10.42.0.11"), (1, "us-east-1c", "10.42.0.12"), (2, "us-east-1c", "10.42.0.13"),
+        (3, "us-east-1d", "10.42.0.14")]
+    assert parsed.bucket == "ltw-four-evidence-0001" and parsed.prefix == "trials/ltw-four/"
+    assert parsed.isolated_ranks == [3] and parsed.deadline == NOW + dt.timedelta(hours=3)
+    assert out["hosts"][3]["ebs_baseline_mb_s"] == 125.0 and out["hosts"][3]["volume_throughput_mb_s"] == 250
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda o: o["hosts"][1].update(private_ip="10.0.0.1; curl evil"), "private_ip"),
+    (lambda o: o["hosts"].pop(0), "ranks must be 0..2"),
+    (lambda o: o["hosts"][1].update(instance_id=o["hosts"][0]["instance_id"]), "share an instance id"),
+    (lambda o: o.update(prefix="trials/other/"), "prefix"),
+    (lambda o: o.pop("bucket"), "bucket"),
+    (lambda o: o.update(format="v0"), "format"),
+    (lambda o: o.update(ssh_user="root; rm"), "ssh_user"),
+])
+def test_hostile_outputs_refused(program, edit, words):
+    out = copy.deepcopy(program[1])
+    edit(out)
+    with pytest.raises(OutputsError, match=words):
+        parse_outputs(json.dumps(out))
+    with pytest.raises(OutputsError, match="not JSON"):
+        parse_outputs("{")
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"hours": 4, "deadline": (NOW + dt.timedelta(hours=4)).isoformat()}, "compute: \\$29.78 estimated > \\$24.00"),
+    ({"prices": {"transfer/cross-zone-out": 0.02}}, "transfer: \\$83.79 estimated > \\$66.00"),
+    ({"transfer_guard_bytes": 2.5e12}, "host 3 \\(isolated zone\\) would move 2.793 TB > the 2.500 TB"),
+])
+def test_over_budget_refused_before_any_resource(changes, words):
+    mocks = Recorder()
+    pulumi.runtime.set_mocks(mocks, project="trials", stack="test", preview=False)
+    from infra.program import build
+
+    with pytest.raises(BudgetError, match=words) as e:
+        build(TrialConfig.model_validate(study(**changes)), NOW)
+    assert mocks.resources == []  # nothing was registered
+    assert "category" in str(e.value) and "total" in str(e.value)  # the table comes with the refusal
+
+
+def test_deadline_must_fit_the_paid_hours():
+    mocks = Recorder()
+    pulumi.runtime.set_mocks(mocks, project="trials", stack="test", preview=False)
+    from infra.program import build
+
+    with pytest.raises(BudgetError, match="4.00 h away"):
+        build(TrialConfig.model_validate(study(deadline=(NOW + dt.timedelta(hours=4)).isoformat())), NOW)
+    with pytest.raises(BudgetError, match="passed"):
+        build(TrialConfig.model_validate(study()), NOW + dt.timedelta(hours=5))
+    assert mocks.resources == []
+
+
+def test_estimate_for_the_four_worker_study():
+    cfg = TrialConfig.model_validate(study())
+    est = estimate(cfg)
+    assert est["problems"] == []
+    assert est["totals_usd"]["compute"] == pytest.approx(4 * 3 * 1.861)
+    ring = 2 * 3 / 4  # each link carries 2(N-1)/N of the payload per all-reduce
+    ddp = 128 * ring * 4 * PARAMS
+    diloco = 8 * ring * 4 * PARAMS  # 128 updates / H = 16
+    traffic = {t["arm"]: t for t in est["traffic"]}
+    assert traffic["single"]["cross_zone_bytes"] == 0
+    assert traffic["ddp-four"]["cross_zone_bytes"] == pytest.approx(2 * ddp)  # links 2→3 and 3→0
+    assert traffic["diloco-four"]["cross_zone_bytes"] == pytest.approx(2 * diloco)
+    assert est["totals_usd"]["transfer"] == pytest.approx((2 * ddp + 2 * diloco) / 1e9 * 0.02)
+    assert est["isolated_host_bytes"] == {3: pytest.approx(2 * ddp + 2 * diloco)}
+    # the same hosts in one zone: no cross-zone bytes, no isolated host
+    one_zone = TrialConfig.model_validate(study(hosts=[{"rank": r, "instance_type": "g6e.xlarge",
+                                                        "zone": "us-east-1c"} for r in range(4)]))
+    assert estimate(one_zone)["totals_usd"]["transfer"] == 0 and one_zone.isolated_ranks() == []
+    pair = TrialConfig.model_validate(study(hosts=[{"rank": 0, "instance_type": "g6e.xlarge", "zone": "us-east-1c"},
+                                                   {"rank": 1, "instance_type": "g6e.xlarge", "zone": "us-east-1d"}],
+                                            arms=[{"name": "p", "kind": "ddp", "world_size": 2, "updates": 10}]))
+    assert arm_traffic(pair, pair.arms[0])["cross_zone_bytes"] == pytest.approx(2 * 10 * 1 * 4 * PARAMS)
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"budget": {"total_usd": 50, "compute_usd": 24, "transfer_usd": 66, "storage_other_usd": 10}}, "exceed the budget"),
+    ({"hosts": [{"rank": 1, "instance_type": "g6e.xlarge", "zone": "us-east-1c"}]}, "ranks must be"),
+    ({"hosts": [{"rank": 0, "instance_type": "g6e.xlarge", "zone": "us-west-2a"}]}, "not in region"),
+    ({"arms": [{"name": "p", "kind": "powersgd", "world_size": 2, "updates": 8}]}, "payload_bytes_per_sync"),
+    ({"deadline": "2026-12-01T03:00:00"}, "timezone"),
+    ({"surprise": 1}, "Extra inputs"),
+])
+def test_config_refused(changes, words):
+    with pytest.raises(ValueError, match=words):
+        TrialConfig.model_validate(study(**changes))
+
+
+def test_on_host_transfer_guard_counts_across_reboots(tmp_path):
+    """The guard script itself, under bash: counters since boot, carried over a reboot, and the stop
+    command run once the limit is reached."""
+    script = tmp_path / "guard"
+    script.write_text(GUARD_SCRIPT)
+    state, netdev, boot = tmp_path / "state", tmp_path / "netdev", tmp_path / "boot_id"
+    state.mkdir()
+
+    def run(rx_eth: int, tx_eth: int, boot_id: str, limit: int = 10_000) -> str:
+        netdev.write_text(
+            "Inter-|   Receive                                                |  Transmit\n"
+            " face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed\n"
+            f"    lo: 999999 1 0 0 0 0 0 0 999999 1 0 0 0 0 0 0\n"
+            f"enp39s0:{rx_eth} 1 0 0 0 0 0 0 {tx_eth} 1 0 0 0 0 0 0\n"
+            f"  ens5: 100 1 0 0 0 0 0 0 50 1 0 0 0 0 0 0\n")
+        boot.write_text(boot_id)
+        env = dict(os.environ, TRIAL_GUARD_LIMIT=str(limit), TRIAL_GUARD_STATE=str(state), TRIAL_NETDEV=str(netdev),
+                   TRIAL_BOOT_ID=str(boot), TRIAL_STOP_COMMAND=f"touch {tmp_path / 'stopped'}")
+        subprocess.run(["bash", str(script)], env=env, check=True)
+        return (state / "total").read_text().strip()
+
+    assert run(1000, 2000, "boot-a") == str(1000 + 2000 + 150)  # loopback excluded
+    assert run(3000, 3000, "boot-a") == str(6150)
+    assert not (tmp_path / "stopped").exists()
+    assert run(100, 0, "boot-b") == str(6150 + 250)  # after a reboot the counters restart: carried over
+    assert not (tmp_path / "stopped").exists()
+    run(3000, 1000, "boot-b")  # 6150 + 4150 ≥ 10,000
+    assert (tmp_path / "stopped").exists()
+
+
+def test_estimate_command(tmp_path):
+    from conftest import run_cli
+
+    r = run_cli("-m", "orchestrate", "estimate", "--stack", str(ROOT / "Pulumi.dev.yaml"))
+    assert r.returncode == 0, r.stderr
+    assert "ddp-four: 2,628.7 GB cross-zone, out" in r.stdout and "isolated host 3: 2.793 TB" in r.stdout
+    conf = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())
+    conf["config"]["trials:cluster"]["prices"] = {"instance/g6e.xlarge": 2.5}
+    (tmp_path / "over.yaml").write_text(yaml.safe_dump(conf))
+    r = run_cli("-m", "orchestrate", "estimate", "--stack", str(tmp_path / "over.yaml"))
+    assert r.returncode == 1 and "compute: $30.00 estimated > $24.00 reserved" in r.stderr
+    (tmp_path / "bad.yaml").write_text("config: {}\n")
+    r = run_cli("-m", "orchestrate", "estimate", "--stack", str(tmp_path / "bad.yaml"))
+    assert r.returncode == 2 and "trials:cluster" in r.stderr
