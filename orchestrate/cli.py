@@ -26,8 +26,11 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
         profile: str = typer.Option("cpu", help="smoke | cpu | gpu"),
         trials: Path = typer.Option(Path("trials"), help="where trial homes are created"),
         seeds: Path = typer.Option(Path(".seeds"), help="where seed models are materialized"),
-        model_dir: Optional[Path] = typer.Option(None, help="seed directory for a 'local' seed")) -> None:
-    """Run ARM's experiment on the embedded local cluster: seed → prepare → commit → train every arm."""
+        model_dir: Optional[Path] = typer.Option(None, help="seed directory for a 'local' seed"),
+        store: Optional[str] = typer.Option(None, help="evidence store: file://DIR or s3://BUCKET/PREFIX "
+                                                       "(default: file://<trials>/store)")) -> None:
+    """Run ARM's experiment on the embedded local cluster: seed → prepare → commit → train every arm
+    → select → score → serve → report → preserve."""
     from training.config import arm_to_experiment, lineage, resolve
     from training.errors import USER_ERRORS
     from training.prepare import prepare
@@ -64,12 +67,13 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
         summaries = train_arms(cfg, previous, md)
         show_summaries(cfg, summaries)
         report = select_evaluate_report(cfg, previous, md)
+        rec = preserve_home(previous, store or f"file://{trials.resolve() / 'store'}")
     except USER_ERRORS as e:
         con.print(f"[bold red]error:[/] {e}", highlight=False)
         raise typer.Exit(2)
-    con.print(f"[bold]{arm}[/]: prepared, trained, selected, scored, served and reported in "
-              f"{time.monotonic() - started:.1f} s → {report}. Cloud preservation is not built yet "
-              "(issue #8).")
+    con.print(f"[bold]{arm}[/]: prepared, trained, selected, scored, served, reported and preserved in "
+              f"{time.monotonic() - started:.1f} s → {report}; evidence {rec['store']}{rec['index']}",
+              highlight=False)
 
 
 def select_evaluate_report(cfg, home: Path, seed_dir: Path) -> Path:
@@ -106,6 +110,21 @@ def select_evaluate_report(cfg, home: Path, seed_dir: Path) -> Path:
         con.print(f"  gate {g['gate']}: {g['value']:.4g} → {'passed' if g['passed'] else 'FAILED'}",
                   highlight=False, markup=False)
     return out
+
+
+def preserve_home(home: Path, url: str) -> dict:
+    """Every file of the home into the evidence store, each object read back; raises TrainError."""
+    from evidence.stores import PreservationError, preserve as run_preserve
+    from training.errors import TrainError
+
+    try:
+        with con.status(f"preserving {home} → {url}…"):
+            rec = run_preserve(home, url, trial=home.resolve().name)
+    except (PreservationError, OSError) as e:
+        raise TrainError(f"preservation failed, nothing may be torn down: {e}") from None
+    con.print(f"[bold]preserve[/] {rec['files']} files, {rec['bytes'] / 1e6:,.1f} MB "
+              f"({rec['uploaded_bytes'] / 1e6:,.1f} MB uploaded now), every object read back", highlight=False)
+    return rec
 
 
 def serve_probe(cfg, home: Path, retry: str | None = None) -> dict:
@@ -227,6 +246,62 @@ def estimate(stack: Path = typer.Option(Path("Pulumi.dev.yaml"), help="a Pulumi 
     for p in est["problems"]:
         con.print(f"[bold red]over:[/] {p}", highlight=False)
     raise typer.Exit(1 if est["problems"] else 0)
+
+
+@app.command()
+def preserve(home: Path = typer.Option(..., help="the trial home"),
+             store: Optional[str] = typer.Option(None, help="file://DIR or s3://BUCKET/PREFIX "
+                                                            "(default: file://<home's parent>/store)")) -> None:
+    """Upload every file of the home, content-addressed, each object read back and re-hashed."""
+    from training.errors import TrainError
+
+    try:
+        rec = preserve_home(home, store or f"file://{home.resolve().parent / 'store'}")
+    except TrainError as e:
+        con.print(f"[bold red]error:[/] {e}", highlight=False)
+        raise typer.Exit(2)
+    con.print(f"  → {rec['store']}{rec['index']}", highlight=False)
+
+
+@app.command()
+def down(home: Path = typer.Option(..., help="the trial home"),
+         aws_trial: Optional[str] = typer.Option(None, help="stop and reconcile this trial's AWS hosts by tag"),
+         region: Optional[str] = typer.Option(None, help="AWS region of --aws-trial")) -> None:
+    """Tear down — only once the home's evidence index verifies in its store, object by object."""
+    import json
+
+    from evidence.stores import PRESERVED, PreservationError, verify_index
+
+    rec_path = home / PRESERVED
+    if not rec_path.is_file():
+        con.print(f"[bold red]refused:[/] {home} has not been preserved (no {PRESERVED}); run "
+                  f"`orchestrate preserve --home {home}` first — hosts stay up until the evidence is safe",
+                  highlight=False)
+        raise typer.Exit(2)
+    rec = json.loads(rec_path.read_text())
+    try:
+        with con.status("re-reading every preserved object…"):
+            v = verify_index(rec["store"], rec["index"], rec["index_sha256"])
+    except (PreservationError, OSError) as e:
+        con.print(f"[bold red]refused:[/] the evidence does not verify: {e}", highlight=False)
+        raise typer.Exit(2)
+    con.print(f"[bold]verified[/] {v['files']} objects, {v['bytes'] / 1e6:,.1f} MB in {rec['store']}", highlight=False)
+    if aws_trial is None:
+        con.print("embedded local cluster: no hosts to stop", highlight=False)
+        return
+    import boto3
+
+    from orchestrate.cloud import reconcile, stop_trial
+
+    session = boto3.Session(region_name=region)
+    stopped = stop_trial(session, aws_trial)
+    con.print(f"stopped {len(stopped)} instance(s): {', '.join(stopped) or '—'}", highlight=False)
+    left = reconcile(session, aws_trial)
+    for f in left:
+        con.print(f"  {f.kind} {f.id}: {f.state}{' — still billing' if f.billing else ''} {f.detail}",
+                  highlight=False, markup=False)
+    if any(f.billing and f.kind == "instance" for f in left):
+        raise typer.Exit(1)
 
 
 @app.command("recovery-trial")

@@ -60,7 +60,7 @@ def test_orchestrate_run_smoke(tmp_path, tiny_seed):
                 "--trials", str(tmp_path / "trials"), "--seeds", str(seeds))
     assert r.returncode == 0, r.stderr
     err = " ".join(r.stderr.split())
-    assert "no task of" in err and "scored, served and reported in" in err
+    assert "no task of" in err and "scored, served, reported and preserved in" in err
     from evidence.canonical import read_json
     from training.prepare import require_prepared
 
@@ -76,5 +76,10 @@ def test_orchestrate_run_smoke(tmp_path, tiny_seed):
     # smoke's H = 4 gives 1/4 of DDP's bytes: the 1/8 gate fails, is listed, and changes nothing
     gate = next(g for g in rep["gates"] if g["gate"].startswith("bytes"))
     assert gate["value"] == 0.25 and not gate["passed"] and gate["gate"] in rep["failed_gates"]
+    # every file of the home is in the default store, and the index verifies object by object
+    preserved = read_json(home / "preserved.json")
+    assert preserved["store"] == f"file://{tmp_path / 'trials' / 'store'}"
+    r = run_cli("-m", "orchestrate", "down", "--home", str(home))
+    assert r.returncode == 0 and f"verified {preserved['files']} objects" in " ".join(r.stderr.split()), r.stderr
     r = run_cli("-m", "orchestrate", "run", "no-such-arm", "--profile", "smoke")
     assert r.returncode == 2 and "no-such-arm" in r.stderr

@@ -3,6 +3,8 @@ describe, stop (with the waiter), budget and alarm reads, reconciliation."""
 
 from __future__ import annotations
 
+import logging
+
 import boto3
 import pytest
 from moto.server import ThreadedMotoServer
@@ -15,6 +17,7 @@ ACCOUNT = "123456789012"  # moto's default account
 
 @pytest.fixture(scope="module")
 def moto_url():
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
