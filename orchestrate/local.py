@@ -15,7 +15,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 
 @dataclass
@@ -24,7 +24,7 @@ class GroupResult:
     logs: list[Path]
     seconds: float
     first_failure: int | None  # the rank whose failure was observed first, if any
-    reason: str | None = None  # "exit" (non-zero status) or "heartbeat" (no progress in time)
+    reason: str | None = None  # "exit" (non-zero), "heartbeat" (no progress), "unreachable" (host cut off)
     failure_observed_at: float | None = None  # unix time the supervisor saw it
     survivors_stopped_at: float | None = None  # unix time every other rank had exited
 
@@ -35,7 +35,8 @@ class GroupResult:
     def failure_text(self, lines: int = 20) -> str:
         r = self.first_failure if self.first_failure is not None else 0
         tail = self.logs[r].read_text(errors="replace").splitlines()[-lines:]
-        why = "stopped making progress" if self.reason == "heartbeat" else f"exited {self.codes[r]}"
+        why = {"heartbeat": "stopped making progress", "unreachable": "became unreachable"}.get(
+            self.reason or "", f"exited {self.codes[r]}")
         return f"rank {r} {why} (log {self.logs[r]}):\n" + "\n".join(tail)
 
 
@@ -53,29 +54,46 @@ def launch_group(argv: Sequence[str], world: int, *, log_dir: Path, cwd: Path | 
                  env: dict[str, str] | None = None, port: int | None = None,
                  grace_s: float = 10.0, echo: Callable[[str], None] | None = None,
                  heartbeats: Sequence[Path] | None = None, stale_s: float = 600.0) -> GroupResult:
-    """Start one process per rank and supervise them as a group.
-
-    A rank fails when it exits non-zero or, once it has written a heartbeat file, when that file
-    has not changed for `stale_s` seconds (a hang, e.g. a peer stuck in a collective). Either way
-    every other rank is stopped (SIGTERM, SIGKILL after `grace_s`), by pid.
-    """
+    """Start one process per rank on this machine and supervise them as a group (`run_group`)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
     procs: list[subprocess.Popen] = []
     logs = [log_dir / f"rank-{r}.log" for r in range(world)]
+    for r in range(world):
+        e = dict(os.environ, **(env or {}), WORLD_SIZE=str(world), RANK=str(r),
+                 LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                 PYTHONUNBUFFERED="1")
+        e.setdefault("OMP_NUM_THREADS", str(threads_per_rank(world)))
+        # stderr (progress, errors) is the log; stdout (the rank's JSON summary) is kept apart
+        with open(logs[r], "w") as fh, open(logs[r].with_suffix(".out"), "w") as fo:
+            procs.append(subprocess.Popen(list(argv), cwd=cwd, env=e, stdout=fo, stderr=fh))
+    return run_group(procs, logs, grace_s=grace_s, echo=echo,
+                     heartbeats=[_mtime(p) for p in heartbeats or []], stale_s=stale_s)
+
+
+def _mtime(path: Path) -> Callable[[], float | None]:
+    def read() -> float | None:
+        try:
+            return path.stat().st_mtime
+        except OSError:
+            return None
+    return read
+
+
+def run_group(procs: Sequence[Any], logs: list[Path], *, grace_s: float = 10.0,
+              echo: Callable[[str], None] | None = None,
+              heartbeats: Sequence[Callable[[], float | None]] = (), stale_s: float = 600.0) -> GroupResult:
+    """Supervise started rank processes (anything with Popen's poll/send_signal/kill/wait/returncode).
+
+    A rank fails when it exits non-zero or, once it has written a heartbeat, when the heartbeat has
+    not changed for `stale_s` seconds (a hang, e.g. a peer stuck in a collective). Either way every
+    other rank is stopped (SIGTERM, SIGKILL after `grace_s`), by pid.
+    """
     t0 = time.monotonic()
     sup = _Supervision()
     try:
-        for r in range(world):
-            e = dict(os.environ, **(env or {}), WORLD_SIZE=str(world), RANK=str(r),
-                     LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                     PYTHONUNBUFFERED="1")
-            e.setdefault("OMP_NUM_THREADS", str(threads_per_rank(world)))
-            # stderr (progress, errors) is the log; stdout (the rank's JSON summary) is kept apart
-            with open(logs[r], "w") as fh, open(logs[r].with_suffix(".out"), "w") as fo:
-                procs.append(subprocess.Popen(list(argv), cwd=cwd, env=e, stdout=fo, stderr=fh))
         with open(logs[0]) as follow:
-            sup.run(procs, grace_s, follow, echo, list(heartbeats or []), stale_s)
+            sup.run(list(procs), grace_s, follow, echo, list(heartbeats), stale_s)
     finally:
         for p in procs:  # only ever our own children, by pid
             if p.poll() is None:
@@ -91,8 +109,8 @@ class _Supervision:
     observed_at: float | None = None
     stopped_at: float | None = None
 
-    def run(self, procs: list[subprocess.Popen], grace_s: float, follow, echo,
-            heartbeats: list[Path], stale_s: float) -> None:
+    def run(self, procs: list[Any], grace_s: float, follow, echo,
+            heartbeats: list[Callable[[], float | None]], stale_s: float) -> None:
         pending = [""]
 
         def drain() -> None:  # echo whole lines only; a partial line waits for its end
@@ -110,9 +128,8 @@ class _Supervision:
             now = time.monotonic()
             stale = []
             for r, hb in enumerate(heartbeats):
-                try:
-                    m = hb.stat().st_mtime
-                except OSError:
+                m = hb()
+                if m is None:
                     continue
                 if r not in seen or seen[r][0] != m:
                     seen[r] = (m, now)
@@ -120,7 +137,8 @@ class _Supervision:
                     stale.append(r)
             if failed or stale:
                 self.observed_at = time.time()
-                self.failed, self.reason = (failed[0], "exit") if failed else (stale[0], "heartbeat")
+                self.failed, self.reason = (failed[0], getattr(procs[failed[0]], "why", None) or "exit") \
+                    if failed else (stale[0], "heartbeat")
                 for p in procs:
                     if p.poll() is None:
                         p.send_signal(signal.SIGTERM)

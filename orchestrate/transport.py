@@ -16,7 +16,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class TransportError(RuntimeError):
@@ -135,12 +135,16 @@ class SSHTransport:
         self._client = c
         return c
 
-    def run(self, command: str, *, env: dict[str, str] | None = None, timeout: float = 600) -> Result:
-        c = self._connect()
-        t0 = time.perf_counter()
-        chan = c.get_transport().open_session(timeout=self.connect_timeout)
-        chan.settimeout(timeout)
+    def start(self, command: str, env: dict[str, str] | None = None, open_timeout: float | None = None) -> Any:
+        """Start `command` on the host and return its paramiko channel without waiting for it."""
+        chan = self._connect().get_transport().open_session(timeout=open_timeout or self.connect_timeout)
         chan.exec_command("bash -c " + shlex.quote(_env_prefix(env) + command))
+        return chan
+
+    def run(self, command: str, *, env: dict[str, str] | None = None, timeout: float = 600) -> Result:
+        t0 = time.perf_counter()
+        chan = self.start(command, env, open_timeout=min(timeout, self.connect_timeout))
+        chan.settimeout(timeout)
         out, err = bytearray(), bytearray()
         deadline = time.monotonic() + timeout
         while True:

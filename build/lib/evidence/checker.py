@@ -1,0 +1,124 @@
+"""The strict answer checker.
+
+An answer is correct only if it is exactly one JSON object whose keys and value types match the
+family's schema and whose values equal the expected ones. The semantics, in the order checked:
+
+1. Surrounding JSON whitespace (space, tab, LF, CR) is ignored; nothing else is (no code fences, no
+   prose, no other Unicode spaces). Text left after the first complete JSON value is `trailing_text`.
+2. Text that does not parse as JSON is `malformed_json` (so are integers longer than Python's
+   4,300-digit conversion limit); `NaN`, `Infinity`, `-Infinity` (which Python's json accepts but
+   JSON forbids) and numbers that overflow to infinity (`1e400`) are `non_finite_number`.
+3. A repeated key in any object, at any depth, is `duplicate_key` (parsers disagree on which value
+   wins, so no answer may rely on it).
+4. A top-level value that is not an object is `not_an_object`.
+5. Keys: a missing one is `missing_key:<k>`, an unexpected one `extra_key:<k>`. Key order is free.
+6. Types: an integer field accepts only JSON integers — `"5"`, `5.0` and `true` are all
+   `wrong_type:<k>` (Python's bool is an int, so the check is on the exact type). Nullable fields
+   accept `null`; string fields only strings; list fields only lists of strings.
+7. Values: anything else that differs from the expected object is `wrong_value:<k>`.
+
+The family semantics the expected answers follow (missing lookups are `null`, zero quantities are
+0 and still count as listed, ties in priority order break by ascending id) live in `tasks.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+# Field type codes used in schemas.
+INT, INT_OR_NULL, STR, STR_OR_NULL, STR_LIST = "int", "int|null", "str", "str|null", "list[str]"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    correct: bool
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"correct": self.correct, "reason": self.reason}
+
+
+class _Duplicate(ValueError):
+    pass
+
+
+class _NonFinite(ValueError):
+    pass
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _Duplicate(k)
+        out[k] = v
+    return out
+
+
+def _constant(name: str) -> Any:
+    raise _NonFinite(name)
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _NonFinite(text)
+    return value
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_constant, parse_float=_float)
+_JSON_WS = " \t\n\r"
+
+
+def parse_strict(text: str) -> tuple[Any, str | None]:
+    """Parse one JSON value; return (value, None) or (None, reason)."""
+    s = text.strip(_JSON_WS)
+    try:
+        value, end = _DECODER.raw_decode(s)
+    except _Duplicate as e:
+        return None, f"duplicate_key:{e}"
+    except _NonFinite:
+        return None, "non_finite_number"
+    except (json.JSONDecodeError, RecursionError, ValueError):
+        return None, "malformed_json"
+    if s[end:].strip(_JSON_WS):
+        return None, "trailing_text"
+    return value, None
+
+
+def _type_ok(code: str, v: Any) -> bool:
+    if code == INT:
+        return type(v) is int
+    if code == INT_OR_NULL:
+        return v is None or type(v) is int
+    if code == STR:
+        return type(v) is str
+    if code == STR_OR_NULL:
+        return v is None or type(v) is str
+    if code == STR_LIST:
+        return type(v) is list and all(type(x) is str for x in v)
+    raise ValueError(f"unknown schema type {code}")
+
+
+def check_answer(text: str, schema: dict[str, str], expected: dict[str, Any]) -> Verdict:
+    value, problem = parse_strict(text)
+    if problem:
+        return Verdict(False, problem)
+    if not isinstance(value, dict):
+        return Verdict(False, "not_an_object")
+    for k in schema:
+        if k not in value:
+            return Verdict(False, f"missing_key:{k}")
+    for k in value:
+        if k not in schema:
+            return Verdict(False, f"extra_key:{k}")
+    for k, code in schema.items():
+        if not _type_ok(code, value[k]):
+            return Verdict(False, f"wrong_type:{k}")
+    for k in schema:
+        if value[k] != expected[k]:
+            return Verdict(False, f"wrong_value:{k}")
+    return Verdict(True, "ok")

@@ -1,0 +1,86 @@
+"""File receipts: the sha256 and size of every file in a directory.
+
+A receipt is what later stages verify before they trust a directory (a seed model, a checkpoint, a
+prepared input set). Verification names the first file that is missing, altered or unexpected, so
+the user knows what to restore.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+from evidence.canonical import canonical_sha256, file_sha256
+
+RECEIPT_NAME = "receipt.json"
+
+
+class ReceiptError(RuntimeError):
+    """A directory does not match its receipt."""
+
+
+def _walk(root: Path, exclude: Iterable[str]) -> list[str]:
+    excluded = set(exclude)
+    names = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+        for fn in filenames:
+            rel = os.path.relpath(os.path.join(dirpath, fn), root).replace(os.sep, "/")
+            if rel in excluded or fn.startswith("."):
+                continue
+            names.append(rel)
+    return sorted(names)
+
+
+def make_receipt(
+    root: str | os.PathLike[str], *, meta: dict[str, Any] | None = None, exclude: Iterable[str] = ()
+) -> dict[str, Any]:
+    """Hash every regular file under `root` (hidden files and `exclude` left out)."""
+    root = Path(root)
+    files = {}
+    for rel in _walk(root, [RECEIPT_NAME, *exclude]):
+        p = root / rel
+        files[rel] = {"sha256": file_sha256(p), "bytes": p.stat().st_size}
+    receipt: dict[str, Any] = {"files": files, "meta": meta or {}}
+    receipt["digest"] = receipt_digest(receipt)
+    return receipt
+
+
+def receipt_digest(receipt: dict[str, Any]) -> str:
+    """The digest covers the file table and metadata, never itself."""
+    return canonical_sha256({"files": receipt["files"], "meta": receipt.get("meta", {})})
+
+
+def verify_receipt(
+    root: str | os.PathLike[str],
+    receipt: dict[str, Any],
+    *,
+    what: str = "directory",
+    allow_extra: bool = False,
+    exclude: Iterable[str] = (),
+) -> str:
+    """Check `root` against `receipt`; return the receipt digest or raise naming the file."""
+    root = Path(root)
+    if receipt.get("digest") != receipt_digest(receipt):
+        raise ReceiptError(f"{what} receipt at {root} is internally inconsistent (digest mismatch)")
+    for rel, entry in receipt["files"].items():
+        p = root / rel
+        if not p.is_file():
+            raise ReceiptError(f"{what} file missing: {p} (listed in its receipt)")
+        size = p.stat().st_size
+        if size != entry["bytes"]:
+            raise ReceiptError(
+                f"{what} file altered: {p} has {size} bytes, receipt says {entry['bytes']}"
+            )
+        digest = file_sha256(p)
+        if digest != entry["sha256"]:
+            raise ReceiptError(
+                f"{what} file altered: {p} sha256 {digest[:16]}… differs from receipt "
+                f"{entry['sha256'][:16]}…"
+            )
+    if not allow_extra:
+        extra = sorted(set(_walk(root, [RECEIPT_NAME, *exclude])) - set(receipt["files"]))
+        if extra:
+            raise ReceiptError(f"{what} has files its receipt does not list: {root / extra[0]}")
+    return receipt["digest"]

@@ -1,0 +1,88 @@
+"""The stack outputs `orchestrate` reads (`pulumi stack output --json`), as a checked shape.
+
+    {"format": "trial-stack-v1", "trial", "region", "deadline" (ISO, UTC), "hours", "ssh_user",
+     "bucket", "prefix" ("trials/<trial>/"), "alert_topic", "security_group",
+     "transfer_guard_bytes", "isolated_ranks": [r, ...], "budget": {...}, "estimate": {...},
+     "hosts": [{"rank", "instance_id", "instance_type", "zone", "private_ip", "public_ip",
+                "vcpus", "ebs_baseline_mb_s", "volume_throughput_mb_s"}, ...]}
+
+Outputs are data from a cloud account: anything missing, duplicated or out of shape is refused with
+the field named, never guessed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+OUTPUTS_FORMAT = "trial-stack-v1"
+
+
+class OutputsError(ValueError):
+    """The stack's outputs are incomplete or hostile; the message names the field."""
+
+
+class HostOut(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    rank: int = Field(ge=0)
+    instance_id: str = Field(pattern=r"^i-[0-9a-f]{8,17}$")
+    instance_type: str
+    zone: str
+    private_ip: str
+    public_ip: str | None = None
+    vcpus: int | None = None
+    ebs_baseline_mb_s: float | None = None
+    volume_throughput_mb_s: float | None = None
+
+    @field_validator("private_ip", "public_ip")
+    @classmethod
+    def _ip(cls, v: str | None) -> str | None:
+        if v is not None:
+            ipaddress.ip_address(v)  # refuses host names and shell text alike
+        return v
+
+
+class StackOutputs(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    format: str
+    trial: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{2,40}$")
+    region: str = Field(pattern=r"^[a-z]{2}(-[a-z]+)+-\d$")
+    deadline: dt.datetime
+    hours: float
+    ssh_user: str = Field(pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
+    bucket: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+    prefix: str
+    alert_topic: str
+    transfer_guard_bytes: float
+    isolated_ranks: list[int]
+    hosts: list[HostOut] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "StackOutputs":
+        if self.format != OUTPUTS_FORMAT:
+            raise ValueError(f"format {self.format!r} is not {OUTPUTS_FORMAT!r}")
+        ranks = sorted(h.rank for h in self.hosts)
+        if ranks != list(range(len(self.hosts))):
+            raise ValueError(f"host ranks must be 0..{len(self.hosts) - 1} once each, got {ranks}")
+        if self.prefix != f"trials/{self.trial}/":
+            raise ValueError(f"prefix {self.prefix!r} is not this trial's (trials/{self.trial}/)")
+        if len({h.instance_id for h in self.hosts}) != len(self.hosts):
+            raise ValueError("two hosts share an instance id")
+        if self.deadline.tzinfo is None:
+            raise ValueError("deadline has no timezone")
+        return self
+
+
+def parse_outputs(text: str | dict[str, Any]) -> StackOutputs:
+    try:
+        data = json.loads(text) if isinstance(text, str) else text
+        return StackOutputs.model_validate(data)
+    except json.JSONDecodeError as e:
+        raise OutputsError(f"stack outputs are not JSON: {e}") from None
+    except ValidationError as e:
+        where = "; ".join(f"{'.'.join(map(str, x['loc'])) or 'outputs'}: {x['msg']}" for x in e.errors())
+        raise OutputsError(f"stack outputs refused: {where}") from None

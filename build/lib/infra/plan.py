@@ -1,0 +1,235 @@
+"""The stack's configuration, the cost and traffic estimate it implies, and the refusal when the
+estimate exceeds the budget or any of its reservations — decided before any resource exists.
+
+Transfer model (NCCL_ALGO=Ring, the order of the ring is the rank order): one all-reduce of P bytes
+sends 2(N−1)/N·P over each link r → r+1 mod N and receives as much. A link between two zones is paid
+on both sides (out and in). So a trial's cross-zone bytes are (cross-zone links) × 2(N−1)/N·P per
+synchronization, and each host moves 2 × 2(N−1)/N·P (receive + transmit) per synchronization, which
+is what the transfer guard on an isolated-zone host must allow. DDP synchronizes P = 4 bytes per
+parameter (FP32 gradients) every update; DiLoCo the same P every H updates and after the last;
+PowerSGD's payload must be given (measured), since it depends on the layer shapes and the rank.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+from collections import Counter
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from infra.prices import HOURS_PER_MONTH, INSTANCE_TYPES, price
+
+GB = 1e9
+
+
+class BudgetError(ValueError):
+    """The plan does not fit: the message holds the whole estimate table."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Host(Strict):
+    rank: int = Field(ge=0)
+    instance_type: str
+    zone: str  # e.g. us-east-1c
+
+
+class Volume(Strict):
+    size_gib: int = Field(300, ge=8)
+    throughput_mb_s: int = Field(250, ge=125, le=2000)
+    iops: int = Field(3000, ge=3000, le=80000)
+    read_ahead_kib: int = Field(4096, ge=0)
+
+
+class Budget(Strict):
+    total_usd: float = Field(gt=0)
+    compute_usd: float = Field(ge=0)
+    transfer_usd: float = Field(ge=0)
+    storage_other_usd: float = Field(ge=0)
+    alert_email: str | None = None
+
+    @model_validator(mode="after")
+    def _split_fits(self) -> "Budget":
+        if self.compute_usd + self.transfer_usd + self.storage_other_usd > self.total_usd + 1e-9:
+            raise ValueError(f"the reservations ({self.compute_usd} + {self.transfer_usd} + "
+                             f"{self.storage_other_usd}) exceed the budget {self.total_usd}")
+        return self
+
+
+class Arm(Strict):
+    name: str
+    kind: Literal["single", "ddp", "diloco", "powersgd", "seed"]
+    world_size: int = Field(ge=1)
+    updates: int = Field(ge=1)
+    sync_every: int | None = Field(None, ge=1)  # DiLoCo's H
+    payload_bytes_per_sync: int | None = Field(None, ge=0)  # required for powersgd (measured)
+
+
+class TrialConfig(Strict):
+    """`trials:cluster` in the stack config (see Pulumi.dev.yaml)."""
+
+    trial: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{2,40}$")
+    region: str
+    hosts: list[Host] = Field(min_length=1)
+    volume: Volume = Volume()
+    operator_cidr: str
+    allow_ssh_from_anywhere: bool = False
+    deadline: dt.datetime  # UTC; the cloud-side stop fires then
+    hours: float = Field(gt=0)  # the compute the budget pays for; the deadline may not be later
+    budget: Budget
+    transfer_guard_bytes: float = Field(gt=0)  # per isolated-zone host, receive + transmit
+    parameters: int = Field(ge=1)  # model parameters synchronized by the distributed arms
+    arms: list[Arm] = Field(min_length=1)
+    evidence_gb: float = Field(50, ge=0)  # what the evidence bucket is expected to hold
+    object_lock_days: int | None = Field(None, ge=1)
+    ami_name: str = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)*"
+    ssh_user: str = "ubuntu"
+    prices: dict[str, float] = {}
+
+    @field_validator("operator_cidr")
+    @classmethod
+    def _cidr(cls, v: str) -> str:
+        ipaddress.ip_network(v, strict=False)
+        return v
+
+    @field_validator("deadline")
+    @classmethod
+    def _utc(cls, v: dt.datetime) -> dt.datetime:
+        if v.tzinfo is None:
+            raise ValueError("give the deadline with a timezone, e.g. 2026-12-01T03:00:00Z")
+        return v.astimezone(dt.timezone.utc)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TrialConfig":
+        ranks = sorted(h.rank for h in self.hosts)
+        if ranks != list(range(len(self.hosts))):
+            raise ValueError(f"host ranks must be 0..{len(self.hosts) - 1} once each, got {ranks}")
+        for h in self.hosts:
+            if not h.zone.startswith(self.region):
+                raise ValueError(f"host {h.rank}'s zone {h.zone} is not in region {self.region}")
+        if ipaddress.ip_network(self.operator_cidr, strict=False).prefixlen == 0 and not self.allow_ssh_from_anywhere:
+            raise ValueError(f"operator_cidr {self.operator_cidr} opens SSH to the whole internet; give your own "
+                             "address (x.x.x.x/32) or set allow_ssh_from_anywhere: true knowingly")
+        for a in self.arms:
+            if a.world_size > len(self.hosts):
+                raise ValueError(f"arm {a.name} needs {a.world_size} hosts; the stack has {len(self.hosts)}")
+            if a.kind == "powersgd" and a.payload_bytes_per_sync is None:
+                raise ValueError(f"arm {a.name}: give payload_bytes_per_sync (PowerSGD's measured payload)")
+            if a.kind == "diloco" and a.sync_every is None:
+                raise ValueError(f"arm {a.name}: DiLoCo needs sync_every (H)")
+        return self
+
+    @property
+    def by_rank(self) -> list[Host]:
+        return sorted(self.hosts, key=lambda h: h.rank)
+
+    def isolated_ranks(self) -> list[int]:
+        """Hosts outside the zone holding the most hosts (ties: rank 0's zone): every byte they
+        exchange with the group crosses zones."""
+        counts = Counter(h.zone for h in self.hosts)
+        best = max(counts.values())
+        main = next(h.zone for h in self.by_rank if counts[h.zone] == best)
+        return [h.rank for h in self.by_rank if h.zone != main]
+
+
+def arm_traffic(cfg: TrialConfig, arm: Arm) -> dict[str, Any]:
+    """Synchronizations, bytes per host and cross-zone bytes of one arm (see the module docstring)."""
+    n = arm.world_size
+    if arm.kind in ("single", "seed") or n == 1:
+        syncs, payload = 0, 0
+    else:
+        payload = arm.payload_bytes_per_sync if arm.payload_bytes_per_sync is not None else 4 * cfg.parameters
+        syncs = arm.updates if arm.kind in ("ddp", "powersgd") else \
+            arm.updates // arm.sync_every + (1 if arm.updates % arm.sync_every else 0)
+    link = 2 * (n - 1) / n * payload * syncs if n > 1 else 0.0  # bytes over each ring link
+    zones = [h.zone for h in cfg.by_rank[:n]]
+    crossing = sum(zones[r] != zones[(r + 1) % n] for r in range(n)) if n > 1 else 0
+    return {"arm": arm.name, "kind": arm.kind, "world_size": n, "synchronizations": syncs,
+            "payload_bytes_per_sync": payload, "host_bytes_rx_plus_tx": 2 * link,
+            "cross_zone_links": crossing, "cross_zone_bytes": crossing * link}
+
+
+def estimate(cfg: TrialConfig) -> dict[str, Any]:
+    """The table: every line with quantity, unit price and source; totals per reservation."""
+    lines: list[dict[str, Any]] = []
+
+    def line(category: str, item: str, qty: float, key: str, factor: float = 1.0) -> None:
+        p = price(key, cfg.prices)
+        lines.append({"category": category, "item": item, "quantity": qty, "unit": p.unit,
+                      "unit_usd": p.usd, "usd": qty * p.usd * factor, "source": f"{p.source} ({p.as_of})"})
+
+    for t, n in sorted(Counter(h.instance_type for h in cfg.hosts).items()):
+        line("compute", f"{n} x {t} x {cfg.hours:g} h", n * cfg.hours, f"instance/{t}")
+    months = cfg.hours / HOURS_PER_MONTH
+    v, n = cfg.volume, len(cfg.hosts)
+    line("storage_other", f"{n} x {v.size_gib} GiB gp3 for {cfg.hours:g} h", n * v.size_gib * 2**30 / GB,
+         "ebs/gp3-storage", months)
+    if v.throughput_mb_s > 125:
+        line("storage_other", f"{n} x {v.throughput_mb_s - 125} MB/s gp3 throughput above 125",
+             n * (v.throughput_mb_s - 125), "ebs/gp3-throughput", months)
+    if v.iops > 3000:
+        line("storage_other", f"{n} x {v.iops - 3000} gp3 IOPS above 3000", n * (v.iops - 3000), "ebs/gp3-iops", months)
+    line("storage_other", f"evidence bucket, {cfg.evidence_gb:g} GB for a month", cfg.evidence_gb,
+         "s3/standard-storage")
+    traffic = [arm_traffic(cfg, a) for a in cfg.arms]
+    for t in traffic:
+        if t["cross_zone_bytes"]:
+            gb = t["cross_zone_bytes"] / GB
+            line("transfer", f"{t['arm']}: {gb:,.1f} GB cross-zone, out", gb, "transfer/cross-zone-out")
+            line("transfer", f"{t['arm']}: {gb:,.1f} GB cross-zone, in", gb, "transfer/cross-zone-in")
+    totals = {c: sum(x["usd"] for x in lines if x["category"] == c) for c in ("compute", "transfer", "storage_other")}
+    reserved = {"compute": cfg.budget.compute_usd, "transfer": cfg.budget.transfer_usd,
+                "storage_other": cfg.budget.storage_other_usd}
+    isolated = cfg.isolated_ranks()
+    per_host = {r: sum(t["host_bytes_rx_plus_tx"] for t in traffic if r < t["world_size"]) for r in isolated}
+    problems = [f"{c}: ${totals[c]:.2f} estimated > ${reserved[c]:.2f} reserved" for c in totals
+                if totals[c] > reserved[c] + 1e-9]
+    if sum(totals.values()) > cfg.budget.total_usd + 1e-9:
+        problems.append(f"total: ${sum(totals.values()):.2f} estimated > ${cfg.budget.total_usd:.2f} budget")
+    for r, b in per_host.items():
+        if b > cfg.transfer_guard_bytes:
+            problems.append(f"host {r} (isolated zone) would move {b / 1e12:.3f} TB > the {cfg.transfer_guard_bytes / 1e12:.3f}"
+                            " TB transfer guard: the guard would stop the trial before it ends")
+    return {"lines": lines, "totals_usd": totals, "total_usd": sum(totals.values()), "reserved_usd": reserved,
+            "budget_usd": cfg.budget.total_usd, "traffic": traffic, "isolated_ranks": isolated,
+            "isolated_host_bytes": per_host, "transfer_guard_bytes": cfg.transfer_guard_bytes,
+            "problems": problems}
+
+
+def table(est: dict[str, Any]) -> str:
+    """The estimate as plain text (what a refusal and `orchestrate plan` print)."""
+    rows = [f"{'category':<14} {'item':<52} {'quantity':>14} {'unit price':>12} {'USD':>10}"]
+    for x in est["lines"]:
+        rows.append(f"{x['category']:<14} {x['item']:<52} {x['quantity']:>14,.3f} {x['unit_usd']:>12.4f} {x['usd']:>10.2f}")
+    for c, v in est["totals_usd"].items():
+        rows.append(f"{'total ' + c:<67} {'reserved':>14} {est['reserved_usd'][c]:>12.2f} {v:>10.2f}")
+    rows.append(f"{'total':<67} {'budget':>14} {est['budget_usd']:>12.2f} {est['total_usd']:>10.2f}")
+    for t in est["traffic"]:
+        rows.append(f"traffic {t['arm']}: {t['synchronizations']} syncs x {t['payload_bytes_per_sync']:,} B; "
+                    f"{t['host_bytes_rx_plus_tx'] / 1e12:.3f} TB rx+tx per host; "
+                    f"{t['cross_zone_bytes'] / 1e12:.3f} TB cross-zone over {t['cross_zone_links']} links")
+    for r, b in est["isolated_host_bytes"].items():
+        rows.append(f"isolated host {r}: {b / 1e12:.3f} TB rx+tx of a {est['transfer_guard_bytes'] / 1e12:.3f} TB guard")
+    return "\n".join(rows)
+
+
+def require_within_budget(cfg: TrialConfig) -> dict[str, Any]:
+    est = estimate(cfg)
+    if est["problems"]:
+        raise BudgetError("refusing to create anything — the plan does not fit:\n  "
+                          + "\n  ".join(est["problems"]) + "\n\n" + table(est))
+    return est
+
+
+def check_deadline(cfg: TrialConfig, now: dt.datetime) -> None:
+    """The cloud stop must come in the future and no later than the hours the budget pays for."""
+    left = (cfg.deadline - now).total_seconds() / 3600
+    if left <= 0:
+        raise BudgetError(f"the deadline {cfg.deadline.isoformat()} has passed")
+    if left > cfg.hours + 1e-9:
+        raise BudgetError(f"the deadline is {left:.2f} h away but the budget pays for {cfg.hours:g} h of "
+                          "compute: move the deadline earlier or raise hours (and the compute reservation)")

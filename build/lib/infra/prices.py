@@ -1,0 +1,53 @@
+"""Every price and instance limit the estimate uses, in one table, each with its source and date.
+
+On-demand list prices change; a stack may override any entry (`prices:` in the stack config) and the
+estimate then names the override as its source. GB here is 10^9 bytes: more GB than AWS's 2^30
+convention, so transfer is never under-estimated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Price:
+    usd: float
+    unit: str
+    source: str
+    as_of: str
+
+
+# us-east-1, on demand
+PRICES: dict[str, Price] = {
+    "instance/g6e.xlarge": Price(1.861, "hour", "AWS EC2 on-demand pricing page, observed in the two-GPU "
+                                                "study (1 x L40S, 4 vCPU, 32 GiB)", "2026-11"),
+    "instance/g6e.2xlarge": Price(2.242, "hour", "AWS EC2 on-demand pricing page (1 x L40S, 8 vCPU, 64 GiB)",
+                                  "2026-11"),
+    "transfer/cross-zone-out": Price(0.01, "GB", "AWS EC2 data transfer: between AZs in a region, "
+                                                 "charged on each side", "2026-11"),
+    "transfer/cross-zone-in": Price(0.01, "GB", "AWS EC2 data transfer: between AZs in a region, "
+                                                "charged on each side", "2026-11"),
+    "ebs/gp3-storage": Price(0.08, "GB-month", "AWS EBS pricing, gp3", "2026-11"),
+    "ebs/gp3-throughput": Price(0.04, "MBps-month above 125", "AWS EBS pricing, gp3", "2026-11"),
+    "ebs/gp3-iops": Price(0.005, "IOPS-month above 3000", "AWS EBS pricing, gp3", "2026-11"),
+    "s3/standard-storage": Price(0.023, "GB-month", "AWS S3 pricing, Standard, first 50 TB", "2026-11"),
+}
+
+# Facts about instance types the plan needs beside the price (vCPUs against the G-instance quota,
+# the EBS baseline that caps a volume's provisioned throughput). None: not known here — the outputs
+# say so rather than guess.
+INSTANCE_TYPES: dict[str, dict[str, float | int | None]] = {
+    "g6e.xlarge": {"vcpus": 4, "gpus": 1, "ebs_baseline_mb_s": 125.0},  # the four-worker study's figure
+    "g6e.2xlarge": {"vcpus": 8, "gpus": 1, "ebs_baseline_mb_s": None},
+}
+
+HOURS_PER_MONTH = 730.0  # AWS's convention for prorating monthly prices
+
+
+def price(key: str, overrides: dict[str, float] | None = None) -> Price:
+    if overrides and key in overrides:
+        return Price(float(overrides[key]), PRICES[key].unit if key in PRICES else "?", "stack config override", "-")
+    if key not in PRICES:
+        raise KeyError(f"no price for '{key}' in infra/prices.py; add it there or set prices.{key} in the stack config")
+    return PRICES[key]

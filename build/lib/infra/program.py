@@ -1,0 +1,216 @@
+"""The trial cluster as Pulumi resources. `build(cfg, now)` refuses an over-budget or mis-timed plan
+before registering anything, then creates, all tagged `trial=<name>`:
+
+  network   a VPC, one public subnet per chosen zone, an internet gateway; a security group whose
+            every port accepts only its own members (NCCL, rendezvous) and SSH only from the
+            operator's CIDR
+  hosts     one g6e instance per rank in its zone: deep-learning AMI looked up by filter, IMDSv2
+            required, shutdown = stop, a 300 GiB encrypted gp3 root volume with the same throughput,
+            IOPS and read-ahead everywhere, an instance role that may write only the trial's prefix
+  guards    an EventBridge Scheduler one-time schedule at the deadline that stops every instance
+            (role allowed ec2:StopInstances on exactly those), the on-host deadline timer; an AWS
+            Budgets budget on the trial's tag notifying an SNS topic at 50/80/100 % actual and 100 %
+            forecast; per isolated-zone host, a CloudWatch alarm on NetworkIn + NetworkOut that
+            notifies and stops it, and the on-host cumulative guard (why both: infra/userdata.py)
+  evidence  an S3 bucket: versioning, default encryption, public access blocked, owner-enforced,
+            TLS only, optional object lock
+
+and exports the outputs `orchestrate` reads (shape: infra/outputs.py).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any
+
+import pulumi
+import pulumi_aws as aws
+
+from infra.outputs import OUTPUTS_FORMAT
+from infra.plan import TrialConfig, check_deadline, require_within_budget
+from infra.prices import INSTANCE_TYPES
+from infra.userdata import user_data
+
+ALARM_PERIOD_S = 3600
+
+
+def build(cfg: TrialConfig, now: dt.datetime | None = None) -> dict[str, Any]:
+    est = require_within_budget(cfg)  # raises with the whole table; nothing registered yet
+    check_deadline(cfg, now or dt.datetime.now(dt.timezone.utc))
+    tags = {"trial": cfg.trial, "managed-by": "trials"}
+
+    def name(*parts: Any) -> str:
+        return "-".join([cfg.trial, *map(str, parts)])
+
+    # network
+    vpc = aws.ec2.Vpc(name("vpc"), cidr_block="10.42.0.0/16", enable_dns_hostnames=True, enable_dns_support=True,
+                      tags=tags)
+    igw = aws.ec2.InternetGateway(name("igw"), vpc_id=vpc.id, tags=tags)
+    routes = aws.ec2.RouteTable(name("routes"), vpc_id=vpc.id, tags=tags,
+                                routes=[aws.ec2.RouteTableRouteArgs(cidr_block="0.0.0.0/0", gateway_id=igw.id)])
+    subnets = {}
+    for i, zone in enumerate(sorted({h.zone for h in cfg.hosts})):
+        subnets[zone] = aws.ec2.Subnet(name("subnet", zone), vpc_id=vpc.id, availability_zone=zone,
+                                       cidr_block=f"10.42.{i}.0/24", map_public_ip_on_launch=True, tags=tags)
+        aws.ec2.RouteTableAssociation(name("routes", zone), subnet_id=subnets[zone].id, route_table_id=routes.id)
+    sg = aws.ec2.SecurityGroup(name("members"), vpc_id=vpc.id, tags=tags,
+                               description=f"trial {cfg.trial}: members only; SSH from the operator")
+    aws.vpc.SecurityGroupIngressRule(name("members-in"), security_group_id=sg.id, ip_protocol="-1",
+                                     referenced_security_group_id=sg.id, tags=tags,
+                                     description="NCCL and rendezvous: members of this group only")
+    aws.vpc.SecurityGroupIngressRule(name("ssh-in"), security_group_id=sg.id, ip_protocol="tcp", from_port=22,
+                                     to_port=22, cidr_ipv4=cfg.operator_cidr, tags=tags,
+                                     description="SSH from the operator")
+    aws.vpc.SecurityGroupEgressRule(name("members-out"), security_group_id=sg.id, ip_protocol="-1",
+                                    referenced_security_group_id=sg.id, tags=tags, description="to members")
+    aws.vpc.SecurityGroupEgressRule(name("https-out"), security_group_id=sg.id, ip_protocol="tcp", from_port=443,
+                                    to_port=443, cidr_ipv4="0.0.0.0/0", tags=tags,
+                                    description="HTTPS: S3 evidence uploads, AWS APIs")
+
+    # evidence bucket
+    bucket = aws.s3.Bucket(name("evidence"), bucket_prefix=name("evidence-")[:37], tags=tags,
+                           object_lock_enabled=cfg.object_lock_days is not None, force_destroy=False)
+    aws.s3.BucketVersioning(name("evidence-versioning"), bucket=bucket.id,
+                            versioning_configuration=aws.s3.BucketVersioningVersioningConfigurationArgs(status="Enabled"))
+    aws.s3.BucketServerSideEncryptionConfiguration(
+        name("evidence-sse"), bucket=bucket.id,
+        rules=[aws.s3.BucketServerSideEncryptionConfigurationRuleArgs(
+            apply_server_side_encryption_by_default=aws.s3.
+            BucketServerSideEncryptionConfigurationRuleApplyServerSideEncryptionByDefaultArgs(sse_algorithm="AES256"),
+            bucket_key_enabled=True)])
+    aws.s3.BucketPublicAccessBlock(name("evidence-private"), bucket=bucket.id, block_public_acls=True,
+                                   block_public_policy=True, ignore_public_acls=True, restrict_public_buckets=True)
+    aws.s3.BucketOwnershipControls(name("evidence-owner"), bucket=bucket.id,
+                                   rule=aws.s3.BucketOwnershipControlsRuleArgs(object_ownership="BucketOwnerEnforced"))
+    aws.s3.BucketPolicy(name("evidence-tls"), bucket=bucket.id, policy=bucket.arn.apply(lambda arn: json.dumps({
+        "Version": "2012-10-17", "Statement": [{
+            "Sid": "TLSOnly", "Effect": "Deny", "Principal": "*", "Action": "s3:*",
+            "Resource": [arn, f"{arn}/*"], "Condition": {"Bool": {"aws:SecureTransport": "false"}}}]})))
+    if cfg.object_lock_days:
+        aws.s3.BucketObjectLockConfiguration(
+            name("evidence-lock"), bucket=bucket.id,
+            rule=aws.s3.BucketObjectLockConfigurationRuleArgs(
+                default_retention=aws.s3.BucketObjectLockConfigurationRuleDefaultRetentionArgs(
+                    mode="GOVERNANCE", days=cfg.object_lock_days)))
+    prefix = f"trials/{cfg.trial}/"
+
+    # instance role: write (and read back) only the trial's prefix
+    role = aws.iam.Role(name("host"), tags=tags, assume_role_policy=json.dumps({
+        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
+                                                "Principal": {"Service": "ec2.amazonaws.com"}}]}))
+    aws.iam.RolePolicy(name("host-evidence"), role=role.id, policy=bucket.arn.apply(lambda arn: json.dumps({
+        "Version": "2012-10-17", "Statement": [
+            {"Sid": "TrialPrefixObjects", "Effect": "Allow",
+             "Action": ["s3:PutObject", "s3:GetObject", "s3:GetObjectAttributes", "s3:AbortMultipartUpload",
+                        "s3:ListMultipartUploadParts"],
+             "Resource": f"{arn}/{prefix}*"},
+            {"Sid": "TrialPrefixList", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": arn,
+             "Condition": {"StringLike": {"s3:prefix": [f"{prefix}*"]}}}]})))
+    profile = aws.iam.InstanceProfile(name("host"), role=role.name, tags=tags)
+
+    ami = aws.ec2.get_ami(most_recent=True, owners=["amazon"],
+                          filters=[aws.ec2.GetAmiFilterArgs(name="name", values=[cfg.ami_name]),
+                                   aws.ec2.GetAmiFilterArgs(name="architecture", values=["x86_64"])])
+    isolated = set(cfg.isolated_ranks())
+    hosts = []
+    for h in cfg.by_rank:
+        inst = aws.ec2.Instance(
+            name("rank", h.rank), ami=ami.id, instance_type=h.instance_type, subnet_id=subnets[h.zone].id,
+            availability_zone=h.zone, vpc_security_group_ids=[sg.id], iam_instance_profile=profile.name,
+            instance_initiated_shutdown_behavior="stop",
+            metadata_options=aws.ec2.InstanceMetadataOptionsArgs(http_tokens="required", http_endpoint="enabled",
+                                                                 http_put_response_hop_limit=1),
+            root_block_device=aws.ec2.InstanceRootBlockDeviceArgs(
+                volume_type="gp3", volume_size=cfg.volume.size_gib, encrypted=True, iops=cfg.volume.iops,
+                throughput=cfg.volume.throughput_mb_s, delete_on_termination=True, tags={**tags, "rank": str(h.rank)}),
+            user_data=user_data(trial=cfg.trial, rank=h.rank, deadline=cfg.deadline,
+                                read_ahead_kib=cfg.volume.read_ahead_kib,
+                                transfer_guard_bytes=cfg.transfer_guard_bytes if h.rank in isolated else None),
+            user_data_replace_on_change=True,
+            tags={**tags, "rank": str(h.rank), "Name": name("rank", h.rank)})
+        hosts.append((h, inst))
+
+    # alerts
+    topic = aws.sns.Topic(name("alerts"), tags=tags)
+    aws.sns.TopicPolicy(name("alerts-publishers"), arn=topic.arn, policy=topic.arn.apply(lambda arn: json.dumps({
+        "Version": "2012-10-17", "Statement": [{
+            "Sid": "BudgetsAndAlarms", "Effect": "Allow", "Action": "sns:Publish", "Resource": arn,
+            "Principal": {"Service": ["budgets.amazonaws.com", "cloudwatch.amazonaws.com"]}}]})))
+    if cfg.budget.alert_email:
+        aws.sns.TopicSubscription(name("alerts-email"), topic=topic.arn, protocol="email",
+                                  endpoint=cfg.budget.alert_email)
+
+    # deadline: a one-time schedule that stops every instance, with a role allowed only that
+    arns = pulumi.Output.all(*[i.arn for _, i in hosts])
+    ids = pulumi.Output.all(*[i.id for _, i in hosts])
+    stopper = aws.iam.Role(name("deadline"), tags=tags, assume_role_policy=json.dumps({
+        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
+                                                "Principal": {"Service": "scheduler.amazonaws.com"}}]}))
+    aws.iam.RolePolicy(name("deadline-stop"), role=stopper.id, policy=arns.apply(lambda a: json.dumps({
+        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "ec2:StopInstances",
+                                                "Resource": list(a)}]})))
+    at = cfg.deadline.strftime("%Y-%m-%dT%H:%M:%S")
+    aws.scheduler.Schedule(
+        name("deadline"), schedule_expression=f"at({at})", schedule_expression_timezone="UTC",
+        flexible_time_window=aws.scheduler.ScheduleFlexibleTimeWindowArgs(mode="OFF"),
+        description=f"stop every host of trial {cfg.trial} at its deadline",
+        target=aws.scheduler.ScheduleTargetArgs(
+            arn="arn:aws:scheduler:::aws-sdk:ec2:stopInstances", role_arn=stopper.arn,
+            input=ids.apply(lambda i: json.dumps({"InstanceIds": list(i)}))))
+
+    # budget on the trial's tag (the tag is activated for cost allocation here too)
+    aws.costexplorer.CostAllocationTag(name("tag"), tag_key="trial", status="Active")
+    notes = [("ACTUAL", 50), ("ACTUAL", 80), ("ACTUAL", 100), ("FORECASTED", 100)]
+    aws.budgets.Budget(
+        name("budget"), budget_type="COST", limit_amount=f"{cfg.budget.total_usd:.2f}", limit_unit="USD",
+        time_unit="MONTHLY", tags=tags,
+        cost_filters=[aws.budgets.BudgetCostFilterArgs(name="TagKeyValue", values=[f"user:trial${cfg.trial}"])],
+        notifications=[aws.budgets.BudgetNotificationArgs(
+            comparison_operator="GREATER_THAN", notification_type=kind, threshold=pct, threshold_type="PERCENTAGE",
+            subscriber_sns_topic_arns=[topic.arn],
+            subscriber_email_addresses=[cfg.budget.alert_email] if cfg.budget.alert_email else None)
+            for kind, pct in notes])
+
+    # transfer guard, cloud side: isolated-zone hosts
+    region = cfg.region
+    for h, inst in hosts:
+        if h.rank not in isolated:
+            continue
+
+        def metric(mid: str, metric_name: str, inst=inst) -> aws.cloudwatch.MetricAlarmMetricQueryArgs:
+            return aws.cloudwatch.MetricAlarmMetricQueryArgs(id=mid, return_data=False, metric=aws.cloudwatch.
+                                                             MetricAlarmMetricQueryMetricArgs(
+                namespace="AWS/EC2", metric_name=metric_name, period=ALARM_PERIOD_S, stat="Sum",
+                dimensions={"InstanceId": inst.id}))
+
+        aws.cloudwatch.MetricAlarm(
+            name("transfer", h.rank), comparison_operator="GreaterThanThreshold", evaluation_periods=1,
+            threshold=cfg.transfer_guard_bytes, treat_missing_data="notBreaching", tags=tags,
+            alarm_description=f"rank {h.rank} (isolated zone {h.zone}): NetworkIn + NetworkOut over one hour "
+                              f"exceeds the whole {cfg.transfer_guard_bytes:.3g}-byte guard",
+            metric_queries=[metric("rx", "NetworkIn"), metric("tx", "NetworkOut"),
+                            aws.cloudwatch.MetricAlarmMetricQueryArgs(id="total", expression="rx + tx",
+                                                                      label="bytes in + out", return_data=True)],
+            alarm_actions=[topic.arn, f"arn:aws:automate:{region}:ec2:stop"])
+
+    outputs = {
+        "format": OUTPUTS_FORMAT, "trial": cfg.trial, "region": region,
+        "deadline": cfg.deadline.isoformat(), "hours": cfg.hours, "ssh_user": cfg.ssh_user,
+        "bucket": bucket.bucket, "prefix": prefix, "alert_topic": topic.arn,
+        "security_group": sg.id,
+        "transfer_guard_bytes": cfg.transfer_guard_bytes, "isolated_ranks": sorted(isolated),
+        "budget": cfg.budget.model_dump(exclude={"alert_email"}),
+        "estimate": {"total_usd": est["total_usd"], "totals_usd": est["totals_usd"],
+                     "traffic": est["traffic"]},
+        "hosts": [{
+            "rank": h.rank, "instance_id": inst.id, "instance_type": h.instance_type, "zone": h.zone,
+            "private_ip": inst.private_ip, "public_ip": inst.public_ip,
+            "vcpus": INSTANCE_TYPES.get(h.instance_type, {}).get("vcpus"),
+            "ebs_baseline_mb_s": INSTANCE_TYPES.get(h.instance_type, {}).get("ebs_baseline_mb_s"),
+            "volume_throughput_mb_s": cfg.volume.throughput_mb_s,
+        } for h, inst in hosts],
+    }
+    for k, v in outputs.items():
+        pulumi.export(k, v)
+    return outputs

@@ -1,0 +1,86 @@
+"""The boot script every host runs: same read-ahead on every host, the on-host deadline stop (second
+line behind the cloud schedule), and — on isolated-zone hosts — the cumulative transfer guard.
+
+Why two transfer guards: a CloudWatch alarm sees only per-period sums, so it cannot bound a total
+since boot; with a one-hour period and the whole guard as its threshold it never fires on traffic
+that stays within the guard, yet it stops the instance from outside even when the host is wedged or
+its own guard died. The on-host guard reads the kernel's counters (receive + transmit on every
+non-loopback interface since boot, /proc/net/dev) every 15 s and powers the host off (which stops
+it: instance_initiated_shutdown_behavior = stop) when the total reaches the limit. Counters restart
+at boot, so the guard keeps the total it has seen in /var/lib/trial-guard/ across a stop/start.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import shlex
+
+
+# Testable as it is: the paths and the stop command can be pointed elsewhere by the environment.
+GUARD_SCRIPT = r"""#!/bin/bash
+set -euo pipefail
+LIMIT=${TRIAL_GUARD_LIMIT:?}
+state=${TRIAL_GUARD_STATE:-/var/lib/trial-guard}
+netdev=${TRIAL_NETDEV:-/proc/net/dev}
+boot=$(cat "${TRIAL_BOOT_ID:-/proc/sys/kernel/random/boot_id}")
+# names longer than 6 characters are not right-aligned, and big counters touch the colon: split both
+now=$(awk 'NR>2 {sub(/^[ \t]+/, ""); split($0, f, /[: \t]+/); if (f[1] != "lo") s += f[2] + f[10]}
+           END {printf "%.0f", s}' "$netdev")
+if [ "$(cat "$state/boot" 2>/dev/null)" != "$boot" ]; then
+  carried=$(( $(cat "$state/carried" 2>/dev/null || echo 0) + $(cat "$state/last" 2>/dev/null || echo 0) ))
+  echo "$carried" > "$state/carried"; echo "$boot" > "$state/boot"
+fi
+echo "$now" > "$state/last"
+total=$(( $(cat "$state/carried") + now ))
+echo "$total" > "$state/total"
+if [ "$total" -ge "$LIMIT" ]; then
+  logger -t trial-transfer-guard "$total bytes >= $LIMIT: stopping" || true
+  ${TRIAL_STOP_COMMAND:-/sbin/shutdown -h now}
+fi
+"""
+
+
+def user_data(*, trial: str, rank: int, deadline: dt.datetime, read_ahead_kib: int,
+              transfer_guard_bytes: float | None) -> str:
+    when = deadline.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    sectors = read_ahead_kib * 2  # blockdev counts 512-byte sectors
+    lines = [
+        "#!/bin/bash",
+        "set -euo pipefail",
+        f"# trial {shlex.quote(trial)}, rank {rank}",
+        "mkdir -p /var/lib/trial-guard",
+        f"echo {rank} > /var/lib/trial-guard/rank",
+        "# the same read-ahead for every arm, on every block device",
+        "for dev in /sys/block/nvme*n1 /sys/block/xvd*; do",
+        "  [ -e \"$dev\" ] || continue",
+        f"  blockdev --setra {sectors} \"/dev/$(basename \"$dev\")\" || true",
+        "done",
+        "# second line behind the cloud schedule: power off (= stop) at the deadline; unit files, so",
+        "# the timers survive a stop/start (user data runs on the first boot only)",
+        *_unit("trial-deadline", "/sbin/shutdown -h now", f"OnCalendar={when}\\nAccuracySec=1s\\nPersistent=true"),
+        f"echo {shlex.quote(deadline.isoformat())} > /var/lib/trial-guard/deadline",
+    ]
+    if transfer_guard_bytes is not None:
+        limit = int(transfer_guard_bytes)
+        lines += [
+            "# cumulative transfer guard: receive + transmit since first boot",
+            "cat > /usr/local/sbin/trial-transfer-guard <<'GUARD'",
+            GUARD_SCRIPT.replace("LIMIT=${TRIAL_GUARD_LIMIT:?}", f"LIMIT=${{TRIAL_GUARD_LIMIT:-{limit}}}").rstrip(),
+            "GUARD",
+            "chmod 755 /usr/local/sbin/trial-transfer-guard",
+            *_unit("trial-transfer-guard", "/usr/local/sbin/trial-transfer-guard",
+                   "OnBootSec=15s\\nOnUnitActiveSec=15s\\nAccuracySec=1s"),
+            f"echo {limit} > /var/lib/trial-guard/limit",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _unit(name: str, command: str, timer: str) -> list[str]:
+    return [
+        f"printf '[Unit]\\nDescription={name}\\n[Service]\\nType=oneshot\\nExecStart={command}\\n' "
+        f"> /etc/systemd/system/{name}.service",
+        f"printf '[Unit]\\nDescription={name}\\n[Timer]\\n{timer}\\n[Install]\\nWantedBy=timers.target\\n' "
+        f"> /etc/systemd/system/{name}.timer",
+        "systemctl daemon-reload",
+        f"systemctl enable --now {name}.timer",
+    ]

@@ -1,0 +1,3 @@
+from orchestrate.cli import main
+
+main()

@@ -1,0 +1,92 @@
+"""The AWS calls `orchestrate` makes itself (boto3), beside what Pulumi manages: find a trial's hosts
+by tag, stop them, read its budget and alarms, and reconcile that nothing of it is left running or
+billing. Every call takes a boto3 session, so tests point it at moto's server and users at their
+profile; nothing here creates infrastructure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+LIVE_STATES = ("pending", "running", "stopping", "shutting-down")
+
+
+@dataclass
+class Finding:
+    kind: str  # instance | volume | alarm | budget | schedule
+    id: str
+    state: str
+    billing: bool  # still costs money while it exists in this state
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def _tag(tags: list[dict[str, str]] | None, key: str) -> str | None:
+    return next((t["Value"] for t in tags or [] if t["Key"] == key), None)
+
+
+def trial_instances(session: Any, trial: str) -> list[dict[str, Any]]:
+    """Every instance tagged trial=<trial> that is not terminated, ordered by its rank tag."""
+    ec2 = session.client("ec2")
+    out = []
+    for page in ec2.get_paginator("describe_instances").paginate(
+            Filters=[{"Name": "tag:trial", "Values": [trial]},
+                     {"Name": "instance-state-name", "Values": [*LIVE_STATES, "stopped"]}]):
+        for res in page["Reservations"]:
+            for i in res["Instances"]:
+                rank = _tag(i.get("Tags"), "rank")
+                out.append({"instance_id": i["InstanceId"], "state": i["State"]["Name"],
+                            "instance_type": i["InstanceType"], "zone": i["Placement"]["AvailabilityZone"],
+                            "rank": int(rank) if rank is not None and rank.isdigit() else None,
+                            "private_ip": i.get("PrivateIpAddress"), "public_ip": i.get("PublicIpAddress")})
+    return sorted(out, key=lambda x: (x["rank"] is None, x["rank"], x["instance_id"]))
+
+
+def stop_trial(session: Any, trial: str, *, wait: bool = True, delay_s: int = 5, attempts: int = 60) -> list[str]:
+    """Stop every live instance of the trial (stopped hosts keep their disks: evidence survives);
+    with `wait`, return only once EC2 reports them stopped."""
+    ids = [i["instance_id"] for i in trial_instances(session, trial) if i["state"] in LIVE_STATES]
+    if not ids:
+        return []
+    ec2 = session.client("ec2")
+    ec2.stop_instances(InstanceIds=ids)
+    if wait:
+        ec2.get_waiter("instance_stopped").wait(InstanceIds=ids,
+                                                WaiterConfig={"Delay": delay_s, "MaxAttempts": attempts})
+    return ids
+
+
+def read_budget(session: Any, account_id: str, name: str) -> dict[str, Any]:
+    b = session.client("budgets")
+    budget = b.describe_budget(AccountId=account_id, BudgetName=name)["Budget"]
+    notes = b.describe_notifications_for_budget(AccountId=account_id, BudgetName=name)["Notifications"]
+    spend = budget.get("CalculatedSpend", {})
+    return {"name": name, "limit_usd": float(budget["BudgetLimit"]["Amount"]),
+            "actual_usd": float(spend.get("ActualSpend", {}).get("Amount", 0.0)),
+            "forecast_usd": float(spend.get("ForecastedSpend", {}).get("Amount", 0.0)),
+            "notifications": sorted((n["NotificationType"], float(n["Threshold"])) for n in notes)}
+
+
+def read_alarms(session: Any, prefix: str) -> list[dict[str, Any]]:
+    cw = session.client("cloudwatch")
+    out = []
+    for page in cw.get_paginator("describe_alarms").paginate(AlarmNamePrefix=prefix):
+        for a in page["MetricAlarms"]:
+            out.append({"name": a["AlarmName"], "state": a["StateValue"], "threshold": a["Threshold"],
+                        "actions": a.get("AlarmActions", [])})
+    return out
+
+
+def reconcile(session: Any, trial: str) -> list[Finding]:
+    """What of the trial still exists, by tag: instances (running ones bill compute), volumes (bill
+    storage), alarms on its hosts. An empty list of billing findings is what teardown must reach."""
+    found = [Finding("instance", i["instance_id"], i["state"], i["state"] in LIVE_STATES,
+                     {"rank": i["rank"], "zone": i["zone"]}) for i in trial_instances(session, trial)]
+    ec2 = session.client("ec2")
+    for page in ec2.get_paginator("describe_volumes").paginate(Filters=[{"Name": "tag:trial", "Values": [trial]}]):
+        for v in page["Volumes"]:
+            found.append(Finding("volume", v["VolumeId"], v["State"], True,
+                                 {"size_gib": v["Size"], "zone": v["AvailabilityZone"]}))
+    found += [Finding("alarm", a["name"], a["state"], False, {"threshold": a["threshold"]})
+              for a in read_alarms(session, f"{trial}-")]
+    return found

@@ -1,0 +1,136 @@
+"""Cluster descriptions (`cluster.json`): which hosts run which rank, how to reach them, where the
+evidence goes, the deadline and the budget — from three sources:
+
+  local    the embedded local cluster: N ranks on this machine over loopback (the default)
+  netns    network-namespace test hosts with real sshd on 198.18.0.0/24 (orchestrate/netns.py)
+  pulumi   a stack's outputs (`pulumi stack output --json`, shape in infra/outputs.py)
+
+Every description is validated the same way; a hostile or incomplete one is refused naming the field.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from orchestrate.transport import LocalTransport, SSHTransport, Transport
+
+CLUSTER_FORMAT = "trial-cluster-v1"
+
+
+class ClusterError(ValueError):
+    """A cluster description that cannot be used; the message names the field."""
+
+
+class Host(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    rank: int = Field(ge=0)
+    name: str = Field(pattern=r"^[A-Za-z0-9._-]{1,64}$")
+    transport: Literal["local", "ssh"]
+    address: str  # how the controller reaches it
+    private_address: str  # how ranks reach each other (MASTER_ADDR is rank 0's)
+    zone: str | None = None
+    user: str = Field("root", pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
+    port: int = Field(22, ge=1, le=65535)
+    host_key: str | None = Field(None, pattern=r"^(ssh-ed25519|ecdsa-sha2-nistp256|ssh-rsa) [A-Za-z0-9+/=]+$")
+    root: str = Field(pattern=r"^/[A-Za-z0-9._/-]+$")  # the host's working directory
+    interface: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,15}$")  # for GLOO/NCCL_SOCKET_IFNAME
+    python: str = Field("python3", pattern=r"^[A-Za-z0-9._/+-]+$")  # the host's interpreter
+
+    @field_validator("address", "private_address")
+    @classmethod
+    def _ip(cls, v: str) -> str:
+        ipaddress.ip_address(v)
+        return v
+
+
+class Cluster(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    format: Literal["trial-cluster-v1"] = CLUSTER_FORMAT
+    source: Literal["local", "netns", "pulumi"]
+    hosts: list[Host] = Field(min_length=1)
+    key_file: str | None = None  # the controller's SSH key for every ssh host
+    store: str = Field(pattern=r"^(file|s3)://.+")
+    deadline: dt.datetime | None = None
+    budget_usd: float | None = None
+    region: str | None = None
+    trial: str | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Cluster":
+        ranks = sorted(h.rank for h in self.hosts)
+        if ranks != list(range(len(self.hosts))):
+            raise ValueError(f"host ranks must be 0..{len(self.hosts) - 1} once each, got {ranks}")
+        if any(h.transport == "ssh" for h in self.hosts) and not self.key_file:
+            raise ValueError("ssh hosts need key_file")
+        if len({h.name for h in self.hosts}) != len(self.hosts):
+            raise ValueError("two hosts share a name")
+        return self
+
+    @property
+    def by_rank(self) -> list[Host]:
+        return sorted(self.hosts, key=lambda h: h.rank)
+
+    def transport(self, host: Host, **kw: Any) -> Transport:
+        if host.transport == "local":
+            return LocalTransport(host.name)
+        return SSHTransport(host.name, host.address, user=host.user, port=host.port,
+                            key_file=Path(self.key_file), host_key=host.host_key, **kw)
+
+
+def load(path: str | Path) -> Cluster:
+    try:
+        return Cluster.model_validate(json.loads(Path(path).read_text()))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ClusterError(f"{path}: {e}") from None
+    except ValidationError as e:
+        raise ClusterError(f"{path}: " + "; ".join(f"{'.'.join(map(str, x['loc'])) or 'cluster'}: {x['msg']}"
+                                                   for x in e.errors())) from None
+
+
+def save(cluster: Cluster, path: str | Path) -> Path:
+    from evidence.canonical import write_json_atomic
+
+    write_json_atomic(path, json.loads(cluster.model_dump_json()))
+    return Path(path)
+
+
+def local_cluster(n: int, root: Path, store: str) -> Cluster:
+    return Cluster(source="local", store=store, hosts=[
+        Host(rank=r, name=f"local-{r}", transport="local", address="127.0.0.1", private_address="127.0.0.1",
+             root=str(root)) for r in range(n)])
+
+
+def netns_cluster(hosts: Any, store: str, python: str) -> Cluster:
+    """From live `NetnsHosts`: one rank per namespace host, its sshd's key pinned. The namespaces
+    share this machine's filesystem, so `python` (with the project's dependencies) is theirs too."""
+    return Cluster(source="netns", store=store, key_file=str(hosts.client_key), hosts=[
+        Host(rank=h.index, name=f"ns-{h.index}", transport="ssh", address=h.address, private_address=h.address,
+             user=hosts.user, host_key=h.host_key, root=str(h.root), interface="eth0", python=python)
+        for h in hosts.hosts])
+
+
+def pulumi_cluster(outputs: str | dict, *, key_file: str, host_keys: dict[int, str] | None = None,
+                   root: str = "/opt/trial") -> Cluster:
+    """From `pulumi stack output --json`. Host keys are not in the outputs (the cloud cannot vouch
+    for them): pass them per rank, read from each instance's console output."""
+    from infra.outputs import OutputsError, parse_outputs
+
+    try:
+        out = parse_outputs(outputs)
+    except OutputsError as e:
+        raise ClusterError(str(e)) from None
+    try:
+        return Cluster(source="pulumi", key_file=key_file, store=f"s3://{out.bucket}/{out.prefix}",
+                       deadline=out.deadline, region=out.region, trial=out.trial, hosts=[
+                           Host(rank=h.rank, name=f"{out.trial}-{h.rank}", transport="ssh",
+                                address=h.public_ip or h.private_ip, private_address=h.private_ip, zone=h.zone,
+                                user=out.ssh_user, host_key=(host_keys or {}).get(h.rank), root=root)
+                           for h in out.hosts])
+    except ValidationError as e:
+        raise ClusterError("; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())) from None

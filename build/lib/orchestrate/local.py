@@ -1,0 +1,189 @@
+"""The embedded local cluster's launcher: one process per rank on this machine, gloo over loopback.
+
+The group is supervised as a unit: when any rank exits non-zero, the others are stopped (SIGTERM,
+then SIGKILL after a grace period), by their own pids only, so a failed rank never leaves peers
+blocked in a collective. Rank 0's progress goes to the console; every rank's full output is kept in
+`log_dir/rank-<r>.log` (rank 0's lines are echoed as they arrive), stdout in `rank-<r>.out`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+
+@dataclass
+class GroupResult:
+    codes: list[int]
+    logs: list[Path]
+    seconds: float
+    first_failure: int | None  # the rank whose failure was observed first, if any
+    reason: str | None = None  # "exit" (non-zero), "heartbeat" (no progress), "unreachable" (host cut off)
+    failure_observed_at: float | None = None  # unix time the supervisor saw it
+    survivors_stopped_at: float | None = None  # unix time every other rank had exited
+
+    @property
+    def ok(self) -> bool:
+        return all(c == 0 for c in self.codes)
+
+    def failure_text(self, lines: int = 20) -> str:
+        r = self.first_failure if self.first_failure is not None else 0
+        tail = self.logs[r].read_text(errors="replace").splitlines()[-lines:]
+        why = {"heartbeat": "stopped making progress", "unreachable": "became unreachable"}.get(
+            self.reason or "", f"exited {self.codes[r]}")
+        return f"rank {r} {why} (log {self.logs[r]}):\n" + "\n".join(tail)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def threads_per_rank(world: int) -> int:
+    return max(1, (os.cpu_count() or 1) // world)
+
+
+def launch_group(argv: Sequence[str], world: int, *, log_dir: Path, cwd: Path | None = None,
+                 env: dict[str, str] | None = None, port: int | None = None,
+                 grace_s: float = 10.0, echo: Callable[[str], None] | None = None,
+                 heartbeats: Sequence[Path] | None = None, stale_s: float = 600.0) -> GroupResult:
+    """Start one process per rank on this machine and supervise them as a group (`run_group`)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    port = port or free_port()
+    procs: list[subprocess.Popen] = []
+    logs = [log_dir / f"rank-{r}.log" for r in range(world)]
+    for r in range(world):
+        e = dict(os.environ, **(env or {}), WORLD_SIZE=str(world), RANK=str(r),
+                 LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                 PYTHONUNBUFFERED="1")
+        e.setdefault("OMP_NUM_THREADS", str(threads_per_rank(world)))
+        # stderr (progress, errors) is the log; stdout (the rank's JSON summary) is kept apart
+        with open(logs[r], "w") as fh, open(logs[r].with_suffix(".out"), "w") as fo:
+            procs.append(subprocess.Popen(list(argv), cwd=cwd, env=e, stdout=fo, stderr=fh))
+    return run_group(procs, logs, grace_s=grace_s, echo=echo,
+                     heartbeats=[_mtime(p) for p in heartbeats or []], stale_s=stale_s)
+
+
+def _mtime(path: Path) -> Callable[[], float | None]:
+    def read() -> float | None:
+        try:
+            return path.stat().st_mtime
+        except OSError:
+            return None
+    return read
+
+
+def run_group(procs: Sequence[Any], logs: list[Path], *, grace_s: float = 10.0,
+              echo: Callable[[str], None] | None = None,
+              heartbeats: Sequence[Callable[[], float | None]] = (), stale_s: float = 600.0) -> GroupResult:
+    """Supervise started rank processes (anything with Popen's poll/send_signal/kill/wait/returncode).
+
+    A rank fails when it exits non-zero or, once it has written a heartbeat, when the heartbeat has
+    not changed for `stale_s` seconds (a hang, e.g. a peer stuck in a collective). Either way every
+    other rank is stopped (SIGTERM, SIGKILL after `grace_s`), by pid.
+    """
+    t0 = time.monotonic()
+    sup = _Supervision()
+    try:
+        with open(logs[0]) as follow:
+            sup.run(list(procs), grace_s, follow, echo, list(heartbeats), stale_s)
+    finally:
+        for p in procs:  # only ever our own children, by pid
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return GroupResult([p.returncode for p in procs], logs, time.monotonic() - t0, sup.failed,
+                       sup.reason, sup.observed_at, sup.stopped_at)
+
+
+class _Supervision:
+    failed: int | None = None
+    reason: str | None = None
+    observed_at: float | None = None
+    stopped_at: float | None = None
+
+    def run(self, procs: list[Any], grace_s: float, follow, echo,
+            heartbeats: list[Callable[[], float | None]], stale_s: float) -> None:
+        pending = [""]
+
+        def drain() -> None:  # echo whole lines only; a partial line waits for its end
+            text = pending[0] + follow.read()
+            *lines, pending[0] = text.split("\n")
+            for line in lines:
+                if echo:
+                    echo(line)
+
+        seen: dict[int, tuple[float, float]] = {}  # rank -> (heartbeat mtime, when it last changed)
+        while True:
+            drain()
+            codes = [p.poll() for p in procs]
+            failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+            now = time.monotonic()
+            stale = []
+            for r, hb in enumerate(heartbeats):
+                m = hb()
+                if m is None:
+                    continue
+                if r not in seen or seen[r][0] != m:
+                    seen[r] = (m, now)
+                elif codes[r] is None and now - seen[r][1] > stale_s:
+                    stale.append(r)
+            if failed or stale:
+                self.observed_at = time.time()
+                self.failed, self.reason = (failed[0], getattr(procs[failed[0]], "why", None) or "exit") \
+                    if failed else (stale[0], "heartbeat")
+                for p in procs:
+                    if p.poll() is None:
+                        p.send_signal(signal.SIGTERM)
+                deadline = time.monotonic() + grace_s
+                while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+                    time.sleep(0.02)
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+                        p.wait()
+                self.stopped_at = time.time()
+                drain()
+                return
+            if all(c == 0 for c in codes):
+                drain()
+                return
+            time.sleep(0.1)
+
+
+def supervise(argv: Sequence[str], world: int, *, log_root: Path, heartbeats: Sequence[Path],
+              max_restarts: int = 1, first_env: dict[str, str] | None = None,
+              env: dict[str, str] | None = None, echo: Callable[[str], None] | None = None,
+              resume_first: bool = False, stale_s: float = 600.0,
+              can_resume: Callable[[], bool] | None = None) -> list[GroupResult]:
+    """Run the group; after a failure, restart the same membership with `--resume`.
+
+    `can_resume()` is asked before each restart (default: yes); when it says no — the group failed
+    before its first common checkpoint — the restart begins from the seed instead.
+    `first_env` applies to the first attempt only (fault injection for recovery trials). Returns
+    every attempt's result, in order; each attempt's logs are under `log_root/attempt-<n>/`.
+    """
+    attempts: list[GroupResult] = []
+    start = 1 + max((int(p.name[8:]) for p in log_root.glob("attempt-*") if p.name[8:].isdigit()),
+                    default=0) if log_root.exists() else 1
+    for i in range(max_restarts + 1):
+        resume = resume_first if i == 0 else (can_resume() if can_resume else True)
+        e = {**(env or {}), **((first_env or {}) if i == 0 else {})}
+        res = launch_group([*argv, *(["--resume"] if resume else [])], world,
+                           log_dir=log_root / f"attempt-{start + i}", env=e, echo=echo,
+                           heartbeats=heartbeats, stale_s=stale_s)
+        attempts.append(res)
+        if res.ok:
+            break
+        if echo:
+            echo(f"group failed: {res.failure_text(lines=3)}")
+            if i < max_restarts:
+                echo("restarting the same membership from the latest common manifest")
+    return attempts

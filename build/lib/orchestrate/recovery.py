@@ -1,0 +1,148 @@
+"""The recovery trial: kill a rank mid-run, restart the group from a common checkpoint, and prove the
+result equals an uninterrupted run tensor for tensor.
+
+    uninterrupted/   the arm trained start to finish, publishing a group checkpoint every N updates
+    recovered/       the same prepared inputs plus copies of every rank's step-S checkpoint and
+                     manifest (original rank identities); resumed from S, rank K killed after update
+                     U, the supervisor stops the survivors and restarts the same membership from the
+                     latest common manifest (S again), and the run finishes
+    recovery-comparison.json   every rank's final state (model, Adam moments, RNG, outer momentum,
+                     PowerSGD state) compared by tensor contents; max |Δ|; kill → survivors stopped
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from evidence.canonical import canonical_sha256, read_json, write_json_atomic
+
+COPY_HOME = ("inputs", "prepared.json", "prepare-record.json", "commitments.jsonl")
+
+
+def _train_argv(home: Path, arm: str, model_dir: Path, threads: int) -> list[str]:
+    return [sys.executable, "-m", "training", "train", "--home", str(home), "--arm", arm,
+            "--model-dir", str(model_dir), "--threads", str(threads)]
+
+
+def seed_recovered_home(src: Path, dst: Path, arm: str, world: int, step: int) -> None:
+    """Copy the prepared inputs and each rank's step-`step` checkpoint + manifest into `dst`."""
+    from training.checkpoint import checkpoint_dir, manifest_path
+
+    if dst.exists():
+        raise FileExistsError(f"{dst} exists; a recovery trial starts from a fresh directory")
+    dst.mkdir(parents=True)
+    for name in COPY_HOME:
+        p = src / name
+        (shutil.copytree if p.is_dir() else shutil.copy2)(p, dst / name)
+    run = Path("runs") / arm
+    (dst / run).mkdir(parents=True)
+    shutil.copy2(src / run / "numerical-profile.json", dst / run / "numerical-profile.json")
+    for r in range(world):
+        s_rank, d_rank = src / run / f"rank-{r}", dst / run / f"rank-{r}"
+        shutil.copytree(checkpoint_dir(s_rank, step), checkpoint_dir(d_rank, step))
+        manifest_path(d_rank, step).parent.mkdir(parents=True)
+        shutil.copy2(manifest_path(s_rank, step), manifest_path(d_rank, step))
+
+
+def compare_homes(a: Path, b: Path, arm: str, world: int, step: int) -> dict[str, Any]:
+    from training.checkpoint import compare_states, load_rank_state
+
+    ranks = []
+    for r in range(world):
+        sa, _ = load_rank_state(a / "runs" / arm / f"rank-{r}", step, r)
+        sb, _ = load_rank_state(b / "runs" / arm / f"rank-{r}", step, r)
+        ranks.append({"rank": r, **compare_states(sa, sb)})
+    ra = [read_json(a / "runs" / arm / f"rank-{r}" / "result.json") for r in range(world)]
+    rb = [read_json(b / "runs" / arm / f"rank-{r}" / "result.json") for r in range(world)]
+    return {
+        "step": step,
+        "ranks": ranks,
+        "max_abs_diff": max(x["max_abs_diff"] for x in ranks),
+        "identical": all(x["identical"] for x in ranks),
+        "final_parameter_digests_equal": [x["digests"]["final_parameters"] for x in ra]
+        == [x["digests"]["final_parameters"] for x in rb],
+    }
+
+
+def recovery_trial(base: Path, *, experiment_chain: list, arm: str, model_dir: Path, from_step: int,
+                   kill_rank: int, kill_after: int, say: Callable[[str], None]) -> dict[str, Any]:
+    from orchestrate.local import supervise, threads_per_rank
+    from training.prepare import prepare
+
+    cfg = experiment_chain[-1]
+    a = cfg.arm(arm)
+    world, updates, every = a.world_size, cfg.profile.updates, cfg.profile.checkpoint_every
+    if not every or from_step % every or not 0 < from_step < kill_after < updates:
+        raise ValueError(f"need checkpoints (profile has checkpoint_every={every}) and "
+                         f"0 < from_step ({from_step}, a multiple of it) < kill_after ({kill_after}) "
+                         f"< updates ({updates})")
+    if kill_after >= (from_step // every + 1) * every:
+        say(f"note: a checkpoint is published after update {(from_step // every + 1) * every}, "
+            f"before the kill at {kill_after}: the restart will resume from that later step")
+    previous = None
+    for step_cfg in experiment_chain[:-1]:  # earlier experiments: the no-recurrence proof
+        h = base / step_cfg.experiment.name
+        prepare(step_cfg, h, model_dir, previous_home=str(previous) if previous else None)
+        previous = h
+    uninterrupted, recovered = base / "uninterrupted", base / "recovered"
+    prepare(cfg, uninterrupted, model_dir, previous_home=str(previous) if previous else None)
+    threads = threads_per_rank(world)
+    hb = lambda home: [home / "runs" / arm / f"rank-{r}" / "heartbeat.json" for r in range(world)]  # noqa: E731
+
+    say(f"[1/3] {arm}: uninterrupted run, {updates} updates, a group checkpoint every {every}")
+    t0 = time.monotonic()
+    first = supervise(_train_argv(uninterrupted, arm, model_dir, threads), world,
+                      log_root=uninterrupted / "logs" / arm, heartbeats=hb(uninterrupted),
+                      max_restarts=0, echo=None)
+    if not first[-1].ok:
+        raise RuntimeError(f"the uninterrupted run failed: {first[-1].failure_text()}")
+    t_uninterrupted = time.monotonic() - t0
+
+    say(f"[2/3] recovered run: copies of every rank's step-{from_step} checkpoint; rank {kill_rank} "
+        f"is killed after update {kill_after}; the supervisor restarts from the common manifest")
+    seed_recovered_home(uninterrupted, recovered, arm, world, from_step)
+    t0 = time.monotonic()
+    attempts = supervise(_train_argv(recovered, arm, model_dir, threads), world,
+                         log_root=recovered / "logs" / arm, heartbeats=hb(recovered), max_restarts=1,
+                         first_env={"TRIAL_FAULT_KILL": f"{kill_rank}:{kill_after}"},
+                         resume_first=True, echo=lambda line: say(f"  {line}"))
+    t_recovered = time.monotonic() - t0
+    if len(attempts) != 2 or not attempts[-1].ok:
+        raise RuntimeError("the recovery did not go kill → restart → finish: "
+                           + "; ".join(r.failure_text(3) if not r.ok else "ok" for r in attempts))
+    killed = read_json(recovered / "runs" / arm / f"rank-{kill_rank}" / "fault.json")
+    fail = attempts[0]
+    results = [read_json(recovered / "runs" / arm / f"rank-{r}" / "result.json") for r in range(world)]
+
+    say("[3/3] comparing every rank's final state by tensor contents")
+    comparison = compare_homes(uninterrupted, recovered, arm, world, updates)
+    base_results = [read_json(uninterrupted / "runs" / arm / f"rank-{r}" / "result.json")
+                    for r in range(world)]
+    io = [r["checkpoints"]["io"] for r in results]  # the resumed run both restored and wrote
+    restored = [r["checkpoints"]["restored"] for r in results]
+    report = {
+        "format": "trial-recovery-comparison-v1",
+        "experiment": cfg.experiment.name, "profile": cfg.profile_name, "arm": arm,
+        "world_size": world, "updates": updates, "checkpoint_every": every,
+        "from_step": from_step, "kill": {"rank": kill_rank, "after_update": kill_after},
+        "failure": {
+            "killed_at": killed["at"], "observed_rank": fail.first_failure, "reason": fail.reason,
+            "observed_at": fail.failure_observed_at, "survivors_stopped_at": fail.survivors_stopped_at,
+            "kill_to_observed_seconds": fail.failure_observed_at - killed["at"],
+            "kill_to_survivors_stopped_seconds": fail.survivors_stopped_at - killed["at"],
+            "exit_codes": fail.codes,
+        },
+        "resumed_from": [r["step"] for r in restored],
+        "comparison": comparison,
+        "checkpoint_io_per_rank": [{"rank": i, **(x or {})} for i, x in enumerate(io)],
+        "restore_per_rank": restored,
+        "seconds": {"uninterrupted": t_uninterrupted, "recovered_total": t_recovered},
+        "uninterrupted_final_parameters": [r["digests"]["final_parameters"] for r in base_results],
+    }
+    report["digest"] = canonical_sha256({k: v for k, v in report.items() if k != "digest"})
+    write_json_atomic(base / "recovery-comparison.json", report)
+    return report

@@ -1,0 +1,247 @@
+"""The serving probe: warm every replica, then the fixed development workload in three phases — one
+replica, N replicas, N advertised endpoints with one actually stopped — with bounded retries.
+
+A request's first attempt goes to endpoint (i mod N); a connection failure, a timeout or a 5xx moves
+it to the next endpoint, at most MAX_ATTEMPTS attempts in all, with a short doubling pause between
+them. A 4xx is the client's fault and is not retried. Every attempt is recorded. Nothing here can
+hang: every attempt has a timeout, so with all endpoints down the probe ends with 64 failure records.
+
+The replicas on the embedded local cluster are `python -m training serve` processes on loopback,
+started and stopped by pid (`LocalReplicas`); on SSH hosts the same probe takes their endpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import httpx
+
+from evidence.canonical import read_json, write_json_atomic
+from evidence.commitments import CommitmentLog
+from evidence.receipts import make_receipt
+from evidence.serving import (CONCURRENCY, MAX_ATTEMPTS, PHASES, REQUESTS, comparisons, phase_figures,
+                              warmup_workload, workload)
+from training.errors import TrainError
+
+
+class ProbeError(TrainError):
+    """The probe could not be set up (a replica would not start, no development tasks), or a second
+    probe was asked for without a reason."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    name: str
+    url: str
+
+
+@dataclass
+class Timeouts:
+    connect_s: float = 3.0
+    answer_s: float = 300.0  # one greedy answer, queued behind at most CONCURRENCY-1 others
+    backoff_s: float = 0.05
+
+
+async def _one(client: httpx.AsyncClient, i: int, req: dict[str, str], endpoints: list[Endpoint],
+               max_attempts: int, t: Timeouts, t0: float) -> dict[str, Any]:
+    rec: dict[str, Any] = {"index": i, **req, "attempts": [], "outcome": "failed"}
+    start = time.perf_counter()
+    for a in range(max_attempts):
+        ep = endpoints[(i + a) % len(endpoints)]
+        at = time.perf_counter()
+        att: dict[str, Any] = {"endpoint": ep.name, "started_seconds": at - t0}
+        try:
+            r = await client.post(f"{ep.url}/v1/answer", json=req)
+            att["status"] = r.status_code
+            if r.status_code == 200:
+                rec["response"] = r.json()
+            elif r.status_code < 500:
+                att["error"] = r.text[:300]
+        except httpx.HTTPError as e:
+            att["status"] = None
+            att["error"] = f"{type(e).__name__}: {e}"[:300]
+        att["seconds"] = time.perf_counter() - at
+        rec["attempts"].append(att)
+        if att["status"] == 200:
+            rec["outcome"] = "ok"
+            rec["latency_seconds"] = time.perf_counter() - start
+            break
+        if att["status"] is not None and 400 <= att["status"] < 500 and att["status"] not in (408, 429):
+            break  # the request itself is wrong: another endpoint would refuse it too
+        if a + 1 < max_attempts:
+            await asyncio.sleep(t.backoff_s * 2 ** a)
+    return rec
+
+
+async def _phase(requests: list[dict[str, str]], endpoints: list[Endpoint], concurrency: int,
+                 max_attempts: int, t: Timeouts) -> tuple[list[dict[str, Any]], float]:
+    """`concurrency` workers take the requests in order; records come back in request order."""
+    queue: asyncio.Queue = asyncio.Queue()
+    for i, r in enumerate(requests):
+        queue.put_nowait((i, r))
+    out: list[dict[str, Any] | None] = [None] * len(requests)
+    timeout = httpx.Timeout(t.answer_s, connect=t.connect_s)
+    limits = httpx.Limits(max_connections=concurrency * max(1, len(endpoints)))
+    t0 = time.perf_counter()
+    async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
+        async def worker() -> None:
+            while not queue.empty():
+                i, r = queue.get_nowait()
+                out[i] = await _one(client, i, r, endpoints, max_attempts, t, t0)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return [r for r in out if r is not None], time.perf_counter() - t0
+
+
+def run_phase(requests: list[dict[str, str]], endpoints: list[Endpoint], *, concurrency: int = CONCURRENCY,
+              max_attempts: int = MAX_ATTEMPTS, timeouts: Timeouts | None = None) -> dict[str, Any]:
+    records, wall = asyncio.run(_phase(requests, endpoints, concurrency, max_attempts, timeouts or Timeouts()))
+    return {"endpoints": [e.__dict__ for e in endpoints], "concurrency": concurrency,
+            "max_attempts": max_attempts, "wall_seconds": wall, "requests": records,
+            "figures": phase_figures(records, wall)}
+
+
+@dataclass
+class LocalReplicas:
+    """N `python -m training serve` processes on loopback; stopped by their own pids only."""
+
+    home: Path
+    count: int
+    log_dir: Path
+    threads: int = 1
+    seed_dir: Path | None = None
+    arm: str | None = None
+    start_timeout_s: float = 900.0
+    procs: list[subprocess.Popen] = field(default_factory=list)
+    endpoints: list[Endpoint] = field(default_factory=list)
+
+    def __enter__(self) -> "LocalReplicas":
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(self.threads)}
+        try:
+            for k in range(self.count):
+                ready = self.log_dir / f"replica-{k}.ready.json"
+                ready.unlink(missing_ok=True)
+                argv = [sys.executable, "-m", "training", "serve", "--home", str(self.home),
+                        "--name", f"replica-{k}", "--host", "127.0.0.1", "--port", "0",
+                        "--ready-file", str(ready), "--threads", str(self.threads)]
+                argv += ["--arm", self.arm] if self.arm else []
+                argv += ["--model-dir", str(self.seed_dir)] if self.seed_dir else []
+                with open(self.log_dir / f"replica-{k}.log", "ab") as log:
+                    self.procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                                       env=env, start_new_session=True))
+            for k, p in enumerate(self.procs):
+                info = self._wait_ready(k, p)
+                self.endpoints.append(Endpoint(f"replica-{k}", f"http://127.0.0.1:{info['port']}"))
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def _wait_ready(self, k: int, p: subprocess.Popen) -> dict[str, Any]:
+        ready = self.log_dir / f"replica-{k}.ready.json"
+        deadline = time.monotonic() + self.start_timeout_s
+        while time.monotonic() < deadline:
+            if ready.is_file():
+                return read_json(ready)
+            if p.poll() is not None:
+                tail = (self.log_dir / f"replica-{k}.log").read_text(errors="replace").splitlines()[-8:]
+                raise ProbeError(f"replica-{k} exited {p.returncode} before listening "
+                                 f"(log {self.log_dir / f'replica-{k}.log'}):\n" + "\n".join(tail))
+            time.sleep(0.05)
+        raise ProbeError(f"replica-{k} did not listen within {self.start_timeout_s:.0f} s")
+
+    def kill(self, k: int) -> dict[str, Any]:
+        """Stop replica k the hard way (SIGKILL, as a crashed host would) and wait until it is gone."""
+        p = self.procs[k]
+        at = time.time()
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        return {"replica": f"replica-{k}", "pid": p.pid, "signal": "SIGKILL", "at": at,
+                "exit_status": p.returncode}
+
+    def __exit__(self, *exc: Any) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        deadline = time.monotonic() + 10
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def check_retry(home: Path, retry: str | None) -> None:
+    """The report uses the first committed probe; another one is allowed only with a recorded reason."""
+    if CommitmentLog(home).latest("serving") is not None and not retry:
+        raise ProbeError(f"{home} already has a committed serving probe (the one the report uses); "
+                         "pass --retry REASON to run another, recorded beside it")
+
+
+def probe(home: Path, endpoints: list[Endpoint], stop: Callable[[int], dict[str, Any]], *, arm: str,
+          retry: str | None = None, timeouts: Timeouts | None = None,
+          say: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+    """Warmups, the three phases and the commitment; `stop(k)` stops endpoint k for the last phase.
+    Every attempt lives in serving/attempt-<n>/ (earlier attempts are kept)."""
+    from training.prepare import load_cases
+
+    check_retry(home, retry)
+    dev = sorted(cid for cid, c in load_cases(home).items() if c["split"] == "dev")
+    if not dev:
+        raise ProbeError(f"{home} has no development tasks")
+    root = home / "serving"
+    n = 1 + max((int(p.name[8:]) for p in root.glob("attempt-*") if p.name[8:].isdigit()), default=0)
+    out = root / f"attempt-{n}"
+    out.mkdir(parents=True)
+    write_json_atomic(out / "started.json", {"attempt": n, "at": time.time(), "arm": arm, "retry_reason": retry})
+    names = [e.name for e in endpoints]
+    warm = [r for e in endpoints for r in run_phase(warmup_workload(dev, e.name), [e], concurrency=1,
+                                                       timeouts=timeouts)["requests"]]
+    write_json_atomic(out / "warmup.json", {"requests": warm})
+    say(f"warmup: {sum(r['outcome'] == 'ok' for r in warm)}/{len(warm)} answered on {len(endpoints)} replicas")
+    stopped = None
+    phases = {}
+    for phase in PHASES:
+        if phase == "failure":
+            stopped = stop(len(endpoints) - 1)
+            say(f"stopped {stopped['replica']} (pid {stopped.get('pid')}, {stopped.get('signal')})")
+        eps = endpoints[:1] if phase == "single" else endpoints
+        data = {"phase": phase, "stopped": stopped if phase == "failure" else None,
+                **run_phase(workload(dev, phase), eps, timeouts=timeouts)}
+        write_json_atomic(out / f"{phase}.json", data)
+        phases[phase] = data
+        f = data["figures"]
+        say(f"{phase}: {f['completed']}/{f['requests']} answered, {f['retries']} retries, "
+            f"{f['throughput_rps']:.2f} req/s, p50 {f['latency_seconds']['p50'] or float('nan'):.3f} s")
+    write_json_atomic(out / "plan.json", {
+        "arm": arm, "replicas": names, "requests": REQUESTS, "concurrency": CONCURRENCY,
+        "max_attempts": MAX_ATTEMPTS, "stopped": stopped, "retry_reason": retry,
+        "routing": "attempt a of request i goes to endpoint (i + a) mod N; 5xx, timeouts and "
+                   "connection errors are retried, other 4xx are not"})
+    receipt = make_receipt(out, meta={"kind": "serving", "attempt": n, "arm": arm}, exclude=["started.json"])
+    write_json_atomic(out / "receipt.json", receipt)
+    CommitmentLog(home).append("serving", str((out / "receipt.json").relative_to(home)),
+                               {"attempt": n, "arm": arm, "receipt_digest": receipt["digest"],
+                                "retry_reason": retry})
+    return {"attempt": str(out.relative_to(home)), **comparisons(phases, warm)}
+
+
+def local_probe(home: Path, arm: str, replicas: int, *, threads: int = 1, seed_dir: Path | None = None,
+                retry: str | None = None, timeouts: Timeouts | None = None,
+                say: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+    """The probe against `replicas` replica processes on this machine."""
+    check_retry(home, retry)  # before minutes of model loading
+    with LocalReplicas(home, replicas, home / "logs" / "serving", threads=threads, seed_dir=seed_dir,
+                       arm=arm) as reps:
+        say(f"{replicas} replicas listening: " + ", ".join(e.url for e in reps.endpoints))
+        return probe(home, reps.endpoints, reps.kill, arm=arm, retry=retry, timeouts=timeouts, say=say)

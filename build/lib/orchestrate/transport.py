@@ -1,0 +1,195 @@
+"""How the controller reaches a host: run a command (real exit status, output kept apart), copy a
+file there and back. `LocalTransport` is this machine (subprocess); `SSHTransport` is a remote host
+over paramiko — exec channels and SFTP — whose host key must be known beforehand.
+
+Host keys: by default the key must match one pinned in the cluster description (or a known_hosts
+file); an unknown or changed key refuses the connection (paramiko's RejectPolicy). Accepting any key
+is possible only by asking for it by name (`trust_on_first_use=True`), and is then recorded.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+
+class TransportError(RuntimeError):
+    """A host that cannot be reached, refuses its key, or fails a copy; the message names the host."""
+
+
+@dataclass
+class Result:
+    status: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    def check(self, what: str) -> "Result":
+        if self.status != 0:
+            raise TransportError(f"{what} exited {self.status}: {self.stderr.strip()[-500:]}")
+        return self
+
+
+class Transport(Protocol):
+    name: str
+
+    def run(self, command: str, *, env: dict[str, str] | None = None, timeout: float = 600) -> Result: ...
+    def put(self, local: Path, remote: str) -> str: ...
+    def get(self, remote: str, local: Path) -> str: ...
+    def close(self) -> None: ...
+
+
+def _env_prefix(env: dict[str, str] | None) -> str:
+    return "".join(f"export {k}={shlex.quote(v)}; " for k, v in (env or {}).items())
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class LocalTransport:
+    def __init__(self, name: str = "local"):
+        self.name = name
+
+    def run(self, command: str, *, env: dict[str, str] | None = None, timeout: float = 600) -> Result:
+        t0 = time.perf_counter()
+        p = subprocess.run(["bash", "-c", _env_prefix(env) + command], capture_output=True, text=True,
+                           timeout=timeout)
+        return Result(p.returncode, p.stdout, p.stderr, time.perf_counter() - t0)
+
+    def put(self, local: Path, remote: str) -> str:
+        import shutil
+
+        Path(remote).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(local, remote)
+        return self._verified(local, Path(remote))
+
+    def get(self, remote: str, local: Path) -> str:
+        import shutil
+
+        local.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(remote, local)
+        return self._verified(Path(remote), local)
+
+    def _verified(self, src: Path, dst: Path) -> str:
+        a, b = _sha256(src), _sha256(dst)
+        if a != b:
+            raise TransportError(f"{self.name}: copy of {src} reads back as {b}, not {a}")
+        return a
+
+    def close(self) -> None:
+        pass
+
+
+class SSHTransport:
+    """One paramiko connection per host, opened lazily, reused for every command and copy."""
+
+    def __init__(self, name: str, address: str, *, user: str, key_file: Path, host_key: str | None = None,
+                 known_hosts: Path | None = None, port: int = 22, connect_timeout: float = 10,
+                 trust_on_first_use: bool = False):
+        if not (host_key or known_hosts or trust_on_first_use):
+            raise TransportError(f"{name}: no host key to check {address} against — pin one (host_key: "
+                                 "'ssh-ed25519 AAAA…') or give known_hosts; trust_on_first_use must be asked for")
+        self.name, self.address, self.user, self.port = name, address, user, port
+        self.key_file, self.host_key, self.known_hosts = key_file, host_key, known_hosts
+        self.connect_timeout, self.trust_on_first_use = connect_timeout, trust_on_first_use
+        self.accepted_key: str | None = None
+        self._client = None
+
+    def _connect(self):
+        import paramiko
+
+        if self._client is not None:
+            return self._client
+        c = paramiko.SSHClient()
+        if self.known_hosts:
+            c.load_host_keys(str(self.known_hosts))
+        if self.host_key:
+            kind, b64 = self.host_key.split()[:2]
+            key = paramiko.PKey.from_type_string(kind, base64.b64decode(b64))
+            c.get_host_keys().add(f"[{self.address}]:{self.port}" if self.port != 22 else self.address, kind, key)
+        c.set_missing_host_key_policy(paramiko.AutoAddPolicy() if self.trust_on_first_use else paramiko.RejectPolicy())
+        try:
+            c.connect(self.address, port=self.port, username=self.user, key_filename=str(self.key_file),
+                      timeout=self.connect_timeout, banner_timeout=self.connect_timeout,
+                      auth_timeout=self.connect_timeout, allow_agent=False, look_for_keys=False)
+        except paramiko.BadHostKeyException as e:
+            raise TransportError(f"{self.name} ({self.address}) presented a different host key than the one "
+                                 f"pinned: {e}") from None
+        except paramiko.SSHException as e:
+            raise TransportError(f"{self.name} ({self.address}:{self.port}): {e}") from None
+        except OSError as e:
+            raise TransportError(f"{self.name} ({self.address}:{self.port}) cannot be reached: {e}") from None
+        k = c.get_transport().get_remote_server_key()
+        self.accepted_key = f"{k.get_name()} {k.get_base64()}"
+        self._client = c
+        return c
+
+    def start(self, command: str, env: dict[str, str] | None = None, open_timeout: float | None = None) -> Any:
+        """Start `command` on the host and return its paramiko channel without waiting for it."""
+        chan = self._connect().get_transport().open_session(timeout=open_timeout or self.connect_timeout)
+        chan.exec_command("bash -c " + shlex.quote(_env_prefix(env) + command))
+        return chan
+
+    def run(self, command: str, *, env: dict[str, str] | None = None, timeout: float = 600) -> Result:
+        t0 = time.perf_counter()
+        chan = self.start(command, env, open_timeout=min(timeout, self.connect_timeout))
+        chan.settimeout(timeout)
+        out, err = bytearray(), bytearray()
+        deadline = time.monotonic() + timeout
+        while True:
+            if chan.recv_ready():
+                out += chan.recv(65536)
+            elif chan.recv_stderr_ready():
+                err += chan.recv_stderr(65536)
+            elif chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                break
+            elif time.monotonic() > deadline:
+                chan.close()
+                raise TransportError(f"{self.name}: '{command[:80]}' ran past {timeout:.0f} s")
+            else:
+                time.sleep(0.005)
+        status = chan.recv_exit_status()
+        chan.close()
+        return Result(status, out.decode(errors="replace"), err.decode(errors="replace"), time.perf_counter() - t0)
+
+    def put(self, local: Path, remote: str) -> str:
+        sftp = self._connect().open_sftp()
+        try:
+            self.run(f"mkdir -p {shlex.quote(str(Path(remote).parent))}").check(f"{self.name}: mkdir")
+            sftp.put(str(local), remote + ".part")
+            sftp.posix_rename(remote + ".part", remote)
+        finally:
+            sftp.close()
+        want = _sha256(local)
+        got = self.run(f"sha256sum {shlex.quote(remote)}").check(f"{self.name}: sha256sum").stdout.split()[0]
+        if got != want:
+            raise TransportError(f"{self.name}: {remote} reads back as {got}, uploaded {want}")
+        return want
+
+    def get(self, remote: str, local: Path) -> str:
+        local.parent.mkdir(parents=True, exist_ok=True)
+        want = self.run(f"sha256sum {shlex.quote(remote)}").check(f"{self.name}: sha256sum").stdout.split()[0]
+        sftp = self._connect().open_sftp()
+        try:
+            sftp.get(remote, str(local))
+        finally:
+            sftp.close()
+        if _sha256(local) != want:
+            raise TransportError(f"{self.name}: {remote} arrived as {_sha256(local)}, the host holds {want}")
+        return want
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None

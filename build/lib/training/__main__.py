@@ -1,0 +1,237 @@
+"""`python -m training`: seed, prepare, train, check (the host-side stages)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from training.config import ConfigError
+from training.errors import USER_ERRORS
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Host-side stages of a training trial.")
+err = Console(stderr=True)
+out = Console()
+
+
+def _fail(e: Exception) -> None:
+    err.print(f"[bold red]error:[/] {e}", highlight=False)
+    raise typer.Exit(2)
+
+
+@app.command()
+def seed(kind: str = typer.Option(..., help="smollm2-135m | tiny | local"),
+         out_dir: Path = typer.Option(..., "--out", help="directory to create"),
+         source: Optional[Path] = typer.Option(None, help="for --kind local: a Hugging Face dir"),
+         expect: Optional[str] = typer.Option(None, help="required receipt digest")) -> None:
+    """Materialize a seed model directory (safetensors + tokenizer + receipt.json), offline."""
+    from training.seed import materialize
+
+    try:
+        with err.status(f"materializing {kind} seed into {out_dir}…"):
+            receipt = materialize(kind, out_dir, source=str(source) if source else None,
+                                  expect=expect)
+    except USER_ERRORS as e:
+        _fail(e)
+    out.print_json(json.dumps({"out": str(out_dir), "kind": kind, "receipt_digest": receipt["digest"],
+                               "parameters": receipt["meta"].get("parameters"),
+                               "seconds": receipt["meta"].get("seconds")}))
+
+
+@app.command()
+def prepare(experiment: str = typer.Option(...), profile: str = typer.Option(...),
+            home: Path = typer.Option(..., help="the trial home to write"),
+            model_dir: Optional[Path] = typer.Option(
+                None, help="seed directory (default: .seeds/<profile's seed kind>)"),
+            previous_home: Optional[Path] = typer.Option(
+                None, help="home of the previous experiment whose tasks must not recur"),
+            replay: Optional[Path] = typer.Option(
+                None, help="user-supplied replay JSONL (default: generated conversations)")) -> None:
+    """Generate, check, tokenize and commit the experiment's inputs."""
+    from training.config import resolve
+    from training.prepare import prepare as run_prepare
+
+    try:
+        cfg = resolve(experiment, profile)
+        md = model_dir or Path(".seeds") / cfg.profile.seed
+        with err.status(f"preparing {experiment}/{profile} in {home}…"):
+            res = run_prepare(cfg, home, md, replay_file=str(replay) if replay else None,
+                              previous_home=str(previous_home) if previous_home else None)
+    except USER_ERRORS as e:
+        _fail(e)
+    p, rec = res["prepared"], res["record"]
+    c = p["counts"]
+    t = Table(title=f"{experiment}/{profile}: {res['status']} in {rec['seconds']['total']:.1f} s")
+    for col in ("role", "documents", "target tokens", "weighted targets", "max doc tokens"):
+        t.add_column(col, justify="right")
+    for role in ("task", "replay", "damaged_task", "probes"):
+        r = c[role]
+        t.add_row(role, str(r["documents"]), str(r["target_tokens"]), str(r["weighted_targets"]),
+                  str(r["max_document_tokens"]))
+    err.print(t)
+    err.print(f"task share of targets: {c['task_share_of_targets']:.1%} unweighted, "
+              f"{c['task_share_of_weighted_targets']:.1%} weighted; "
+              f"{p['corruption']['count']} damaged targets; splits {p['splits']}")
+    out.print_json(json.dumps({"home": str(home), "status": res["status"],
+                               "seconds": rec["seconds"], "counts": c}))
+
+
+@app.command()
+def train(home: Path = typer.Option(..., help="the prepared trial home"),
+          arm: str = typer.Option(..., help="arm to train, e.g. clean-pair, diloco-four"),
+          model_dir: Optional[Path] = typer.Option(
+              None, help="seed directory prepare used (default: .seeds/<profile's seed kind>)"),
+          threads: Optional[int] = typer.Option(None, help="torch CPU threads for this rank"),
+          resume: bool = typer.Option(False, help="continue from the latest group checkpoint whose "
+                                                  "manifest every rank holds")) -> None:
+    """Train one rank of ARM (rank identity from WORLD_SIZE, RANK, MASTER_ADDR, MASTER_PORT)."""
+    import os
+
+    from training.train import main_say, train as run_train
+
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        if model_dir is None:
+            from training.prepare import require_prepared
+            from training.train import resolved_from_prepared
+
+            model_dir = Path(".seeds") / resolved_from_prepared(require_prepared(home)).profile.seed
+        res = run_train(home, model_dir, arm, threads=threads, say=main_say(rank), resume=resume)
+    except USER_ERRORS as e:
+        _fail(e)
+    t = res["timers"]
+    out.print_json(json.dumps({
+        "arm": arm, "rank": res["rank"], "updates": len(res["updates"]),
+        "final_parameters": res["digests"]["final_parameters"],
+        "training_loop_seconds": round(t["training_loop_seconds"], 3),
+        "training_payload_bytes_per_update": res["comm"]["training_payload_bytes_per_update"],
+        "result": f"{home}/runs/{arm}/rank-{res['rank']}/result.json"}))
+    if res["world_size"] > 1:
+        _exit_now()
+
+
+@app.command("select")
+def select_cmd(home: Path = typer.Option(..., help="the trial home")) -> None:
+    """Verify and commit every candidate's acknowledgments, then commit the selection."""
+    from training.prepare import require_prepared
+    from training.select import select
+    from training.train import resolved_from_prepared
+
+    try:
+        sel = select(home, resolved_from_prepared(require_prepared(home)))
+    except USER_ERRORS as e:
+        _fail(e)
+    out.print_json(json.dumps(sel))
+
+
+@app.command()
+def evaluate(home: Path = typer.Option(..., help="the trial home"),
+             arm: str = typer.Option(..., help="an arm of the selection, or the seed arm"),
+             role: str = typer.Option(..., help="dev | test"),
+             model_dir: Optional[Path] = typer.Option(None, help="the seed directory (seed arm only)"),
+             retry: Optional[str] = typer.Option(None, help="run another attempt; the reason is recorded")
+             ) -> None:
+    """Greedy answers to every case of ROLE, strictly checked; retention probe losses."""
+    from training.evaluate import evaluate as run_eval
+
+    try:
+        res = run_eval(home, arm, role, seed_dir=model_dir, retry_reason=retry,
+                       say=lambda m: err.print(m, highlight=False))
+    except USER_ERRORS as e:
+        _fail(e)
+    out.print_json(json.dumps(res))
+
+
+@app.command()
+def serve(home: Path = typer.Option(..., help="the trial home (selection committed)"),
+          arm: Optional[str] = typer.Option(None, help="default: the selection's serving arm"),
+          model_dir: Optional[Path] = typer.Option(None, help="the seed directory (seed arm only)"),
+          host: str = typer.Option("127.0.0.1", help="address to listen on (a private one)"),
+          port: int = typer.Option(0, help="0 picks a free port (see --ready-file)"),
+          ready_file: Optional[Path] = typer.Option(None, help="written with host, port, pid and model "
+                                                               "once the port accepts connections"),
+          name: str = typer.Option("replica", help="this replica's name in every answer"),
+          threads: Optional[int] = typer.Option(None, help="torch CPU threads"),
+          cache_size: int = typer.Option(1024, help="retry cache entries (request IDs)")) -> None:
+    """Serve the selected model's greedy answers to committed development task IDs over HTTP."""
+    from training.serve import load_replica, serve as run_serve
+
+    try:
+        with err.status(f"verifying and loading the model for {name}…"):
+            rep = load_replica(home, arm=arm, seed_dir=model_dir, name=name, threads=threads,
+                               cache_size=cache_size)
+    except USER_ERRORS as e:
+        _fail(e)
+    err.print(f"{name}: {rep.identity['arm']} (receipt {rep.identity['receipt_digest'][:12]}…), "
+              f"{len(rep.tasks)} development tasks, max {rep.max_new_tokens} new tokens, on {rep.device}",
+              highlight=False)
+    try:
+        run_serve(rep, host, port, ready_file)
+    except OSError as e:
+        _fail(f"cannot listen on {host}:{port}: {e}")
+
+
+@app.command()
+def summary(home: Path = typer.Option(..., help="the trial home"),
+            arm: str = typer.Option(..., help="a trained arm")) -> None:
+    """Summarize a finished arm from its ranks' result.json files (one JSON object)."""
+    from training.prepare import require_prepared
+    from training.results import finished, load_results, summarize
+    from training.train import resolved_from_prepared
+
+    try:
+        a = resolved_from_prepared(require_prepared(home)).arm(arm)
+        if not finished(home, arm, a.world_size):
+            raise ConfigError(f"arm {arm} has not finished in {home}: every one of its "
+                              f"{a.world_size} ranks needs runs/{arm}/rank-<r>/result.json")
+    except USER_ERRORS as e:
+        _fail(e)
+    out.print_json(json.dumps(summarize(load_results(home, arm, a.world_size))))
+
+
+@app.command()
+def check(home: Path = typer.Option(...), case: str = typer.Option(..., help="case id, e.g. test-00003")) -> None:
+    """Strictly check the answer text on stdin against CASE; print one JSON line."""
+    from evidence.checker import check_answer
+    from training.prepare import PrepareError, load_cases, require_prepared
+
+    try:
+        require_prepared(home)
+        cases = load_cases(home)
+        if case not in cases:
+            raise PrepareError(f"no case '{case}' in {home}/inputs/tasks.jsonl "
+                               f"(ids look like {next(iter(cases))})")
+    except USER_ERRORS as e:
+        _fail(e)
+    row = cases[case]
+    verdict = check_answer(sys.stdin.read(), row["schema"], row["answer"])
+    print(json.dumps({"case": case, **verdict.as_dict()}))
+
+
+def _exit_now() -> None:
+    """Leave without interpreter finalization once a distributed rank's outputs are durable.
+
+    Gloo's worker threads can still hold work objects with Python references when the interpreter
+    tears down; destroying them then aborts the process ("terminate called without an active
+    exception", seen once in CI after every result had been written), which a supervisor would
+    count as a failed rank. result.json and the model are fsynced before this point.
+    """
+    import os
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

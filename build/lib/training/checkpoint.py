@@ -1,0 +1,251 @@
+"""Durable group checkpoints: per-rank state with receipts, then a manifest every rank holds.
+
+Layout, per rank (each rank writes only under its own directory, so ranks on different hosts need
+no shared filesystem):
+
+    runs/<arm>/rank-<r>/checkpoints/step-000064/state.pt       this rank's whole training state
+    runs/<arm>/rank-<r>/checkpoints/step-000064/receipt.json   sha256 of state.pt + (rank, step, …)
+    runs/<arm>/rank-<r>/checkpoints/step-000064/host.json      hostname: recorded, not in the receipt
+    runs/<arm>/rank-<r>/manifests/step-000064.json             every rank's receipt digest
+
+Publishing a step: each rank writes and fsyncs its state in a hidden directory, receipts it, renames
+it into place; the ranks all-gather their receipt digests (32 raw bytes each); each rank writes the
+same manifest; a final all-reduce confirms every rank wrote it. A crash anywhere before the last
+manifest leaves that step unpublished on some rank, so restart never picks it.
+
+Restart: every rank all-gathers the digests of the manifests it holds; the group resumes from the
+latest step whose manifest is identical on every rank. Each rank then checks that the manifest's
+entry for *its* rank is the receipt it finds on disk, re-hashes the files, and only then loads them.
+A missing or corrupt file stops the group with a message naming the rank and the file; an older
+checkpoint is never substituted silently. Checkpoints and manifests after the chosen step are moved
+to `orphaned/attempt-<n>/`, never deleted.
+
+The rank is part of the receipt (so another rank's optimizer state cannot be restored in its place);
+the hostname is not (so an identical replacement host restores the same rank).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from evidence.canonical import canonical_sha256, fsync_dir, read_json, write_json_atomic
+from evidence.receipts import ReceiptError, make_receipt, verify_receipt
+from training.errors import TrainError
+
+FORMAT = "trial-checkpoint-v1"
+STATE = "state.pt"
+
+
+class CheckpointError(TrainError):
+    """A checkpoint or manifest that cannot be used; the message names rank and file."""
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def checkpoint_dir(rank_dir: Path, step: int) -> Path:
+    return rank_dir / "checkpoints" / step_name(step)
+
+
+def manifest_path(rank_dir: Path, step: int) -> Path:
+    return rank_dir / "manifests" / f"{step_name(step)}.json"
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as fh:
+        os.fsync(fh.fileno())
+
+
+def write_rank_state(rank_dir: Path, step: int, state: dict[str, Any], identity: dict[str, Any]
+                     ) -> dict[str, Any]:
+    """Write, fsync and receipt this rank's state for `step`; returns figures and the receipt."""
+    t0 = time.perf_counter()
+    final = checkpoint_dir(rank_dir, step)
+    tmp = final.parent / f".{final.name}.partial"
+    if final.exists():
+        raise CheckpointError(f"rank {identity['rank']}: {final} already exists; a published step is "
+                              "never overwritten")
+    if tmp.exists():  # a crash mid-write left it; nothing refers to it, but it is kept, not deleted
+        stale = rank_dir / "orphaned" / f"partial-{time.time_ns()}"
+        stale.parent.mkdir(parents=True, exist_ok=True)
+        tmp.rename(stale)
+    tmp.mkdir(parents=True)
+    torch.save(state, tmp / STATE)
+    _fsync_file(tmp / STATE)
+    receipt = make_receipt(tmp, meta={"format": FORMAT, **identity, "step": step},
+                           exclude=["host.json"])
+    write_json_atomic(tmp / "receipt.json", receipt)
+    write_json_atomic(tmp / "host.json", {"hostname": socket.gethostname(), "pid": os.getpid()})
+    fsync_dir(tmp)
+    tmp.rename(final)
+    fsync_dir(final.parent)
+    return {"step": step, "receipt_digest": receipt["digest"], "bytes": (final / STATE).stat().st_size,
+            "seconds": time.perf_counter() - t0}
+
+
+def write_manifest(rank_dir: Path, step: int, digests: list[str], common: dict[str, Any]) -> str:
+    """The manifest is identical on every rank: step, every rank's receipt digest, run identity."""
+    body = {"format": FORMAT, "step": step, "world_size": len(digests),
+            "ranks": [{"rank": r, "receipt_digest": d} for r, d in enumerate(digests)], **common}
+    path = manifest_path(rank_dir, step)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, body, canonical=True)
+    fsync_dir(path.parent)
+    return canonical_sha256(body)
+
+
+def local_manifests(rank_dir: Path) -> dict[int, str]:
+    """step → sha256 of each manifest this rank holds (unreadable ones count as absent)."""
+    out = {}
+    for p in sorted((rank_dir / "manifests").glob("step-*.json")):
+        try:
+            out[int(p.stem[5:])] = canonical_sha256(read_json(p))
+        except (ValueError, OSError):
+            continue
+    return out
+
+
+def common_step(rank_dir: Path, candidates: list[int], device: torch.device) -> int | None:
+    """The latest step whose manifest every rank holds with identical content, or None.
+
+    One fixed-size all-gather: for each candidate step, 32 bytes (zeros where absent).
+    """
+    mine = local_manifests(rank_dir)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    rows = [bytes.fromhex(mine[s]) if s in mine else bytes(32) for s in candidates]
+    local = torch.tensor([b for row in rows for b in row] or [0], dtype=torch.uint8, device=device)
+    if world > 1:
+        from training.comm import GATHER
+
+        every = torch.empty(world * local.numel(), dtype=torch.uint8, device=device)
+        getattr(dist, GATHER)(every, local)
+        per_rank = every.cpu().view(world, -1)
+    else:
+        per_rank = local.cpu().view(1, -1)
+    best = None
+    for i, s in enumerate(candidates):
+        cells = [bytes(per_rank[r, i * 32:(i + 1) * 32].tolist()) for r in range(world)]
+        if cells[0] != bytes(32) and all(c == cells[0] for c in cells):
+            best = s
+    return best
+
+
+def load_rank_state(rank_dir: Path, step: int, rank: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Verify this rank's checkpoint for `step` against the common manifest, then load it."""
+    mpath = manifest_path(rank_dir, step)
+    manifest = read_json(mpath)
+    entries = {e["rank"]: e["receipt_digest"] for e in manifest["ranks"]}
+    cdir = checkpoint_dir(rank_dir, step)
+    rpath = cdir / "receipt.json"
+    if not rpath.is_file():
+        raise CheckpointError(f"rank {rank}: {rpath} is missing (manifest {mpath} names it); "
+                              "restore that rank's checkpoint files — no other step is substituted")
+    receipt = read_json(rpath)
+    owner = receipt.get("meta", {}).get("rank")
+    if owner != rank:
+        raise CheckpointError(f"rank {rank}: {cdir} holds rank {owner}'s checkpoint; a rank restores "
+                              "only its own state — check which directory each rank was given")
+    if receipt.get("digest") != entries.get(rank):
+        raise CheckpointError(f"rank {rank}: {rpath} has digest {receipt.get('digest')}, but manifest "
+                              f"{mpath} names {entries.get(rank)} for rank {rank}")
+    try:
+        verify_receipt(cdir, receipt, what=f"rank {rank} checkpoint", exclude=["host.json"])
+    except ReceiptError as e:
+        raise CheckpointError(f"rank {rank}: {e}; no other step is substituted") from None
+    state = torch.load(cdir / STATE, map_location="cpu", weights_only=False)  # hash-verified above
+    return state, manifest
+
+
+def orphan_after(rank_dir: Path, step: int) -> list[str]:
+    """Move checkpoints and manifests beyond `step` to orphaned/attempt-<n>/ (kept, not deleted)."""
+    later = [p for p in (rank_dir / "checkpoints").glob("*step-*") if _step_of(p) > step]
+    later += [p for p in (rank_dir / "manifests").glob("step-*.json") if _step_of(p) > step]
+    if not later:
+        return []
+    base = rank_dir / "orphaned"
+    n = 1 + max((int(p.name[8:]) for p in base.glob("attempt-*") if p.name[8:].isdigit()), default=0)
+    dest = base / f"attempt-{n}"
+    moved = []
+    for p in later:
+        d = dest / p.parent.name
+        d.mkdir(parents=True, exist_ok=True)
+        p.rename(d / p.name)
+        moved.append(f"{p.parent.name}/{p.name}")
+    return moved
+
+
+def _step_of(p: Path) -> int:
+    name = p.name.lstrip(".").removesuffix(".json").removesuffix(".partial")
+    try:
+        return int(name[5:])
+    except ValueError:
+        return -1
+
+
+NUMERICAL_PARTS = ("update", "model", "optimizer", "rng", "outer", "powersgd")
+
+
+def compare_states(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Tensor-content comparison of two rank states (never file hashes: torch.save's bytes are not
+    canonical). Per part: tensors compared, elements, max |Δ|, and any non-tensor leaf that differs.
+    Timing records (journal, ledger) are not numerical state and are left out."""
+    import numpy as np
+
+    out: dict[str, Any] = {}
+    for part in NUMERICAL_PARTS:
+        acc = {"tensors": 0, "elements": 0, "max_abs_diff": 0.0, "mismatches": []}
+
+        def walk(x: Any, y: Any, path: str) -> None:
+            if torch.is_tensor(x) or isinstance(x, np.ndarray):
+                tx = torch.as_tensor(x).detach().cpu()
+                ty = torch.as_tensor(y).detach().cpu() if (torch.is_tensor(y) or
+                                                            isinstance(y, np.ndarray)) else None
+                if ty is None or tx.shape != ty.shape or tx.dtype != ty.dtype:
+                    acc["mismatches"].append(f"{path}: shape/dtype/type differs")
+                    return
+                acc["tensors"] += 1
+                acc["elements"] += tx.numel()
+                if tx.numel():
+                    fx, fy = tx.to(torch.float64), ty.to(torch.float64)
+                    same_nan = torch.isnan(fx) & torch.isnan(fy)
+                    diff = (fx - fy).abs().masked_fill(same_nan, 0.0)
+                    if torch.isnan(diff).any():  # NaN on one side only: never "identical"
+                        acc["mismatches"].append(f"{path}: NaN on one side")
+                        diff = diff.nan_to_num(nan=float("inf"))
+                    d = diff.max().item()
+                    if d == 0.0 and not torch.equal(tx.view(-1).view(torch.uint8) if tx.is_floating_point()
+                                                    else tx, ty.view(-1).view(torch.uint8)
+                                                    if ty.is_floating_point() else ty):
+                        acc["mismatches"].append(f"{path}: bitwise different (e.g. -0.0)")
+                    acc["max_abs_diff"] = max(acc["max_abs_diff"], d)
+            elif isinstance(x, dict):
+                if not isinstance(y, dict) or set(x) != set(y):
+                    acc["mismatches"].append(f"{path}: keys differ")
+                    return
+                for k in x:
+                    walk(x[k], y[k], f"{path}/{k}")
+            elif isinstance(x, (list, tuple)):
+                if not isinstance(y, (list, tuple)) or len(x) != len(y):
+                    acc["mismatches"].append(f"{path}: length differs")
+                    return
+                for i, (xi, yi) in enumerate(zip(x, y)):
+                    walk(xi, yi, f"{path}/{i}")
+            elif hasattr(x, "get_state") and hasattr(y, "get_state"):  # numpy RandomState
+                walk(x.get_state(), y.get_state(), f"{path}/state")
+            elif x != y:
+                acc["mismatches"].append(f"{path}: {x!r} != {y!r}")
+
+        walk(a.get(part), b.get(part), part)
+        out[part] = acc
+    out["max_abs_diff"] = max(v["max_abs_diff"] for v in out.values() if isinstance(v, dict))
+    out["identical"] = out["max_abs_diff"] == 0.0 and not any(
+        v["mismatches"] for v in out.values() if isinstance(v, dict))
+    return out

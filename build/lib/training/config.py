@@ -1,0 +1,255 @@
+"""Experiments are data: `config/experiments/<name>.toml`, validated here.
+
+An experiment fixes its rules (arms, weights, thresholds, the outer optimizer, the primary
+candidate); a profile scales it (document counts, updates, context, seed model, device) without
+touching those rules. `resolve(name, profile)` merges the two into one frozen `Resolved` object,
+whose canonical JSON goes into `prepared.json`, so hosts never need the TOML files themselves.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from evidence.canonical import canonical_sha256
+
+
+class ConfigError(ValueError):
+    """A bad experiment or profile: the message names the thing and the fix."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Arm(_Strict):
+    name: str
+    kind: Literal["seed", "single", "ddp", "diloco", "powersgd"]
+    world_size: int = 1
+    data: Literal["clean", "damaged"] = "clean"
+    microbatch: int | None = None
+    sync_every: int | None = None  # DiLoCo H
+    outer_lr: float | None = None
+    outer_momentum: float | None = None
+    powersgd_rank: int | None = None
+    dense_warmup: int | None = None
+    servable: bool = True
+
+
+class Weights(_Strict):
+    task: int = 8
+    replay: int = 1
+
+
+class Acceptance(_Strict):
+    primary: str
+    min_gain_pp: float
+    p_max: float = 0.01
+    confidence: float = 0.99
+    retention_max_nats: float = 0.02
+    noninferiority_vs: str | None = None
+    noninferiority_pp: float | None = None
+    max_bytes_ratio_vs: str | None = None
+    max_bytes_ratio: float | None = None
+    max_active_ratio: float | None = None
+    min_speedup_vs: str | None = None
+    min_speedup: float | None = None
+
+
+class Profile(_Strict):
+    seed: Literal["tiny", "smollm2-135m", "local"]
+    device: Literal["cpu", "cuda"] = "cpu"
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    tasks: int
+    replay: int
+    dev: int
+    test: int
+    probes: int
+    updates: int
+    global_batch: int | None = None  # default: the experiment's
+    max_context: int
+    records: tuple[int, int] = (4, 8)
+    replay_steps: tuple[int, int] = (3, 8)
+    replay_parts: tuple[int, int] = (1, 1)
+    sync_every: int | None = None  # scales DiLoCo's H with the number of updates
+    dense_warmup: int | None = None  # scales PowerSGD's dense warmup with the number of updates
+    checkpoint_every: int | None = None  # publish a group checkpoint every N updates (and the last)
+
+    @model_validator(mode="after")
+    def _ranges(self) -> "Profile":
+        if not 2 <= self.records[0] <= self.records[1]:
+            raise ValueError("records must be [lo, hi] with 2 <= lo <= hi (a one-record task "
+                             "has no wrong order or wrong sum to damage)")
+        for name in ("replay_steps", "replay_parts"):
+            lo, hi = getattr(self, name)
+            if not 1 <= lo <= hi:
+                raise ValueError(f"{name} must be [lo, hi] with 1 <= lo <= hi")
+        for name in ("tasks", "replay", "dev", "test", "probes", "updates", "max_context"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        return self
+
+
+class Experiment(_Strict):
+    name: str
+    description: str
+    generator_seed: int
+    previous: str | None = None  # the experiment whose tasks must not recur
+    global_batch: int
+    lr: float
+    warmup: int = 0
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    damaged_fraction: float = 0.25
+    heldout_test_fraction: float = 0.5
+    serving_arm: str
+    weights: Weights = Field(default_factory=Weights)
+    arms: list[Arm]
+    acceptance: Acceptance
+    profiles: dict[str, Profile]
+
+    @model_validator(mode="after")
+    def _arms_consistent(self) -> "Experiment":
+        names = [a.name for a in self.arms]
+        if len(set(names)) != len(names):
+            raise ValueError("arm names must be unique")
+        for ref in (self.serving_arm, self.acceptance.primary, self.acceptance.noninferiority_vs,
+                    self.acceptance.max_bytes_ratio_vs, self.acceptance.min_speedup_vs):
+            if ref is not None and ref not in names:
+                raise ValueError(f"arm '{ref}' is referenced but not defined")
+        return self
+
+
+class Resolved(_Strict):
+    """One experiment at one profile: everything a stage needs, with one digest."""
+
+    experiment: Experiment
+    profile_name: str
+    profile: Profile
+
+    @property
+    def global_batch(self) -> int:
+        return self.profile.global_batch or self.experiment.global_batch
+
+    @property
+    def documents(self) -> int:
+        return self.profile.tasks + self.profile.replay
+
+    @property
+    def epochs(self) -> int:
+        return self.profile.updates * self.global_batch // self.documents
+
+    def docs_per_rank(self, arm: Arm) -> int:
+        return self.global_batch // arm.world_size
+
+    def arm(self, name: str) -> Arm:
+        for a in self.experiment.arms:
+            if a.name == name:
+                return a
+        raise ConfigError(
+            f"experiment {self.experiment.name} has no arm '{name}' "
+            f"(arms: {', '.join(a.name for a in self.experiment.arms)})"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "experiment": self.experiment.model_dump(mode="json", exclude={"profiles"}),
+            "profile_name": self.profile_name,
+            "profile": self.profile.model_dump(mode="json"),
+        }
+
+    def digest(self) -> str:
+        return canonical_sha256(self.as_dict())
+
+
+def config_dir() -> Path:
+    """`$TRIAL_CONFIG_DIR`, else the nearest `config/experiments` above the cwd or this package."""
+    env = os.environ.get("TRIAL_CONFIG_DIR")
+    if env:
+        return Path(env)
+    for base in (Path.cwd(), Path(__file__).resolve().parent):
+        for d in (base, *base.parents):
+            cand = d / "config" / "experiments"
+            if cand.is_dir():
+                return cand
+    raise ConfigError(
+        "no config/experiments directory found; run from the project checkout or set TRIAL_CONFIG_DIR"
+    )
+
+
+def experiment_names(directory: Path | None = None) -> list[str]:
+    d = directory or config_dir()
+    return sorted(p.stem for p in d.glob("*.toml"))
+
+
+def load_experiment(name: str, directory: Path | None = None) -> Experiment:
+    d = directory or config_dir()
+    path = d / f"{name}.toml"
+    if not path.is_file():
+        raise ConfigError(
+            f"unknown experiment '{name}' (known: {', '.join(experiment_names(d)) or 'none'}; "
+            f"looked in {d})"
+        )
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        exp = Experiment.model_validate(data)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path} is not valid TOML: {e}") from None
+    except ValidationError as e:
+        raise ConfigError(f"{path} is not a valid experiment:\n{e}") from None
+    if exp.name != name:
+        raise ConfigError(f"{path} declares name '{exp.name}'; the file name must match")
+    return exp
+
+
+def resolve(name: str, profile: str, directory: Path | None = None) -> Resolved:
+    exp = load_experiment(name, directory)
+    if profile not in exp.profiles:
+        raise ConfigError(
+            f"experiment {name} has no profile '{profile}' (profiles: {', '.join(sorted(exp.profiles))})"
+        )
+    prof = exp.profiles[profile]
+    r = Resolved(experiment=exp, profile_name=profile, profile=prof)
+    total = prof.updates * r.global_batch
+    if total % r.documents:
+        raise ConfigError(
+            f"{name}/{profile}: updates × global_batch = {total} is not a whole number of passes "
+            f"over {r.documents} documents (tasks + replay)"
+        )
+    for a in exp.arms:
+        if a.kind != "seed" and r.global_batch % a.world_size:
+            raise ConfigError(f"{name}/{profile}: global batch {r.global_batch} does not split "
+                              f"over arm {a.name}'s {a.world_size} ranks")
+    return r
+
+
+def lineage(name: str, profile: str, directory: Path | None = None) -> list[Resolved]:
+    """`name` preceded by every experiment whose tasks it must not repeat, oldest first."""
+    chain: list[Resolved] = []
+    seen: set[str] = set()
+    n: str | None = name
+    while n:
+        if n in seen:
+            raise ConfigError(f"experiments' 'previous' links form a cycle through {n}")
+        seen.add(n)
+        r = resolve(n, profile, directory)
+        chain.insert(0, r)
+        n = r.experiment.previous
+    return chain
+
+
+def arm_to_experiment(arm: str, directory: Path | None = None) -> str:
+    """The experiment whose primary arm is `arm` (used by `orchestrate run ARM`)."""
+    d = directory or config_dir()
+    hits = [n for n in experiment_names(d) if load_experiment(n, d).acceptance.primary == arm]
+    if not hits:
+        hits = [n for n in experiment_names(d)
+                if any(a.name == arm for a in load_experiment(n, d).arms)]
+    if len(hits) != 1:
+        raise ConfigError(f"arm '{arm}' names {'no' if not hits else 'more than one'} experiment"
+                          f"{'' if not hits else ': ' + ', '.join(hits)}; give the experiment name")
+    return hits[0]

@@ -1,0 +1,70 @@
+"""DiLoCo's outer step: average the workers' deltas from a common parent, then a Nesterov step.
+
+For parent x, worker endpoints y_r (r = 1…N), outer rate η and momentum μ:
+    d = mean_r(x − y_r);   v ← μ·v + d;   x ← x − η·(d + μ·v)
+Every worker then replaces its model with x and keeps its own Adam moments.
+
+x and v are FP32 on the CPU (they never occupy accelerator memory). The mean is reduced on the
+device through `comm.chunked_mean`'s one bounded buffer, and each chunk's update is applied as soon
+as its mean arrives, so there is no full-model d either. Deltas are exchanged rather than weights:
+a delta is small relative to the parent, so the FP32 sum loses less than summing parents would.
+
+This is the only implementation of the step (NOTES: `torch.optim.SGD(nesterov=True)` agrees only
+up to rounding), and `apply_update` is exposed so tests can check the formula and its sign.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from training.comm import CHUNK_BYTES, Piece, chunked_mean
+
+
+def apply_update(x: torch.Tensor, v: torch.Tensor, d: torch.Tensor, lr: float, momentum: float) -> None:
+    """In place: v ← μv + d; x ← x − η(d + μv)."""
+    v.mul_(momentum).add_(d)
+    x.sub_(d.add(v, alpha=momentum), alpha=lr)
+
+
+class OuterNesterov:
+    def __init__(self, params: Sequence[nn.Parameter], lr: float, momentum: float, *,
+                 chunk_bytes: int = CHUNK_BYTES):
+        self.params = list(params)
+        self.lr, self.momentum, self.chunk_bytes = lr, momentum, chunk_bytes
+        self.x = [p.detach().to("cpu", torch.float32, copy=True).reshape(-1) for p in self.params]
+        self.v = [torch.zeros_like(t) for t in self.x]
+        self.steps = 0
+
+    def state_dict(self) -> dict[str, object]:
+        return {"x": self.x, "v": self.v, "steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        for dst, src in zip(self.x, state["x"]):
+            dst.copy_(src)
+        for dst, src in zip(self.v, state["v"]):
+            dst.copy_(src)
+        self.steps = int(state["steps"])
+
+    @torch.no_grad()
+    def step(self) -> int:
+        """One synchronization; returns the payload bytes this rank reduced."""
+        flat = [p.data.view(-1) for p in self.params]
+        device = flat[0].device
+
+        def fill(view: torch.Tensor, pc: Piece) -> None:  # x − y_r for this piece
+            view.copy_(self.x[pc.index][pc.start:pc.end], non_blocking=False)
+            view.sub_(flat[pc.index][pc.start:pc.end])
+
+        def consume(mean: torch.Tensor, pc: Piece) -> None:  # outer step, then y_r ← x
+            x = self.x[pc.index][pc.start:pc.end]
+            apply_update(x, self.v[pc.index][pc.start:pc.end], mean.to("cpu", torch.float32),
+                         self.lr, self.momentum)
+            flat[pc.index][pc.start:pc.end].copy_(x)
+
+        sent = chunked_mean([t.numel() for t in self.x], fill, consume, device=device,
+                            chunk_bytes=self.chunk_bytes)
+        self.steps += 1
+        return sent

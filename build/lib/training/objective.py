@@ -1,0 +1,112 @@
+"""The training objective: the weighted sum of response-token losses, and the batches that feed it.
+
+Every arm optimizes the same quantity: for an update's documents D,
+    L = Σ_{d∈D} w_d · Σ_{t∈response(d)} CE(t) / W,   W = Σ_{d∈D} w_d · |response(d)|
+Arms differ only in who computes which part of the sum and what they divide by (see `trainer.py`),
+so the module here returns the *unnormalized* weighted sum and leaves the scale to the caller.
+
+Only target positions reach the output layer: with a 49k vocabulary the full logits tensor would
+dominate memory, and prompt or padding positions contribute nothing anyway.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from training.corpus import Corpus
+
+
+@dataclass
+class Microbatch:
+    """Right-padded documents plus the flat list of positions whose next token is a target."""
+
+    docs: list[int]  # corpus indices, in row order
+    input_ids: torch.Tensor  # [b, L] int64
+    attention_mask: torch.Tensor | None  # [b, L] int64, None when nothing is padded
+    rows: torch.Tensor  # [T] row of each target's predicting position
+    cols: torch.Tensor  # [T] column of the predicting position (target is at col + 1)
+    labels: torch.Tensor  # [T] the target token
+    weights: torch.Tensor  # [T] float32, the document's token weight
+    weighted_targets: int  # Σ weights, exact
+
+    def args(self) -> tuple:
+        """Positional arguments of `WeightedResponseLoss.forward` (also through a DDP wrapper)."""
+        return (self.input_ids, self.attention_mask, self.rows, self.cols, self.labels, self.weights)
+
+    def to(self, device: torch.device | str) -> "Microbatch":
+        mv = lambda t: None if t is None else t.to(device, non_blocking=True)  # noqa: E731
+        return Microbatch(self.docs, mv(self.input_ids), mv(self.attention_mask), mv(self.rows),
+                          mv(self.cols), mv(self.labels), mv(self.weights), self.weighted_targets)
+
+
+def order_for_microbatches(corpus: Corpus, docs: Sequence[int], sort_by_length: bool) -> list[int]:
+    """Longest first (ties keep assignment order), so each microbatch pads to similar lengths."""
+    docs = list(docs)
+    if not sort_by_length:
+        return docs
+    lengths = corpus.lengths
+    return [d for _, d in sorted(enumerate(docs), key=lambda p: (-int(lengths[p[1]]), p[0]))]
+
+
+def make_microbatches(corpus: Corpus, docs: Sequence[int], microbatch: int | None, *,
+                      pad_id: int, sort_by_length: bool = True) -> list[Microbatch]:
+    """Split a local batch into microbatches of at most `microbatch` documents (last may be short)."""
+    ordered = order_for_microbatches(corpus, docs, sort_by_length)
+    size = microbatch or max(1, len(ordered))
+    return [collate(corpus, ordered[i:i + size], pad_id=pad_id) for i in range(0, len(ordered), size)]
+
+
+def collate(corpus: Corpus, docs: Sequence[int], *, pad_id: int) -> Microbatch:
+    seqs = [corpus.doc(d) for d in docs]
+    width = max(len(s) for s in seqs)
+    ids = np.full((len(seqs), width), pad_id, dtype=np.int64)
+    mask = np.zeros((len(seqs), width), dtype=np.int64)
+    rows, cols, labels, weights = [], [], [], []
+    total = 0
+    for r, (d, s) in enumerate(zip(docs, seqs)):
+        n, p, w = len(s), int(corpus.prompt_lens[d]), int(corpus.weights[d])
+        if not 1 <= p < n:
+            raise ValueError(f"document {d} has prompt length {p} and length {n}: no target tokens")
+        ids[r, :n] = s
+        mask[r, :n] = 1
+        positions = np.arange(p - 1, n - 1)
+        rows.append(np.full(len(positions), r))
+        cols.append(positions)
+        labels.append(s[p:n].astype(np.int64))
+        weights.append(np.full(len(positions), w, dtype=np.float32))
+        total += w * len(positions)
+    padded = bool((mask == 0).any())
+    cat = lambda xs, dt: torch.from_numpy(np.concatenate(xs).astype(dt))  # noqa: E731
+    return Microbatch(list(docs), torch.from_numpy(ids), torch.from_numpy(mask) if padded else None,
+                      cat(rows, np.int64), cat(cols, np.int64), cat(labels, np.int64),
+                      cat(weights, np.float32), total)
+
+
+def weighted_targets(corpus: Corpus, docs: Sequence[int]) -> int:
+    return int(corpus.weighted_targets[list(docs)].sum())
+
+
+class WeightedResponseLoss(nn.Module):
+    """Wraps a causal LM so that `forward` returns Σ w·CE over a microbatch's target tokens.
+
+    DistributedDataParallel must wrap the module whose forward produces the loss, so the loss lives
+    here rather than in the training loop; the wrapped model's parameters are this module's.
+    """
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                rows: torch.Tensor, cols: torch.Tensor, labels: torch.Tensor,
+                weights: torch.Tensor) -> torch.Tensor:
+        hidden = self.model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
+                                          use_cache=False).last_hidden_state
+        logits = self.model.get_output_embeddings()(hidden[rows, cols]).float()
+        return (F.cross_entropy(logits, labels, reduction="none") * weights).sum()

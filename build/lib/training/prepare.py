@@ -1,0 +1,419 @@
+"""`prepare`: generate, check, tokenize and commit every input of an experiment, once.
+
+Outputs (under the trial home H):
+    inputs/tasks.jsonl          every task case (train/dev/test) with prompt, answer, schema, target
+                                and, for damaged training tasks, the damaged answer
+    inputs/replay.jsonl         the replay conversations trained on
+    inputs/probes.jsonl         the retention probes (response loss, paired against the seed)
+    inputs/train.safetensors    clean training corpus (tasks first, then replay)
+    inputs/train-damaged.safetensors   the same documents with the damaged targets
+    inputs/probes.safetensors   tokenized probes
+    inputs/documents.jsonl      one row per training document (source, weight, token counts)
+    inputs/schedule.json        the fixed global document order, one list per update
+    prepared.json               identities, role hashes, counts, corruption identities, model
+                                receipt, previous-experiment proof and the sha256 of every input
+    prepare-record.json         wall time by phase (not part of the commitment)
+then appends a `prepare` entry for prepared.json to H/commitments.jsonl.
+
+Everything is built in a hidden temporary directory and moved into place at the end, so a failure
+leaves H as it was. Re-running with identical inputs is a no-op; different inputs are refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import random
+import shutil
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from evidence.canonical import canonical_sha256, file_sha256, read_json, write_json_atomic
+from evidence.commitments import CommitmentError, CommitmentLog
+from training import corpus as corpus_mod
+from training import replay as replay_mod
+from training.config import Resolved
+from training.seed import load_tokenizer, verify_seed
+from training.tasks import FAMILIES, HELDOUT_VARIANTS, TRAIN_VARIANTS, Task, answer_text, damage, generate_task
+
+FORMAT = "trial-prepared-v1"
+PREPARED = "prepared.json"
+
+
+class PrepareError(RuntimeError):
+    """Prepare cannot proceed; the message names the thing and the fix."""
+
+
+def _prompt_hash(prompt: str) -> str:
+    return canonical_sha256({"prompt": prompt})
+
+
+class _Split:
+    """Generates unique tasks across all splits of one experiment."""
+
+    def __init__(self, seed: int, records: tuple[int, int]):
+        self.seed, self.records = seed, records
+        self.identities: set[str] = set()
+        self.prompts: set[str] = set()
+        self.collisions = 0
+
+    def make(self, split: str, n: int, variant_of) -> list[Task]:
+        out: list[Task] = []
+        i = 0
+        while len(out) < n:
+            family = FAMILIES[len(out) % len(FAMILIES)]
+            task = generate_task(self.seed, f"{split}/{i}", family, variant_of(len(out)),
+                                 self.records)
+            i += 1
+            ph = _prompt_hash(task.prompt)
+            if task.identity in self.identities or ph in self.prompts:
+                self.collisions += 1
+                continue
+            self.identities.add(task.identity)
+            self.prompts.add(ph)
+            out.append(task)
+        return out
+
+
+def _test_variant(frac: float):
+    def variant(i: int) -> int:
+        j = i // len(FAMILIES)  # the i-th case's family cycles with i, so decide per round
+        heldout = int((j + 1) * frac) > int(j * frac)
+        pool = HELDOUT_VARIANTS if heldout else TRAIN_VARIANTS
+        return pool[(j // 2) % len(pool)]
+    return variant
+
+
+def _train_variant(i: int) -> int:
+    return TRAIN_VARIANTS[(i // len(FAMILIES)) % len(TRAIN_VARIANTS)]
+
+
+def _task_row(task: Task, split: str, idx: int) -> dict[str, Any]:
+    return {"case_id": f"{split}-{idx:05d}", "split": split, "task_id": task.identity,
+            "family": task.family, "variant": task.variant,
+            "heldout_variant": task.variant in HELDOUT_VARIANTS, "prompt": task.prompt,
+            "answer": task.answer, "schema": task.schema, "target": task.target,
+            "records": task.records, "question": task.question}
+
+
+def _previous_proof(previous_home: Path, tasks: list[dict[str, Any]],
+                    expected: str | None) -> dict[str, Any]:
+    log = CommitmentLog(previous_home)
+    try:
+        entry = log.require("prepare", PREPARED)
+    except CommitmentError as e:
+        raise PrepareError(f"--previous-home {previous_home}: {e}") from None
+    prev = read_json(previous_home / PREPARED)
+    prev_name = prev["experiment"]["experiment"]["name"]
+    if expected and prev_name != expected:
+        raise PrepareError(f"--previous-home {previous_home} holds {prev_name}, but this experiment "
+                           f"must be disjoint from {expected}")
+    tasks_file = previous_home / "inputs" / "tasks.jsonl"
+    want = prev["inputs"]["tasks.jsonl"]
+    if not tasks_file.is_file() or file_sha256(tasks_file) != want:
+        raise PrepareError(f"--previous-home {previous_home}: inputs/tasks.jsonl is missing or "
+                           "differs from its committed hash")
+    prev_ids, prev_prompts = set(), set()
+    with open(tasks_file, encoding="utf-8") as f:
+        for line in f:
+            row = json.loads(line)
+            prev_ids.add(row["task_id"])
+            prev_prompts.add(_prompt_hash(row["prompt"]))
+    ids = {t["task_id"] for t in tasks}
+    prompts = {_prompt_hash(t["prompt"]) for t in tasks}
+    overlap_ids, overlap_prompts = ids & prev_ids, prompts & prev_prompts
+    if overlap_ids or overlap_prompts:
+        raise PrepareError(
+            f"--previous-home {previous_home} ({prev['experiment']['experiment']['name']}) overlaps "
+            f"this experiment: {len(overlap_ids)} task identities and {len(overlap_prompts)} prompts "
+            "recur (e.g. task "
+            f"{sorted(overlap_ids or {'-'})[0][:16]}); use a different generator_seed or previous home"
+        )
+    return {
+        "experiment": prev["experiment"]["experiment"]["name"],
+        "prepared_sha256": entry["sha256"],
+        "commitment_hash": entry["hash"],
+        "previous_task_identities": len(prev_ids),
+        "previous_prompts": len(prev_prompts),
+        "compared_task_identities": len(ids),
+        "compared_prompts": len(prompts),
+        "overlapping_identities": 0,
+        "overlapping_prompts": 0,
+    }
+
+
+def _fit(tok: Any, pool: list[dict[str, Any]], max_context: int) -> tuple[list[dict[str, Any]], int]:
+    lengths = corpus_mod.token_lengths(tok, [c["messages"] for c in pool]) if pool else []
+    kept = [c for c, n in zip(pool, lengths) if n <= max_context]
+    return kept, len(pool) - len(kept)
+
+
+def build_inputs(cfg: Resolved, model_dir: Path, out: Path, *, replay_file: Path | None,
+                 previous_home: Path | None, timer: dict[str, float]) -> dict[str, Any]:
+    exp, prof = cfg.experiment, cfg.profile
+    t0 = time.monotonic()
+    receipt = verify_seed(model_dir)
+    kind = receipt["meta"].get("kind")
+    if prof.seed != "local" and kind != prof.seed:
+        raise PrepareError(f"profile {cfg.profile_name} uses the '{prof.seed}' seed but {model_dir} "
+                           f"holds a '{kind}' seed; pass --model-dir of a '{prof.seed}' seed")
+    tok = load_tokenizer(model_dir, verified=True)
+    timer["seed_verify_and_tokenizer"] = time.monotonic() - t0
+
+    t0 = time.monotonic()
+    gen = _Split(exp.generator_seed, tuple(prof.records))
+    train = gen.make("train", prof.tasks, _train_variant)
+    dev = gen.make("dev", prof.dev, _train_variant)
+    test = gen.make("test", prof.test, _test_variant(exp.heldout_test_fraction))
+    rows = ([_task_row(t, "train", i) for i, t in enumerate(train)]
+            + [_task_row(t, "dev", i) for i, t in enumerate(dev)]
+            + [_task_row(t, "test", i) for i, t in enumerate(test)])
+    n_damaged = round(exp.damaged_fraction * len(train))
+    drng = random.Random(f"damage/{exp.generator_seed}")
+    damaged_idx = sorted(drng.sample(range(len(train)), n_damaged))
+    for i in damaged_idx:
+        rows[i]["damaged_answer"] = damage(train[i], drng)
+        rows[i]["damaged_target"] = answer_text(rows[i]["damaged_answer"])
+    timer["generate_tasks"] = time.monotonic() - t0
+
+    t0 = time.monotonic()
+    proof = _previous_proof(previous_home, rows, exp.previous) if previous_home else None
+    timer["previous_proof"] = time.monotonic() - t0
+
+    t0 = time.monotonic()
+    need = prof.replay + prof.probes
+    if replay_file:
+        pool = replay_mod.load_jsonl(replay_file)
+        source = {"kind": "user-jsonl", "file": replay_file.name, "sha256": file_sha256(replay_file),
+                  "rows": len(pool)}
+        random.Random(f"replay-order/{exp.generator_seed}").shuffle(pool)
+    else:
+        pool = replay_mod.generated_pool(exp.generator_seed, 2 * need + 8,
+                                         tuple(prof.replay_steps), "pool",
+                                         tuple(prof.replay_parts))
+        source = {"kind": "generated", "generator": "training.replay", "seed": exp.generator_seed,
+                  "steps": list(prof.replay_steps), "parts": list(prof.replay_parts)}
+    pool, too_long = _fit(tok, pool, prof.max_context)
+    if len(pool) < need:
+        raise PrepareError(
+            f"replay source has {len(pool)} usable conversations (≤ {prof.max_context} tokens; "
+            f"{too_long} longer ones skipped) but {prof.replay} replay + {prof.probes} probes are needed"
+        )
+    replay, probes = pool[:prof.replay], pool[prof.replay:need]
+    source["skipped_too_long"] = too_long
+    timer["replay"] = time.monotonic() - t0
+
+    t0 = time.monotonic()
+    task_convs = [[{"role": "user", "content": t.prompt}, {"role": "assistant", "content": t.target}]
+                  for t in train]
+    damaged_convs = [
+        [{"role": "user", "content": r["prompt"]},
+         {"role": "assistant", "content": r.get("damaged_target", r["target"])}]
+        for r in rows[:len(train)]
+    ]
+    replay_convs = [c["messages"] for c in replay]
+    w = [exp.weights.task] * len(train) + [exp.weights.replay] * len(replay)
+    clean = corpus_mod.build(tok, task_convs + replay_convs, w)
+    damaged = corpus_mod.build(tok, damaged_convs + replay_convs, w)
+    probe_corpus = corpus_mod.build(tok, [c["messages"] for c in probes], [1] * len(probes))
+    too_big = [i for i, n in enumerate(clean.lengths.tolist()) if n > prof.max_context]
+    too_big += [i for i, n in enumerate(damaged.lengths.tolist()) if n > prof.max_context]
+    if too_big:
+        i = too_big[0]
+        raise PrepareError(
+            f"training document {i} ({'task ' + rows[i]['case_id'] if i < len(train) else 'replay'}) "
+            f"has {int(max(clean.lengths[i], damaged.lengths[i]))} tokens > max_context "
+            f"{prof.max_context}; raise max_context or lower 'records' in profile {cfg.profile_name}"
+        )
+    plan = corpus_mod.schedule(len(clean), prof.updates, cfg.global_batch, exp.generator_seed)
+    timer["tokenize"] = time.monotonic() - t0
+
+    t0 = time.monotonic()
+    inputs = out / "inputs"
+    inputs.mkdir(parents=True)
+    with open(inputs / "tasks.jsonl", "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n")
+    for name, items in (("replay.jsonl", replay), ("probes.jsonl", probes)):
+        with open(inputs / name, "w", encoding="utf-8") as f:
+            for c in items:
+                f.write(json.dumps(c, ensure_ascii=False, sort_keys=True) + "\n")
+    clean.save(inputs / "train.safetensors")
+    damaged.save(inputs / "train-damaged.safetensors")
+    probe_corpus.save(inputs / "probes.safetensors")
+    damaged_set = set(damaged_idx)
+    with open(inputs / "documents.jsonl", "w", encoding="utf-8") as f:
+        for i in range(len(clean)):
+            is_task = i < len(train)
+            f.write(json.dumps({
+                "index": i, "role": "task" if is_task else "replay",
+                "source": rows[i]["task_id"] if is_task else replay[i - len(train)]["id"],
+                "case_id": rows[i]["case_id"] if is_task else None,
+                "weight": int(clean.weights[i]), "prompt_tokens": int(clean.prompt_lens[i]),
+                "targets": int(clean.targets[i]), "damaged": i in damaged_set,
+                "damaged_targets": int(damaged.targets[i]),
+            }, sort_keys=True) + "\n")
+    write_json_atomic(inputs / "schedule.json", {"global_batch": cfg.global_batch, "updates": plan})
+    timer["write"] = time.monotonic() - t0
+
+    def role_counts(c: corpus_mod.Corpus, lo: int, hi: int) -> dict[str, int]:
+        return {"documents": hi - lo, "target_tokens": int(c.targets[lo:hi].sum()),
+                "weighted_targets": int(c.weighted_targets[lo:hi].sum()),
+                "prompt_tokens": int(c.prompt_lens[lo:hi].sum()),
+                "max_document_tokens": int(c.lengths[lo:hi].max()) if hi > lo else 0}
+
+    n = len(train)
+    task_c, replay_c = role_counts(clean, 0, n), role_counts(clean, n, len(clean))
+    total_t = task_c["target_tokens"] + replay_c["target_tokens"]
+    total_w = task_c["weighted_targets"] + replay_c["weighted_targets"]
+    variants = Counter((r["split"], r["variant"]) for r in rows)
+    families = Counter((r["split"], r["family"]) for r in rows)
+    prepared = {
+        "format": FORMAT,
+        "experiment": cfg.as_dict(),
+        "experiment_digest": cfg.digest(),
+        "model": {"receipt_digest": receipt["digest"], "kind": receipt["meta"].get("kind"),
+                  "weights_sha256": receipt["files"].get("model.safetensors", {}).get("sha256"),
+                  "parameters": receipt["meta"].get("parameters")},
+        "inputs": {p.name: file_sha256(p) for p in sorted(inputs.iterdir())},
+        "role_hashes": {
+            "train_tasks": canonical_sha256([r["task_id"] for r in rows[:n]]),
+            "dev_tasks": canonical_sha256([r["task_id"] for r in rows if r["split"] == "dev"]),
+            "test_tasks": canonical_sha256([r["task_id"] for r in rows if r["split"] == "test"]),
+            "train_prompts": canonical_sha256([_prompt_hash(r["prompt"]) for r in rows[:n]]),
+            "test_prompts": canonical_sha256(
+                [_prompt_hash(r["prompt"]) for r in rows if r["split"] == "test"]),
+            "replay": canonical_sha256([c["id"] for c in replay]),
+            "probes": canonical_sha256([c["id"] for c in probes]),
+        },
+        "splits": {s: sum(1 for r in rows if r["split"] == s) for s in ("train", "dev", "test")},
+        "test_heldout_variant_cases": sum(1 for r in rows if r["split"] == "test" and r["heldout_variant"]),
+        "variants": {f"{s}/{v}": c for (s, v), c in sorted(variants.items())},
+        "families": {f"{s}/{fam}": c for (s, fam), c in sorted(families.items())},
+        "generator_collisions_skipped": gen.collisions,
+        "replay_source": source,
+        "counts": {
+            "task": task_c, "replay": replay_c,
+            "probes": role_counts(probe_corpus, 0, len(probe_corpus)),
+            "damaged_task": role_counts(damaged, 0, n),
+            "target_tokens": total_t,
+            "weighted_targets": total_w,
+            "task_share_of_targets": round(task_c["target_tokens"] / total_t, 6),
+            "task_share_of_weighted_targets": round(task_c["weighted_targets"] / total_w, 6),
+            "task_share_of_documents": round(n / len(clean), 6),
+        },
+        "corruption": {
+            "fraction_configured": exp.damaged_fraction, "count": len(damaged_idx),
+            "task_ids": [rows[i]["task_id"] for i in damaged_idx],
+            "case_ids": [rows[i]["case_id"] for i in damaged_idx],
+        },
+        "schedule": {
+            "updates": prof.updates, "global_batch": cfg.global_batch, "epochs": cfg.epochs,
+            "weighted_targets_per_update": corpus_mod.update_weighted_targets(clean, plan),
+            "weighted_targets_per_update_damaged": corpus_mod.update_weighted_targets(damaged, plan),
+        },
+        "previous": proof,
+    }
+    return prepared
+
+
+def prepare(cfg: Resolved, home: str | os.PathLike[str], model_dir: str | os.PathLike[str], *,
+            replay_file: str | None = None, previous_home: str | None = None) -> dict[str, Any]:
+    """Build, move into place and commit; returns {prepared, record, status}."""
+    home, model_dir = Path(home), Path(model_dir)
+    if replay_file is not None and not Path(replay_file).is_file():
+        raise PrepareError(f"replay file {replay_file} does not exist")
+    if previous_home is not None:
+        ph = Path(previous_home)
+        if not (ph / PREPARED).is_file():
+            raise PrepareError(f"--previous-home {ph} has no {PREPARED}; prepare that experiment first")
+        if ph.resolve() == home.resolve():
+            raise PrepareError("--previous-home must be another experiment's home, not this one")
+    if cfg.experiment.previous and previous_home is None:
+        raise PrepareError(
+            f"{cfg.experiment.name} must not repeat any task of {cfg.experiment.previous}: pass "
+            f"--previous-home with the home where {cfg.experiment.previous} was prepared "
+            "(`orchestrate run` does this for you)")
+    home.mkdir(parents=True, exist_ok=True)
+    with _locked(home):
+        return _prepare_locked(cfg, home, model_dir, replay_file, previous_home)
+
+
+@contextlib.contextmanager
+def _locked(home: Path):
+    """An exclusive flock on the home directory itself: concurrent prepares queue, no lock file."""
+    fd = os.open(home, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _prepare_locked(cfg: Resolved, home: Path, model_dir: Path, replay_file: str | None,
+                    previous_home: str | None) -> dict[str, Any]:
+    log = CommitmentLog(home)
+    log.entries()  # a broken log stops us before any work
+    if log.latest("prepare") is not None and not (home / PREPARED).exists():
+        raise PrepareError(f"{home} has a 'prepare' commitment but no {PREPARED}; the home is "
+                           "inconsistent — restore prepared.json from your evidence or use a new --home")
+    started = time.monotonic()
+    timer: dict[str, float] = {}
+    tmp = Path(tempfile.mkdtemp(dir=home, prefix=".prepare-"))
+    try:
+        prepared = build_inputs(cfg, model_dir, tmp, replay_file=Path(replay_file) if replay_file else None,
+                                previous_home=Path(previous_home) if previous_home else None,
+                                timer=timer)
+        digest = canonical_sha256(prepared)
+        existing = home / PREPARED
+        if existing.exists():
+            old = read_json(existing)
+            if canonical_sha256(old) != digest:
+                raise PrepareError(
+                    f"{existing} already holds different prepared inputs (experiment "
+                    f"{old['experiment']['experiment']['name']}/{old['experiment']['profile_name']}); "
+                    "inputs are committed once per home — use a new --home"
+                )
+            status = "unchanged"
+        else:
+            if (home / "inputs").exists():  # leftover of an interrupted run: keep it, aside
+                os.replace(home / "inputs", home / f".orphaned-inputs-{time.time_ns()}")
+            os.replace(tmp / "inputs", home / "inputs")
+            write_json_atomic(existing, prepared)
+            status = "prepared"
+        if log.latest("prepare") is None:
+            log.append("prepare", PREPARED, {"prepared_digest": digest,
+                                             "experiment": cfg.experiment.name,
+                                             "profile": cfg.profile_name})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    timer["total"] = time.monotonic() - started
+    record = {"status": status, "experiment": cfg.experiment.name, "profile": cfg.profile_name,
+              "seconds": {k: round(v, 3) for k, v in timer.items()}}
+    write_json_atomic(home / "prepare-record.json", record)
+    return {"prepared": prepared, "record": record, "status": status}
+
+
+def require_prepared(home: str | os.PathLike[str]) -> dict[str, Any]:
+    """prepared.json after checking its commitment and every input file's hash."""
+    home = Path(home)
+    try:
+        CommitmentLog(home).require("prepare", PREPARED)
+    except CommitmentError as e:
+        raise PrepareError(f"{e} (run `python -m training prepare --home {home} …`)") from None
+    prepared = read_json(home / PREPARED)
+    for name, digest in prepared["inputs"].items():
+        p = home / "inputs" / name
+        if not p.is_file() or file_sha256(p) != digest:
+            raise PrepareError(f"prepared input {p} is missing or differs from its committed hash")
+    return prepared
+
+
+def load_cases(home: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
+    with open(Path(home) / "inputs" / "tasks.jsonl", encoding="utf-8") as f:
+        return {row["case_id"]: row for row in map(json.loads, f)}

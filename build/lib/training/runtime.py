@@ -1,0 +1,184 @@
+"""Where a rank runs: identity, process group, numerical settings and whole-process figures.
+
+The numerical profile is the set of settings that change the numbers a run produces (library
+versions, device model, dtypes, TF32/determinism switches, collective algorithm variables). Its
+digest must be identical on every rank and is committed before training; hostnames, addresses and
+timings are recorded but left out, so an identical replacement host keeps the same profile.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import platform
+import resource
+import socket
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from evidence.canonical import canonical_sha256
+from training.errors import RuntimeSetupError
+
+_PROCESS_T0 = time.monotonic()
+NUMERIC_ENV = ("NCCL_ALGO", "NCCL_PROTO", "CUBLAS_WORKSPACE_CONFIG", "NVIDIA_TF32_OVERRIDE")
+RUNTIME_ENV = NUMERIC_ENV + ("OMP_NUM_THREADS", "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME",
+                             "GLOO_SOCKET_IFNAME", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE",
+                             "NCCL_NVLS_ENABLE", "PYTORCH_CUDA_ALLOC_CONF", "CUDA_VISIBLE_DEVICES")
+
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    world_size: int
+    rank: int
+    local_rank: int
+    master_addr: str | None
+    master_port: int | None
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> "RankInfo":
+        env = dict(os.environ if env is None else env)
+        world = int(env.get("WORLD_SIZE", "1"))
+        rank = int(env.get("RANK", "0"))
+        if world > 1:
+            missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in env]
+            if missing:
+                raise RuntimeSetupError(f"WORLD_SIZE={world} but {', '.join(missing)} not set; "
+                                        "every rank needs RANK, MASTER_ADDR and MASTER_PORT")
+        if not 0 <= rank < world:
+            raise RuntimeSetupError(f"RANK={rank} is outside WORLD_SIZE={world}")
+        port = env.get("MASTER_PORT")
+        return cls(world, rank, int(env.get("LOCAL_RANK", "0")), env.get("MASTER_ADDR"),
+                   int(port) if port else None)
+
+
+def pick_device(kind: str, local_rank: int) -> torch.device:
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeSetupError("this profile trains on CUDA but no CUDA device is visible "
+                                    "(use the cpu or smoke profile on this machine)")
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def device_lock(device: torch.device) -> Any:
+    """Hold an exclusive OS lock on a GPU for the life of the process, or refuse at once.
+
+    Taken before the model is allocated, so an overlapping job by the same user fails fast instead
+    of both jobs running out of memory halfway.
+    """
+    if device.type != "cuda":
+        return None
+    path = Path(os.environ.get("TRIAL_LOCK_DIR", "/tmp")) / f"trials-{os.getuid()}-cuda{device.index}.lock"
+    fh = open(path, "a+")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.close()
+        raise RuntimeSetupError(f"GPU {device.index} is in use by another training or evaluation job "
+                                f"(lock {path}); wait for it or pick another GPU") from None
+    return fh
+
+
+def init_group(info: RankInfo, device: torch.device, timeout_s: float = 600) -> None:
+    if info.world_size == 1:
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, rank=info.rank, world_size=info.world_size,
+                            timeout=timedelta(seconds=timeout_s),
+                            device_id=device if device.type == "cuda" else None)
+
+
+def configure_numerics(device: torch.device) -> None:
+    """Fixed switches: no TF32 (bf16 autocast is explicit), deterministic cuDNN."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+
+
+def numerical_profile(device: torch.device, *, dtype: str, arm: dict[str, Any],
+                      attention: str) -> dict[str, Any]:
+    import transformers
+
+    prof: dict[str, Any] = {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "device_type": device.type,
+        "parameter_dtype": "float32",
+        "autocast_dtype": dtype if device.type == "cuda" and dtype != "float32" else None,
+        "attention": attention,
+        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+        "tf32_cudnn": torch.backends.cudnn.allow_tf32,
+        "cudnn_deterministic": torch.backends.cudnn.deterministic,
+        "backend": "nccl" if device.type == "cuda" else "gloo",
+        "env": {k: os.environ.get(k) for k in NUMERIC_ENV},
+        "arm": arm,
+    }
+    if device.type == "cuda":
+        prof["cuda"] = torch.version.cuda
+        prof["device_name"] = torch.cuda.get_device_name(device)
+        prof["capability"] = list(torch.cuda.get_device_capability(device))
+    return prof
+
+
+def profile_digest(profile: dict[str, Any]) -> str:
+    return canonical_sha256(profile)
+
+
+def runtime_settings(device: torch.device) -> dict[str, Any]:
+    """Everything about where this rank ran (recorded, not part of the numerical identity)."""
+    out: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "env": {k: os.environ.get(k) for k in RUNTIME_ENV},
+    }
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        out["gpu"] = {"name": p.name, "total_memory": p.total_memory, "index": device.index}
+    return out
+
+
+def net_counters() -> dict[str, dict[str, int]]:
+    """Whole-host byte counters per interface (/proc/net/dev): all traffic, not just ours."""
+    out: dict[str, dict[str, int]] = {}
+    try:
+        lines = Path("/proc/net/dev").read_text().splitlines()[2:]
+    except OSError:
+        return out
+    for line in lines:
+        name, _, rest = line.partition(":")
+        f = rest.split()
+        if len(f) >= 9:
+            out[name.strip()] = {"rx_bytes": int(f[0]), "tx_bytes": int(f[8])}
+    return out
+
+
+def net_delta(after: dict, before: dict) -> dict[str, dict[str, int]]:
+    return {k: {f: v[f] - before.get(k, {}).get(f, 0) for f in v} for k, v in after.items()}
+
+
+def process_figures(device: torch.device) -> dict[str, Any]:
+    """Whole-process resources so far: CPU time, peak RSS, wall since start, device memory."""
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    out: dict[str, Any] = {
+        "wall_seconds_since_start": time.monotonic() - _PROCESS_T0,
+        "user_cpu_seconds": ru.ru_utime,
+        "system_cpu_seconds": ru.ru_stime,
+        "max_rss_bytes": ru.ru_maxrss * 1024,
+    }
+    if device.type == "cuda":
+        out["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+        out["cuda_max_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
+    return out

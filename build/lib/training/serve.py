@@ -1,0 +1,207 @@
+"""`serve`: one HTTP replica of a selected model, for the serving probe — not a chat service.
+
+It answers only the trial's committed development task IDs (the prompt comes from the committed
+inputs, never from the client), greedily, one request at a time: requests are not batched together,
+so the tokens a replica returns for a task do not depend on what else it was asked, and every replica
+of the same model must return the same tokens. That identity is what the probe and the report check.
+
+The model is verified before anything listens: its files against the receipt the committed selection
+names, and the loaded parameters against the digest the training ranks agreed on. A replica that
+fails either check exits without opening its port.
+
+The retry cache (request ID → answer, bounded, in memory, least recently used evicted) makes a repeated
+request ID idempotent so a client may retry safely. It is a benchmark convenience: it does not
+survive a restart and it is not billing or exactly-once delivery.
+
+    POST /v1/answer  {"request_id": "...", "task_id": "dev-00003"}
+      200 {"request_id", "task_id", "model": {...}, "token_ids": [...], "text", "replica", "cached",
+           "generate_seconds"}
+      400 malformed body · 404 unknown task ID · 409 request ID reused for another task · 413 body too big
+    GET /health → {"status": "ok", "model": {...}, "replica", "tasks"}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from starlette.concurrency import run_in_threadpool
+
+from evidence.canonical import read_json, write_json_atomic
+from training.errors import TrainError
+
+MAX_BODY_BYTES = 4096
+REQUEST_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
+
+
+class AnswerRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    request_id: str = Field(pattern=REQUEST_ID_PATTERN)
+    task_id: str = Field(min_length=1, max_length=64)
+
+
+class ServeError(TrainError):
+    """The replica refuses to start (unverified model, unservable arm, nothing to serve)."""
+
+
+@dataclass
+class Replica:
+    """A loaded, verified model and the committed development tasks it may answer."""
+
+    name: str
+    model: Any
+    tokenizer: Any
+    device: Any
+    tasks: dict[str, dict[str, Any]]
+    identity: dict[str, Any]
+    max_new_tokens: int
+    cache_size: int = 1024
+    device_lock: Any = None  # held for the life of the process (GPU only)
+    _cache: OrderedDict = field(default_factory=OrderedDict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def answer(self, req: AnswerRequest) -> tuple[int, dict[str, Any]]:
+        if req.task_id not in self.tasks:
+            return 404, {"error": "unknown task",
+                         "detail": f"'{req.task_id}' is not a committed development task of this trial"}
+        with self._lock:  # one generation at a time: identical tokens regardless of load
+            hit = self._cache.get(req.request_id)
+            if hit is not None:
+                if hit["task_id"] != req.task_id:
+                    return 409, {"error": "request ID reused",
+                                 "detail": f"request '{req.request_id}' was for task {hit['task_id']}"}
+                self._cache.move_to_end(req.request_id)
+                return 200, {**hit, "cached": True}
+            t0 = time.perf_counter()
+            ids = self._generate(self.tasks[req.task_id])
+            out = {"request_id": req.request_id, "task_id": req.task_id, "model": self.identity,
+                   "token_ids": ids, "text": self.tokenizer.decode(ids, skip_special_tokens=True).strip(),
+                   "replica": self.name, "generate_seconds": time.perf_counter() - t0}
+            self._cache[req.request_id] = out
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+        return 200, {**out, "cached": False}
+
+    def _generate(self, case: dict[str, Any]) -> list[int]:
+        import torch
+
+        from training.evaluate import prompt_text
+
+        enc = self.tokenizer(prompt_text(self.tokenizer, case), add_special_tokens=False,
+                             return_tensors="pt").to(self.device)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None \
+            else self.tokenizer.eos_token_id
+        with torch.no_grad():
+            gen = self.model.generate(**enc, max_new_tokens=self.max_new_tokens, do_sample=False,
+                                      pad_token_id=pad)
+        return [int(t) for t in gen[0, enc["input_ids"].shape[1]:]]
+
+
+def load_replica(home: str | os.PathLike[str], *, arm: str | None = None, seed_dir: Path | None = None,
+                 name: str = "replica", threads: int | None = None, cache_size: int = 1024) -> Replica:
+    import torch
+
+    from evidence.commitments import CommitmentLog
+    from training.evaluate import generation_budget, model_dir_for
+    from training.prepare import load_cases, require_prepared
+    from training.runtime import device_lock, pick_device
+    from training.seed import load_tokenizer, quiet_libraries
+    from training.train import resolved_from_prepared
+    from training.trainer import parameter_digest
+
+    home = Path(home)
+    prepared = require_prepared(home)
+    CommitmentLog(home).require("selection", "selection.json")
+    selection = read_json(home / "selection.json")
+    arm = arm or selection["serving"]
+    cfg = resolved_from_prepared(prepared)
+    if not cfg.arm(arm).servable:
+        raise ServeError(f"arm '{arm}' is marked not servable in the experiment's rules")
+    model_dir, receipt_digest = model_dir_for(home, arm, selection, seed_dir, prepared)
+    receipt = read_json(model_dir / "receipt.json")
+    device = pick_device(cfg.profile.device, int(os.environ.get("LOCAL_RANK", "0")))
+    lock = device_lock(device)
+    if threads:
+        torch.set_num_threads(threads)
+    quiet_libraries()
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    loaded = parameter_digest(model)
+    agreed = receipt["meta"].get("parameters_sha256")
+    if agreed is not None and loaded != agreed:
+        raise ServeError(f"{model_dir}: loaded parameters hash to {loaded}, the ranks agreed on {agreed}")
+    model.to(device)
+    tok = load_tokenizer(model_dir, verified=True)
+    tasks = {cid: c for cid, c in load_cases(home).items() if c["split"] == "dev"}
+    if not tasks:
+        raise ServeError(f"{home} has no development tasks to serve")
+    return Replica(name=name, model=model, tokenizer=tok, device=device, tasks=tasks,
+                  identity={"arm": arm, "receipt_digest": receipt_digest, "parameters_sha256": loaded},
+                  max_new_tokens=generation_budget(tok, tasks.values()), cache_size=cache_size,
+                  device_lock=lock)
+    return rep
+
+
+def make_app(replica: Replica) -> FastAPI:
+    app = FastAPI(title="trial serving replica", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/health")
+    def health() -> dict[str, Any]:
+        return {"status": "ok", "model": replica.identity, "replica": replica.name,
+                "tasks": len(replica.tasks)}
+
+    @app.post("/v1/answer")
+    async def answer(request: Request) -> JSONResponse:
+        declared = request.headers.get("content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > MAX_BODY_BYTES):
+            return JSONResponse({"error": "body too large", "detail": f"limit {MAX_BODY_BYTES} bytes"}, 413)
+        body = bytearray()
+        async for chunk in request.stream():  # a chunked body is counted as it arrives
+            body += chunk
+            if len(body) > MAX_BODY_BYTES:
+                return JSONResponse({"error": "body too large", "detail": f"limit {MAX_BODY_BYTES} bytes"}, 413)
+        try:
+            req = AnswerRequest.model_validate_json(bytes(body))
+        except ValidationError as e:
+            detail = "; ".join(f"{'.'.join(map(str, x['loc'])) or 'body'}: {x['msg']}" for x in e.errors())
+            return JSONResponse({"error": "malformed request", "detail": detail}, 400)
+        status, payload = await run_in_threadpool(replica.answer, req)
+        return JSONResponse(payload, status)
+
+    return app
+
+
+def serve(replica: Replica, host: str, port: int, ready_file: Path | None = None) -> None:
+    """Listen until SIGINT/SIGTERM. The ready file (port, pid, model) is written only once the socket
+    accepts connections, so whoever started the replica can wait for it without guessing."""
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    server = uvicorn.Server(uvicorn.Config(make_app(replica), log_level="warning", access_log=False))
+
+    async def run() -> None:
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started and not task.done():
+            await asyncio.sleep(0.01)
+        if server.started and ready_file is not None:
+            write_json_atomic(ready_file, {"host": host, "port": sock.getsockname()[1], "pid": os.getpid(),
+                                           "model": replica.identity, "replica": replica.name})
+        await task
+
+    asyncio.run(run())
+

@@ -1,0 +1,361 @@
+"""One training loop for every arm; the arms differ only in three small decisions.
+
+| arm       | engine                     | loss scale per microbatch      | after the optimizer step   |
+|-----------|----------------------------|--------------------------------|----------------------------|
+| single    | the model                  | 1 / W (global weighted targets)| —                          |
+| ddp       | DDP, allreduce hook        | N / W  (DDP divides by N)      | —                          |
+| powersgd  | DDP, PowerSGD hook         | N / W                          | —                          |
+| diloco    | the model (no per-step sync)| 1 / W_r (this worker's targets)| every H updates: outer step|
+
+With N ranks each holding 1/N of the update's documents, the DDP average of N·g_r/W is Σ_r g_r / W,
+the single-process objective exactly. Microbatches before the last run under `no_sync` (forward
+included), so one reduction happens per update; clipping and AdamW follow it on every rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from training.comm import CHUNK_BYTES, Ledger
+from training.corpus import Corpus
+from training.diloco import OuterNesterov
+from training.objective import WeightedResponseLoss, make_microbatches, weighted_targets
+
+Kind = Literal["single", "ddp", "powersgd", "diloco"]
+
+
+@dataclass
+class TrainSpec:
+    kind: Kind
+    plan: list[list[int]]  # the global documents of every update
+    lr: float
+    warmup: int = 0
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    microbatch: int | None = None
+    world_size: int = 1
+    rank: int = 0
+    sync_every: int | None = None
+    outer_lr: float | None = None
+    outer_momentum: float | None = None
+    powersgd_rank: int | None = None
+    dense_warmup: int | None = None
+    powersgd_seed: int = 0
+    autocast_dtype: torch.dtype | None = None
+    sort_by_length: bool = True
+    chunk_bytes: int = CHUNK_BYTES
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        if self.kind == "single" and self.world_size != 1:
+            raise ValueError("the single arm runs on one process")
+        if self.kind != "single" and self.world_size < 2:
+            raise ValueError(f"the {self.kind} arm needs at least two ranks")
+        for u, docs in enumerate(self.plan):
+            if len(docs) % self.world_size:
+                raise ValueError(f"update {u} has {len(docs)} documents, not divisible by "
+                                 f"{self.world_size} ranks")
+        if self.kind == "diloco" and not (self.sync_every and self.outer_lr is not None
+                                          and self.outer_momentum is not None):
+            raise ValueError("diloco needs sync_every, outer_lr and outer_momentum")
+        if self.kind == "powersgd" and (not self.powersgd_rank or (self.dense_warmup or 0) < 2):
+            raise ValueError("powersgd needs powersgd_rank and dense_warmup >= 2 "
+                             "(PyTorch's minimum with error feedback)")
+
+    @property
+    def updates(self) -> int:
+        return len(self.plan)
+
+    def local_docs(self, update: int) -> list[int]:
+        docs = self.plan[update]
+        k = len(docs) // self.world_size
+        return list(docs[self.rank * k:(self.rank + 1) * k])
+
+    def lr_at(self, update: int) -> float:
+        """Linear warmup over `warmup` updates, then constant."""
+        if self.warmup and update < self.warmup:
+            return self.lr * (update + 1) / self.warmup
+        return self.lr
+
+    def syncs_after(self, update: int) -> bool:
+        return self.kind == "diloco" and ((update + 1) % self.sync_every == 0
+                                          or update + 1 == self.updates)
+
+
+def bucket_cap_mb(kind: str, device_type: str, model: nn.Module) -> int | None:
+    """DDP's bucket size: the default, except PowerSGD over gloo gets one bucket.
+
+    PowerSGD issues each bucket's Q all-reduce from a callback of its P all-reduce. CUDA (NCCL)
+    futures complete when the work is enqueued, so the callbacks run in bucket order on every rank;
+    gloo's complete when the bytes arrive, so with several buckets one rank can issue bucket k's Q
+    before bucket k+1's P while its peer does the opposite, and gloo aborts on the size mismatch
+    (seen with the 135M model: "18432 vs 2304"). One bucket leaves one chain.
+    """
+    if kind == "powersgd" and device_type != "cuda":
+        total = sum(p.numel() * p.element_size() for p in model.parameters())
+        return total // (1 << 20) + 1
+    return None
+
+
+@dataclass
+class Trainer:
+    model: nn.Module
+    corpus: Corpus
+    spec: TrainSpec
+    device: torch.device
+    pad_id: int
+    ledger: Ledger = field(default_factory=lambda: Ledger(1))
+
+    def __post_init__(self) -> None:
+        s = self.spec
+        self.model.to(self.device).train()
+        self.loss = WeightedResponseLoss(self.model)
+        self.engine: nn.Module = self.loss
+        self.powersgd_state = None
+        if s.kind in ("ddp", "powersgd"):
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            # init_sync=False: every rank loaded the same verified seed (digests agreed before),
+            # so the setup broadcast of all weights would only move bytes.
+            # buffers (rotary frequencies) are identical by construction: never sync them. torch
+            # 2.13 spells that forward_sync_buffers (broadcast_buffers warns); older torch, the latter
+            import inspect
+
+            no_buffer_sync = ({"forward_sync_buffers": False}
+                              if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
+                              else {"broadcast_buffers": False})
+            self.engine = DDP(self.loss, device_ids=[self.device] if self.device.type == "cuda" else None,
+                              init_sync=False, bucket_cap_mb=bucket_cap_mb(s.kind, self.device.type, self.model),
+                              **no_buffer_sync)
+            if s.kind == "ddp":
+                real = lambda bucket: default_hooks.allreduce_hook(None, bucket)  # noqa: E731
+            else:
+                self.powersgd_state = powerSGD_hook.PowerSGDState(
+                    process_group=None, matrix_approximation_rank=s.powersgd_rank,
+                    start_powerSGD_iter=s.dense_warmup, use_error_feedback=True, warm_start=True,
+                    random_seed=s.powersgd_seed)
+                real = lambda bucket: powerSGD_hook.powerSGD_hook(self.powersgd_state, bucket)  # noqa: E731
+
+            def hook(_state, bucket):
+                """The arm's reduction; during a resume's warm-up pass, the bucket unchanged."""
+                if self._warming:
+                    fut: torch.futures.Future = torch.futures.Future()
+                    fut.set_result(bucket.buffer())
+                    return fut
+                return real(bucket)
+
+            self._warming = False
+            self.engine.register_comm_hook(None, hook)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=s.lr, betas=s.betas, eps=s.eps,
+                                           weight_decay=s.weight_decay)
+        self.outer = (OuterNesterov(self.params, s.outer_lr, s.outer_momentum,
+                                    chunk_bytes=s.chunk_bytes) if s.kind == "diloco" else None)
+        self.update = 0  # the next update to run
+        self.journal: list[dict[str, Any]] = []  # every update's record, carried in checkpoints
+        self.global_weights = [weighted_targets(self.corpus, docs) for docs in s.plan]
+
+    @property
+    def numel(self) -> int:
+        return sum(p.numel() for p in self.params)
+
+    def _bucket_sizes(self) -> list[int] | None:
+        """DDP's current bucket sizes in bytes (as its logger reports them), None without DDP."""
+        if not hasattr(self.engine, "_get_ddp_logging_data"):
+            return None
+        sizes = str(self.engine._get_ddp_logging_data().get("bucket_sizes", ""))
+        return [int(x) for x in sizes.split(",") if x.strip()]
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.spec.autocast_dtype is None or self.device.type != "cuda":
+            return contextlib.nullcontext()
+        return torch.autocast("cuda", dtype=self.spec.autocast_dtype)
+
+    def step(self) -> dict[str, Any]:
+        """Run update `self.update`; return its record."""
+        s, u = self.spec, self.update
+        if u >= s.updates:
+            raise IndexError(f"all {s.updates} updates already ran")
+        self._sync()
+        t0 = time.perf_counter()
+        before = self.ledger.snapshot()
+        local = s.local_docs(u)
+        w_local = weighted_targets(self.corpus, local)
+        w_global = self.global_weights[u]
+        scale = {"single": 1.0 / w_global, "ddp": s.world_size / w_global,
+                 "powersgd": s.world_size / w_global, "diloco": 1.0 / w_local}[s.kind]
+        mbs = make_microbatches(self.corpus, local, s.microbatch, pad_id=self.pad_id,
+                                sort_by_length=s.sort_by_length)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        with self.ledger.phase("gradient"):
+            for i, mb in enumerate(mbs):
+                quiet = (self.engine.no_sync() if s.kind in ("ddp", "powersgd") and i < len(mbs) - 1
+                         else contextlib.nullcontext())
+                with quiet:
+                    with self._autocast():
+                        part = self.engine(*mb.to(self.device).args())
+                    (part * scale).backward()
+                loss_sum += part.detach().double()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, s.grad_clip)
+        lr = s.lr_at(u)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._sync()
+        t_inner = time.perf_counter()
+        outer = s.syncs_after(u)
+        if outer:
+            with self.ledger.phase("outer-delta"):
+                self.outer.step()
+            self._sync()
+        t1 = time.perf_counter()
+        self.update += 1
+        ls = float(loss_sum)
+        rec = {
+            "update": u, "global_docs": list(s.plan[u]), "local_docs": local,
+            "microbatches": [len(mb.docs) for mb in mbs],
+            "microbatch_docs": [mb.docs for mb in mbs],  # the order they ran in
+            "weighted_targets_local": w_local, "weighted_targets_global": w_global,
+            "loss_sum_local": ls, "loss_local": ls / w_local,
+            "loss": ls / w_global if s.world_size == 1 else None,  # global: Σ_r loss_sum / W
+            "grad_norm": float(grad_norm), "lr": lr,
+            "powersgd_compressed": (self.powersgd_state is not None
+                                    and u >= self.powersgd_state.start_powerSGD_iter),
+            "outer_step": outer,
+            "ddp_bucket_bytes": self._bucket_sizes(),
+            "seconds": t1 - t0, "inner_seconds": t_inner - t0, "outer_seconds": t1 - t_inner,
+            "comm": Ledger.diff(self.ledger.snapshot(), before),
+        }
+        self.journal.append(rec)
+        return rec
+
+    # ------------------------------------------------------------------ checkpoint state
+
+    def state(self) -> dict[str, Any]:
+        """This rank's whole training state: enough to continue bit for bit."""
+        import random
+
+        import numpy as np
+
+        psgd = None
+        if self.powersgd_state is not None:
+            psgd = {k: getattr(self.powersgd_state, k) for k in self.powersgd_state.__slots__
+                    if k != "process_group"}
+        return {
+            "update": self.update,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
+                    "torch": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None},
+            "outer": self.outer.state_dict() if self.outer is not None else None,
+            "powersgd": psgd,
+            "ledger": {"totals": self.ledger.snapshot(), "ops": {k: dict(v) for k, v in self.ledger.ops.items()}},
+            "journal": self.journal,
+        }
+
+    def load_state(self, state: dict[str, Any], *, warm_ddp: bool = True) -> None:
+        """Restore `state()`; `warm_ddp=False` exists only to show, in a test, why the pass is needed."""
+        import random
+
+        import numpy as np
+
+        with torch.no_grad():
+            self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.outer is not None:
+            self.outer.load_state_dict(state["outer"])
+        if self.powersgd_state is not None:
+            for k, v in state["powersgd"].items():
+                if isinstance(v, dict):  # error feedback and P/Q memories live on the device
+                    v = {i: t.to(self.device) if torch.is_tensor(t) else t for i, t in v.items()}
+                setattr(self.powersgd_state, k, v)
+        for label, t in state["ledger"]["totals"].items():
+            self.ledger.totals[label].update(t)
+        for k, v in state["ledger"]["ops"].items():
+            self.ledger.ops[k].update(v)
+        self.journal = list(state["journal"])
+        self.update = int(state["update"])
+        if self.engine is not self.loss and warm_ddp:
+            self._warm_ddp()
+        rng = state["rng"]  # last: the warm-up pass must not be what moves any generator
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        torch.set_rng_state(rng["torch"])
+        if rng["cuda"] is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state_all(rng["cuda"])
+
+    def _warm_ddp(self) -> None:
+        """Give a fresh DDP its rebuilt bucket layout before the first real update of a resume.
+
+        DDP re-buckets parameters by gradient-ready order after its first backward. An
+        uninterrupted run reduces (and keeps PowerSGD's error feedback) in that rebuilt layout, so a
+        resumed run must reach it before its first reduction: one forward/backward whose hook
+        returns the bucket unchanged (no communication), then the gradients are dropped.
+        """
+        mb = make_microbatches(self.corpus, self.spec.local_docs(min(self.update, self.spec.updates - 1)),
+                               self.spec.microbatch, pad_id=self.pad_id,
+                               sort_by_length=self.spec.sort_by_length)[0]
+        self._warming = True
+        try:
+            with self._autocast():
+                part = self.engine(*mb.to(self.device).args())
+            part.backward()
+        finally:
+            self._warming = False
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+def parameter_digest(model: nn.Module) -> str:
+    """sha256 over every parameter's name, dtype, shape and bytes, in a fixed order."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
+        t = p.detach().to("cpu").contiguous()
+        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}\n".encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+@contextlib.contextmanager
+def all_or_none(what: str, device: torch.device):
+    """Run a step some ranks do alone (a commit, a file write); then every rank learns whether all
+    succeeded. The rank that failed re-raises its own error; the others stop at `barrier_ok`."""
+    try:
+        yield
+    except BaseException:
+        barrier_ok(False, what, device)
+        raise
+    barrier_ok(True, what, device)
+
+
+def barrier_ok(ok: bool, what: str, device: torch.device) -> None:
+    """Every rank learns whether every rank succeeded at `what`.
+
+    A rank that failed calls this with ok=False from its error path and then re-raises its own
+    error (the one that names the cause); the others stop here with a message pointing to it.
+    """
+    if not dist.is_initialized():
+        return
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    if ok and not int(flag.item()):
+        from training.errors import TrainError
+
+        raise TrainError(f"another rank failed at {what}; its log names the cause — this rank "
+                         "stops too")

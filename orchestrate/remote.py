@@ -1,0 +1,218 @@
+"""Ranks on hosts reached over SSH: stage what they need, launch one process per rank, supervise the
+group with the same rules as the local launcher, collect what they wrote.
+
+Staging, per host under its root: the wheelhouse (every file checked against the lock's sha256 after
+upload), installed offline (`pip install --no-index`) into root/site; the seed and the prepared
+inputs, each file read back and checked. Then every host reports an environment digest — its Python,
+every installed distribution and version, the project's installed files — and nothing trains unless
+all hosts report the same one.
+
+A remote rank is the command of one SSH exec channel. A wrapper writes its pid first, so the
+supervisor can signal it by pid (`kill -TERM <pid>`), and its stderr streams into the local log. A
+host that stops answering (every liveness probe failing for `unreachable_s`) fails the group like a
+non-zero exit: the others are stopped; the unreachable one cannot be, and the result says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import signal
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from orchestrate.cluster import Cluster, Host
+from orchestrate.local import GroupResult, free_port, run_group
+from orchestrate.transport import SSHTransport, Transport, TransportError
+
+ENV_DIGEST = r"""
+import hashlib, importlib.metadata as m, json, pathlib, sys
+dists = sorted((d.metadata["Name"].lower(), d.version) for d in m.distributions())
+files = sorted(p for p in pathlib.Path(sys.argv[1]).rglob("*.py") if "__pycache__" not in p.parts)
+own = hashlib.sha256(b"".join(p.relative_to(sys.argv[1]).as_posix().encode() + b"\0" + p.read_bytes()
+                              for p in files)).hexdigest()
+print(json.dumps({"python": sys.version, "dists": dists, "project_files": own}))
+"""
+
+
+class StagingError(RuntimeError):
+    """A host whose environment or inputs differ from the others'; the message names it."""
+
+
+def wheelhouse_lock(wheel_dir: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(wheel_dir.glob("*.whl"))}
+
+
+def stage_host(t: Transport, host: Host, *, python: str, wheel_dir: Path, lock: dict[str, str],
+               files: dict[str, Path]) -> dict[str, Any]:
+    """Upload and verify the wheelhouse and `files` (remote path under root → local path), install
+    offline, report the environment digest."""
+    root = host.root
+    for name, digest in lock.items():
+        got = t.put(wheel_dir / name, f"{root}/wheels/{name}")
+        if got != digest:
+            raise StagingError(f"{host.name}: wheel {name} reads back as {got}, the lock says {digest}")
+    t.run(f"rm -rf {root}/site && {shlex.quote(python)} -m pip install -q --no-index --no-deps "
+          f"--no-compile --target {root}/site {' '.join(f'{root}/wheels/{n}' for n in lock)}",
+          timeout=900).check(f"{host.name}: offline install")
+    for rel, local in files.items():
+        t.put(local, f"{root}/{rel}")
+    r = t.run(f"PYTHONPATH={root}/site {shlex.quote(python)} -c {shlex.quote(ENV_DIGEST)} {root}/site")
+    env = json.loads(r.check(f"{host.name}: environment report").stdout)
+    return {"host": host.name, "environment": env,
+            "digest": hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()}
+
+
+def stage(cluster: Cluster, transports: list[Transport], *, wheel_dir: Path,
+          files: dict[str, Path], say: Callable[[str], None] = lambda m: None) -> str:
+    """Stage every host; return the one environment digest they all report, or refuse."""
+    lock = wheelhouse_lock(wheel_dir)
+    if not lock:
+        raise StagingError(f"{wheel_dir} holds no wheels")
+    reports = []
+    for h, t in zip(cluster.by_rank, transports):
+        reports.append(stage_host(t, h, python=h.python, wheel_dir=wheel_dir, lock=lock, files=files))
+        say(f"staged {h.name}: {len(lock)} wheels, {len(files)} files, environment {reports[-1]['digest'][:12]}…")
+    digests = {r["digest"] for r in reports}
+    if len(digests) != 1:
+        raise StagingError("hosts report different environments, nothing trains: "
+                           + ", ".join(f"{r['host']} {r['digest'][:16]}" for r in reports))
+    return digests.pop()
+
+
+class RemoteRank:
+    """Popen's interface (poll, send_signal, kill, wait, returncode) for a rank on an SSH host."""
+
+    def __init__(self, t: SSHTransport, command: str, env: dict[str, str], log: Path, pidfile: str,
+                 *, unreachable_s: float = 10.0, probe_every_s: float = 1.0):
+        self.t, self.log, self.pidfile = t, log, pidfile
+        self.unreachable_s, self.probe_every_s = unreachable_s, probe_every_s
+        self.returncode: int | None = None
+        self.why: str | None = None
+        self.unstoppable = False
+        self.chan = t.start(f"echo $$ > {pidfile}; {command}", env)  # `command` ends in exec: same pid
+        self._log = open(log, "ab")
+        self._out = open(log.with_suffix(".out"), "ab")
+        self._last_ok = time.monotonic()
+        self._next_probe = time.monotonic() + probe_every_s
+
+    def _drain(self) -> None:
+        while self.chan.recv_stderr_ready():
+            self._log.write(self.chan.recv_stderr(65536))
+        while self.chan.recv_ready():
+            self._out.write(self.chan.recv(65536))
+        self._log.flush()
+        self._out.flush()
+
+    def poll(self) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        self._drain()
+        if self.chan.exit_status_ready():
+            self._drain()
+            self.returncode = self.chan.recv_exit_status()
+            self._close()
+            return self.returncode
+        now = time.monotonic()
+        if now >= self._next_probe:
+            self._next_probe = now + self.probe_every_s
+            if self._remote(f"kill -0 $(cat {self.pidfile})", timeout=2.0) is not None:
+                self._last_ok = now
+            elif now - self._last_ok > self.unreachable_s:
+                self.returncode, self.why, self.unstoppable = 255, "unreachable", True
+                self._close()
+        return self.returncode
+
+    def _remote(self, command: str, timeout: float) -> int | None:
+        """The status of a short command on the host, or None when the host does not answer."""
+        try:
+            return self.t.run(command, timeout=timeout).status
+        except (TransportError, OSError, EOFError, Exception):  # noqa: BLE001 — paramiko raises many kinds
+            return None
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None and self._remote(f"kill -{int(sig)} $(cat {self.pidfile})", timeout=2.0) is None:
+            self.unstoppable = True
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+        if self.unstoppable and self.returncode is None:
+            self.returncode, self.why = 255, self.why or "unreachable"
+            self._close()
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError
+            time.sleep(0.05)
+        return self.returncode
+
+    def _close(self) -> None:
+        try:
+            self.chan.close()
+        except Exception:  # noqa: BLE001
+            pass
+        self._log.close()
+        self._out.close()
+
+
+def remote_heartbeat(t: SSHTransport, path: str) -> Callable[[], float | None]:
+    """The heartbeat file's mtime on the host; while the host does not answer, the last value seen
+    (so an unreachable rank counts as making no progress)."""
+    last: list[float | None] = [None]
+
+    def read() -> float | None:
+        try:
+            r = t.run(f"stat -c %Y {shlex.quote(path)} 2>/dev/null", timeout=2.0)
+            if r.status == 0 and r.stdout.strip().isdigit():
+                last[0] = float(r.stdout.strip())
+        except Exception:  # noqa: BLE001
+            pass
+        return last[0]
+    return read
+
+
+def launch_remote_group(cluster: Cluster, argv_for: Callable[[Host], Sequence[str]], world: int, *,
+                        log_dir: Path, env: dict[str, str] | None = None,
+                        heartbeats: Sequence[str] = (), stale_s: float = 600.0, unreachable_s: float = 10.0,
+                        grace_s: float = 10.0, echo: Callable[[str], None] | None = None) -> GroupResult:
+    """One rank per host of `cluster` (ranks 0..world-1), rank identity from the environment,
+    rendezvous at rank 0's private address; supervised by `run_group`."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    hosts = cluster.by_rank[:world]
+    master = hosts[0].private_address
+    port = free_port("0.0.0.0")  # a port number; it is opened on rank 0's host by the rank itself
+    procs, logs = [], [log_dir / f"rank-{r}.log" for r in range(world)]
+    try:
+        for r, h in enumerate(hosts):
+            t = cluster.transport(h)
+            e = {**(env or {}), "WORLD_SIZE": str(world), "RANK": str(r), "LOCAL_RANK": "0",
+                 "MASTER_ADDR": master, "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1",
+                 "PYTHONPATH": f"{h.root}/site"}
+            if h.interface:
+                e |= {"GLOO_SOCKET_IFNAME": h.interface, "NCCL_SOCKET_IFNAME": h.interface}
+            logs[r].write_bytes(b"")
+            cmd = f"cd {shlex.quote(h.root)} && exec {shlex.quote(h.python)} " + " ".join(map(shlex.quote, argv_for(h)))
+            procs.append(RemoteRank(t, cmd, e, logs[r], f"{h.root}/rank-{r}.pid", unreachable_s=unreachable_s))
+    except BaseException:
+        for p in procs:
+            p.kill()
+        raise
+    beats = [remote_heartbeat(cluster.transport(h), f"{h.root}/{hb}") for h, hb in zip(hosts, heartbeats)]
+    return run_group(procs, logs, grace_s=grace_s, echo=echo, heartbeats=beats, stale_s=stale_s)
+
+
+def collect(cluster: Cluster, transports: list[Transport], remote_dirs: dict[int, str], local_home: Path) -> list[str]:
+    """Copy every file under each rank's remote directory (relative to its root/home) into the local
+    home, each verified by sha256. Returns the relative paths collected."""
+    got = []
+    for rank, rel in remote_dirs.items():
+        h, t = cluster.by_rank[rank], transports[rank]
+        listing = t.run(f"cd {shlex.quote(h.root)}/home && find {shlex.quote(rel)} -type f -print0 2>/dev/null")
+        for path in filter(None, listing.check(f"{h.name}: listing {rel}").stdout.split("\0")):
+            t.get(f"{h.root}/home/{path}", local_home / path)
+            got.append(path)
+    return got

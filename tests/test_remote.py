@@ -1,0 +1,148 @@
+"""Ranks on SSH hosts (network namespaces with real sshd, root only): staging with a hash-locked
+wheelhouse installed offline and one environment digest, a real 2-rank gloo training run across the
+namespaces collected into the controller's home, a rank's death propagated as its exit status, a
+different environment refused, and a host cut off mid-run detected within the bound."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from evidence.canonical import read_json
+from orchestrate.cluster import netns_cluster
+from orchestrate.netns import NetnsHosts
+from orchestrate.remote import StagingError, collect, launch_remote_group, stage
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("/usr/sbin/sshd") is None,
+                                reason="needs root and openssh-server (CI installs both)")
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheels")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out),
+                    str(ROOT)], check=True, capture_output=True)
+    assert len(list(out.glob("trials-*.whl"))) == 1
+    return out
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    with NetnsHosts(2, tmp_path_factory.mktemp("netns")) as hs:
+        yield hs
+
+
+def inputs(home: Path, seed: Path) -> dict[str, Path]:
+    files = {f"home/{p.relative_to(home)}": p for p in home.rglob("*") if p.is_file()}
+    files |= {f"seed/{p.relative_to(seed)}": p for p in seed.rglob("*") if p.is_file()}
+    return files
+
+
+def train_argv(h) -> list[str]:
+    return ["-m", "training", "train", "--home", f"{h.root}/home", "--arm", "clean-pair",
+            "--model-dir", f"{h.root}/seed", "--threads", "1"]
+
+
+def clear_runs(cluster):
+    for h in cluster.by_rank:
+        cluster.transport(h).run(f"rm -rf {h.root}/home/runs {h.root}/rank-*.pid").check("clear")
+
+
+@pytest.fixture(scope="module")
+def staged(hosts, wheels, smoke_home, tiny_seed, tmp_path_factory):
+    cluster = netns_cluster(hosts, "file:///unused", python=sys.executable)
+    ts = [cluster.transport(h) for h in cluster.by_rank]
+    digest = stage(cluster, ts, wheel_dir=wheels, files=inputs(smoke_home, tiny_seed))
+    yield cluster, ts, digest
+    for t in ts:
+        t.close()
+
+
+def test_staging_gives_one_environment(staged, hosts, smoke_home):
+    cluster, ts, digest = staged
+    assert len(digest) == 64
+    for h, t in zip(cluster.by_rank, ts):  # installed offline from the uploaded wheel, inputs in place
+        r = t.run(f"PYTHONPATH={h.root}/site {h.python} -c 'import training, sys; print(training.__file__)'")
+        assert r.check("import").stdout.strip() == f"{h.root}/site/training/__init__.py"
+        assert t.run(f"sha256sum {h.root}/home/prepared.json").stdout.split()[0] == \
+            hashlib.sha256((smoke_home / "prepared.json").read_bytes()).hexdigest()
+
+
+def test_a_different_environment_is_refused(hosts, wheels, smoke_home, tiny_seed):
+    cluster = netns_cluster(hosts, "file:///unused", python=sys.executable)
+    odd = cluster.model_copy(deep=True)
+    odd.hosts[1].python = os.path.join(sys.base_prefix, "bin", "python3")  # same Python, other packages
+    ts = [odd.transport(h) for h in odd.by_rank]
+    try:
+        with pytest.raises(StagingError, match="different environments, nothing trains: ns-0 .*, ns-1 "):
+            stage(odd, ts, wheel_dir=wheels, files={"home/prepared.json": smoke_home / "prepared.json"})
+    finally:
+        for t in ts:
+            t.close()
+
+
+def test_rank_death_propagates_its_status(staged, tmp_path):
+    cluster, ts, _ = staged
+    clear_runs(cluster)
+    res = launch_remote_group(cluster, train_argv, 2, log_dir=tmp_path / "logs", env={"TRIAL_FAULT_KILL": "1:3",
+                              "OMP_NUM_THREADS": "1"}, grace_s=5)
+    assert not res.ok and res.first_failure == 1 and res.reason == "exit"
+    assert res.codes[1] not in (0, None)  # killed by SIGKILL on its host: no clean status
+    assert res.codes[0] != 0  # the survivor was stopped by pid over SSH
+    assert "SIGKILL" in (tmp_path / "logs" / "rank-1.log").read_text() or res.codes[1] in (-1, 137, 255)
+    pid0 = (Path(cluster.by_rank[0].root) / "rank-0.pid").read_text().strip()
+    assert subprocess.run(["kill", "-0", pid0], capture_output=True).returncode != 0  # really gone
+
+
+def test_two_hosts_train_and_collect(staged, smoke_home, tmp_path):
+    cluster, ts, _ = staged
+    clear_runs(cluster)
+    res = launch_remote_group(cluster, train_argv, 2, log_dir=tmp_path / "logs", env={"OMP_NUM_THREADS": "1"},
+                              heartbeats=["home/runs/clean-pair/rank-0/heartbeat.json",
+                                          "home/runs/clean-pair/rank-1/heartbeat.json"])
+    assert res.ok, res.failure_text()
+    home = tmp_path / "home"
+    shutil.copytree(smoke_home, home)
+    got = collect(cluster, ts, {0: "runs/clean-pair/rank-0", 1: "runs/clean-pair/rank-1"}, home)
+    assert "runs/clean-pair/rank-1/result.json" in got
+    r0, r1 = (read_json(home / f"runs/clean-pair/rank-{r}/result.json") for r in (0, 1))
+    assert r0["digests"]["final_parameters"] == r1["digests"]["final_parameters"]
+    assert r1["rank"] == 1 and r1["world_size"] == 2
+    assert (tmp_path / "logs" / "rank-0.out").read_text().strip()  # the rank's JSON summary came back
+
+
+def test_host_cut_off_mid_run_is_detected(staged, hosts, tmp_path):
+    cluster, ts, _ = staged
+    clear_runs(cluster)
+    beat = Path(cluster.by_rank[1].root) / "home/runs/clean-pair/rank-1/heartbeat.json"
+    cut_at: list[float] = []
+
+    def cutter():  # as soon as rank 1 has finished an update, its host drops off the network
+        deadline = time.monotonic() + 120
+        while not beat.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        hosts.cut_off(1)
+        cut_at.append(time.time())
+
+    th = threading.Thread(target=cutter)
+    th.start()
+    try:
+        res = launch_remote_group(cluster, train_argv, 2, log_dir=tmp_path / "logs", env={"OMP_NUM_THREADS": "1"},
+                                  unreachable_s=5, grace_s=3)
+    finally:
+        th.join()
+    assert not res.ok and res.first_failure == 1 and res.reason == "unreachable", res
+    detected = res.failure_observed_at - cut_at[0]
+    print(f"host cut off → failure observed {detected:.2f} s, survivors stopped "
+          f"{res.survivors_stopped_at - cut_at[0]:.2f} s (bound: unreachable_s = 5)")
+    assert detected < 5 + 5  # the bound, plus the probe period and the probe's own 2 s timeout
+    assert res.codes[0] != 0  # the reachable survivor was stopped
