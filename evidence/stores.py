@@ -44,7 +44,7 @@ def _hash_stream(chunks: Iterator[bytes]) -> tuple[str, int]:
 class FileStore:
     def __init__(self, root: Path):
         self.root = root
-        self.url = f"file://{root}"
+        self.url = f"file://{root}/"
 
     def put_file(self, key: str, path: Path, sha256: str) -> None:
         dst = self.root / key

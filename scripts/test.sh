@@ -2,6 +2,13 @@
 # Install everything the tests need, then run them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The SSH and network-namespace tests need a real sshd, iproute2 and iptables (and root). As root,
+# install them if missing; otherwise those tests skip and say why.
+if [ "$(id -u)" = 0 ] && { [ ! -x /usr/sbin/sshd ] || ! command -v ip >/dev/null || ! command -v iptables >/dev/null; }; then
+  echo "[test] installing openssh-server iproute2 iptables"
+  (apt-get install -y -q openssh-server iproute2 iptables >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q openssh-server iproute2 iptables >/dev/null; })
+fi
 bash scripts/bootstrap.sh
 . .venv/bin/activate
 exec python -m pytest "${@:-tests}"

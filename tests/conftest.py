@@ -110,3 +110,36 @@ def run_worker(tmp: Path, model_dir: Path, world: int, jobs: list[dict], **kw) -
         raise AssertionError("\n".join(f"--- rank {r} exit {c}\n{o[-3000:]}"
                                        for r, (c, o) in enumerate(res)))
     return out
+
+
+@pytest.fixture(scope="session")
+def moto_url():
+    """moto's server on loopback, for the AWS APIs (no AWS account is ever reached)."""
+    import logging
+
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    yield f"http://127.0.0.1:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def aws(moto_url, monkeypatch):
+    """A boto3 session whose every client — and every subprocess the test starts — talks to moto;
+    at teardown, asserts that every request this session sent went there."""
+    import boto3
+
+    for k in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in (("AWS_ENDPOINT_URL", moto_url), ("AWS_ACCESS_KEY_ID", "testing"),
+                 ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_DEFAULT_REGION", "us-east-1")):
+        monkeypatch.setenv(k, v)
+    s = boto3.Session(region_name="us-east-1")
+    urls: list[str] = []
+    s.events.register("before-send", lambda request, **_: urls.append(request.url))
+    yield s
+    assert urls and all(u.startswith(moto_url) for u in urls)

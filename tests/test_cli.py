@@ -78,7 +78,7 @@ def test_orchestrate_run_smoke(tmp_path, tiny_seed):
     assert gate["value"] == 0.25 and not gate["passed"] and gate["gate"] in rep["failed_gates"]
     # every file of the home is in the default store, and the index verifies object by object
     preserved = read_json(home / "preserved.json")
-    assert preserved["store"] == f"file://{tmp_path / 'trials' / 'store'}"
+    assert preserved["store"] == f"file://{tmp_path / 'trials' / 'store'}/"
     r = run_cli("-m", "orchestrate", "down", "--home", str(home))
     assert r.returncode == 0 and f"verified {preserved['files']} objects" in " ".join(r.stderr.split()), r.stderr
     r = run_cli("-m", "orchestrate", "run", "no-such-arm", "--profile", "smoke")

@@ -3,42 +3,15 @@ describe, stop (with the waiter), budget and alarm reads, reconciliation."""
 
 from __future__ import annotations
 
-import logging
-
-import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
-from conftest import free_port
 from orchestrate.cloud import read_alarms, read_budget, reconcile, stop_trial, trial_instances
 
 ACCOUNT = "123456789012"  # moto's default account
 
 
-@pytest.fixture(scope="module")
-def moto_url():
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
-
-
-@pytest.fixture
-def session(moto_url, monkeypatch):
-    for k in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
-        monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_url)  # every client of this session goes to moto
-    s = boto3.Session(aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1")
-    requests = []
-    s.events.register("before-send", lambda request, **_: requests.append(request.url))
-    yield s
-    assert requests and all(u.startswith(moto_url) for u in requests)  # never anywhere else
-
-
-def launch(session, trial: str, zones: list[str]) -> list[str]:
-    ec2 = session.client("ec2")
+def launch(aws, trial: str, zones: list[str]) -> list[str]:
+    ec2 = aws.client("ec2")
     ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     ids = []
     for rank, zone in enumerate(zones):
@@ -51,44 +24,44 @@ def launch(session, trial: str, zones: list[str]) -> list[str]:
     return ids
 
 
-def test_tag_scan_describe_and_stop(session):
-    ids = launch(session, "t-stop", ["us-east-1c"] * 3 + ["us-east-1d"])
-    other = launch(session, "someone-else", ["us-east-1c"])
-    found = trial_instances(session, "t-stop")
+def test_tag_scan_describe_and_stop(aws):
+    ids = launch(aws, "t-stop", ["us-east-1c"] * 3 + ["us-east-1d"])
+    other = launch(aws, "someone-else", ["us-east-1c"])
+    found = trial_instances(aws, "t-stop")
     assert [(h["rank"], h["zone"], h["state"]) for h in found] == \
         [(0, "us-east-1c", "running"), (1, "us-east-1c", "running"), (2, "us-east-1c", "running"),
          (3, "us-east-1d", "running")]
     assert [h["instance_id"] for h in found] == ids and all(h["private_ip"] for h in found)
 
-    assert sorted(stop_trial(session, "t-stop", delay_s=1)) == sorted(ids)
-    assert {h["state"] for h in trial_instances(session, "t-stop")} == {"stopped"}
-    assert stop_trial(session, "t-stop") == []  # nothing live is left: nothing to stop
-    assert trial_instances(session, "someone-else")[0]["state"] == "running"  # not ours: untouched
-    assert [h["instance_id"] for h in trial_instances(session, "someone-else")] == other
+    assert sorted(stop_trial(aws, "t-stop", delay_s=1)) == sorted(ids)
+    assert {h["state"] for h in trial_instances(aws, "t-stop")} == {"stopped"}
+    assert stop_trial(aws, "t-stop") == []  # nothing live is left: nothing to stop
+    assert trial_instances(aws, "someone-else")[0]["state"] == "running"  # not ours: untouched
+    assert [h["instance_id"] for h in trial_instances(aws, "someone-else")] == other
 
 
-def test_reconcile_reports_what_still_bills(session):
-    ids = launch(session, "t-rec", ["us-east-1c", "us-east-1d"])
-    cw = session.client("cloudwatch")
+def test_reconcile_reports_what_still_bills(aws):
+    ids = launch(aws, "t-rec", ["us-east-1c", "us-east-1d"])
+    cw = aws.client("cloudwatch")
     cw.put_metric_alarm(AlarmName="t-rec-transfer-1", Namespace="AWS/EC2", MetricName="NetworkIn",
                         Statistic="Sum", Period=3600, EvaluationPeriods=1, Threshold=3.1e12,
                         ComparisonOperator="GreaterThanThreshold",
                         Dimensions=[{"Name": "InstanceId", "Value": ids[1]}],
                         AlarmActions=["arn:aws:automate:us-east-1:ec2:stop"])
-    live = reconcile(session, "t-rec")
+    live = reconcile(aws, "t-rec")
     kinds = sorted((f.kind, f.billing) for f in live)
     assert ("instance", True) in kinds and ("alarm", False) in kinds
     assert [f.id for f in live if f.kind == "instance"] == ids
-    stop_trial(session, "t-rec", delay_s=1)
-    after = reconcile(session, "t-rec")
+    stop_trial(aws, "t-rec", delay_s=1)
+    after = reconcile(aws, "t-rec")
     assert not [f for f in after if f.kind == "instance" and f.billing]  # stopped: no compute billing
     assert [f.state for f in after if f.kind == "instance"] == ["stopped", "stopped"]
-    session.client("ec2").terminate_instances(InstanceIds=ids)
-    assert [f for f in reconcile(session, "t-rec") if f.kind == "instance"] == []
+    aws.client("ec2").terminate_instances(InstanceIds=ids)
+    assert [f for f in reconcile(aws, "t-rec") if f.kind == "instance"] == []
 
 
-def test_budget_and_alarm_reads(session):
-    b = session.client("budgets")
+def test_budget_and_alarm_reads(aws):
+    b = aws.client("budgets")
     b.create_budget(
         AccountId=ACCOUNT,
         Budget={"BudgetName": "t-bud-budget", "BudgetLimit": {"Amount": "100.0", "Unit": "USD"},
@@ -98,16 +71,16 @@ def test_budget_and_alarm_reads(session):
                               "Threshold": pct, "ThresholdType": "PERCENTAGE"},
              "Subscribers": [{"SubscriptionType": "SNS", "Address": "arn:aws:sns:us-east-1:123456789012:t"}]}
             for kind, pct in [("ACTUAL", 50.0), ("ACTUAL", 80.0), ("ACTUAL", 100.0), ("FORECASTED", 100.0)]])
-    got = read_budget(session, ACCOUNT, "t-bud-budget")
+    got = read_budget(aws, ACCOUNT, "t-bud-budget")
     assert got["limit_usd"] == 100.0
     assert got["notifications"] == [("ACTUAL", 50.0), ("ACTUAL", 80.0), ("ACTUAL", 100.0), ("FORECASTED", 100.0)]
     with pytest.raises(Exception, match="NotFound|not found|does not exist"):
-        read_budget(session, ACCOUNT, "no-such-budget")
-    assert read_alarms(session, "t-bud-") == []
-    session.client("cloudwatch").put_metric_alarm(
+        read_budget(aws, ACCOUNT, "no-such-budget")
+    assert read_alarms(aws, "t-bud-") == []
+    aws.client("cloudwatch").put_metric_alarm(
         AlarmName="t-bud-transfer-3", Namespace="AWS/EC2", MetricName="NetworkOut", Statistic="Sum", Period=3600,
         EvaluationPeriods=1, Threshold=3.1e12, ComparisonOperator="GreaterThanThreshold")
-    session.client("cloudwatch").set_alarm_state(AlarmName="t-bud-transfer-3", StateValue="ALARM",
+    aws.client("cloudwatch").set_alarm_state(AlarmName="t-bud-transfer-3", StateValue="ALARM",
                                                  StateReason="test: as if the host moved too much")
-    (a,) = read_alarms(session, "t-bud-")
+    (a,) = read_alarms(aws, "t-bud-")
     assert (a["name"], a["threshold"], a["state"]) == ("t-bud-transfer-3", 3.1e12, "ALARM")

@@ -4,40 +4,16 @@ object read back and re-hashed, a corrupted read-back caught, teardown refusing 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 from pathlib import Path
 
-import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
-from conftest import free_port, run_cli
+from conftest import run_cli
 from evidence.canonical import file_sha256
 from evidence.stores import (PRESERVED, PreservationError, S3Store, object_key, open_store, preserve,
                              verify_index)
-
-
-@pytest.fixture(scope="module")
-def moto_url():
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
-
-
-@pytest.fixture
-def session(moto_url, monkeypatch):
-    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_url)
-    for k, v in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
-                 ("AWS_DEFAULT_REGION", "us-east-1")):
-        monkeypatch.setenv(k, v)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    s = boto3.Session(region_name="us-east-1")
-    return s
 
 
 @pytest.fixture
@@ -48,8 +24,8 @@ def home(smoke_home, tmp_path) -> Path:
     return dst
 
 
-def bucket(session, name: str) -> str:
-    session.client("s3").create_bucket(Bucket=name)
+def bucket(aws, name: str) -> str:
+    aws.client("s3").create_bucket(Bucket=name)
     return name
 
 
@@ -69,23 +45,23 @@ def test_file_store_preserves_and_verifies(home, tmp_path):
         verify_index(url, rec["index"], rec["index_sha256"])
 
 
-def test_s3_store_multipart_and_checksums(home, session):
-    name = bucket(session, "evidence-multipart")
-    store = S3Store(name, "trials/coop-smoke", session, multipart_mb=5)
+def test_s3_store_multipart_and_checksums(home, aws):
+    name = bucket(aws, "evidence-multipart")
+    store = S3Store(name, "trials/coop-smoke", aws, multipart_mb=5)
     rec = preserve(home, store, trial="coop-smoke")
-    s3 = session.client("s3")
+    s3 = aws.client("s3")
     big = object_key(file_sha256(home / "big.bin"))
     head = s3.head_object(Bucket=name, Key=f"trials/coop-smoke/{big}", ChecksumMode="ENABLED")
     assert head["ContentLength"] == 6 << 20 and head["Metadata"]["sha256"] == file_sha256(home / "big.bin")
     assert head["ETag"].endswith('-2"')  # 6 MiB in 5 MiB parts: a real multipart upload of two parts
     keys = {o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=name) for o in page["Contents"]}
     assert f"trials/coop-smoke/{rec['index']}" in keys and all(k.startswith("trials/coop-smoke/") for k in keys)
-    assert verify_index(f"s3://{name}/trials/coop-smoke", rec["index"], rec["index_sha256"], session=session)
+    assert verify_index(f"s3://{name}/trials/coop-smoke", rec["index"], rec["index_sha256"], session=aws)
     # an object replaced in the bucket afterwards is caught by a later verification
     s3.put_object(Bucket=name, Key=f"trials/coop-smoke/{object_key(file_sha256(home / 'prepared.json'))}",
                   Body=b"{}")
     with pytest.raises(PreservationError, match="prepared.json"):
-        verify_index(f"s3://{name}/trials/coop-smoke", rec["index"], rec["index_sha256"], session=session)
+        verify_index(f"s3://{name}/trials/coop-smoke", rec["index"], rec["index_sha256"], session=aws)
 
 
 class CorruptingS3Store(S3Store):
@@ -102,12 +78,12 @@ class CorruptingS3Store(S3Store):
         self.s3.put_object(Bucket=self.bucket, Key=self._key(key), Body=bad, ChecksumSHA256=claimed)
 
 
-def test_corrupted_read_back_is_caught(home, session):
-    name = bucket(session, "evidence-corrupt")
+def test_corrupted_read_back_is_caught(home, aws):
+    name = bucket(aws, "evidence-corrupt")
     with pytest.raises(PreservationError, match="reads back as .* written as"):
-        preserve(home, CorruptingS3Store(name, "t", session), trial="coop-smoke")
+        preserve(home, CorruptingS3Store(name, "t", aws), trial="coop-smoke")
     assert not (home / PRESERVED).exists()  # no record: the evidence is not preserved
-    listed = session.client("s3").list_objects_v2(Bucket=name, Prefix="t/indexes/")
+    listed = aws.client("s3").list_objects_v2(Bucket=name, Prefix="t/indexes/")
     assert listed["KeyCount"] == 0  # and no index was written
 
 
@@ -118,16 +94,16 @@ def test_unknown_store_refused(tmp_path):
         open_store("s3:///prefix")
 
 
-def test_teardown_refuses_until_the_evidence_verifies(home, session, moto_url):
+def test_teardown_refuses_until_the_evidence_verifies(home, aws, moto_url):
     r = run_cli("-m", "orchestrate", "down", "--home", str(home))
     assert r.returncode == 2 and "has not been preserved" in r.stderr
-    name = bucket(session, "evidence-down")
+    name = bucket(aws, "evidence-down")
     r = run_cli("-m", "orchestrate", "preserve", "--home", str(home), "--store", f"s3://{name}/trials/x")
     assert r.returncode == 0, r.stderr
     rec = json.loads((home / PRESERVED).read_text())
     assert rec["store"] == f"s3://{name}/trials/x/"
     r = run_cli("-m", "orchestrate", "down", "--home", str(home))
     assert r.returncode == 0 and "no hosts to stop" in r.stderr, r.stderr
-    session.client("s3").delete_object(Bucket=name, Key=f"trials/x/{object_key(file_sha256(home / 'big.bin'))}")
+    aws.client("s3").delete_object(Bucket=name, Key=f"trials/x/{object_key(file_sha256(home / 'big.bin'))}")
     r = run_cli("-m", "orchestrate", "down", "--home", str(home))
     assert r.returncode == 2 and "big.bin" in r.stderr and "does not verify" in r.stderr

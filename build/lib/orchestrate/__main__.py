@@ -1,3 +1,0 @@
-from orchestrate.cli import main
-
-main()
