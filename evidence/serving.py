@@ -125,6 +125,10 @@ def check_probe(home: Path, entry: dict[str, Any], dev_ids: list[str], model: di
     if plan["concurrency"] != CONCURRENCY:
         raise ServingEvidenceError(f"{d / 'plan.json'}: client concurrency {plan['concurrency']}, "
                                    f"the workload fixes {CONCURRENCY}")
+    stopped = plan.get("stopped") or {}
+    if stopped.get("replica") not in plan["replicas"]:
+        raise ServingEvidenceError(f"{d / 'plan.json'}: the failure phase stopped no advertised replica "
+                                   f"({stopped.get('replica')!r})")
     phases = {}
     for p in PHASES:
         data = read_json(d / f"{p}.json")
@@ -145,6 +149,11 @@ def check_probe(home: Path, entry: dict[str, Any], dev_ids: list[str], model: di
                 raise ServingEvidenceError(f"{d / (p + '.json')}: request {r['request_id']} was answered "
                                            f"for {r['response']['request_id']}/{r['response']['task_id']}")
         advertised = 1 if p == "single" else len(plan["replicas"])
+        if p == "failure" and data.get("stopped") != stopped:
+            raise ServingEvidenceError(f"{d / 'failure.json'}: does not name the stopped replica the plan names")
+        if data["max_attempts"] != plan["max_attempts"]:
+            raise ServingEvidenceError(f"{d / (p + '.json')}: attempt bound {data['max_attempts']}, "
+                                       f"the plan's is {plan['max_attempts']}")
         if data["concurrency"] != CONCURRENCY or len(data["endpoints"]) != advertised:
             raise ServingEvidenceError(f"{d / (p + '.json')}: concurrency {data['concurrency']} over "
                                        f"{len(data['endpoints'])} endpoints; the phase fixes {CONCURRENCY} "

@@ -127,8 +127,10 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None) -> dict[str, Any]:
             user_data=user_data(trial=cfg.trial, rank=h.rank, deadline=cfg.deadline,
                                 read_ahead_kib=cfg.volume.read_ahead_kib,
                                 transfer_guard_bytes=cfg.transfer_guard_bytes if h.rank in isolated else None),
-            user_data_replace_on_change=True,
-            tags={**tags, "rank": str(h.rank), "Name": name("rank", h.rank)})
+            # a changed boot script must never replace a host: its disk holds unpreserved evidence
+            user_data_replace_on_change=False,
+            tags={**tags, "rank": str(h.rank), "Name": name("rank", h.rank)},
+            opts=pulumi.ResourceOptions(ignore_changes=["userData"]))
         hosts.append((h, inst))
 
     # alerts
@@ -160,7 +162,9 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None) -> dict[str, Any]:
             input=ids.apply(lambda i: json.dumps({"InstanceIds": list(i)}))))
 
     # budget on the trial's tag (the tag is activated for cost allocation here too)
-    aws.costexplorer.CostAllocationTag(name("tag"), tag_key="trial", status="Active")
+    # account-wide: another trial's stack may rely on it, so destroying this one leaves it active
+    aws.costexplorer.CostAllocationTag(name("tag"), tag_key="trial", status="Active",
+                                       opts=pulumi.ResourceOptions(retain_on_delete=True))
     notes = [("ACTUAL", 50), ("ACTUAL", 80), ("ACTUAL", 100), ("FORECASTED", 100)]
     aws.budgets.Budget(
         name("budget"), budget_type="COST", limit_amount=f"{cfg.budget.total_usd:.2f}", limit_unit="USD",

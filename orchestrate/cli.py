@@ -133,7 +133,7 @@ def serve_probe(cfg, home: Path, retry: str | None = None) -> dict:
     from orchestrate.serving import local_probe
 
     arm = cfg.arm(cfg.experiment.serving_arm)
-    n = arm.world_size
+    n = max(2, arm.world_size)  # one replica per rank, and at least two: the last phase stops one
     con.print(f"[bold]serve[/] {arm.name}: {n} replicas on this machine, 1 → {n} → {n} with one stopped")
     with con.status("serving probe…"):
         res = local_probe(home, arm.name, n, threads=threads_per_rank(n), retry=retry,

@@ -173,7 +173,10 @@ class NetnsHosts:
     def __exit__(self, *exc: object) -> None:
         for h in self.hosts:
             if h.sshd is not None and h.sshd.poll() is None:
-                os.killpg(h.sshd.pid, signal.SIGTERM)  # sshd and its per-connection children: our group
+                try:
+                    os.killpg(h.sshd.pid, signal.SIGTERM)  # sshd and its per-connection children: our group
+                except ProcessLookupError:
+                    pass
                 try:
                     h.sshd.wait(timeout=5)
                 except subprocess.TimeoutExpired:

@@ -110,11 +110,13 @@ class RemoteRank:
         if self.returncode is not None:
             return self.returncode
         self._drain()
-        if self.chan.exit_status_ready():
+        if self.chan.exit_status_ready() and self.chan.status_event.is_set():
             self._drain()
             self.returncode = self.chan.recv_exit_status()
             self._close()
             return self.returncode
+        # a channel closed without an exit status means the connection died, not the rank:
+        # the liveness probe below decides whether the host is still there
         now = time.monotonic()
         if now >= self._next_probe:
             self._next_probe = now + self.probe_every_s

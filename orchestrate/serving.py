@@ -62,7 +62,11 @@ async def _one(client: httpx.AsyncClient, i: int, req: dict[str, str], endpoints
             r = await client.post(f"{ep.url}/v1/answer", json=req)
             att["status"] = r.status_code
             if r.status_code == 200:
-                rec["response"] = r.json()
+                try:
+                    rec["response"] = r.json()
+                except ValueError:  # a 200 that is not an answer: a failed attempt like any other
+                    att["status"], att["error"] = None, f"200 with a body that is not JSON: {r.text[:200]!r}"
+                    rec.pop("response", None)
             elif r.status_code < 500:
                 att["error"] = r.text[:300]
         except httpx.HTTPError as e:
@@ -128,6 +132,7 @@ class LocalReplicas:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(self.threads)}
         try:
             for k in range(self.count):
+                env["LOCAL_RANK"] = str(k)  # on a CUDA profile, replica k takes GPU k (and its lock)
                 ready = self.log_dir / f"replica-{k}.ready.json"
                 ready.unlink(missing_ok=True)
                 argv = [sys.executable, "-m", "training", "serve", "--home", str(self.home),
@@ -196,6 +201,8 @@ def probe(home: Path, endpoints: list[Endpoint], stop: Callable[[int], dict[str,
     from training.prepare import load_cases
 
     check_retry(home, retry)
+    if len(endpoints) < 2:
+        raise ProbeError(f"the probe needs at least 2 replicas (got {len(endpoints)}): its last phase stops one")
     dev = sorted(cid for cid, c in load_cases(home).items() if c["split"] == "dev")
     if not dev:
         raise ProbeError(f"{home} has no development tasks")
@@ -241,6 +248,8 @@ def local_probe(home: Path, arm: str, replicas: int, *, threads: int = 1, seed_d
                 say: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """The probe against `replicas` replica processes on this machine."""
     check_retry(home, retry)  # before minutes of model loading
+    if replicas < 2:
+        raise ProbeError(f"the probe needs at least 2 replicas (got {replicas}): its last phase stops one")
     with LocalReplicas(home, replicas, home / "logs" / "serving", threads=threads, seed_dir=seed_dir,
                        arm=arm) as reps:
         say(f"{replicas} replicas listening: " + ", ".join(e.url for e in reps.endpoints))

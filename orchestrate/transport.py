@@ -110,10 +110,14 @@ class SSHTransport:
         import paramiko
 
         if self._client is not None:
-            return self._client
+            tr = self._client.get_transport()
+            if tr is not None and tr.is_active():
+                return self._client
+            self._client.close()  # the connection died: connect again rather than reuse it
+            self._client = None
         c = paramiko.SSHClient()
-        if self.known_hosts:
-            c.load_host_keys(str(self.known_hosts))
+        if self.known_hosts:  # read only: an accepted key must never be written back into it
+            c.get_host_keys().load(str(self.known_hosts))
         if self.host_key:
             kind, b64 = self.host_key.split()[:2]
             key = paramiko.PKey.from_type_string(kind, base64.b64decode(b64))
@@ -124,11 +128,14 @@ class SSHTransport:
                       timeout=self.connect_timeout, banner_timeout=self.connect_timeout,
                       auth_timeout=self.connect_timeout, allow_agent=False, look_for_keys=False)
         except paramiko.BadHostKeyException as e:
+            c.close()
             raise TransportError(f"{self.name} ({self.address}) presented a different host key than the one "
                                  f"pinned: {e}") from None
         except paramiko.SSHException as e:
+            c.close()
             raise TransportError(f"{self.name} ({self.address}:{self.port}): {e}") from None
         except OSError as e:
+            c.close()
             raise TransportError(f"{self.name} ({self.address}:{self.port}) cannot be reached: {e}") from None
         k = c.get_transport().get_remote_server_key()
         self.accepted_key = f"{k.get_name()} {k.get_base64()}"
@@ -148,15 +155,15 @@ class SSHTransport:
         out, err = bytearray(), bytearray()
         deadline = time.monotonic() + timeout
         while True:
+            if time.monotonic() > deadline:  # first: a command that never stops writing still times out
+                chan.close()
+                raise TransportError(f"{self.name}: '{command[:80]}' ran past {timeout:.0f} s")
             if chan.recv_ready():
                 out += chan.recv(65536)
             elif chan.recv_stderr_ready():
                 err += chan.recv_stderr(65536)
             elif chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
                 break
-            elif time.monotonic() > deadline:
-                chan.close()
-                raise TransportError(f"{self.name}: '{command[:80]}' ran past {timeout:.0f} s")
             else:
                 time.sleep(0.005)
         status = chan.recv_exit_status()

@@ -41,8 +41,8 @@ class Recorder(pulumi.runtime.Mocks):
     def new_resource(self, args):
         self.resources.append(args)
         out = dict(args.inputs)
-        if args.typ == "aws:ec2/instance:Instance":
-            n = sum(r.typ == args.typ for r in self.resources)
+        if args.typ == "aws:ec2/instance:Instance":  # ids by rank, not by the (async) registration order
+            n = int(args.name.rsplit("-", 1)[1]) + 1
             iid = f"i-{n:017x}"
             out |= {"privateIp": f"10.42.0.{10 + n}", "publicIp": f"198.18.0.{10 + n}",
                     "arn": f"arn:aws:ec2:us-east-1:123456789012:instance/{iid}"}
@@ -95,6 +95,7 @@ def test_hosts(program):
         assert i["subnetId"] == f"{subnets[i['availabilityZone']].name}-id"
         assert i["metadataOptions"]["httpTokens"] == "required"
         assert i["instanceInitiatedShutdownBehavior"] == "stop"
+        assert i["userDataReplaceOnChange"] is False  # a new boot script never replaces a host with evidence
         d = i["rootBlockDevice"]
         assert (d["volumeType"], d["volumeSize"], d["encrypted"]) == ("gp3", 300, True)
         assert (d["throughput"], d["iops"]) == (250, 3000)  # the same for every host, so every arm

@@ -187,6 +187,8 @@ def _edit_json(path: Path, fn) -> None:
     ("outcome", lambda d: _edit_json(d / "failure.json",
                                      lambda x: x["requests"][1]["attempts"][-1].update(status=503)),
      "disagrees with its attempts"),
+    ("nothing stopped", lambda d: _edit_json(d / "plan.json", lambda x: x.update(stopped=None)),
+     "stopped no advertised replica"),
     ("attempts", lambda d: _edit_json(d / "failure.json",
                                       lambda x: x["requests"][1]["attempts"].extend([{"status": None}] * 4)),
      "attempts; the bound is 4"),

@@ -141,6 +141,8 @@ def load_replica(home: str | os.PathLike[str], *, arm: str | None = None, seed_d
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     loaded = parameter_digest(model)
     agreed = receipt["meta"].get("parameters_sha256")
+    if agreed is None and arm != selection["baseline"]:
+        raise ServeError(f"{model_dir}/receipt.json does not name the parameters the ranks agreed on")
     if agreed is not None and loaded != agreed:
         raise ServeError(f"{model_dir}: loaded parameters hash to {loaded}, the ranks agreed on {agreed}")
     model.to(device)
