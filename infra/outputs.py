@@ -19,6 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from evidence.schema import explain, require_ranks
+
 OUTPUTS_FORMAT = "trial-stack-v1"
 
 
@@ -65,9 +67,7 @@ class StackOutputs(BaseModel):
     def _consistent(self) -> "StackOutputs":
         if self.format != OUTPUTS_FORMAT:
             raise ValueError(f"format {self.format!r} is not {OUTPUTS_FORMAT!r}")
-        ranks = sorted(h.rank for h in self.hosts)
-        if ranks != list(range(len(self.hosts))):
-            raise ValueError(f"host ranks must be 0..{len(self.hosts) - 1} once each, got {ranks}")
+        require_ranks(h.rank for h in self.hosts)
         if self.prefix != f"trials/{self.trial}/":
             raise ValueError(f"prefix {self.prefix!r} is not this trial's (trials/{self.trial}/)")
         if len({h.instance_id for h in self.hosts}) != len(self.hosts):
@@ -84,5 +84,4 @@ def parse_outputs(text: str | dict[str, Any]) -> StackOutputs:
     except json.JSONDecodeError as e:
         raise OutputsError(f"stack outputs are not JSON: {e}") from None
     except ValidationError as e:
-        where = "; ".join(f"{'.'.join(map(str, x['loc'])) or 'outputs'}: {x['msg']}" for x in e.errors())
-        raise OutputsError(f"stack outputs refused: {where}") from None
+        raise OutputsError(f"stack outputs refused: {explain(e, 'outputs')}") from None

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from evidence.schema import require_ranks
 from infra.prices import HOURS_PER_MONTH, INSTANCE_TYPES, price
 
 GB = 1e9
@@ -105,9 +106,7 @@ class TrialConfig(Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> "TrialConfig":
-        ranks = sorted(h.rank for h in self.hosts)
-        if ranks != list(range(len(self.hosts))):
-            raise ValueError(f"host ranks must be 0..{len(self.hosts) - 1} once each, got {ranks}")
+        require_ranks(h.rank for h in self.hosts)
         for h in self.hosts:
             if not h.zone.startswith(self.region):
                 raise ValueError(f"host {h.rank}'s zone {h.zone} is not in region {self.region}")

@@ -37,7 +37,8 @@ ALARM_PERIOD_S = 3600
 
 def build(cfg: TrialConfig, now: dt.datetime | None = None) -> dict[str, Any]:
     est = require_within_budget(cfg)  # raises with the whole table; nothing registered yet
-    check_deadline(cfg, now or dt.datetime.now(dt.timezone.utc))
+    start = now or dt.datetime.now(dt.timezone.utc)
+    check_deadline(cfg, start)
     tags = {"trial": cfg.trial, "managed-by": "trials"}
 
     def name(*parts: Any) -> str:
@@ -167,8 +168,10 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None) -> dict[str, Any]:
                                        opts=pulumi.ResourceOptions(retain_on_delete=True))
     notes = [("ACTUAL", 50), ("ACTUAL", 80), ("ACTUAL", 100), ("FORECASTED", 100)]
     aws.budgets.Budget(
+        # a monthly budget would reset if the trial crossed a month boundary (the example does): one
+        # period from the day of `pulumi up`, long enough that it never resets during a trial
         name("budget"), budget_type="COST", limit_amount=f"{cfg.budget.total_usd:.2f}", limit_unit="USD",
-        time_unit="MONTHLY", tags=tags,
+        time_unit="ANNUALLY", time_period_start=start.strftime("%Y-%m-%d_00:00"), tags=tags,
         cost_filters=[aws.budgets.BudgetCostFilterArgs(name="TagKeyValue", values=[f"user:trial${cfg.trial}"])],
         notifications=[aws.budgets.BudgetNotificationArgs(
             comparison_operator="GREATER_THAN", notification_type=kind, threshold=pct, threshold_type="PERCENTAGE",

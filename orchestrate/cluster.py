@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from evidence.schema import explain, require_ranks
 from orchestrate.transport import LocalTransport, SSHTransport, Transport
 
 CLUSTER_FORMAT = "trial-cluster-v1"
@@ -63,9 +64,7 @@ class Cluster(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> "Cluster":
-        ranks = sorted(h.rank for h in self.hosts)
-        if ranks != list(range(len(self.hosts))):
-            raise ValueError(f"host ranks must be 0..{len(self.hosts) - 1} once each, got {ranks}")
+        require_ranks(h.rank for h in self.hosts)
         if any(h.transport == "ssh" for h in self.hosts) and not self.key_file:
             raise ValueError("ssh hosts need key_file")
         if len({h.name for h in self.hosts}) != len(self.hosts):
@@ -89,8 +88,7 @@ def load(path: str | Path) -> Cluster:
     except (OSError, json.JSONDecodeError) as e:
         raise ClusterError(f"{path}: {e}") from None
     except ValidationError as e:
-        raise ClusterError(f"{path}: " + "; ".join(f"{'.'.join(map(str, x['loc'])) or 'cluster'}: {x['msg']}"
-                                                   for x in e.errors())) from None
+        raise ClusterError(f"{path}: {explain(e, 'cluster')}") from None
 
 
 def save(cluster: Cluster, path: str | Path) -> Path:
@@ -133,4 +131,4 @@ def pulumi_cluster(outputs: str | dict, *, key_file: str, host_keys: dict[int, s
                                 user=out.ssh_user, host_key=(host_keys or {}).get(h.rank), root=root)
                            for h in out.hosts])
     except ValidationError as e:
-        raise ClusterError("; ".join(f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors())) from None
+        raise ClusterError(explain(e, "cluster")) from None

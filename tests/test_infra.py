@@ -172,6 +172,8 @@ def test_budget_and_notifications(program):
     (b,) = mocks.of("aws:budgets/budget:Budget")
     i = b.inputs
     assert (i["budgetType"], i["limitAmount"], i["limitUnit"]) == ("COST", "100.00", "USD")
+    # one period from the day of `pulumi up`: this trial crosses a month boundary and must not reset
+    assert (i["timeUnit"], i["timePeriodStart"]) == ("ANNUALLY", "2026-11-30_00:00")
     assert i["costFilters"] == [{"name": "TagKeyValue", "values": ["user:trial$ltw-four"]}]
     (topic,) = mocks.of("aws:sns/topic:Topic")
     got = sorted((n["notificationType"], n["threshold"]) for n in i["notifications"])
@@ -352,3 +354,24 @@ def test_estimate_command(tmp_path):
     (tmp_path / "bad.yaml").write_text("config: {}\n")
     r = run_cli("-m", "orchestrate", "estimate", "--stack", str(tmp_path / "bad.yaml"))
     assert r.returncode == 2 and "trials:cluster" in r.stderr
+
+
+def test_cluster_description_from_the_stack_outputs(program, tmp_path):
+    """orchestrate reads the outputs into cluster.json; what it cannot vouch for it refuses."""
+    from orchestrate.cluster import ClusterError, load, pulumi_cluster, save
+
+    _, out = program
+    c = pulumi_cluster(json.dumps(out), key_file="/root/.ssh/trial", host_keys={0: "ssh-ed25519 AAAAC3Nz"})
+    assert [(h.rank, h.address, h.private_address, h.zone) for h in c.by_rank] == [
+        (r, f"198.18.0.{11 + r}", f"10.42.0.{11 + r}", "us-east-1d" if r == 3 else "us-east-1c") for r in range(4)]
+    assert c.store == "s3://ltw-four-evidence-0001/trials/ltw-four/" and c.by_rank[0].host_key == "ssh-ed25519 AAAAC3Nz"
+    assert load(save(c, tmp_path / "cluster.json")) == c  # round trip through cluster.json
+    bad = json.loads((tmp_path / "cluster.json").read_text())
+    bad["hosts"][2]["rank"] = 0
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(ClusterError, match="ranks must be 0..3 once each"):
+        load(tmp_path / "bad.json")
+    hostile = copy.deepcopy(out)
+    hostile["hosts"][0]["public_ip"] = "$(reboot)"
+    with pytest.raises(ClusterError, match="public_ip"):
+        pulumi_cluster(hostile, key_file="/k")

@@ -40,6 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from evidence.canonical import read_json, write_json_atomic
+from evidence.schema import explain
 from training.errors import TrainError
 
 MAX_BODY_BYTES = 4096
@@ -178,8 +179,7 @@ def make_app(replica: Replica) -> FastAPI:
         try:
             req = AnswerRequest.model_validate_json(bytes(body))
         except ValidationError as e:
-            detail = "; ".join(f"{'.'.join(map(str, x['loc'])) or 'body'}: {x['msg']}" for x in e.errors())
-            return JSONResponse({"error": "malformed request", "detail": detail}, 400)
+            return JSONResponse({"error": "malformed request", "detail": explain(e, "body")}, 400)
         status, payload = await run_in_threadpool(replica.answer, req)
         return JSONResponse(payload, status)
 
