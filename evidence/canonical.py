@@ -47,6 +47,11 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    with open(path, "rb") as fh:
+        os.fsync(fh.fileno())
+
+
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     """Write via a temporary file, fsync, then rename: readers see the old file or the new one."""
     path = Path(path)

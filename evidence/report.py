@@ -25,6 +25,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from evidence.attempts import attempt_number, attempts
 from evidence.canonical import canonical_sha256, file_sha256, read_json, write_json_atomic
 from evidence.checker import check_answer
 from evidence.commitments import CommitmentLog
@@ -91,18 +92,13 @@ def _check_ranks(home: Path, cand: dict, schedule: list[list[int]]) -> list[dict
     return results
 
 
-def _attempt_no(p: Path) -> int:
-    tail = p.name.rsplit("-", 1)[-1]
-    return int(tail) if tail.isdigit() else -1
-
-
 def _check_attempt(home: Path, d: Path, role: str, arm: str, cases: dict[str, dict],
                    committed: dict[int, dict], log: CommitmentLog, model_receipt: str | None
                    ) -> dict[str, Any]:
     """An attempt counts only as committed: its receipt file is the committed one, its receipt
     names this role, arm and attempt, its summary names the selected model, and it answers every
     case of the role exactly once."""
-    n = _attempt_no(d)
+    n = attempt_number(d)
     receipt_path = d / "receipt.json"
     entry = committed.get(n)
     if entry is None:
@@ -190,19 +186,19 @@ def build_report(home: str | Path) -> dict[str, Any]:
             role, arm = role_dir.name, arm_dir.name
             committed = {int(e["data"]["attempt"]): e for e in entries
                          if e["kind"] == f"{role}-evaluation" and e["data"].get("arm") == arm}
-            dirs = sorted(arm_dir.glob("attempt-*"), key=_attempt_no)
+            dirs = attempts(arm_dir)
             for n in committed:
                 if arm_dir / f"attempt-{n}" not in dirs:
                     raise EvidenceError(f"committed {role} attempt {n} of {arm} is missing from {arm_dir}")
             model = (selection["candidates"].get(arm) if arm != selection["baseline"]
                      else prepared["model"]["receipt_digest"])
-            attempts = [_check_attempt(home, d, role, arm, cases, committed, log, model) for d in dirs]
-            if len([a for a in attempts if a["complete"]]) > 1:
-                for a in attempts[1:]:
+            checked = [_check_attempt(home, d, role, arm, cases, committed, log, model) for d in dirs]
+            if len([a for a in checked if a["complete"]]) > 1:
+                for a in checked[1:]:
                     if a["complete"] and not a["summary"].get("retry_reason"):
                         raise EvidenceError(f"{arm_dir / a['attempt']}: a second attempt without a "
                                             "recorded retry reason")
-            evaluations.setdefault(role_dir.name, {})[arm_dir.name] = attempts
+            evaluations.setdefault(role_dir.name, {})[arm_dir.name] = checked
 
     def used(role: str, arm: str) -> dict[str, Any] | None:
         """The first complete attempt: retries are listed, never substituted for it."""
@@ -303,7 +299,7 @@ def _serving(home: Path, entries: list[dict], selection: dict, cases: dict[str, 
              ) -> tuple[dict[str, Any] | None, list[str]]:
     """The first committed probe is the one reported (later ones are listed, never substituted)."""
     committed = [e for e in entries if e["kind"] == "serving"]
-    started = sorted((home / "serving").glob("attempt-*"), key=_attempt_no) if (home / "serving").exists() else []
+    started = attempts(home / "serving")
     names = [d.name for d in started]
     for d in started:
         if (d / "receipt.json").is_file() and not any(e["subject"] == str((d / "receipt.json").relative_to(home))

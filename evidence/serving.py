@@ -79,7 +79,7 @@ def _count(xs) -> dict[str, int]:
 
 def comparisons(phases: dict[str, dict[str, Any]], warmup: list[dict[str, Any]]) -> dict[str, Any]:
     """Across phases: throughput ratio, failover overhead, token and model identity per task."""
-    fig = {p: phase_figures(d["requests"], d["wall_seconds"]) for p, d in phases.items()}
+    fig = {p: d["figures"] for p, d in phases.items()}  # written by run_phase; the report checks them first
     tokens: dict[str, set[tuple[int, ...]]] = {}
     models: set[str] = set()
     for rec in [*warmup, *(r for d in phases.values() for r in d["requests"])]:
@@ -129,16 +129,17 @@ def check_probe(home: Path, entry: dict[str, Any], dev_ids: list[str], model: di
     if stopped.get("replica") not in plan["replicas"]:
         raise ServingEvidenceError(f"{d / 'plan.json'}: the failure phase stopped no advertised replica "
                                    f"({stopped.get('replica')!r})")
+    if plan["requests"] != REQUESTS or plan["max_attempts"] > MAX_ATTEMPTS:
+        raise ServingEvidenceError(f"{d / 'plan.json'}: {plan['requests']} requests with up to "
+                                   f"{plan['max_attempts']} attempts; the workload fixes {REQUESTS} and {MAX_ATTEMPTS}")
     phases = {}
     for p in PHASES:
         data = read_json(d / f"{p}.json")
-        want = workload(dev_ids, p, plan["requests"])
-        if plan["requests"] != REQUESTS or \
-                [(r["request_id"], r["task_id"]) for r in data["requests"]] != \
-                [(w["request_id"], w["task_id"]) for w in want]:
+        if [(r["request_id"], r["task_id"]) for r in data["requests"]] != \
+                [(w["request_id"], w["task_id"]) for w in workload(dev_ids, p)]:
             raise ServingEvidenceError(f"{d / (p + '.json')}: not the fixed {REQUESTS}-request workload")
         for r in data["requests"]:
-            if len(r["attempts"]) > plan["max_attempts"] or plan["max_attempts"] > MAX_ATTEMPTS:
+            if len(r["attempts"]) > plan["max_attempts"]:
                 raise ServingEvidenceError(f"{d / (p + '.json')}: request {r['request_id']} made "
                                            f"{len(r['attempts'])} attempts; the bound is {MAX_ATTEMPTS}")
             ok = r["outcome"] == "ok"

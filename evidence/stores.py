@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 from urllib.parse import urlparse
 
-from evidence.canonical import canonical_bytes, file_sha256
+from evidence.canonical import (bytes_sha256, canonical_bytes, file_sha256, fsync_file, write_bytes_atomic,
+                                write_json_atomic)
 
 CHUNK = 1 << 20
 PRESERVED = "preserved.json"  # in the home: where its evidence went, and the index's digest
@@ -51,19 +52,11 @@ class FileStore:
         dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = dst.with_name(dst.name + ".part")
         shutil.copyfile(path, tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
+        fsync_file(tmp)
         os.replace(tmp, dst)
 
     def put_bytes(self, key: str, data: bytes) -> None:
-        dst = self.root / key
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(dst.name + ".part")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, dst)
+        write_bytes_atomic(self.root / key, data)
 
     def exists(self, key: str) -> bool:
         return (self.root / key).is_file()
@@ -167,13 +160,13 @@ def preserve(home: str | os.PathLike[str], url: str | FileStore | S3Store, *, tr
     index = {"format": "trial-evidence-index-v1", "trial": trial, "store": store.url,
              "at": at.isoformat(), "files": files, "bytes": sum(f["size"] for f in files.values())}
     body = canonical_bytes(index)
-    digest = hashlib.sha256(body).hexdigest()
+    digest = bytes_sha256(body)
     key = f"indexes/{trial}/{at.strftime('%Y%m%dT%H%M%S%fZ')}.json"
     store.put_bytes(key, body)
     _read_back(store, key, digest, len(body))
     record = {"store": store.url, "index": key, "index_sha256": digest, "files": len(files),
               "bytes": index["bytes"], "uploaded_bytes": total, "at": index["at"]}
-    (home / PRESERVED).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    write_json_atomic(home / PRESERVED, record)
     return record
 
 
@@ -182,7 +175,7 @@ def verify_index(url: str, key: str, sha256: str, *, session: Any = None,
     """Re-read the index and every object it names from the store; raise on the first mismatch."""
     store = open_store(url, session)
     body = b"".join(store.read_chunks(key))
-    if hashlib.sha256(body).hexdigest() != sha256:
+    if bytes_sha256(body) != sha256:
         raise PreservationError(f"{store.url}{key}: the index differs from the one recorded ({sha256})")
     index = json.loads(body)
     for i, (rel, f) in enumerate(sorted(index["files"].items()), 1):

@@ -147,7 +147,7 @@ def serve_probe(cfg, home: Path, retry: str | None = None) -> dict:
 
 def train_arms(cfg, home: Path, model_dir: Path) -> list[dict]:
     """Train every arm of the experiment, one after another (never two jobs on one device)."""
-    from orchestrate.local import supervise, threads_per_rank
+    from orchestrate.local import supervise, threads_per_rank, train_argv
     from training.errors import TrainError
     from training.results import finished, load_results, summarize
     from training.train import set_aside_unfinished
@@ -165,8 +165,7 @@ def train_arms(cfg, home: Path, model_dir: Path) -> list[dict]:
             if not resumable and set_aside_unfinished(home, a.name, a.world_size):
                 con.print(f"  an unfinished earlier attempt was moved to "
                           f"{home / 'runs' / a.name / 'attempts'}")
-            argv = [sys.executable, "-m", "training", "train", "--home", str(home), "--arm", a.name,
-                    "--model-dir", str(model_dir), "--threads", str(threads_per_rank(a.world_size))]
+            argv = train_argv(home, a.name, model_dir, threads_per_rank(a.world_size))
             rank_dirs = [home / "runs" / a.name / f"rank-{r}" for r in range(a.world_size)]
             # with group checkpoints, a failed group is restarted once from the common manifest
             attempts = supervise(argv, a.world_size, log_root=home / "logs" / a.name,

@@ -12,10 +12,13 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
+
+from evidence.attempts import next_attempt
 
 
 @dataclass
@@ -48,6 +51,12 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def threads_per_rank(world: int) -> int:
     return max(1, (os.cpu_count() or 1) // world)
+
+
+def train_argv(home: Path, arm: str, model_dir: Path, threads: int) -> list[str]:
+    """One rank's command on this machine (rank identity comes from the environment)."""
+    return [sys.executable, "-m", "training", "train", "--home", str(home), "--arm", arm,
+            "--model-dir", str(model_dir), "--threads", str(threads)]
 
 
 def launch_group(argv: Sequence[str], world: int, *, log_dir: Path, cwd: Path | None = None,
@@ -171,8 +180,7 @@ def supervise(argv: Sequence[str], world: int, *, log_root: Path, heartbeats: Se
     every attempt's result, in order; each attempt's logs are under `log_root/attempt-<n>/`.
     """
     attempts: list[GroupResult] = []
-    start = 1 + max((int(p.name[8:]) for p in log_root.glob("attempt-*") if p.name[8:].isdigit()),
-                    default=0) if log_root.exists() else 1
+    start = next_attempt(log_root)
     for i in range(max_restarts + 1):
         resume = resume_first if i == 0 else (can_resume() if can_resume else True)
         e = {**(env or {}), **((first_env or {}) if i == 0 else {})}

@@ -13,7 +13,6 @@ result equals an uninterrupted run tensor for tensor.
 from __future__ import annotations
 
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -21,11 +20,6 @@ from typing import Any, Callable
 from evidence.canonical import canonical_sha256, read_json, write_json_atomic
 
 COPY_HOME = ("inputs", "prepared.json", "prepare-record.json", "commitments.jsonl")
-
-
-def _train_argv(home: Path, arm: str, model_dir: Path, threads: int) -> list[str]:
-    return [sys.executable, "-m", "training", "train", "--home", str(home), "--arm", arm,
-            "--model-dir", str(model_dir), "--threads", str(threads)]
 
 
 def seed_recovered_home(src: Path, dst: Path, arm: str, world: int, step: int) -> None:
@@ -70,7 +64,7 @@ def compare_homes(a: Path, b: Path, arm: str, world: int, step: int) -> dict[str
 
 def recovery_trial(base: Path, *, experiment_chain: list, arm: str, model_dir: Path, from_step: int,
                    kill_rank: int, kill_after: int, say: Callable[[str], None]) -> dict[str, Any]:
-    from orchestrate.local import supervise, threads_per_rank
+    from orchestrate.local import supervise, threads_per_rank, train_argv
     from training.prepare import prepare
 
     cfg = experiment_chain[-1]
@@ -95,7 +89,7 @@ def recovery_trial(base: Path, *, experiment_chain: list, arm: str, model_dir: P
 
     say(f"[1/3] {arm}: uninterrupted run, {updates} updates, a group checkpoint every {every}")
     t0 = time.monotonic()
-    first = supervise(_train_argv(uninterrupted, arm, model_dir, threads), world,
+    first = supervise(train_argv(uninterrupted, arm, model_dir, threads), world,
                       log_root=uninterrupted / "logs" / arm, heartbeats=hb(uninterrupted),
                       max_restarts=0, echo=None)
     if not first[-1].ok:
@@ -106,7 +100,7 @@ def recovery_trial(base: Path, *, experiment_chain: list, arm: str, model_dir: P
         f"is killed after update {kill_after}; the supervisor restarts from the common manifest")
     seed_recovered_home(uninterrupted, recovered, arm, world, from_step)
     t0 = time.monotonic()
-    attempts = supervise(_train_argv(recovered, arm, model_dir, threads), world,
+    attempts = supervise(train_argv(recovered, arm, model_dir, threads), world,
                          log_root=recovered / "logs" / arm, heartbeats=hb(recovered), max_restarts=1,
                          first_env={"TRIAL_FAULT_KILL": f"{kill_rank}:{kill_after}"},
                          resume_first=True, echo=lambda line: say(f"  {line}"))

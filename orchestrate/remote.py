@@ -15,7 +15,6 @@ non-zero exit: the others are stopped; the unreachable one cannot be, and the re
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shlex
 import signal
@@ -23,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from evidence.canonical import canonical_sha256, file_sha256
 from orchestrate.cluster import Cluster, Host
 from orchestrate.local import GroupResult, free_port, run_group
 from orchestrate.transport import SSHTransport, Transport, TransportError
@@ -42,7 +42,7 @@ class StagingError(RuntimeError):
 
 
 def wheelhouse_lock(wheel_dir: Path) -> dict[str, str]:
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(wheel_dir.glob("*.whl"))}
+    return {p.name: file_sha256(p) for p in sorted(wheel_dir.glob("*.whl"))}
 
 
 def stage_host(t: Transport, host: Host, *, python: str, wheel_dir: Path, lock: dict[str, str],
@@ -62,7 +62,7 @@ def stage_host(t: Transport, host: Host, *, python: str, wheel_dir: Path, lock: 
     r = t.run(f"PYTHONPATH={root}/site {shlex.quote(python)} -c {shlex.quote(ENV_DIGEST)} {root}/site")
     env = json.loads(r.check(f"{host.name}: environment report").stdout)
     return {"host": host.name, "environment": env,
-            "digest": hashlib.sha256(json.dumps(env, sort_keys=True).encode()).hexdigest()}
+            "digest": canonical_sha256(env)}
 
 
 def stage(cluster: Cluster, transports: list[Transport], *, wheel_dir: Path,
@@ -203,7 +203,8 @@ def launch_remote_group(cluster: Cluster, argv_for: Callable[[Host], Sequence[st
         for p in procs:
             p.kill()
         raise
-    beats = [remote_heartbeat(cluster.transport(h), f"{h.root}/{hb}") for h, hb in zip(hosts, heartbeats)]
+    # heartbeats are read over each rank's own connection (another channel), not a second one
+    beats = [remote_heartbeat(p.t, f"{h.root}/{hb}") for p, h, hb in zip(procs, hosts, heartbeats)]
     return run_group(procs, logs, grace_s=grace_s, echo=echo, heartbeats=beats, stale_s=stale_s)
 
 

@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 import httpx
 
+from evidence.attempts import next_attempt
 from evidence.canonical import read_json, write_json_atomic
 from evidence.commitments import CommitmentLog
 from evidence.receipts import make_receipt
@@ -207,7 +208,7 @@ def probe(home: Path, endpoints: list[Endpoint], stop: Callable[[int], dict[str,
     if not dev:
         raise ProbeError(f"{home} has no development tasks")
     root = home / "serving"
-    n = 1 + max((int(p.name[8:]) for p in root.glob("attempt-*") if p.name[8:].isdigit()), default=0)
+    n = next_attempt(root)
     out = root / f"attempt-{n}"
     out.mkdir(parents=True)
     write_json_atomic(out / "started.json", {"attempt": n, "at": time.time(), "arm": arm, "retry_reason": retry})

@@ -10,13 +10,14 @@ is possible only by asking for it by name (`trust_on_first_use=True`), and is th
 from __future__ import annotations
 
 import base64
-import hashlib
 import shlex
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+
+from evidence.canonical import file_sha256
 
 
 class TransportError(RuntimeError):
@@ -49,14 +50,6 @@ def _env_prefix(env: dict[str, str] | None) -> str:
     return "".join(f"export {k}={shlex.quote(v)}; " for k, v in (env or {}).items())
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 class LocalTransport:
     def __init__(self, name: str = "local"):
         self.name = name
@@ -82,7 +75,7 @@ class LocalTransport:
         return self._verified(Path(remote), local)
 
     def _verified(self, src: Path, dst: Path) -> str:
-        a, b = _sha256(src), _sha256(dst)
+        a, b = file_sha256(src), file_sha256(dst)
         if a != b:
             raise TransportError(f"{self.name}: copy of {src} reads back as {b}, not {a}")
         return a
@@ -178,7 +171,7 @@ class SSHTransport:
             sftp.posix_rename(remote + ".part", remote)
         finally:
             sftp.close()
-        want = _sha256(local)
+        want = file_sha256(local)
         got = self.run(f"sha256sum {shlex.quote(remote)}").check(f"{self.name}: sha256sum").stdout.split()[0]
         if got != want:
             raise TransportError(f"{self.name}: {remote} reads back as {got}, uploaded {want}")
@@ -192,8 +185,8 @@ class SSHTransport:
             sftp.get(remote, str(local))
         finally:
             sftp.close()
-        if _sha256(local) != want:
-            raise TransportError(f"{self.name}: {remote} arrived as {_sha256(local)}, the host holds {want}")
+        if file_sha256(local) != want:
+            raise TransportError(f"{self.name}: {remote} arrived as {file_sha256(local)}, the host holds {want}")
         return want
 
     def close(self) -> None:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrate.local import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -60,14 +62,6 @@ def run_cli(*args: str, stdin: str = "", cwd: Path = ROOT) -> subprocess.Complet
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.run([sys.executable, *args], input=stdin, capture_output=True, text=True,
                           cwd=cwd, env=env, timeout=300)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_ranks(argv: list[str], world: int, *, env: dict[str, str] | None = None,

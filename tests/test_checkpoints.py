@@ -167,14 +167,19 @@ def test_resume_without_checkpoints_says_so(home_copy, tiny_seed):
     assert all(c == 2 and "nothing to resume" in o for c, o in res), res
 
 
-def test_supervisor_restarts_the_group_after_a_kill(smoke_home, tmp_path, tiny_seed, full_pair):
+def supervised_with_fault(smoke_home, tmp_path, tiny_seed, fault: str):
+    """A copy of the smoke home trained by the supervisor, the first attempt with TRIAL_FAULT_KILL."""
     from orchestrate.local import supervise
 
     home = tmp_path / "home"
     shutil.copytree(smoke_home, home)
     hb = [rank_dir(home, r) / "heartbeat.json" for r in range(2)]
-    attempts = supervise(argv(home, tiny_seed), 2, log_root=home / "logs", heartbeats=hb,
-                         max_restarts=1, first_env={"TRIAL_FAULT_KILL": "0:11"})
+    return home, supervise(argv(home, tiny_seed), 2, log_root=home / "logs", heartbeats=hb,
+                           max_restarts=1, first_env={"TRIAL_FAULT_KILL": fault})
+
+
+def test_supervisor_restarts_the_group_after_a_kill(smoke_home, tmp_path, tiny_seed, full_pair):
+    home, attempts = supervised_with_fault(smoke_home, tmp_path, tiny_seed, "0:11")
     assert [a.ok for a in attempts] == [False, True]
     first = attempts[0]
     assert first.first_failure == 0 and first.reason == "exit" and first.codes[0] == -9
@@ -228,13 +233,7 @@ def test_kill_while_a_manifest_is_published(smoke_home, tmp_path, tiny_seed, ful
     """Rank 1 dies after the step-16 receipts are exchanged, before its manifest is written: the
     restart resumes from 8 (the last step published everywhere), keeps the half-published step under
     orphaned/, and ends where the uninterrupted run did."""
-    from orchestrate.local import supervise
-
-    home = tmp_path / "home"
-    shutil.copytree(smoke_home, home)
-    hb = [rank_dir(home, r) / "heartbeat.json" for r in range(2)]
-    attempts = supervise(argv(home, tiny_seed), 2, log_root=home / "logs", heartbeats=hb,
-                         max_restarts=1, first_env={"TRIAL_FAULT_KILL": "1:16:publish"})
+    home, attempts = supervised_with_fault(smoke_home, tmp_path, tiny_seed, "1:16:publish")
     assert [a.ok for a in attempts] == [False, True]
     assert "while publishing step 16" in read_json(rank_dir(home, 1) / "fault.json")["what"]
     for r in range(2):

@@ -4,6 +4,7 @@ shape, and the on-host transfer guard script run for real with bash."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import datetime as dt
 import json
@@ -62,9 +63,16 @@ class Recorder(pulumi.runtime.Mocks):
         return [r for r in self.resources if r.typ == typ]
 
 
+def set_mocks(mocks: Recorder) -> None:
+    # Pulumi's test runtime uses the thread's current event loop; an earlier asyncio.run (the
+    # serving probe's tests) leaves none, so give it its own
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    pulumi.runtime.set_mocks(mocks, project="trials", stack="test", preview=False)
+
+
 def run_program(cfg: dict, now: dt.datetime = NOW) -> tuple[Recorder, dict]:
     mocks = Recorder()
-    pulumi.runtime.set_mocks(mocks, project="trials", stack="test", preview=False)
+    set_mocks(mocks)
     from infra.program import build
 
     got: dict = {}
@@ -252,7 +260,7 @@ def test_hostile_outputs_refused(program, edit, words):
 ])
 def test_over_budget_refused_before_any_resource(changes, words):
     mocks = Recorder()
-    pulumi.runtime.set_mocks(mocks, project="trials", stack="test", preview=False)
+    set_mocks(mocks)
     from infra.program import build
 
     with pytest.raises(BudgetError, match=words) as e:
@@ -263,7 +271,7 @@ def test_over_budget_refused_before_any_resource(changes, words):
 
 def test_deadline_must_fit_the_paid_hours():
     mocks = Recorder()
-    pulumi.runtime.set_mocks(mocks, project="trials", stack="test", preview=False)
+    set_mocks(mocks)
     from infra.program import build
 
     with pytest.raises(BudgetError, match="4.00 h away"):

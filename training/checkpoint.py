@@ -35,7 +35,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from evidence.canonical import canonical_sha256, fsync_dir, read_json, write_json_atomic
+from evidence.attempts import next_attempt
+from evidence.canonical import canonical_sha256, fsync_dir, fsync_file, read_json, write_json_atomic
 from evidence.receipts import ReceiptError, make_receipt, verify_receipt
 from training.errors import TrainError
 
@@ -59,11 +60,6 @@ def manifest_path(rank_dir: Path, step: int) -> Path:
     return rank_dir / "manifests" / f"{step_name(step)}.json"
 
 
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as fh:
-        os.fsync(fh.fileno())
-
-
 def write_rank_state(rank_dir: Path, step: int, state: dict[str, Any], identity: dict[str, Any]
                      ) -> dict[str, Any]:
     """Write, fsync and receipt this rank's state for `step`; returns figures and the receipt."""
@@ -79,12 +75,11 @@ def write_rank_state(rank_dir: Path, step: int, state: dict[str, Any], identity:
         tmp.rename(stale)
     tmp.mkdir(parents=True)
     torch.save(state, tmp / STATE)
-    _fsync_file(tmp / STATE)
+    fsync_file(tmp / STATE)
     receipt = make_receipt(tmp, meta={"format": FORMAT, **identity, "step": step},
                            exclude=["host.json"])
     write_json_atomic(tmp / "receipt.json", receipt)
-    write_json_atomic(tmp / "host.json", {"hostname": socket.gethostname(), "pid": os.getpid()})
-    fsync_dir(tmp)
+    write_json_atomic(tmp / "host.json", {"hostname": socket.gethostname(), "pid": os.getpid()})  # fsyncs tmp
     tmp.rename(final)
     fsync_dir(final.parent)
     return {"step": step, "receipt_digest": receipt["digest"], "bytes": (final / STATE).stat().st_size,
@@ -97,9 +92,7 @@ def write_manifest(rank_dir: Path, step: int, digests: list[str], common: dict[s
             "ranks": [{"rank": r, "receipt_digest": d} for r, d in enumerate(digests)], **common}
     path = manifest_path(rank_dir, step)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, body, canonical=True)
-    fsync_dir(path.parent)
-    return canonical_sha256(body)
+    return write_json_atomic(path, body, canonical=True)  # atomic and fsynced; the hash of what it wrote
 
 
 def local_manifests(rank_dir: Path) -> dict[int, str]:
@@ -171,8 +164,7 @@ def orphan_after(rank_dir: Path, step: int) -> list[str]:
     if not later:
         return []
     base = rank_dir / "orphaned"
-    n = 1 + max((int(p.name[8:]) for p in base.glob("attempt-*") if p.name[8:].isdigit()), default=0)
-    dest = base / f"attempt-{n}"
+    dest = base / f"attempt-{next_attempt(base)}"
     moved = []
     for p in later:
         d = dest / p.parent.name

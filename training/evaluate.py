@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from evidence.attempts import attempts, next_attempt
 from evidence.canonical import read_json, write_json_atomic
 from evidence.checker import check_answer
 from evidence.commitments import CommitmentLog
@@ -87,11 +88,11 @@ def evaluate(home: str | os.PathLike[str], arm: str, role: str, *, seed_dir: Pat
     model_dir, receipt_digest = model_dir_for(home, arm, selection, seed_dir, prepared)
 
     root = attempts_dir(home, role, arm)
-    earlier = sorted(root.glob("attempt-*")) if root.exists() else []
+    earlier = attempts(root)
     if earlier and not retry_reason:
         raise TrainError(f"{role} evaluation of {arm} already has {len(earlier)} attempt(s) under {root}; "
                          "every attempt is kept — pass --retry REASON to run another (recorded)")
-    n = 1 + max((int(p.name[8:]) for p in earlier if p.name[8:].isdigit()), default=0)
+    n = next_attempt(root)
     out = root / f"attempt-{n}"
     out.mkdir(parents=True)
     write_json_atomic(out / "started.json", {"arm": arm, "role": role, "attempt": n, "at": time.time(),

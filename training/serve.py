@@ -155,7 +155,6 @@ def load_replica(home: str | os.PathLike[str], *, arm: str | None = None, seed_d
                   identity={"arm": arm, "receipt_digest": receipt_digest, "parameters_sha256": loaded},
                   max_new_tokens=generation_budget(tok, tasks.values()), cache_size=cache_size,
                   device_lock=lock)
-    return rep
 
 
 def make_app(replica: Replica) -> FastAPI:

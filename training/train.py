@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from evidence.canonical import canonical_sha256, fsync_dir, read_json, write_json_atomic
+from evidence.canonical import canonical_sha256, fsync_dir, fsync_file, read_json, write_json_atomic
 from evidence.commitments import CommitmentLog
 from evidence.receipts import make_receipt, verify_receipt
 from training.config import Arm, ConfigError, Experiment, Resolved
@@ -245,8 +245,7 @@ def _write_model(model: Any, seed_dir: Path, out: Path, meta: dict[str, Any]) ->
         if (seed_dir / name).is_file():
             shutil.copy2(seed_dir / name, tmp / name)
     for f in tmp.iterdir():  # durable before the receipt vouches for them
-        with open(f, "rb") as fh:
-            os.fsync(fh.fileno())
+        fsync_file(f)
     receipt = make_receipt(tmp, meta=meta)
     write_json_atomic(tmp / "receipt.json", receipt)
     verify_receipt(tmp, read_json(tmp / "receipt.json"), what="trained model")  # read back
