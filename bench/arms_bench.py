@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from orchestrate.cli import train_arms  # noqa: E402
+from orchestrate.trial import LocalPlacement  # noqa: E402
 from training.config import lineage  # noqa: E402
 from training.prepare import prepare  # noqa: E402
 from training.results import load_results  # noqa: E402
@@ -74,8 +75,12 @@ def throughput(home: Path, results: list[dict], world: int, peak: float | None) 
     params = results[0]["parameters"]
     out = {"active_seconds": active, "tokens_per_update": tokens / len(ups), "tokens_per_second": tokens / active,
            "parameters": params}
+    steps = sorted(max(r["updates"][i]["seconds"] for r in results) for i in range(len(ups)))
+    out["step_seconds_median"] = steps[len(steps) // 2]
     if peak and params:
         out["mfu"] = 6 * params * tokens / (active * peak * world)
+        # steady state: the median update (a compiled run's first updates include compilation)
+        out["mfu_median_step"] = 6 * params * (tokens / len(ups)) / (out["step_seconds_median"] * peak * world)
     return out
 
 
@@ -86,7 +91,7 @@ def main() -> int:
     ap.add_argument("--model-dir", help="seed directory (profiles whose seed is 'local')")
     ap.add_argument("--work", help="work directory (default: a fresh temporary one)")
     ap.add_argument("--out")
-    ap.add_argument("--arms", help="comma-separated arm names to train (default: every arm)")
+    ap.add_argument("--arms", help="comma-separated arm names, or EXPERIMENT:ARM, to train (default: every arm)")
     ap.add_argument("--max-world", type=int, help="skip arms with more ranks (e.g. the GPUs present)")
     ap.add_argument("--label", default="", help="a name for this run's setting, e.g. nvlink or sockets")
     ap.add_argument("--peak", action="store_true", help="measure the bf16 matmul peak of GPU 0 and "
@@ -111,12 +116,13 @@ def main() -> int:
         prepare(cfg, home, md, previous_home=str(previous) if previous else None)
         previous = home
         keep = [a for a in cfg.experiment.arms if a.kind == "seed" or (
-            (wanted is None or a.name in wanted) and (args.max_world is None or a.world_size <= args.max_world))]
+            (wanted is None or a.name in wanted or f"{cfg.experiment.name}:{a.name}" in wanted)
+            and (args.max_world is None or a.world_size <= args.max_world))]
         skipped = [a.name for a in cfg.experiment.arms if a not in keep]
         if skipped:
             print(f"{cfg.experiment.name}: not trained here: {', '.join(skipped)}")
         run_cfg = cfg.model_copy(update={"experiment": cfg.experiment.model_copy(update={"arms": keep})})
-        for s in train_arms(run_cfg, home, md):
+        for s in train_arms(run_cfg, home, LocalPlacement(md)):
             s["experiment"] = cfg.experiment.name
             arm = cfg.arm(s["arm"])
             results = load_results(home, arm.name, arm.world_size)
@@ -143,7 +149,8 @@ def main() -> int:
         t = s["throughput"]
         print(f"{s['arm']:15} active {t['active_seconds']:.2f} s, {t['tokens_per_update']:,.0f} tokens/update, "
               f"{t['tokens_per_second']:,.0f} tokens/s"
-              + (f", MFU {t['mfu']:.1%} of {peak / 1e12:.0f} TFLOP/s per GPU" if t.get("mfu") is not None else ""))
+              + (f", MFU {t['mfu']:.1%} of {peak / 1e12:.0f} TFLOP/s per GPU (median update: "
+                 f"{t['mfu_median_step']:.1%})" if t.get("mfu") is not None else ""))
     c = checks.get("diloco_over_ddp_payload")
     if c:
         print(f"\nDiLoCo / DDP logical payload per update = {c['ratio']!r}; 1/H = 1/{c['sync_every']} = "

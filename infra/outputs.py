@@ -2,7 +2,7 @@
 
     {"format": "trial-stack-v1", "trial", "region", "deadline" (ISO, UTC), "hours", "ssh_user",
      "bucket", "prefix" ("trials/<trial>/"), "alert_topic", "security_group",
-     "transfer_guard_bytes", "isolated_ranks": [r, ...], "budget": {...}, "estimate": {...},
+     "transfer_guard_bytes", "isolated_ranks": [r, ...], "budget": {...}, "budget_name", "estimate": {...},
      "hosts": [{"rank", "instance_id", "instance_type", "zone", "private_ip", "public_ip",
                 "vcpus", "ebs_baseline_mb_s", "volume_throughput_mb_s"}, ...]}
 
@@ -61,6 +61,8 @@ class StackOutputs(BaseModel):
     alert_topic: str
     transfer_guard_bytes: float
     isolated_ranks: list[int]
+    budget_name: str | None = Field(None, pattern=r"^[A-Za-z0-9_.:-]{1,100}$")
+    budget: dict[str, float] | None = None
     hosts: list[HostOut] = Field(min_length=1)
 
     @model_validator(mode="after")

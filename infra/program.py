@@ -170,7 +170,7 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None) -> dict[str, Any]:
     aws.budgets.Budget(
         # a monthly budget would reset if the trial crossed a month boundary (the example does): one
         # period from the day of `pulumi up`, long enough that it never resets during a trial
-        name("budget"), budget_type="COST", limit_amount=f"{cfg.budget.total_usd:.2f}", limit_unit="USD",
+        name("budget"), name=name("budget"), budget_type="COST", limit_amount=f"{cfg.budget.total_usd:.2f}", limit_unit="USD",
         time_unit="ANNUALLY", time_period_start=start.strftime("%Y-%m-%d_00:00"), tags=tags,
         cost_filters=[aws.budgets.BudgetCostFilterArgs(name="TagKeyValue", values=[f"user:trial${cfg.trial}"])],
         notifications=[aws.budgets.BudgetNotificationArgs(
@@ -207,7 +207,7 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None) -> dict[str, Any]:
         "bucket": bucket.bucket, "prefix": prefix, "alert_topic": topic.arn,
         "security_group": sg.id,
         "transfer_guard_bytes": cfg.transfer_guard_bytes, "isolated_ranks": sorted(isolated),
-        "budget": cfg.budget.model_dump(exclude={"alert_email"}),
+        "budget": cfg.budget.model_dump(exclude={"alert_email"}), "budget_name": name("budget"),
         "estimate": {"total_usd": est["total_usd"], "totals_usd": est["totals_usd"],
                      "traffic": est["traffic"]},
         "hosts": [{

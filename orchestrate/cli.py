@@ -28,16 +28,25 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
         seeds: Path = typer.Option(Path(".seeds"), help="where seed models are materialized"),
         model_dir: Optional[Path] = typer.Option(None, help="seed directory for a 'local' seed"),
         store: Optional[str] = typer.Option(None, help="evidence store: file://DIR or s3://BUCKET/PREFIX "
-                                                       "(default: file://<trials>/store)")) -> None:
-    """Run ARM's experiment on the embedded local cluster: seed → prepare → commit → train every arm
-    → select → score → serve → report → preserve."""
+                                                       "(default: the cluster's, else file://<trials>/store)"),
+        cluster: Optional[Path] = typer.Option(None, help="cluster.json from `orchestrate up` (default: the "
+                                                         "embedded local cluster)"),
+        wheelhouse: Optional[Path] = typer.Option(None, help="SSH hosts: wheels of every dependency for the "
+                                                            "hosts' Python (the project's own wheel is built)")) -> None:
+    """Run ARM's experiment: seed → prepare → commit → train every arm → select → score → serve →
+    report → preserve, on the embedded local cluster or a cluster's SSH hosts."""
     from training.config import arm_to_experiment, lineage, resolve
+    from orchestrate.cluster import ClusterError
+    from orchestrate.remote import StagingError
+    from orchestrate.transport import TransportError
     from training.errors import USER_ERRORS
     from training.prepare import prepare
     from training.seed import materialize
 
     started = time.monotonic()
+    placement = None
     try:
+        desc = _load_cluster(cluster)
         name = arm_to_experiment(arm)
         cfg = resolve(name, profile)
         cfg.arm(arm)
@@ -64,27 +73,77 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
                       f"task share of targets {c['task_share_of_targets']:.1%} unweighted / "
                       f"{c['task_share_of_weighted_targets']:.1%} weighted; committed")
             previous = home
-        summaries = train_arms(cfg, previous, md)
+        placement = make_placement(desc, previous, md, trials, wheelhouse)
+        summaries = train_arms(cfg, previous, placement)
         show_summaries(cfg, summaries)
-        report = select_evaluate_report(cfg, previous, md)
-        rec = preserve_home(previous, store or f"file://{trials.resolve() / 'store'}")
-    except USER_ERRORS as e:
+        report = select_evaluate_report(cfg, previous, md, placement)
+        rec = preserve_home(previous, store or (desc.store if desc else f"file://{trials.resolve() / 'store'}"))
+    except (*USER_ERRORS, ClusterError, StagingError, TransportError) as e:
         con.print(f"[bold red]error:[/] {e}", highlight=False)
         raise typer.Exit(2)
+    finally:
+        if placement is not None:
+            placement.close()
     con.print(f"[bold]{arm}[/]: prepared, trained, selected, scored, served, reported and preserved in "
               f"{time.monotonic() - started:.1f} s → {report}; evidence {rec['store']}{rec['index']}",
               highlight=False)
 
 
-def select_evaluate_report(cfg, home: Path, seed_dir: Path) -> Path:
+def _load_cluster(path: Optional[Path]):
+    """The cluster description, or None for the embedded local cluster."""
+    import datetime as dt
+
+    from orchestrate.cluster import ClusterError, load
+
+    if path is None:
+        return None
+    desc = load(path)
+    if desc.deadline is not None and desc.deadline <= dt.datetime.now(dt.timezone.utc):
+        raise ClusterError(f"{path}: the deadline {desc.deadline.isoformat()} has passed; nothing starts")
+    if desc.budget_name:  # the cloud's own account of the spend: a spent budget starts nothing
+        import boto3
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        from orchestrate.cloud import account_id, read_budget
+
+        try:
+            session = boto3.Session(region_name=desc.region)
+            b = read_budget(session, account_id(session), desc.budget_name)
+        except (BotoCoreError, ClientError) as e:
+            raise ClusterError(f"cannot read the trial's budget {desc.budget_name}: {e}") from None
+        if b["actual_usd"] >= b["limit_usd"]:
+            raise ClusterError(f"the trial's budget {desc.budget_name} is spent (${b['actual_usd']:.2f} of "
+                               f"${b['limit_usd']:.2f}); nothing starts")
+        con.print(f"[bold]budget[/] {desc.budget_name}: ${b['actual_usd']:.2f} of ${b['limit_usd']:.2f} spent "
+                  f"(forecast ${b['forecast_usd']:.2f})", highlight=False)
+    con.print(f"[bold]cluster[/] {path}: {desc.source}, {len(desc.hosts)} host(s)"
+              + (f", deadline {desc.deadline.isoformat()}" if desc.deadline else ""), highlight=False)
+    return desc
+
+
+def make_placement(desc, home: Path, model_dir: Path, trials: Path, wheelhouse: Optional[Path]):
+    from orchestrate.guard import Guard
+    from orchestrate.trial import LocalPlacement, RemotePlacement, build_wheelhouse
+
+    if desc is None or desc.source == "local":
+        return LocalPlacement(model_dir, guard=Guard(deadline=desc.deadline) if desc else None)
+    with con.status("building the wheelhouse…"):
+        wheels = build_wheelhouse(trials / ".wheelhouse", wheelhouse)
+    return RemotePlacement(desc, home, model_dir, wheel_dir=wheels,
+                           say=lambda m: con.print(f"  {m}", highlight=False, markup=False))
+
+
+def select_evaluate_report(cfg, home: Path, seed_dir: Path, placement=None) -> Path:
     """select (once) → test scoring of the seed and every candidate (once each) → the serving probe
     (once) → the report."""
     from evidence.commitments import CommitmentLog
     from evidence.report import EvidenceError, write_report
     from training.errors import TrainError
-    from training.evaluate import attempts_dir, evaluate
+    from orchestrate.trial import LocalPlacement
+    from training.evaluate import attempts_dir
     from training.select import select
 
+    placement = placement or LocalPlacement(seed_dir)
     if CommitmentLog(home).latest("selection") is None:
         sel = select(home, cfg)
         con.print(f"[bold]select[/] committed: primary {sel['primary']} (fixed by the rules), "
@@ -94,7 +153,7 @@ def select_evaluate_report(cfg, home: Path, seed_dir: Path) -> Path:
             con.print(f"[bold]test[/] {a.name}: already scored, attempts kept")
             continue
         with con.status(f"scoring {a.name} on the test cases…"):
-            res = evaluate(home, a.name, "test", seed_dir=seed_dir)
+            res = placement.evaluate(home, a.name, "test", seed_dir)
         con.print(f"[bold]test[/] {a.name}: {res['correct']}/{res['cases']} exact, retention probe loss "
                   f"{res['probe_mean_loss']:.4f} ({res['seconds']:.1f} s)")
     if CommitmentLog(home).latest("serving") is None:
@@ -109,7 +168,24 @@ def select_evaluate_report(cfg, home: Path, seed_dir: Path) -> Path:
     for g in rep["gates"]:
         con.print(f"  gate {g['gate']}: {g['value']:.4g} → {'passed' if g['passed'] else 'FAILED'}",
                   highlight=False, markup=False)
+    show_final(rep)
     return out
+
+
+def show_final(rep: dict) -> None:
+    """The trial in one table: test accuracy per arm, payload per update, and the gates."""
+    from rich.table import Table
+
+    t = Table(title=f"{rep['experiment']}/{rep['profile']}: result (primary {rep['selection']['primary']})")
+    for col in ("arm", "test exact", "accuracy", "MB/update"):
+        t.add_column(col, justify="right")
+    for arm, a in rep["accuracy"].items():
+        mb = rep["arms"].get(arm, {}).get("payload_bytes_per_update")
+        t.add_row(arm, f"{a['correct']}/{a['cases']}", f"{a['accuracy']:.1%}", "—" if mb is None else f"{mb / 1e6:,.2f}")
+    con.print(t)
+    failed = rep.get("failed_gates", [])
+    con.print(f"gates: {len(rep['gates']) - len(failed)} of {len(rep['gates'])} passed"
+              + (f"; failed: {'; '.join(failed)}" if failed else ""), highlight=False, markup=False)
 
 
 def preserve_home(home: Path, url: str) -> dict:
@@ -145,12 +221,10 @@ def serve_probe(cfg, home: Path, retry: str | None = None) -> dict:
     return res
 
 
-def train_arms(cfg, home: Path, model_dir: Path) -> list[dict]:
+def train_arms(cfg, home: Path, placement) -> list[dict]:
     """Train every arm of the experiment, one after another (never two jobs on one device)."""
-    from orchestrate.local import supervise, threads_per_rank, train_argv
     from training.errors import TrainError
     from training.results import finished, load_results, summarize
-    from training.train import set_aside_unfinished
 
     out = []
     for a in cfg.experiment.arms:
@@ -161,31 +235,13 @@ def train_arms(cfg, home: Path, model_dir: Path) -> list[dict]:
         else:
             con.print(f"[bold]train[/] {a.name} ({a.kind}, {a.world_size} rank"
                       f"{'s' if a.world_size > 1 else ''}) → {home / 'runs' / a.name}")
-            resumable = _resumable(home, a.name, a.world_size)
-            if not resumable and set_aside_unfinished(home, a.name, a.world_size):
-                con.print(f"  an unfinished earlier attempt was moved to "
-                          f"{home / 'runs' / a.name / 'attempts'}")
-            argv = train_argv(home, a.name, model_dir, threads_per_rank(a.world_size))
-            rank_dirs = [home / "runs" / a.name / f"rank-{r}" for r in range(a.world_size)]
             # with group checkpoints, a failed group is restarted once from the common manifest
-            attempts = supervise(argv, a.world_size, log_root=home / "logs" / a.name,
-                                 heartbeats=[d / "heartbeat.json" for d in rank_dirs],
-                                 max_restarts=1 if cfg.profile.checkpoint_every else 0,
-                                 resume_first=resumable,
-                                 can_resume=lambda: _resumable(home, a.name, a.world_size),
-                                 echo=lambda line: con.print(f"  {line}", highlight=False, markup=False))
+            attempts = placement.train(home, a, max_restarts=1 if cfg.profile.checkpoint_every else 0,
+                                       echo=lambda line: con.print(f"  {line}", highlight=False, markup=False))
             if not attempts[-1].ok:
                 raise TrainError(f"arm {a.name} failed; {attempts[-1].failure_text()}")
         out.append(summarize(load_results(home, a.name, a.world_size)))
     return out
-
-
-def _resumable(home: Path, arm: str, world: int) -> bool:
-    """An earlier attempt left a manifest for the same step on every rank: resume, don't restart."""
-    from training.checkpoint import local_manifests
-
-    held = [set(local_manifests(home / "runs" / arm / f"rank-{r}")) for r in range(world)]
-    return bool(held) and bool(set.intersection(*held))
 
 
 def show_summaries(cfg, summaries: list[dict]) -> None:
@@ -203,6 +259,47 @@ def show_summaries(cfg, summaries: list[dict]) -> None:
     con.print(t)
     con.print("step s: median over updates of the slowest rank; MB/update: logical collective payload "
               "per rank; loss: global weighted response loss of the first and last update")
+
+
+@app.command()
+def up(local: bool = typer.Option(False, "--local", help="the embedded local cluster on this machine"),
+       hosts: int = typer.Option(4, help="--local: how many ranks"),
+       pulumi_outputs: Optional[Path] = typer.Option(None, help="a stack's `pulumi stack output --json`, saved"),
+       key_file: Optional[Path] = typer.Option(None, help="--pulumi-outputs: the SSH key for every host"),
+       host_keys: Optional[Path] = typer.Option(None, help="--pulumi-outputs: JSON {rank: 'ssh-ed25519 AAAA…'}, "
+                                                           "read from each instance's console output"),
+       store: Optional[str] = typer.Option(None, help="--local: evidence store (default file://trials/store)"),
+       out: Path = typer.Option(Path("cluster.json"), help="where to write the description")) -> None:
+    """Write cluster.json: the embedded local cluster, or a Pulumi stack's hosts from its outputs
+    (`pulumi up` creates them; this only describes them, and checks every field)."""
+    import json
+
+    from orchestrate.cluster import ClusterError, local_cluster, pulumi_cluster, save
+
+    try:
+        if local == (pulumi_outputs is not None):
+            raise ClusterError("pass exactly one of --local and --pulumi-outputs")
+        if local:
+            desc = local_cluster(hosts, Path.cwd(), store or f"file://{(Path('trials') / 'store').resolve()}")
+        else:
+            if key_file is None:
+                raise ClusterError("--pulumi-outputs needs --key-file (the hosts' SSH key)")
+            try:
+                keys = {int(k): v for k, v in json.loads(host_keys.read_text()).items()} if host_keys else None
+                text = pulumi_outputs.read_text()
+            except (OSError, ValueError, AttributeError) as e:
+                raise ClusterError(f"cannot read {host_keys or pulumi_outputs}: {e}") from None
+            desc = pulumi_cluster(text, key_file=str(key_file.resolve()), host_keys=keys)
+            missing = [h.rank for h in desc.hosts if h.host_key is None]
+            if missing:
+                raise ClusterError(f"no pinned host key for rank(s) {missing}: pass --host-keys "
+                                   "(an unknown host key is never accepted)")
+    except ClusterError as e:
+        con.print(f"[bold red]error:[/] {e}", highlight=False)
+        raise typer.Exit(2)
+    save(desc, out)
+    con.print(f"[bold]cluster[/] {desc.source}: {len(desc.hosts)} host(s), store {desc.store} → {out}",
+              highlight=False)
 
 
 @app.command()
@@ -226,17 +323,9 @@ def estimate(stack: Path = typer.Option(Path("Pulumi.dev.yaml"), help="a Pulumi 
     """The cost and traffic estimate of a stack's plan against its budget (what `pulumi up` checks)."""
     import json
 
-    import yaml
-    from pydantic import ValidationError
+    from infra.plan import estimate as run_estimate, table
 
-    from infra.plan import TrialConfig, estimate as run_estimate, table
-
-    try:
-        conf = yaml.safe_load(stack.read_text())["config"]
-        cfg = TrialConfig.model_validate({**conf["trials:cluster"], "region": conf["aws:region"]})
-    except (OSError, KeyError, TypeError, yaml.YAMLError, ValidationError) as e:
-        con.print(f"[bold red]error:[/] {stack}: {e}", highlight=False)
-        raise typer.Exit(2)
+    cfg = _stack_config(stack)
     est = run_estimate(cfg)
     if as_json:
         print(json.dumps(est, indent=1))
@@ -245,6 +334,133 @@ def estimate(stack: Path = typer.Option(Path("Pulumi.dev.yaml"), help="a Pulumi 
     for p in est["problems"]:
         con.print(f"[bold red]over:[/] {p}", highlight=False)
     raise typer.Exit(1 if est["problems"] else 0)
+
+
+def _stack_config(stack: Path):
+    import yaml
+    from pydantic import ValidationError
+
+    from infra.plan import TrialConfig
+
+    try:
+        conf = yaml.safe_load(stack.read_text())["config"]
+        return TrialConfig.model_validate({**conf["trials:cluster"], "region": conf["aws:region"]})
+    except (OSError, KeyError, TypeError, yaml.YAMLError, ValidationError) as e:
+        con.print(f"[bold red]error:[/] {stack}: {e}", highlight=False)
+        raise typer.Exit(2)
+
+
+@app.command()
+def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-four"),
+         stack: Path = typer.Option(Path("Pulumi.dev.yaml"), help="a Pulumi stack config file"),
+         quota: bool = typer.Option(True, help="read the account's G/VT vCPU quota (needs AWS credentials)"),
+         as_json: bool = typer.Option(False, "--json")) -> None:
+    """Cost, hours and bytes of ARM's experiment (the arm and its controls) against the budget split,
+    and the hosts' vCPUs against the account's G-instance quota. Exit 1 when anything does not fit."""
+    import json
+
+    from rich.table import Table
+
+    from infra.plan import GB, estimate as run_estimate, table
+    from infra.prices import INSTANCE_TYPES, price
+    from training.config import ConfigError, arm_to_experiment, resolve
+
+    cfg = _stack_config(stack)
+    try:
+        exp = resolve(arm_to_experiment(arm), "gpu").experiment
+    except ConfigError as e:
+        con.print(f"[bold red]error:[/] {e}", highlight=False)
+        raise typer.Exit(2)
+    names = {a.name for a in exp.arms}
+    arms = [a for a in cfg.arms if a.name in names]
+    if arm not in {a.name for a in arms}:
+        con.print(f"[bold red]error:[/] {stack} plans no arm '{arm}' (it plans: "
+                  f"{', '.join(a.name for a in cfg.arms)})", highlight=False)
+        raise typer.Exit(2)
+    est = run_estimate(cfg.model_copy(update={"arms": arms}))
+    problems = list(est["problems"])
+    need = sum(int(INSTANCE_TYPES.get(h.instance_type, {}).get("vcpus") or 0) for h in cfg.hosts)
+    vcpu: dict = {"hosts_vcpus": need, "quota": None, "note": None}
+    if quota:
+        import boto3
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        from orchestrate.cloud import read_vcpu_quota
+
+        try:
+            vcpu["quota"] = read_vcpu_quota(boto3.Session(region_name=cfg.region))
+        except (BotoCoreError, ClientError) as e:
+            vcpu["note"] = f"quota not readable: {e}"
+        if vcpu["quota"] is not None and need > vcpu["quota"]:
+            problems.append(f"the hosts need {need} G/VT vCPUs; the account's quota in {cfg.region} is "
+                            f"{vcpu['quota']:g} (Service Quotas L-DB2E81BA): ask for more before `pulumi up`")
+    cross = price("transfer/cross-zone-out", cfg.prices).usd + price("transfer/cross-zone-in", cfg.prices).usd
+    if as_json:
+        print(json.dumps({**est, "arm": arm, "experiment": exp.name, "hours": cfg.hours,
+                          "deadline": cfg.deadline.isoformat(), "vcpu": vcpu, "problems": problems}, indent=1))
+        raise typer.Exit(1 if problems else 0)
+    t = Table(title=f"{arm} ({exp.name}) on {len(cfg.hosts)} host(s) in {cfg.region}, {cfg.hours:g} h, "
+                    f"deadline {cfg.deadline.isoformat()}")
+    for col in ("arm", "ranks", "syncs", "payload/sync", "rx+tx per host", "cross-zone", "transfer USD"):
+        t.add_column(col, justify="right")
+    for x in est["traffic"]:
+        t.add_row(x["arm"], str(x["world_size"]), str(x["synchronizations"]),
+                  f"{x['payload_bytes_per_sync'] / GB:,.2f} GB", f"{x['host_bytes_rx_plus_tx'] / 1e12:,.3f} TB",
+                  f"{x['cross_zone_bytes'] / 1e12:,.3f} TB", f"{x['cross_zone_bytes'] / GB * cross:,.2f}")
+    con.print(t)
+    print(table(est))
+    print(f"vCPUs: the hosts need {need}; G/VT quota "
+          + (f"{vcpu['quota']:g}" if vcpu["quota"] is not None else f"unknown ({vcpu['note'] or 'not asked'})"))
+    for p in problems:
+        con.print(f"[bold red]does not fit:[/] {p}", highlight=False)
+    raise typer.Exit(1 if problems else 0)
+
+
+@app.command()
+def status(cluster: Path = typer.Option(Path("cluster.json"), help="the trial's cluster.json"),
+           home: Optional[Path] = typer.Option(None, help="the trial home (the embedded local cluster's ranks write there)"),
+           as_json: bool = typer.Option(False, "--json")) -> None:
+    """A running trial: spend so far, bytes against the transfer guard, time to the deadline, each rank's state."""
+    import json
+
+    from rich.table import Table
+
+    from orchestrate.cluster import ClusterError, load
+    from orchestrate.status import trial_status
+
+    try:
+        desc = load(cluster)
+        session = None
+        if desc.budget_name:
+            import boto3
+
+            session = boto3.Session(region_name=desc.region)
+        st = trial_status(desc, home, session=session)
+    except (ClusterError, ValueError) as e:
+        con.print(f"[bold red]error:[/] {e}", highlight=False)
+        raise typer.Exit(2)
+    if as_json:
+        print(json.dumps(st, indent=1))
+        return
+    left = st["seconds_to_deadline"]
+    spend = st["spend"]
+    con.print(f"[bold]{desc.trial or desc.source}[/]: deadline "
+              + ("none" if left is None else f"{st['deadline']} ({left / 60:,.1f} min left)" if left > 0
+                 else f"{st['deadline']} (PASSED)")
+              + "; spend " + ("— (no AWS budget: embedded or test cluster)" if spend is None
+                              else f"unknown ({spend['error']})" if "error" in spend
+                              else f"${spend['actual_usd']:.2f} of ${spend['limit_usd']:.2f} "
+                                   f"(forecast ${spend['forecast_usd']:.2f})"), highlight=False)
+    tb = Table()
+    for col in ("rank", "host", "zone", "state", "arm", "update", "heartbeat age", "rx+tx", "of guard"):
+        tb.add_column(col, justify="right")
+    for h in st["hosts"]:
+        age = h.get("heartbeat_age_s")
+        tb.add_row(str(h["rank"]), h["host"], h["zone"] or "—", h["state"], h.get("arm") or "—",
+                   "—" if h.get("update") is None else str(h["update"]), "—" if age is None else f"{age:,.0f} s",
+                   "—" if h.get("bytes_rx_tx") is None else f"{h['bytes_rx_tx'] / 1e9:,.3f} GB",
+                   f"{h['guard_fraction']:.1%}" if "guard_fraction" in h else "—")
+    con.print(tb)
 
 
 @app.command()

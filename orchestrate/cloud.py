@@ -90,3 +90,18 @@ def reconcile(session: Any, trial: str) -> list[Finding]:
     found += [Finding("alarm", a["name"], a["state"], False, {"threshold": a["threshold"]})
               for a in read_alarms(session, f"{trial}-")]
     return found
+
+
+G_VT_VCPU_QUOTA = ("ec2", "L-DB2E81BA")
+"""Service Quotas' "Running On-Demand G and VT instances": the vCPUs of g6e hosts an account may run."""
+
+
+def read_vcpu_quota(session: Any) -> float:
+    """The account's on-demand G/VT vCPU limit in the session's region (raises ClientError if unreadable)."""
+    q = session.client("service-quotas").get_service_quota(ServiceCode=G_VT_VCPU_QUOTA[0],
+                                                           QuotaCode=G_VT_VCPU_QUOTA[1])
+    return float(q["Quota"]["Value"])
+
+
+def account_id(session: Any) -> str:
+    return session.client("sts").get_caller_identity()["Account"]

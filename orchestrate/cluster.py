@@ -61,6 +61,9 @@ class Cluster(BaseModel):
     budget_usd: float | None = None
     region: str | None = None
     trial: str | None = None
+    transfer_guard_bytes: float | None = Field(None, gt=0)  # per guarded host, rx + tx (the cloud alarm's)
+    guarded_ranks: list[int] = []  # hosts in an isolated zone, whose traffic is billed and guarded
+    budget_name: str | None = None  # the AWS Budgets budget that tracks the trial's spend
 
     @model_validator(mode="after")
     def _consistent(self) -> "Cluster":
@@ -69,6 +72,12 @@ class Cluster(BaseModel):
             raise ValueError("ssh hosts need key_file")
         if len({h.name for h in self.hosts}) != len(self.hosts):
             raise ValueError("two hosts share a name")
+        if set(self.guarded_ranks) - {h.rank for h in self.hosts}:
+            raise ValueError("guarded_ranks names a rank that is not a host")
+        if self.guarded_ranks and self.transfer_guard_bytes is None:
+            raise ValueError("guarded_ranks need transfer_guard_bytes")
+        if self.deadline is not None and self.deadline.tzinfo is None:
+            raise ValueError("deadline has no timezone")
         return self
 
     @property
@@ -125,7 +134,10 @@ def pulumi_cluster(outputs: str | dict, *, key_file: str, host_keys: dict[int, s
         raise ClusterError(str(e)) from None
     try:
         return Cluster(source="pulumi", key_file=key_file, store=f"s3://{out.bucket}/{out.prefix}",
-                       deadline=out.deadline, region=out.region, trial=out.trial, hosts=[
+                       deadline=out.deadline, region=out.region, trial=out.trial,
+                       transfer_guard_bytes=out.transfer_guard_bytes, guarded_ranks=out.isolated_ranks,
+                       budget_name=out.budget_name, budget_usd=out.budget.get("total_usd") if out.budget else None,
+                       hosts=[
                            Host(rank=h.rank, name=f"{out.trial}-{h.rank}", transport="ssh",
                                 address=h.public_ip or h.private_ip, private_address=h.private_ip, zone=h.zone,
                                 user=out.ssh_user, host_key=(host_keys or {}).get(h.rank), root=root)

@@ -27,7 +27,9 @@ class GroupResult:
     logs: list[Path]
     seconds: float
     first_failure: int | None  # the rank whose failure was observed first, if any
-    reason: str | None = None  # "exit" (non-zero), "heartbeat" (no progress), "unreachable" (host cut off)
+    reason: str | None = None  # "exit" (non-zero), "heartbeat" (no progress), "unreachable" (host cut off),
+    #                            "guard" (the controller stopped the group: deadline or transfer)
+    guard: str | None = None  # what the guard said
     failure_observed_at: float | None = None  # unix time the supervisor saw it
     survivors_stopped_at: float | None = None  # unix time every other rank had exited
 
@@ -36,6 +38,8 @@ class GroupResult:
         return all(c == 0 for c in self.codes)
 
     def failure_text(self, lines: int = 20) -> str:
+        if self.reason == "guard":
+            return f"stopped by the controller's guard: {self.guard}"
         r = self.first_failure if self.first_failure is not None else 0
         tail = self.logs[r].read_text(errors="replace").splitlines()[-lines:]
         why = {"heartbeat": "stopped making progress", "unreachable": "became unreachable"}.get(
@@ -62,7 +66,8 @@ def train_argv(home: Path, arm: str, model_dir: Path, threads: int) -> list[str]
 def launch_group(argv: Sequence[str], world: int, *, log_dir: Path, cwd: Path | None = None,
                  env: dict[str, str] | None = None, port: int | None = None,
                  grace_s: float = 10.0, echo: Callable[[str], None] | None = None,
-                 heartbeats: Sequence[Path] | None = None, stale_s: float = 600.0) -> GroupResult:
+                 heartbeats: Sequence[Path] | None = None, stale_s: float = 600.0,
+                 guard: Callable[[], str | None] | None = None) -> GroupResult:
     """Start one process per rank on this machine and supervise them as a group (`run_group`)."""
     log_dir.mkdir(parents=True, exist_ok=True)
     port = port or free_port()
@@ -77,7 +82,7 @@ def launch_group(argv: Sequence[str], world: int, *, log_dir: Path, cwd: Path | 
         with open(logs[r], "w") as fh, open(logs[r].with_suffix(".out"), "w") as fo:
             procs.append(subprocess.Popen(list(argv), cwd=cwd, env=e, stdout=fo, stderr=fh))
     return run_group(procs, logs, grace_s=grace_s, echo=echo,
-                     heartbeats=[_mtime(p) for p in heartbeats or []], stale_s=stale_s)
+                     heartbeats=[_mtime(p) for p in heartbeats or []], stale_s=stale_s, guard=guard)
 
 
 def _mtime(path: Path) -> Callable[[], float | None]:
@@ -91,35 +96,39 @@ def _mtime(path: Path) -> Callable[[], float | None]:
 
 def run_group(procs: Sequence[Any], logs: list[Path], *, grace_s: float = 10.0,
               echo: Callable[[str], None] | None = None,
-              heartbeats: Sequence[Callable[[], float | None]] = (), stale_s: float = 600.0) -> GroupResult:
+              heartbeats: Sequence[Callable[[], float | None]] = (), stale_s: float = 600.0,
+              guard: Callable[[], str | None] | None = None) -> GroupResult:
     """Supervise started rank processes (anything with Popen's poll/send_signal/kill/wait/returncode).
 
     A rank fails when it exits non-zero or, once it has written a heartbeat, when the heartbeat has
     not changed for `stale_s` seconds (a hang, e.g. a peer stuck in a collective). Either way every
-    other rank is stopped (SIGTERM, SIGKILL after `grace_s`), by pid.
+    other rank is stopped (SIGTERM, SIGKILL after `grace_s`), by pid. `guard()` (the controller's
+    deadline and transfer watch) is asked every pass; a reason from it stops every rank the same way.
     """
     t0 = time.monotonic()
     sup = _Supervision()
     try:
         with open(logs[0]) as follow:
-            sup.run(list(procs), grace_s, follow, echo, list(heartbeats), stale_s)
+            sup.run(list(procs), grace_s, follow, echo, list(heartbeats), stale_s, guard)
     finally:
         for p in procs:  # only ever our own children, by pid
             if p.poll() is None:
                 p.kill()
                 p.wait()
     return GroupResult([p.returncode for p in procs], logs, time.monotonic() - t0, sup.failed,
-                       sup.reason, sup.observed_at, sup.stopped_at)
+                       sup.reason, sup.guard, sup.observed_at, sup.stopped_at)
 
 
 class _Supervision:
     failed: int | None = None
     reason: str | None = None
+    guard: str | None = None
     observed_at: float | None = None
     stopped_at: float | None = None
 
     def run(self, procs: list[Any], grace_s: float, follow, echo,
-            heartbeats: list[Callable[[], float | None]], stale_s: float) -> None:
+            heartbeats: list[Callable[[], float | None]], stale_s: float,
+            guard: Callable[[], str | None] | None) -> None:
         pending = [""]
 
         def drain() -> None:  # echo whole lines only; a partial line waits for its end
@@ -144,10 +153,17 @@ class _Supervision:
                     seen[r] = (m, now)
                 elif codes[r] is None and now - seen[r][1] > stale_s:
                     stale.append(r)
-            if failed or stale:
+            said = guard() if guard and not failed and not stale else None
+            if failed or stale or said:
                 self.observed_at = time.time()
-                self.failed, self.reason = (failed[0], getattr(procs[failed[0]], "why", None) or "exit") \
-                    if failed else (stale[0], "heartbeat")
+                if failed:
+                    self.failed, self.reason = failed[0], getattr(procs[failed[0]], "why", None) or "exit"
+                elif stale:
+                    self.failed, self.reason = stale[0], "heartbeat"
+                else:
+                    self.reason, self.guard = "guard", said
+                    if echo:
+                        echo(f"guard: {said}; stopping every rank")
                 for p in procs:
                     if p.poll() is None:
                         p.send_signal(signal.SIGTERM)
@@ -167,13 +183,24 @@ class _Supervision:
             time.sleep(0.1)
 
 
-def supervise(argv: Sequence[str], world: int, *, log_root: Path, heartbeats: Sequence[Path],
-              max_restarts: int = 1, first_env: dict[str, str] | None = None,
-              env: dict[str, str] | None = None, echo: Callable[[str], None] | None = None,
-              resume_first: bool = False, stale_s: float = 600.0,
+Launch = Callable[[list[str], Path, dict[str, str]], GroupResult]
+"""Start and supervise one attempt of a group: (extra arguments, log directory, environment) → result."""
+
+
+def local_launch(argv: Sequence[str], world: int, *, heartbeats: Sequence[Path] = (), stale_s: float = 600.0,
+                 echo: Callable[[str], None] | None = None, guard: Callable[[], str | None] | None = None) -> Launch:
+    """Attempts of `argv` as `world` processes on this machine (`launch_group`)."""
+    return lambda extra, log_dir, env: launch_group([*argv, *extra], world, log_dir=log_dir, env=env, echo=echo,
+                                                    heartbeats=heartbeats, stale_s=stale_s, guard=guard)
+
+
+def supervise(launch: Launch, *, log_root: Path, max_restarts: int = 1,
+              first_env: dict[str, str] | None = None, env: dict[str, str] | None = None,
+              echo: Callable[[str], None] | None = None, resume_first: bool = False,
               can_resume: Callable[[], bool] | None = None) -> list[GroupResult]:
     """Run the group; after a failure, restart the same membership with `--resume`.
 
+    The same rule serves ranks on this machine and on SSH hosts: only `launch` differs.
     `can_resume()` is asked before each restart (default: yes); when it says no — the group failed
     before its first common checkpoint — the restart begins from the seed instead.
     `first_env` applies to the first attempt only (fault injection for recovery trials). Returns
@@ -184,11 +211,9 @@ def supervise(argv: Sequence[str], world: int, *, log_root: Path, heartbeats: Se
     for i in range(max_restarts + 1):
         resume = resume_first if i == 0 else (can_resume() if can_resume else True)
         e = {**(env or {}), **((first_env or {}) if i == 0 else {})}
-        res = launch_group([*argv, *(["--resume"] if resume else [])], world,
-                           log_dir=log_root / f"attempt-{start + i}", env=e, echo=echo,
-                           heartbeats=heartbeats, stale_s=stale_s)
+        res = launch(["--resume"] if resume else [], log_root / f"attempt-{start + i}", e)
         attempts.append(res)
-        if res.ok:
+        if res.ok or res.reason == "guard":  # a guard's stop is final: no restart past a deadline
             break
         if echo:
             echo(f"group failed: {res.failure_text(lines=3)}")

@@ -62,9 +62,12 @@ def compare_homes(a: Path, b: Path, arm: str, world: int, step: int) -> dict[str
     }
 
 
+IO_BASELINE = {"TRIAL_IO_BASELINE": "1"}  # checkpoint write/restore next to a plain write of the same bytes
+
+
 def recovery_trial(base: Path, *, experiment_chain: list, arm: str, model_dir: Path, from_step: int,
                    kill_rank: int, kill_after: int, say: Callable[[str], None]) -> dict[str, Any]:
-    from orchestrate.local import supervise, threads_per_rank, train_argv
+    from orchestrate.local import local_launch, supervise, threads_per_rank, train_argv
     from training.prepare import prepare
 
     cfg = experiment_chain[-1]
@@ -89,9 +92,9 @@ def recovery_trial(base: Path, *, experiment_chain: list, arm: str, model_dir: P
 
     say(f"[1/3] {arm}: uninterrupted run, {updates} updates, a group checkpoint every {every}")
     t0 = time.monotonic()
-    first = supervise(train_argv(uninterrupted, arm, model_dir, threads), world,
-                      log_root=uninterrupted / "logs" / arm, heartbeats=hb(uninterrupted),
-                      max_restarts=0, echo=None)
+    first = supervise(local_launch(train_argv(uninterrupted, arm, model_dir, threads), world,
+                                   heartbeats=hb(uninterrupted)),
+                      log_root=uninterrupted / "logs" / arm, max_restarts=0, env=IO_BASELINE)
     if not first[-1].ok:
         raise RuntimeError(f"the uninterrupted run failed: {first[-1].failure_text()}")
     t_uninterrupted = time.monotonic() - t0
@@ -100,8 +103,9 @@ def recovery_trial(base: Path, *, experiment_chain: list, arm: str, model_dir: P
         f"is killed after update {kill_after}; the supervisor restarts from the common manifest")
     seed_recovered_home(uninterrupted, recovered, arm, world, from_step)
     t0 = time.monotonic()
-    attempts = supervise(train_argv(recovered, arm, model_dir, threads), world,
-                         log_root=recovered / "logs" / arm, heartbeats=hb(recovered), max_restarts=1,
+    attempts = supervise(local_launch(train_argv(recovered, arm, model_dir, threads), world,
+                                      heartbeats=hb(recovered), echo=lambda line: say(f"  {line}")),
+                         log_root=recovered / "logs" / arm, max_restarts=1, env=IO_BASELINE,
                          first_env={"TRIAL_FAULT_KILL": f"{kill_rank}:{kill_after}"},
                          resume_first=True, echo=lambda line: say(f"  {line}"))
     t_recovered = time.monotonic() - t0

@@ -29,6 +29,7 @@ from orchestrate.transport import SSHTransport, Transport, TransportError
 
 ENV_DIGEST = r"""
 import hashlib, importlib.metadata as m, json, pathlib, sys
+import torch, transformers, training  # a host missing what training needs fails here, by name
 dists = sorted((d.metadata["Name"].lower(), d.version) for d in m.distributions())
 files = sorted(p for p in pathlib.Path(sys.argv[1]).rglob("*.py") if "__pycache__" not in p.parts)
 own = hashlib.sha256(b"".join(p.relative_to(sys.argv[1]).as_posix().encode() + b"\0" + p.read_bytes()
@@ -180,7 +181,8 @@ def remote_heartbeat(t: SSHTransport, path: str) -> Callable[[], float | None]:
 def launch_remote_group(cluster: Cluster, argv_for: Callable[[Host], Sequence[str]], world: int, *,
                         log_dir: Path, env: dict[str, str] | None = None,
                         heartbeats: Sequence[str] = (), stale_s: float = 600.0, unreachable_s: float = 10.0,
-                        grace_s: float = 10.0, echo: Callable[[str], None] | None = None) -> GroupResult:
+                        grace_s: float = 10.0, echo: Callable[[str], None] | None = None,
+                        guard: Callable[[], str | None] | None = None) -> GroupResult:
     """One rank per host of `cluster` (ranks 0..world-1), rank identity from the environment,
     rendezvous at rank 0's private address; supervised by `run_group`."""
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -205,7 +207,7 @@ def launch_remote_group(cluster: Cluster, argv_for: Callable[[Host], Sequence[st
         raise
     # heartbeats are read over each rank's own connection (another channel), not a second one
     beats = [remote_heartbeat(p.t, f"{h.root}/{hb}") for p, h, hb in zip(procs, hosts, heartbeats)]
-    return run_group(procs, logs, grace_s=grace_s, echo=echo, heartbeats=beats, stale_s=stale_s)
+    return run_group(procs, logs, grace_s=grace_s, echo=echo, heartbeats=beats, stale_s=stale_s, guard=guard)
 
 
 def collect(cluster: Cluster, transports: list[Transport], remote_dirs: dict[int, str], local_home: Path) -> list[str]:

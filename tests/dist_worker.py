@@ -3,6 +3,9 @@
 Rank identity comes from the environment (WORLD_SIZE, RANK, MASTER_ADDR, MASTER_PORT), as in a
 real run. Each job writes `OUT/<job name>-rank<r>.pt`; an exception in a job is recorded there
 (type and message) and the next job runs, so a test can assert on the failure itself.
+
+`TRIAL_TEST_DEVICE=cuda` runs the same jobs on one GPU per rank with NCCL (the GPU machine's check of
+the same equivalences); results are saved on the CPU either way.
 """
 
 from __future__ import annotations
@@ -22,6 +25,22 @@ from dist_cases import case  # noqa: E402
 from training.comm import Ledger, agree, chunked_mean  # noqa: E402
 from training.diloco import OuterNesterov  # noqa: E402
 from training.trainer import Trainer, TrainSpec, barrier_ok, parameter_digest  # noqa: E402
+
+CUDA = os.environ.get("TRIAL_TEST_DEVICE") == "cuda"
+
+
+def device() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if CUDA else torch.device("cpu")
+
+
+def to_cpu(x):
+    if isinstance(x, torch.Tensor):
+        return x.cpu()
+    if isinstance(x, dict):
+        return {k: to_cpu(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(to_cpu(v) for v in x)
+    return x
 
 
 def train_state(trainer: Trainer, records: list) -> dict:
@@ -50,7 +69,7 @@ def run_train(job: dict, model_dir: str, rank: int, world: int) -> dict:
                      outer_momentum=job.get("outer_momentum"), powersgd_rank=job.get("powersgd_rank"),
                      dense_warmup=job.get("dense_warmup"))
     ledger = Ledger(world)
-    trainer = Trainer(model, corpus, spec, torch.device("cpu"), pad_id=2, ledger=ledger)
+    trainer = Trainer(model.to(device()), corpus, spec, device(), pad_id=2, ledger=ledger)
     with ledger.counting():
         records = [trainer.step() for _ in range(job.get("updates", spec.updates))]
     return train_state(trainer, records)
@@ -70,7 +89,7 @@ def run_resume(job: dict, model_dir: str, rank: int, world: int, out: Path) -> d
                          world_size=world, rank=rank, powersgd_rank=job.get("powersgd_rank"),
                          dense_warmup=job.get("dense_warmup"), sync_every=job.get("sync_every"),
                          outer_lr=job.get("outer_lr"), outer_momentum=job.get("outer_momentum"))
-        return Trainer(model, corpus, spec, torch.device("cpu"), pad_id=2, ledger=Ledger(world))
+        return Trainer(model.to(device()), corpus, spec, device(), pad_id=2, ledger=Ledger(world))
 
     path = out / f"{job['name']}-state-rank{rank}.pt"
     a = fresh()
@@ -133,7 +152,9 @@ def run_outer(job: dict, rank: int, world: int) -> dict:
 
 def main() -> None:
     out, model_dir, jobs = Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
-    dist.init_process_group("gloo")
+    if CUDA:
+        torch.cuda.set_device(int(os.environ["RANK"]) % torch.cuda.device_count())
+    dist.init_process_group("nccl" if CUDA else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     for job in jobs:
@@ -147,15 +168,15 @@ def main() -> None:
             elif job["type"] == "resume":
                 res = run_resume(job, model_dir, rank, world, out)
             elif job["type"] == "barrier":  # rank 1 reports a failure; returns normally there
-                barrier_ok(rank != 1, "a test step", torch.device("cpu"))
+                barrier_ok(rank != 1, "a test step", device())
                 res = {"returned": True}
             elif job["type"] == "agree":
-                res = {"digests": agree(job["what"], job["digests"][rank])}
+                res = {"digests": agree(job["what"], job["digests"][rank], device())}
             else:
                 raise KeyError(job["type"])
         except Exception as e:  # recorded for the test to assert on
             res = {"error": type(e).__name__, "message": str(e)}
-        torch.save(res, out / f"{job['name']}-rank{rank}.pt")
+        torch.save(to_cpu(res), out / f"{job['name']}-rank{rank}.pt")
     dist.destroy_process_group()
     # skip interpreter finalization: see training.__main__._exit_now for the gloo abort it avoids
     sys.stdout.flush()

@@ -12,7 +12,7 @@ import torch
 
 from conftest import run_worker
 from dist_cases import case
-from dist_worker import train_state
+from dist_worker import CUDA, device, to_cpu, train_state
 from training.comm import chunk_plan
 from training.diloco import apply_update
 from training.objective import weighted_targets
@@ -24,7 +24,11 @@ LR = 1e-3  # large enough that parameters move well past rounding in a few updat
 # reordering's rounding into a visible step difference: one element in 3.1M differed by 5.3e-6,
 # and reordering microbatches inside one process gives the same figure. A changed objective moves
 # elements by ~1e-3 (test_tolerance_detects_a_changed_objective keeps that margin honest).
-ATOL = 1e-5
+# On CUDA (TRIAL_TEST_DEVICE=cuda: 2 × H200, NCCL, fp32) cuBLAS picks different kernels for the
+# ranks' microbatches of 3 and 1 than for the reference's 8, and the worst element of 3.1M differed
+# by 2.3e-5 (seen 2026-11-30): the tolerance there is 5e-5, still 20 × below a changed objective.
+ATOL = 5e-5 if CUDA else 1e-5
+CHANGED = 1e-3  # the least a changed objective moves some element (checked below)
 
 JOBS_2 = [
     {"name": "ddp-unequal", "type": "train", "case": "unequal", "kind": "ddp", "microbatch": 3},
@@ -73,10 +77,10 @@ def single(tiny_seed, name, *, microbatch=None, plan=None, corpus=None, weights=
     corpus, plan = corpus or c, plan or p
     if weights is not None:
         corpus.weights[:] = weights
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_seed), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_seed), dtype=torch.float32).to(device())
     tr = Trainer(model, corpus, TrainSpec(kind="single", plan=plan, lr=LR, microbatch=microbatch),
-                 torch.device("cpu"), pad_id=2)
-    return train_state(tr, [tr.step() for _ in plan])
+                 device(), pad_id=2)
+    return to_cpu(train_state(tr, [tr.step() for _ in plan]))
 
 
 def max_diff(a: dict, b: dict) -> float:
@@ -125,11 +129,11 @@ def test_tolerance_detects_a_changed_objective(two, tiny_seed):
     """Guard against a vacuous tolerance: equal token weights (1 everywhere) must fail ATOL."""
     ref = single(tiny_seed, "concentrated", microbatch=8)
     flat = single(tiny_seed, "concentrated", microbatch=8, weights=1)
-    assert max_diff(ref, flat) > 100 * ATOL
+    assert max_diff(ref, flat) > CHANGED >= 20 * ATOL
     # and a per-rank (local) normalization, which is DiLoCo's inner objective, is not DDP's
     _, plan = case("concentrated")
     local_only = single(tiny_seed, "concentrated", plan=[p[:4] for p in plan])
-    assert max_diff(ref, local_only) > 100 * ATOL
+    assert max_diff(ref, local_only) > CHANGED
 
 
 def test_ddp_four_ranks_equals_single(four, tiny_seed):
@@ -294,3 +298,20 @@ def test_chunk_plan_bounds():
     assert all(p.offset + p.end - p.start <= 8 for c in plan for p in c)
     with pytest.raises(ValueError):
         chunk_plan([1], 0)
+
+
+def test_compiled_step_matches_eager(tiny_seed):
+    """`compile = true` (torch.compile of the decoder, widths padded to 256) trains the same model:
+    within the tolerance of a reordering, and under the same parameter names (checkpoints, digests)."""
+    eager = single(tiny_seed, "unequal", microbatch=3)
+    from transformers import AutoModelForCausalLM
+
+    corpus, plan = case("unequal")
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_seed), dtype=torch.float32).to(device())
+    tr = Trainer(model, corpus, TrainSpec(kind="single", plan=plan, lr=LR, microbatch=3, compile=True),
+                 device(), pad_id=2)
+    compiled = to_cpu(train_state(tr, [tr.step() for _ in plan]))
+    assert list(compiled["params"]) == list(eager["params"])
+    assert max_diff(compiled, eager) < ATOL
+    for a, b in zip(compiled["records"], eager["records"]):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)

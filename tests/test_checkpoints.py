@@ -65,8 +65,8 @@ def killed(killed_pair, tmp_path):
     return dst
 
 
-def resume(home, seed):
-    res = run_ranks(argv(home, seed, "--resume"), 2)
+def resume(home, seed, env=None):
+    res = run_ranks(argv(home, seed, "--resume"), 2, env=env)
     return [(c, " ".join(o.split())) for c, o in res]
 
 
@@ -74,9 +74,10 @@ def test_resume_is_exact(killed, full_pair, tiny_seed):
     # rank 1 comes back on a replacement host: the hostname is recorded, not part of the identity
     host = rank_dir(killed, 1) / "checkpoints" / "step-000008" / "host.json"
     host.write_text(json.dumps({"hostname": "replacement-host", "pid": 1}))
-    res = resume(killed, tiny_seed)
+    res = resume(killed, tiny_seed, env={"TRIAL_IO_BASELINE": "1"})
     assert all(c == 0 for c, _ in res), res
     for r in range(2):
+        assert read_json(rank_dir(full_pair, r) / "result.json")["checkpoints"]["io"] is None  # not asked for
         got, want = read_json(rank_dir(killed, r) / "result.json"), read_json(rank_dir(full_pair, r) / "result.json")
         assert got["checkpoints"]["restored"]["step"] == 8
         assert got["digests"]["final_parameters"] == want["digests"]["final_parameters"]
@@ -169,12 +170,12 @@ def test_resume_without_checkpoints_says_so(home_copy, tiny_seed):
 
 def supervised_with_fault(smoke_home, tmp_path, tiny_seed, fault: str):
     """A copy of the smoke home trained by the supervisor, the first attempt with TRIAL_FAULT_KILL."""
-    from orchestrate.local import supervise
+    from orchestrate.local import local_launch, supervise
 
     home = tmp_path / "home"
     shutil.copytree(smoke_home, home)
     hb = [rank_dir(home, r) / "heartbeat.json" for r in range(2)]
-    return home, supervise(argv(home, tiny_seed), 2, log_root=home / "logs", heartbeats=hb,
+    return home, supervise(local_launch(argv(home, tiny_seed), 2, heartbeats=hb), log_root=home / "logs",
                            max_restarts=1, first_env={"TRIAL_FAULT_KILL": fault})
 
 

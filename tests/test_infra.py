@@ -180,6 +180,7 @@ def test_budget_and_notifications(program):
     (b,) = mocks.of("aws:budgets/budget:Budget")
     i = b.inputs
     assert (i["budgetType"], i["limitAmount"], i["limitUnit"]) == ("COST", "100.00", "USD")
+    assert i["name"] == "ltw-four-budget"  # a fixed name: `orchestrate status` reads its spend
     # one period from the day of `pulumi up`: this trial crosses a month boundary and must not reset
     assert (i["timeUnit"], i["timePeriodStart"]) == ("ANNUALLY", "2026-11-30_00:00")
     assert i["costFilters"] == [{"name": "TagKeyValue", "values": ["user:trial$ltw-four"]}]
@@ -374,6 +375,9 @@ def test_cluster_description_from_the_stack_outputs(program, tmp_path):
         (r, f"198.18.0.{11 + r}", f"10.42.0.{11 + r}", "us-east-1d" if r == 3 else "us-east-1c") for r in range(4)]
     assert c.store == "s3://ltw-four-evidence-0001/trials/ltw-four/" and c.by_rank[0].host_key == "ssh-ed25519 AAAAC3Nz"
     assert load(save(c, tmp_path / "cluster.json")) == c  # round trip through cluster.json
+    # what the controller's guard and `orchestrate status` need: the isolated host, its guard, the budget
+    assert (c.guarded_ranks, c.transfer_guard_bytes, c.budget_name, c.budget_usd) == (
+        [3], out["transfer_guard_bytes"], "ltw-four-budget", 100.0)
     bad = json.loads((tmp_path / "cluster.json").read_text())
     bad["hosts"][2]["rank"] = 0
     (tmp_path / "bad.json").write_text(json.dumps(bad))

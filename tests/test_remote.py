@@ -21,6 +21,7 @@ from evidence.canonical import read_json
 from orchestrate.cluster import netns_cluster
 from orchestrate.netns import NetnsHosts
 from orchestrate.remote import StagingError, collect, launch_remote_group, stage
+from orchestrate.transport import TransportError
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("/usr/sbin/sshd") is None,
                                 reason="needs root and openssh-server (CI installs both)")
@@ -77,14 +78,34 @@ def test_staging_gives_one_environment(staged, hosts, smoke_home):
             hashlib.sha256((smoke_home / "prepared.json").read_bytes()).hexdigest()
 
 
-def test_a_different_environment_is_refused(hosts, wheels, smoke_home, tiny_seed):
+def test_a_different_environment_is_refused(hosts, wheels, smoke_home, tiny_seed, tmp_path):
+    """Host 1 runs the same interpreter with one more distribution on its path: digests differ."""
+    extra = tmp_path / "extra"
+    (extra / "surprise-1.0.dist-info").mkdir(parents=True)
+    (extra / "surprise-1.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: surprise\nVersion: 1.0\n")
+    wrapper = tmp_path / "python-with-extra"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="$PYTHONPATH:{extra}" exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
     cluster = netns_cluster(hosts, "file:///unused", python=sys.executable)
     odd = cluster.model_copy(deep=True)
-    odd.hosts[1].python = os.path.join(sys.base_prefix, "bin", "python3")  # same Python, other packages
+    odd.hosts[1].python = str(wrapper)
     ts = [odd.transport(h) for h in odd.by_rank]
     try:
         with pytest.raises(StagingError, match="different environments, nothing trains: ns-0 .*, ns-1 "):
             stage(odd, ts, wheel_dir=wheels, files={"home/prepared.json": smoke_home / "prepared.json"})
+    finally:
+        for t in ts:
+            t.close()
+
+
+def test_a_host_without_torch_is_refused_by_name(hosts, wheels, smoke_home):
+    cluster = netns_cluster(hosts, "file:///unused", python=sys.executable)
+    bare = cluster.model_copy(deep=True)
+    bare.hosts[1].python = os.path.join(sys.base_prefix, "bin", "python3")  # same Python, none of our packages
+    ts = [bare.transport(h) for h in bare.by_rank]
+    try:
+        with pytest.raises(TransportError, match="(?s)ns-1: environment report exited 1: .*No module named 'torch'"):
+            stage(bare, ts, wheel_dir=wheels, files={"home/prepared.json": smoke_home / "prepared.json"})
     finally:
         for t in ts:
             t.close()

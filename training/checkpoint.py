@@ -106,8 +106,21 @@ def local_manifests(rank_dir: Path) -> dict[int, str]:
     return out
 
 
-def common_step(rank_dir: Path, candidates: list[int], device: torch.device) -> int | None:
+def latest_common(held: list[dict[int, str]]) -> int | None:
     """The latest step whose manifest every rank holds with identical content, or None.
+
+    The one rule for "resumable": the controller asks it before restarting a group with `--resume`
+    and the ranks ask it (over a collective) before loading, so the two can never disagree.
+    """
+    if not held:
+        return None
+    common = [s for s in set.intersection(*(set(h) for h in held))
+              if all(h[s] == held[0][s] for h in held)]
+    return max(common, default=None)
+
+
+def common_step(rank_dir: Path, candidates: list[int], device: torch.device) -> int | None:
+    """`latest_common` over every rank's manifests among `candidates`.
 
     One fixed-size all-gather: for each candidate step, 32 bytes (zeros where absent).
     """
@@ -123,12 +136,11 @@ def common_step(rank_dir: Path, candidates: list[int], device: torch.device) -> 
         per_rank = every.cpu().view(world, -1)
     else:
         per_rank = local.cpu().view(1, -1)
-    best = None
-    for i, s in enumerate(candidates):
-        cells = [bytes(per_rank[r, i * 32:(i + 1) * 32].tolist()) for r in range(world)]
-        if cells[0] != bytes(32) and all(c == cells[0] for c in cells):
-            best = s
-    return best
+    held = []
+    for r in range(world):
+        cells = {s: bytes(per_rank[r, i * 32:(i + 1) * 32].tolist()) for i, s in enumerate(candidates)}
+        held.append({s: c.hex() for s, c in cells.items() if c != bytes(32)})
+    return latest_common(held)
 
 
 def load_rank_state(rank_dir: Path, step: int, rank: int) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -78,6 +78,8 @@ class Profile(_Strict):
     sync_every: int | None = None  # scales DiLoCo's H with the number of updates
     dense_warmup: int | None = None  # scales PowerSGD's dense warmup with the number of updates
     checkpoint_every: int | None = None  # publish a group checkpoint every N updates (and the last)
+    compile: bool = False  # torch.compile the training step's model (fuses norms, RoPE, SwiGLU)
+    fused_optimizer: bool = False  # AdamW's fused CUDA kernel instead of the foreach one
 
     @model_validator(mode="after")
     def _ranges(self) -> "Profile":

@@ -86,6 +86,13 @@ def evaluate(home: str | os.PathLike[str], arm: str, role: str, *, seed_dir: Pat
     log.require("selection", "selection.json")  # raises, naming the missing stage
     selection = read_json(home / "selection.json")
     model_dir, receipt_digest = model_dir_for(home, arm, selection, seed_dir, prepared)
+    from training.runtime import device_lock
+
+    device = torch.device("cuda" if prepared["experiment"]["profile"]["device"] == "cuda"
+                          and torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        device = torch.device("cuda", torch.cuda.current_device())
+    lock = device_lock(device)  # noqa: F841 — before any attempt starts or model is allocated
 
     root = attempts_dir(home, role, arm)
     earlier = attempts(root)
@@ -104,8 +111,6 @@ def evaluate(home: str | os.PathLike[str], arm: str, role: str, *, seed_dir: Pat
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     tok = load_tokenizer(model_dir, verified=True)
-    device = torch.device("cuda" if prepared["experiment"]["profile"]["device"] == "cuda"
-                          and torch.cuda.is_available() else "cpu")
     model.to(device)
     cases = [c for c in load_cases(home).values() if c["split"] == role]
     max_new = generation_budget(tok, cases)

@@ -55,16 +55,21 @@ def order_for_microbatches(corpus: Corpus, docs: Sequence[int], sort_by_length: 
 
 
 def make_microbatches(corpus: Corpus, docs: Sequence[int], microbatch: int | None, *,
-                      pad_id: int, sort_by_length: bool = True) -> list[Microbatch]:
+                      pad_id: int, sort_by_length: bool = True, pad_multiple: int | None = None) -> list[Microbatch]:
     """Split a local batch into microbatches of at most `microbatch` documents (last may be short)."""
     ordered = order_for_microbatches(corpus, docs, sort_by_length)
     size = microbatch or max(1, len(ordered))
-    return [collate(corpus, ordered[i:i + size], pad_id=pad_id) for i in range(0, len(ordered), size)]
+    return [collate(corpus, ordered[i:i + size], pad_id=pad_id, pad_multiple=pad_multiple)
+            for i in range(0, len(ordered), size)]
 
 
-def collate(corpus: Corpus, docs: Sequence[int], *, pad_id: int) -> Microbatch:
+def collate(corpus: Corpus, docs: Sequence[int], *, pad_id: int, pad_multiple: int | None = None) -> Microbatch:
+    """`pad_multiple` rounds the width up (a compiled step then sees a few shapes, not one per batch);
+    padding is masked and never a target, so the loss is the same."""
     seqs = [corpus.doc(d) for d in docs]
     width = max(len(s) for s in seqs)
+    if pad_multiple:
+        width = -(-width // pad_multiple) * pad_multiple
     ids = np.full((len(seqs), width), pad_id, dtype=np.int64)
     mask = np.zeros((len(seqs), width), dtype=np.int64)
     rows, cols, labels, weights = [], [], [], []

@@ -13,6 +13,7 @@ seed verification, model loading and process-group setup are timed separately.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -168,6 +169,9 @@ def _plain_write_baseline(rank_dir: Path, published: list[dict[str, Any]],
                           restored: dict[str, Any] | None) -> dict[str, Any] | None:
     """Time a plain sequential write + fsync of as many bytes as one checkpoint, in this run.
 
+    Only with TRIAL_IO_BASELINE=1 (the recovery trial and benchmarks set it): at 1.7B that is
+    gigabytes per rank, which an ordinary run has no reason to write.
+
     The ratio of checkpoint write (and restore) time to this says what the checkpoint format,
     hashing and publication cost on top of the disk itself.
     """
@@ -213,6 +217,43 @@ def _seed_everything(base: int, rank: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)  # CPU and every CUDA device
+
+
+class _profiler:
+    """`TRIAL_PROFILE=DIR`: torch.profiler over three updates after two warm ones (or fewer when the
+    run is shorter); the kernel table and a per-phase summary go to DIR/<arm>-rank-<r>.txt. A benchmark
+    tool: the timings it records include the profiler's own overhead."""
+
+    def __init__(self, arm: str, rank: int, first: int):
+        self.out = os.environ.get("TRIAL_PROFILE")
+        self.name, self.window = f"{arm}-rank-{rank}", range(first + 2, first + 5)
+        self.prof: Any = None
+
+    @contextlib.contextmanager
+    def around(self, update: int):
+        if not self.out or update not in self.window:
+            yield
+            return
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+
+        if self.prof is None:
+            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+            self.prof = profile(activities=acts, record_shapes=False)
+            self.prof.__enter__()
+        yield
+        if update == self.window[-1]:
+            self.prof.__exit__(None, None, None)
+            key = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
+            table = self.prof.key_averages().table(sort_by=key, row_limit=45)
+            phases = [e for e in self.prof.key_averages() if e.key.startswith("trial.")]
+            lines = [f"{e.key:20} cpu {e.cpu_time_total / 1e3:10.1f} ms  device "
+                     f"{getattr(e, 'device_time_total', getattr(e, 'cuda_time_total', 0)) / 1e3:10.1f} ms  "
+                     f"x{e.count}" for e in phases]
+            d = Path(self.out)
+            d.mkdir(parents=True, exist_ok=True)
+            (d / f"{self.name}.txt").write_text(
+                f"updates {list(self.window)} (3 updates)\n" + "\n".join(lines) + "\n\n" + table + "\n")
 
 
 def _commit_profile(home: Path, arm: str, profile: dict[str, Any], digest: str) -> None:
@@ -268,7 +309,7 @@ def _spec(arm: Arm, cfg: Resolved, plan: list[list[int]], world: int, rank: int,
         outer_lr=arm.outer_lr, outer_momentum=arm.outer_momentum,
         powersgd_rank=arm.powersgd_rank,
         dense_warmup=(prof.dense_warmup or arm.dense_warmup) if arm.kind == "powersgd" else None,
-        autocast_dtype=autocast)
+        autocast_dtype=autocast, compile=prof.compile, fused_optimizer=prof.fused_optimizer)
 
 
 def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_name: str, *,
@@ -371,7 +412,8 @@ def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_n
                     "weight_decay": spec.weight_decay, "grad_clip": spec.grad_clip,
                     "betas": list(spec.betas), "eps": spec.eps, "powersgd_seed": spec.powersgd_seed,
                     "ddp_bucket_cap_mb": bucket_cap_mb(spec.kind, device.type, model),
-                    "rng_seed": "generator_seed * 1000003 + rank"}
+                    "rng_seed": "generator_seed * 1000003 + rank", "compile": spec.compile,
+                    "fused_optimizer": spec.fused_optimizer and device.type == "cuda"}
     numerics = runtime.numerical_profile(device, dtype=prof.dtype, arm=arm_numerics,
                                          attention=str(model.config._attn_implementation))
     numerics_digest = runtime.profile_digest(numerics)
@@ -409,8 +451,10 @@ def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_n
         fault = _fault_plan(info.rank)
         checkpoints: list[dict[str, Any]] = []
         t_loop0 = time.perf_counter()
+        profiler = _profiler(arm.name, info.rank, trainer.update)
         while trainer.update < spec.updates:
-            rec = trainer.step()
+            with profiler.around(trainer.update):
+                rec = trainer.step()
             done = trainer.update
             say(f"update {done}/{spec.updates} loss_local {rec['loss_local']:.4f} "
                 f"grad_norm {rec['grad_norm']:.3f} {rec['seconds']:.3f} s"
@@ -481,7 +525,8 @@ def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_n
                     "verification and parameter agreement",
         },
         "checkpoints": {"every": every, "published": checkpoints, "restored": restored,
-                        "io": _plain_write_baseline(rank_dir, checkpoints, restored)},
+                        "io": (_plain_write_baseline(rank_dir, checkpoints, restored)
+                              if os.environ.get("TRIAL_IO_BASELINE") == "1" else None)},
         "model": ({"dir": f"runs/{arm.name}/model", "receipt_digest": model_receipt["digest"]}
                   if model_receipt else None),
         "resources": runtime.process_figures(device),

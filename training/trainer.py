@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
+from torch.profiler import record_function
 import torch.distributed as dist
 from torch import nn
 
@@ -51,6 +52,8 @@ class TrainSpec:
     autocast_dtype: torch.dtype | None = None
     sort_by_length: bool = True
     chunk_bytes: int = CHUNK_BYTES
+    compile: bool = False  # torch.compile of the decoder: same math, fused kernels
+    fused_optimizer: bool = False  # AdamW(fused=True) on CUDA
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
 
@@ -105,6 +108,9 @@ def bucket_cap_mb(kind: str, device_type: str, model: nn.Module) -> int | None:
     return None
 
 
+PAD_MULTIPLE = 256  # microbatch widths under torch.compile: at most max_context / 256 graphs
+
+
 @dataclass
 class Trainer:
     model: nn.Module
@@ -155,9 +161,14 @@ class Trainer:
 
             self._warming = False
             self.engine.register_comm_hook(None, hook)
+        if s.compile:  # the decoder, in place (parameter names unchanged); widths padded to
+            # PAD_MULTIPLE give a few static graphs, each compiled once; the loss head stays eager
+            self.model.get_decoder().compile(dynamic=False)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=s.lr, betas=s.betas, eps=s.eps,
-                                           weight_decay=s.weight_decay)
+                                           weight_decay=s.weight_decay,
+                                           **({"fused": True} if s.fused_optimizer and self.device.type == "cuda"
+                                              else {}))
         self.outer = (OuterNesterov(self.params, s.outer_lr, s.outer_momentum,
                                     chunk_bytes=s.chunk_bytes) if s.kind == "diloco" else None)
         self.update = 0  # the next update to run
@@ -198,23 +209,26 @@ class Trainer:
         scale = {"single": 1.0 / w_global, "ddp": s.world_size / w_global,
                  "powersgd": s.world_size / w_global, "diloco": 1.0 / w_local}[s.kind]
         mbs = make_microbatches(self.corpus, local, s.microbatch, pad_id=self.pad_id,
-                                sort_by_length=s.sort_by_length)
+                                sort_by_length=s.sort_by_length, pad_multiple=PAD_MULTIPLE if s.compile else None)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         with self.ledger.phase("gradient"):
             for i, mb in enumerate(mbs):
                 quiet = (self.engine.no_sync() if s.kind in ("ddp", "powersgd") and i < len(mbs) - 1
                          else contextlib.nullcontext())
                 with quiet:
-                    with self._autocast():
+                    with record_function("trial.forward"), self._autocast():
                         part = self.engine(*mb.to(self.device).args())
-                    (part * scale).backward()
+                    with record_function("trial.backward"):
+                        (part * scale).backward()
                 loss_sum += part.detach().double()
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, s.grad_clip)
+        with record_function("trial.clip"):
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, s.grad_clip)
         lr = s.lr_at(u)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        with record_function("trial.optimizer"):
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         self._sync()
         t_inner = time.perf_counter()
         outer = s.syncs_after(u)
@@ -290,7 +304,7 @@ class Trainer:
             self.ledger.ops[k].update(v)
         self.journal = list(state["journal"])
         self.update = int(state["update"])
-        if self.engine is not self.loss and warm_ddp:
+        if self.spec.kind in ("ddp", "powersgd") and warm_ddp:
             self._warm_ddp()
         rng = state["rng"]  # last: the warm-up pass must not be what moves any generator
         random.setstate(rng["python"])
@@ -309,6 +323,7 @@ class Trainer:
         """
         mb = make_microbatches(self.corpus, self.spec.local_docs(min(self.update, self.spec.updates - 1)),
                                self.spec.microbatch, pad_id=self.pad_id,
+                               pad_multiple=PAD_MULTIPLE if self.spec.compile else None,
                                sort_by_length=self.spec.sort_by_length)[0]
         self._warming = True
         try:

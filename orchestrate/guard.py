@@ -1,0 +1,79 @@
+"""The controller's own deadline and transfer watch, checked while ranks run.
+
+The cloud has the last word (a scheduled stop at the deadline, a CloudWatch alarm per isolated-zone
+host), but both act late and bluntly: a stopped host loses its rank's work since the last checkpoint.
+The controller therefore stops the group itself first, cleanly, when
+
+  - the deadline is less than `margin_s` away (default 10 minutes), or
+  - a guarded host has moved more than `fraction` (default 90 %) of the transfer guard, counted the
+    way the cloud alarm counts it: received + transmitted bytes of every interface but loopback,
+    since the host booted (the hosts exist for this trial only).
+
+Counters are read at most every `every_s` seconds; a host that does not answer is skipped (the
+supervisor's own liveness probe decides whether it is gone).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from typing import Callable
+
+COUNTERS = ('for d in /sys/class/net/*; do [ "${d##*/}" = lo ] || cat "$d/statistics/rx_bytes" '
+            '"$d/statistics/tx_bytes"; done | awk \'{s += $1} END {printf "%.0f\\n", s}\'')
+"""rx + tx of every interface but loopback: what entered or left the host."""
+
+
+def parse_counters(text: str) -> int | None:
+    s = text.strip()
+    return int(s) if s.isdigit() else None
+
+
+def host_bytes(transport) -> Callable[[], int | None]:
+    """A reader of a host's off-host bytes (rx + tx), None when the host does not answer."""
+    def read() -> int | None:
+        try:
+            r = transport.run(COUNTERS, timeout=5.0)
+        except Exception:  # noqa: BLE001 — an unreachable host is the liveness probe's business
+            return None
+        return parse_counters(r.stdout) if r.status == 0 else None
+    return read
+
+
+class Guard:
+    def __init__(self, *, deadline: dt.datetime | None = None, margin_s: float = 600.0,
+                 counters: dict[str, Callable[[], int | None]] | None = None, limit_bytes: float | None = None,
+                 fraction: float = 0.9, every_s: float = 5.0, clock: Callable[[], float] = time.time):
+        if deadline is not None and deadline.tzinfo is None:
+            raise ValueError("the deadline needs a timezone")
+        self.deadline, self.margin_s = deadline, margin_s
+        self.counters, self.limit_bytes, self.fraction = counters or {}, limit_bytes, fraction
+        self.every_s, self.clock = every_s, clock
+        self.last: dict[str, int] = {}
+        self._next = 0.0
+
+    @property
+    def active(self) -> bool:
+        return self.deadline is not None or (bool(self.counters) and self.limit_bytes is not None)
+
+    def seconds_left(self) -> float | None:
+        return None if self.deadline is None else self.deadline.timestamp() - self.clock()
+
+    def __call__(self) -> str | None:
+        left = self.seconds_left()
+        if left is not None and left < self.margin_s:
+            return (f"the deadline {self.deadline.isoformat()} is {max(left, 0) / 60:.1f} min away "
+                    f"(the controller stops {self.margin_s / 60:.0f} min before it)")
+        now = time.monotonic()
+        if self.limit_bytes is None or not self.counters or now < self._next:
+            return None
+        self._next = now + self.every_s
+        for name, read in self.counters.items():
+            b = read()
+            if b is None:
+                continue
+            self.last[name] = b
+            if b > self.fraction * self.limit_bytes:
+                return (f"{name} has moved {b:,} bytes, over {self.fraction:.0%} of its "
+                        f"{self.limit_bytes:,.0f}-byte transfer guard")
+        return None

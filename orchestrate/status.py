@@ -1,0 +1,97 @@
+"""`orchestrate status`: a running trial at a glance — spend so far, bytes against the transfer guard,
+time to the deadline, and each rank's state — read from the hosts themselves, never from memory.
+
+Each host runs one small stdlib-only script over its transport (the same for the embedded local
+cluster and SSH hosts): for every arm directory it holds, its rank's heartbeat (update, age), whether
+the rank's process is alive and whether it has finished; plus the host's rx + tx counters.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from orchestrate.cluster import Cluster
+from orchestrate.guard import COUNTERS, parse_counters
+
+STATE_SCRIPT = r"""
+import json, os, sys, time, pathlib
+home, rank = pathlib.Path(sys.argv[1]), int(sys.argv[2])
+out = []
+for d in sorted(home.glob(f"runs/*/rank-{rank}")):
+    hb = d / "heartbeat.json"
+    try:
+        beat = json.loads(hb.read_text())
+    except (OSError, ValueError):
+        beat = None
+    alive = False
+    if beat and isinstance(beat.get("pid"), int):
+        try:
+            os.kill(beat["pid"], 0); alive = True
+        except ProcessLookupError:
+            alive = False
+        except PermissionError:
+            alive = True
+    out.append({"arm": d.parent.name, "finished": (d / "result.json").is_file(), "alive": alive,
+                "update": beat.get("update") if beat else None,
+                "heartbeat_age_s": time.time() - hb.stat().st_mtime if beat else None})
+print(json.dumps(out))
+"""
+
+
+def rank_state(arms: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rank's current arm: the one running, else the latest heartbeat."""
+    if not arms:
+        return {"arm": None, "state": "idle"}
+    running = [a for a in arms if a["alive"] and not a["finished"]]
+    pick = running[0] if running else min(arms, key=lambda a: a["heartbeat_age_s"] if a["heartbeat_age_s"]
+                                           is not None else float("inf"))
+    state = "running" if running else "finished" if pick["finished"] else \
+        "stopped" if pick["update"] is not None else "not started"
+    return {**pick, "state": state}
+
+
+def trial_status(cluster: Cluster, home: Path | None, *, session: Any = None,
+                 now: dt.datetime | None = None) -> dict[str, Any]:
+    now = now or dt.datetime.now(dt.timezone.utc)
+    hosts = []
+    for h in cluster.by_rank:
+        t = cluster.transport(h)
+        if h.transport == "local":
+            if home is None:
+                raise ValueError("the embedded local cluster's ranks write into the trial home: pass --home")
+            py, where, env = sys.executable, str(home), ""
+        else:
+            py, where, env = h.python, f"{h.root}/home", f"PYTHONPATH={h.root}/site "
+        row: dict[str, Any] = {"rank": h.rank, "host": h.name, "zone": h.zone,
+                               "guarded": h.rank in cluster.guarded_ranks}
+        try:
+            r = t.run(f"{env}{shlex.quote(py)} -c {shlex.quote(STATE_SCRIPT)} {shlex.quote(where)} {h.rank}; "
+                      f"echo; {COUNTERS}", timeout=15)
+            lines = [x for x in r.stdout.splitlines() if x.strip()]
+            row |= {"reachable": r.status == 0, **rank_state(json.loads(lines[0]) if lines else []),
+                    "bytes_rx_tx": parse_counters(lines[-1]) if len(lines) > 1 else None}
+        except Exception as e:  # noqa: BLE001 — a host that does not answer is a state to show
+            row |= {"reachable": False, "state": "unreachable", "error": str(e)[:200]}
+        finally:
+            t.close()
+        if row["guarded"] and row.get("bytes_rx_tx") is not None and cluster.transfer_guard_bytes:
+            row["guard_fraction"] = row["bytes_rx_tx"] / cluster.transfer_guard_bytes
+        hosts.append(row)
+    out: dict[str, Any] = {"source": cluster.source, "trial": cluster.trial, "at": now.isoformat(),
+                           "hosts": hosts, "transfer_guard_bytes": cluster.transfer_guard_bytes,
+                           "deadline": cluster.deadline.isoformat() if cluster.deadline else None,
+                           "seconds_to_deadline": (cluster.deadline - now).total_seconds() if cluster.deadline else None,
+                           "spend": None}
+    if cluster.budget_name and session is not None:
+        from orchestrate.cloud import account_id, read_budget
+
+        try:
+            out["spend"] = read_budget(session, account_id(session), cluster.budget_name)
+        except Exception as e:  # noqa: BLE001 — spend is reported as unknown, never guessed
+            out["spend"] = {"error": str(e)[:300]}
+    return out

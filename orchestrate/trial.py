@@ -1,0 +1,240 @@
+"""Where a trial's host stages run: training and scoring, on this machine or on SSH hosts.
+
+The controller's home is the authority: prepare, commit, select, report and preserve happen there.
+Hosts get a staged copy and send back, verified, what they wrote:
+
+    controller home                       host r, under its root
+    prepared.json, inputs/, log   stage ▶  site/ (locked wheelhouse, offline), seed/, home/
+    logs/<arm>/attempt-<n>/      ◀ stream  one rank process per host (stderr, stdout)
+    runs/<arm>/                  ◀ collect home/runs/<arm>/rank-r; rank 0's model and numerical profile
+    evaluations/<role>/<arm>/    ◀ collect `python -m training evaluate` on rank 0's host
+    commitments.jsonl            ◀ pull    rank 0's log, accepted only as an extension of ours
+
+A log coming back must begin with every byte the controller holds and verify as a chain; anything
+else is refused, so a host can add commitments but never rewrite one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from evidence.commitments import LOG_NAME, CommitmentLog
+from orchestrate.cluster import Cluster, Host
+from orchestrate.guard import Guard, host_bytes
+from orchestrate.local import GroupResult, local_launch, supervise, threads_per_rank, train_argv
+from orchestrate.remote import collect, launch_remote_group, stage
+from orchestrate.transport import Transport, TransportError
+
+AWS_NCCL = {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple", "NCCL_IB_DISABLE": "1"}
+"""On AWS hosts (no EFA on g6e): one fixed algorithm and protocol, so the bytes on the wire are the
+ones the plan predicted and every run of an arm moves data the same way."""
+
+STAGED = ("prepared.json", "prepare-record.json", LOG_NAME)
+
+
+class Placement(Protocol):
+    """Trains an arm (resuming from the hosts' latest common manifest when there is one, restarting
+    at most `max_restarts` times) and scores one; the results end up in the controller's home."""
+
+    def train(self, home: Path, arm: Any, *, max_restarts: int, echo: Callable[[str], None]) -> list[GroupResult]: ...
+    def evaluate(self, home: Path, arm: str, role: str, seed_dir: Path) -> dict[str, Any]: ...
+    def close(self) -> None: ...
+
+
+class LocalPlacement:
+    """The embedded local cluster: every rank a process on this machine, gloo over loopback."""
+
+    def __init__(self, model_dir: Path, guard: Guard | None = None):
+        self.model_dir, self.guard = model_dir, guard
+
+    def train(self, home: Path, arm: Any, *, max_restarts: int, echo: Callable[[str], None]) -> list[GroupResult]:
+        from training.checkpoint import latest_common, local_manifests
+        from training.train import set_aside_unfinished
+
+        w = arm.world_size
+        rank_dirs = [home / "runs" / arm.name / f"rank-{r}" for r in range(w)]
+        can = lambda: latest_common([local_manifests(d) for d in rank_dirs]) is not None  # noqa: E731
+        first = can()
+        if not first and set_aside_unfinished(home, arm.name, w):
+            echo(f"an unfinished earlier attempt was moved to {home / 'runs' / arm.name / 'attempts'}")
+        argv = train_argv(home, arm.name, self.model_dir, threads_per_rank(w))
+        launch = local_launch(argv, w, heartbeats=[d / "heartbeat.json" for d in rank_dirs], echo=echo,
+                              guard=self.guard if self.guard is not None and self.guard.active else None)
+        return supervise(launch, log_root=home / "logs" / arm.name, max_restarts=max_restarts,
+                         resume_first=first, can_resume=can, echo=echo)
+
+    def evaluate(self, home: Path, arm: str, role: str, seed_dir: Path) -> dict[str, Any]:
+        from training.evaluate import evaluate
+
+        return evaluate(home, arm, role, seed_dir=seed_dir)
+
+    def close(self) -> None:
+        pass
+
+
+class RemotePlacement:
+    """Ranks on a cluster's SSH hosts, one per host; scoring on rank 0's host."""
+
+    def __init__(self, cluster: Cluster, home: Path, model_dir: Path, *, wheel_dir: Path,
+                 say: Callable[[str], None] = lambda m: None, guard: Guard | None = None):
+        self.cluster, self.home, self.model_dir, self.wheel_dir, self.say = cluster, home, model_dir, wheel_dir, say
+        self.hosts = cluster.by_rank
+        self.ts: list[Transport] = [cluster.transport(h) for h in self.hosts]
+        self.env = dict(AWS_NCCL) if cluster.source == "pulumi" else {}
+        # hosts sharing this machine's cores (network namespaces) split them; real hosts use their own
+        self.shared_cores = cluster.source == "netns"
+        self.guard = guard if guard is not None else self._guard()
+        self.digest: str | None = None
+
+    def _guard(self) -> Guard:
+        c = self.cluster
+        counters = {self.hosts[r].name: host_bytes(self.ts[r]) for r in c.guarded_ranks}
+        return Guard(deadline=c.deadline, counters=counters, limit_bytes=c.transfer_guard_bytes)
+
+    # -- staging -------------------------------------------------------------------------------
+    def _stage(self) -> None:
+        if self.digest is not None:
+            return
+        files = {f"home/{rel}": self.home / rel for rel in STAGED if (self.home / rel).is_file()}
+        files |= {f"home/{p.relative_to(self.home)}": p for p in sorted((self.home / "inputs").rglob("*"))
+                  if p.is_file()}
+        files |= {f"seed/{p.relative_to(self.model_dir)}": p for p in sorted(self.model_dir.rglob("*"))
+                  if p.is_file()}
+        self.digest = stage(self.cluster, self.ts, wheel_dir=self.wheel_dir, files=files, say=self.say)
+
+    def _push_log(self, ranks: range) -> None:
+        """Every host of the next stage starts from the controller's log (rank 0 appends to it)."""
+        for r in ranks:
+            self.ts[r].put(self.home / LOG_NAME, f"{self.hosts[r].root}/home/{LOG_NAME}")
+
+    def _pull_log(self, rank: int = 0) -> int:
+        """Take rank `rank`'s log if it extends ours byte for byte, verifies as a chain, and every new
+        entry's subject was collected with the committed hash; return the number of entries taken."""
+        from evidence.canonical import file_sha256
+
+        ours = (self.home / LOG_NAME).read_bytes()
+        name = self.hosts[rank].name
+        with tempfile.TemporaryDirectory(dir=self.home, prefix=".pull-") as tmp:
+            got = Path(tmp) / LOG_NAME
+            self.ts[rank].get(f"{self.hosts[rank].root}/home/{LOG_NAME}", got)
+            theirs = got.read_bytes()
+            if not theirs.startswith(ours):
+                raise TransportError(f"{name}: its commitments log does not extend the controller's "
+                                     "(an entry was changed or removed); nothing was taken")
+            new = CommitmentLog(Path(tmp)).entries()[len(CommitmentLog(self.home).entries()):]
+            for e in new:
+                p = self.home / e["subject"]
+                if not p.is_file() or file_sha256(p) != e["sha256"]:
+                    raise TransportError(f"{name}: commitment {e['seq']} ({e['kind']}) names {e['subject']}, "
+                                         "which did not come back with the committed hash; nothing was taken")
+            if new:
+                os.replace(got, self.home / LOG_NAME)
+        return len(new)
+
+    def _python(self, r: int, code: str, *args: str, timeout: float = 120) -> str:
+        h = self.hosts[r]
+        cmd = (f"cd {shlex.quote(h.root)} && PYTHONPATH={h.root}/site {shlex.quote(h.python)} -c {shlex.quote(code)} "
+               + " ".join(map(shlex.quote, args)))
+        return self.ts[r].run(cmd, timeout=timeout).check(f"{h.name}: {code[:40]}…").stdout
+
+    # -- training ------------------------------------------------------------------------------
+    def manifests(self, arm: str, world: int) -> list[dict[int, str]]:
+        code = ("import json, sys; from pathlib import Path; from training.checkpoint import local_manifests; "
+                "print(json.dumps(local_manifests(Path(sys.argv[1]))))")
+        return [{int(k): v for k, v in json.loads(self._python(
+            r, code, f"{self.hosts[r].root}/home/runs/{arm}/rank-{r}")).items()} for r in range(world)]
+
+    def remote_resumable(self, arm: str, world: int) -> bool:
+        from training.checkpoint import latest_common
+
+        return latest_common(self.manifests(arm, world)) is not None
+
+    def train(self, home: Path, arm: Any, *, max_restarts: int, echo: Callable[[str], None]) -> list[GroupResult]:
+        w = arm.world_size
+        if w > len(self.hosts):
+            raise TransportError(f"arm {arm.name} needs {w} hosts, the cluster has {len(self.hosts)}")
+        self._stage()
+        can = lambda: self.remote_resumable(arm.name, w)  # noqa: E731 — the hosts hold the checkpoints
+        first = can()
+        if not first:  # an unfinished earlier attempt stays on its host, set aside (never deleted)
+            code = ("import sys; from pathlib import Path; from training.train import set_aside_unfinished; "
+                    "set_aside_unfinished(Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]))")
+            for r in range(w):
+                self._python(r, code, f"{self.hosts[r].root}/home", arm.name, str(w))
+        self._push_log(range(w))
+        threads = threads_per_rank(w) if self.shared_cores else None
+
+        def argv_for(extra: list[str]) -> Callable[[Host], list[str]]:
+            return lambda h: ["-m", "training", "train", "--home", f"{h.root}/home", "--arm", arm.name,
+                              "--model-dir", f"{h.root}/seed", *(["--threads", str(threads)] if threads else []),
+                              *extra]
+
+        beats = [f"home/runs/{arm.name}/rank-{r}/heartbeat.json" for r in range(w)]
+
+        def launch(extra: list[str], log_dir: Path, env: dict[str, str]) -> GroupResult:
+            e = {**self.env, **env, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+            return launch_remote_group(self.cluster, argv_for(extra), w, log_dir=log_dir, env=e, echo=echo,
+                                       heartbeats=beats, guard=self.guard if self.guard.active else None)
+
+        attempts = supervise(launch, log_root=home / "logs" / arm.name, max_restarts=max_restarts,
+                             resume_first=first, can_resume=can, echo=echo)
+        if attempts[-1].ok:
+            got = collect(self.cluster, self.ts, {0: f"runs/{arm.name}"}, home)
+            got += collect(self.cluster, self.ts, {r: f"runs/{arm.name}/rank-{r}" for r in range(1, w)}, home)
+            added = self._pull_log(0)
+            self.say(f"collected {len(got)} files of {arm.name} from {w} host(s), {added} commitment(s) taken")
+        return attempts
+
+    # -- scoring -------------------------------------------------------------------------------
+    def evaluate(self, home: Path, arm: str, role: str, seed_dir: Path) -> dict[str, Any]:
+        """`python -m training evaluate` on rank 0's host (where every arm's model already is)."""
+        self._stage()
+        h, t = self.hosts[0], self.ts[0]
+        for rel in ("candidates.json", "selection.json", LOG_NAME):
+            if (home / rel).is_file():
+                t.put(home / rel, f"{h.root}/home/{rel}")
+        for arm_dir in sorted((home / "runs").iterdir()):  # models trained on other hosts' rank 0
+            model = arm_dir / "model"
+            if model.is_dir() and t.run(f"test -f {h.root}/home/runs/{arm_dir.name}/model/receipt.json").status:
+                for p in sorted(model.rglob("*")):
+                    if p.is_file():
+                        t.put(p, f"{h.root}/home/{p.relative_to(home)}")
+        cmd = (f"cd {shlex.quote(h.root)} && PYTHONPATH={h.root}/site {shlex.quote(h.python)} -m training evaluate "
+               f"--home {h.root}/home --arm {shlex.quote(arm)} --role {role} --model-dir {h.root}/seed")
+        env = {"OMP_NUM_THREADS": str(os.cpu_count() or 1)} if self.shared_cores else {}
+        r = t.run(cmd, env=env, timeout=6 * 3600)
+        if r.status != 0:
+            raise TransportError(f"{h.name}: evaluate {arm} exited {r.status}: {r.stderr.strip()[-800:]}")
+        collect(self.cluster, self.ts, {0: f"evaluations/{role}/{arm}"}, home)
+        self._pull_log(0)
+        return json.loads(r.stdout)
+
+    def close(self) -> None:
+        for t in self.ts:
+            t.close()
+
+
+def build_wheelhouse(out: Path, extra: Path | None = None) -> Path:
+    """The project's own wheel, plus every wheel in `extra` (a host without this project's
+    dependencies needs them all: torch, transformers, … — `pip download` them for the hosts' Python)."""
+    from orchestrate.remote import StagingError
+
+    root = Path(__file__).resolve().parent.parent
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                        "-w", str(out), str(root)], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise StagingError(f"building the project wheel failed: {p.stderr.strip()[-800:]}")
+    for w in sorted((extra or Path("/nonexistent")).glob("*.whl")):
+        shutil.copyfile(w, out / w.name)
+    return out

@@ -1,0 +1,103 @@
+"""The controller's deadline and transfer guard, the one "resumable" rule, and the rule for taking a
+host's commitments log back (only as a verified extension of the controller's)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+import sys
+import time
+
+import pytest
+
+from evidence.commitments import LOG_NAME, CommitmentLog
+from orchestrate.cluster import local_cluster
+from orchestrate.guard import COUNTERS, Guard, parse_counters
+from orchestrate.local import launch_group, local_launch, supervise
+from orchestrate.transport import LocalTransport, TransportError
+from training.checkpoint import latest_common
+
+
+def test_deadline_margin():
+    now = [1_000_000.0]
+    deadline = dt.datetime.fromtimestamp(now[0] + 900, dt.timezone.utc)
+    g = Guard(deadline=deadline, margin_s=600, clock=lambda: now[0])
+    assert g() is None and g.active
+    now[0] += 301  # 9.98 minutes left
+    said = g()
+    assert said and "min away" in said and "10 min before" in said
+    with pytest.raises(ValueError, match="timezone"):
+        Guard(deadline=dt.datetime(2030, 1, 1))
+
+
+def test_transfer_counter_over_the_fraction():
+    reads = iter([100, 850, None, 901])
+    g = Guard(counters={"host-1": lambda: next(reads)}, limit_bytes=1000, fraction=0.9, every_s=0)
+    assert g() is None and g() is None and g() is None  # 100, 850, a host that did not answer
+    said = g()
+    assert said and said.startswith("host-1 has moved 901 bytes") and g.last == {"host-1": 901}
+    assert not Guard().active and not Guard(counters={"h": lambda: 1}).active  # no limit: nothing to guard
+
+
+def test_counter_command_reads_this_machine():
+    r = LocalTransport().run(COUNTERS)
+    assert r.status == 0 and parse_counters(r.stdout) is not None and parse_counters("x") is None
+
+
+def test_a_guard_stops_the_group_and_is_not_restarted(tmp_path):
+    """Two ranks that would run a minute; the guard speaks after 1 s: both stopped by pid, no restart."""
+    t0 = time.monotonic()
+    guard = lambda: "test guard" if time.monotonic() - t0 > 1.0 else None  # noqa: E731
+    argv = [sys.executable, "-c", "import time; time.sleep(60)"]
+    attempts = supervise(local_launch(argv, 2, guard=guard), log_root=tmp_path / "logs", max_restarts=1)
+    assert len(attempts) == 1
+    res = attempts[0]
+    assert not res.ok and res.reason == "guard" and res.guard == "test guard" and res.first_failure is None
+    assert res.failure_text() == "stopped by the controller's guard: test guard"
+    assert all(c is not None and c != 0 for c in res.codes) and time.monotonic() - t0 < 20
+    ok = launch_group([sys.executable, "-c", "pass"], 2, log_dir=tmp_path / "ok", guard=lambda: None)
+    assert ok.ok and ok.reason is None
+
+
+def test_latest_common_needs_identical_manifests():
+    assert latest_common([{8: "a", 16: "b"}, {8: "a", 16: "b"}]) == 16
+    assert latest_common([{8: "a", 16: "b"}, {8: "a", 16: "c"}]) == 8  # differing content: not common
+    assert latest_common([{8: "a", 16: "b"}, {16: "b"}]) == 16
+    assert latest_common([{8: "a"}, {}]) is None and latest_common([]) is None
+
+
+@pytest.fixture()
+def pulled(smoke_home, tmp_path):
+    """A controller home and a 'host' copy of it, reached through the local transport."""
+    from orchestrate.trial import RemotePlacement
+
+    home, host_root = tmp_path / "controller", tmp_path / "host"
+    shutil.copytree(smoke_home, home)
+    shutil.copytree(smoke_home, host_root / "home")
+    cluster = local_cluster(1, host_root, "file:///unused")
+    return home, host_root / "home", RemotePlacement(cluster, home, home, wheel_dir=tmp_path)
+
+
+def test_a_host_log_that_extends_ours_is_taken(pulled):
+    home, remote, pl = pulled
+    (remote / "runs").mkdir()
+    (remote / "runs" / "note.json").write_text("{}")
+    CommitmentLog(remote).append("numerical-profile", "runs/note.json", {"arm": "x"})
+    with pytest.raises(TransportError, match="did not come back with the committed hash"):
+        pl._pull_log(0)  # its subject has not been collected yet
+    (home / "runs").mkdir()
+    shutil.copyfile(remote / "runs" / "note.json", home / "runs" / "note.json")
+    before = len(CommitmentLog(home).entries())
+    assert pl._pull_log(0) == 1 and len(CommitmentLog(home).entries()) == before + 1
+    assert (home / LOG_NAME).read_bytes() == (remote / LOG_NAME).read_bytes()
+    assert pl._pull_log(0) == 0  # nothing new
+
+
+def test_a_host_log_that_rewrites_ours_is_refused(pulled):
+    home, remote, pl = pulled
+    lines = (remote / LOG_NAME).read_text().splitlines(keepends=True)
+    (remote / LOG_NAME).write_text(lines[0].replace('"prepare"', '"prepare" ') + "".join(lines[1:]))
+    before = (home / LOG_NAME).read_bytes()
+    with pytest.raises(TransportError, match="does not extend the controller's"):
+        pl._pull_log(0)
+    assert (home / LOG_NAME).read_bytes() == before

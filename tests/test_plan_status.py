@@ -1,0 +1,90 @@
+"""`orchestrate plan` (cost, hours and bytes per arm against the budget; vCPUs against the quota) and
+`orchestrate status` (rank states from the hosts, spend from AWS Budgets on moto's server)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import run_cli
+from orchestrate.cli import app
+from orchestrate.cluster import local_cluster, save
+from orchestrate.status import trial_status
+
+ACCOUNT = "123456789012"
+
+
+def test_plan_reads_the_quota_from_the_account(aws):
+    assert aws.client("sts").get_caller_identity()["Account"] == ACCOUNT
+    r = run_cli("-m", "orchestrate", "plan", "diloco-four", "--stack", "Pulumi.dev.yaml", "--json")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert [t["arm"] for t in got["traffic"]] == ["single", "ddp-four", "diloco-four"]
+    assert got["vcpu"]["hosts_vcpus"] == 16 and got["vcpu"]["quota"] is None
+    assert "quota not readable" in got["vcpu"]["note"]  # moto has no EC2 quotas: said, not guessed
+    assert got["total_usd"] == pytest.approx(79.85, abs=0.01) and got["problems"] == []
+
+
+def test_plan_refuses_over_the_quota(monkeypatch):
+    import orchestrate.cloud
+
+    monkeypatch.setattr(orchestrate.cloud, "read_vcpu_quota", lambda session: 8.0)
+    r = CliRunner().invoke(app, ["plan", "diloco-four", "--stack", "Pulumi.dev.yaml"])
+    assert r.exit_code == 1
+    out = " ".join(r.output.split())
+    assert "the hosts need 16 G/VT vCPUs; the account's quota in us-east-1 is 8" in out
+    assert "ddp-four" in out and "52.57" in out  # the arm's transfer cost, in its row
+    r = CliRunner().invoke(app, ["plan", "clean-pair", "--stack", "Pulumi.dev.yaml", "--no-quota"])
+    assert r.exit_code == 2 and "plans no arm 'clean-pair'" in " ".join(r.output.split())
+
+
+def test_status_of_the_embedded_cluster(trained, aws, tmp_path):
+    """A finished 2-rank arm, a rank whose process is alive, and the trial's budget read from moto."""
+    aws.client("budgets").create_budget(AccountId=ACCOUNT, Budget={
+        "BudgetName": "st-budget", "BudgetLimit": {"Amount": "100.0", "Unit": "USD"},
+        "TimeUnit": "ANNUALLY", "BudgetType": "COST"})
+    deadline = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=2)
+    c = local_cluster(2, tmp_path, "file:///unused").model_copy(update={
+        "budget_name": "st-budget", "region": "us-east-1", "deadline": deadline, "trial": "st"})
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:  # rank 1 of a made-up arm is 'running': its heartbeat names a live pid
+        beat = trained / "runs" / "zz-live" / "rank-1" / "heartbeat.json"
+        beat.parent.mkdir(parents=True)
+        beat.write_text(json.dumps({"pid": live.pid, "time": 0, "update": 3}))
+        st = trial_status(c, trained, session=aws)
+    finally:
+        os.kill(live.pid, signal.SIGKILL)
+        live.wait()
+    h0, h1 = st["hosts"]
+    assert (h0["state"], h0["arm"], h0["update"]) == ("finished", "clean-pair", 16) and h0["bytes_rx_tx"] > 0
+    assert (h1["state"], h1["arm"], h1["update"]) == ("running", "zz-live", 3)
+    assert 7000 < st["seconds_to_deadline"] <= 7200
+    assert st["spend"]["name"] == "st-budget" and st["spend"]["limit_usd"] == 100.0
+    save(c, tmp_path / "cluster.json")
+    r = run_cli("-m", "orchestrate", "status", "--cluster", str(tmp_path / "cluster.json"), "--home", str(trained))
+    out = " ".join(r.stderr.split())
+    assert r.returncode == 0 and "of $100.00" in out and "min left" in out and "finished" in out, r.stderr
+    r = run_cli("-m", "orchestrate", "status", "--cluster", str(tmp_path / "cluster.json"))
+    assert r.returncode == 2 and "pass --home" in r.stderr
+
+
+def test_a_spent_budget_starts_nothing(aws, tmp_path):
+    aws.client("budgets").create_budget(AccountId=ACCOUNT, Budget={
+        "BudgetName": "spent-budget", "BudgetLimit": {"Amount": "100.0", "Unit": "USD"},
+        "TimeUnit": "ANNUALLY", "BudgetType": "COST",
+        "CalculatedSpend": {"ActualSpend": {"Amount": "100.5", "Unit": "USD"},
+                            "ForecastedSpend": {"Amount": "130", "Unit": "USD"}}})
+    c = local_cluster(4, tmp_path, "file:///unused").model_copy(update={
+        "budget_name": "spent-budget", "region": "us-east-1"})
+    save(c, tmp_path / "cluster.json")
+    r = run_cli("-m", "orchestrate", "run", "diloco-four", "--profile", "smoke", "--trials", str(tmp_path / "t"),
+                "--cluster", str(tmp_path / "cluster.json"))
+    assert r.returncode == 2 and "is spent ($100.50 of $100.00); nothing starts" in " ".join(r.stderr.split())
+    assert not (tmp_path / "t").exists()  # refused before anything was prepared

@@ -1,0 +1,90 @@
+"""`orchestrate run` on four network-namespace hosts with real sshd (root only): staged, trained one
+rank per host, collected, scored on rank 0's host, served, reported and preserved — and the
+controller's transfer guard stopping a group from real interface counters."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from evidence.canonical import file_sha256, read_json
+from evidence.commitments import LOG_NAME, CommitmentLog
+from orchestrate.cluster import netns_cluster, save
+from orchestrate.netns import NetnsHosts
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("/usr/sbin/sshd") is None,
+                                reason="needs root and openssh-server (CI installs both)")
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    with NetnsHosts(4, tmp_path_factory.mktemp("netns4")) as hs:
+        yield hs
+
+
+def test_orchestrate_run_on_ssh_hosts(hosts, tiny_seed, tmp_path):
+    desc = netns_cluster(hosts, f"file://{tmp_path / 'store'}", python=sys.executable)
+    cluster = save(desc, tmp_path / "cluster.json")
+    r = run_cli("-m", "orchestrate", "run", "diloco-four", "--profile", "smoke", "--trials",
+                str(tmp_path / "trials"), "--seeds", str(tiny_seed.parent), "--cluster", str(cluster))
+    assert r.returncode == 0, r.stderr[-4000:]
+    err = " ".join(r.stderr.split())
+    assert "cluster" in err and "netns, 4 host(s)" in err and "staged ns-3" in err
+    home = tmp_path / "trials" / "local-training-windows-smoke"
+    rep = read_json(home / "report.json")
+    assert set(rep["accuracy"]) == {"seed", "single", "ddp-four", "diloco-four"}
+    for arm, world in (("single", 1), ("ddp-four", 4), ("diloco-four", 4)):
+        for rank in range(world):  # every rank ran on its own host; the controller holds a verified copy
+            rel = f"runs/{arm}/rank-{rank}/result.json"
+            on_host = Path(desc.by_rank[rank].root) / "home" / rel
+            assert file_sha256(home / rel) == file_sha256(on_host)
+            assert (home / "logs" / arm / "attempt-1" / f"rank-{rank}.log").stat().st_size > 0
+        assert not (Path(desc.by_rank[1].root) / "home" / "runs" / arm / "rank-0").exists()
+    # scoring ran on rank 0's host and its commitments came back: the controller's log continues
+    # host 0's (then adds the serving probe, which ran on the controller)
+    host0 = Path(desc.by_rank[0].root) / "home"
+    assert (home / LOG_NAME).read_bytes().startswith((host0 / LOG_NAME).read_bytes())
+    on_host = [e["kind"] for e in CommitmentLog(host0).entries()]
+    assert on_host.count("numerical-profile") == 3 and on_host.count("test-evaluation") == 4
+    assert [e["kind"] for e in CommitmentLog(home).entries()][len(on_host):] == ["serving"]
+    assert (host0 / "evaluations" / "test" / "diloco-four" / "attempt-1" / "summary.json").is_file()
+    preserved = read_json(home / "preserved.json")
+    assert preserved["store"] == f"file://{tmp_path / 'store'}/"
+
+
+def test_transfer_guard_stops_a_group_from_host_counters(hosts, tiny_seed, smoke_home, tmp_path):
+    """Host 1's guard is set 20 MB above what it has moved so far; a 2-rank run all-reduces about
+    13 MB per update, so the controller stops the group within a few updates, before it finishes."""
+    from orchestrate.guard import Guard, host_bytes
+    from orchestrate.remote import launch_remote_group, stage
+    from orchestrate.trial import build_wheelhouse
+
+    desc = netns_cluster(hosts, "file:///unused", python=sys.executable)
+    ts = [desc.transport(h) for h in desc.by_rank]
+    try:
+        files = {f"home/{p.relative_to(smoke_home)}": p for p in smoke_home.rglob("*") if p.is_file()}
+        files |= {f"seed/{p.relative_to(tiny_seed)}": p for p in tiny_seed.rglob("*") if p.is_file()}
+        stage(desc, ts[:2], wheel_dir=build_wheelhouse(tmp_path / "wheels"), files=files)
+        read = host_bytes(ts[1])
+        start = read()
+        assert start is not None and start > 0
+        guard = Guard(counters={"ns-1": read}, limit_bytes=start + 20e6, fraction=1.0, every_s=0.2)
+        argv = lambda h: ["-m", "training", "train", "--home", f"{h.root}/home", "--arm", "clean-pair",  # noqa: E731
+                          "--model-dir", f"{h.root}/seed", "--threads", "1"]
+        res = launch_remote_group(desc, argv, 2, log_dir=tmp_path / "logs", env={"OMP_NUM_THREADS": "1"},
+                                  guard=guard, grace_s=5)
+        assert not res.ok and res.reason == "guard" and res.guard.startswith("ns-1 has moved"), res
+        assert guard.last["ns-1"] > start + 20e6
+        rank0 = Path(desc.by_rank[0].root) / "home/runs/clean-pair/rank-0"
+        assert not (rank0 / "result.json").exists()  # stopped before the run could finish
+        if (rank0 / "heartbeat.json").exists():
+            assert json.loads((rank0 / "heartbeat.json").read_text())["update"] < 16
+    finally:
+        for t in ts:
+            t.close()
