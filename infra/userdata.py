@@ -17,6 +17,10 @@ import shlex
 
 
 # Testable as it is: the paths and the stop command can be pointed elsewhere by the environment.
+NETDEV_SUM = r"""awk 'NR>2 {sub(/^[ \t]+/, ""); split($0, f, /[: \t]+/); if (f[1] != "lo") s += f[2] + f[10]}
+           END {printf "%.0f", s}'"""
+"""rx + tx bytes of every interface but loopback, from /proc/net/dev (given as its argument)."""
+
 GUARD_SCRIPT = r"""#!/bin/bash
 set -euo pipefail
 LIMIT=${TRIAL_GUARD_LIMIT:?}
@@ -24,8 +28,7 @@ state=${TRIAL_GUARD_STATE:-/var/lib/trial-guard}
 netdev=${TRIAL_NETDEV:-/proc/net/dev}
 boot=$(cat "${TRIAL_BOOT_ID:-/proc/sys/kernel/random/boot_id}")
 # names longer than 6 characters are not right-aligned, and big counters touch the colon: split both
-now=$(awk 'NR>2 {sub(/^[ \t]+/, ""); split($0, f, /[: \t]+/); if (f[1] != "lo") s += f[2] + f[10]}
-           END {printf "%.0f", s}' "$netdev")
+now=$(""" + NETDEV_SUM + r""" "$netdev")
 if [ "$(cat "$state/boot" 2>/dev/null)" != "$boot" ]; then
   carried=$(( $(cat "$state/carried" 2>/dev/null || echo 0) + $(cat "$state/last" 2>/dev/null || echo 0) ))
   echo "$carried" > "$state/carried"; echo "$boot" > "$state/boot"

@@ -78,7 +78,8 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
         show_summaries(cfg, summaries)
         report = select_evaluate_report(cfg, previous, md, placement)
         rec = preserve_home(previous, store or (desc.store if desc else f"file://{trials.resolve() / 'store'}"))
-    except (*USER_ERRORS, ClusterError, StagingError, TransportError) as e:
+    except (*USER_ERRORS, ClusterError, StagingError, TransportError, ValueError, OSError) as e:
+        # ValueError: data from a host that is not what it should be (JSON, numbers); OSError: the disk
         con.print(f"[bold red]error:[/] {e}", highlight=False)
         raise typer.Exit(2)
     finally:
@@ -94,12 +95,16 @@ def _load_cluster(path: Optional[Path]):
     import datetime as dt
 
     from orchestrate.cluster import ClusterError, load
+    from orchestrate.guard import Guard
 
     if path is None:
         return None
     desc = load(path)
-    if desc.deadline is not None and desc.deadline <= dt.datetime.now(dt.timezone.utc):
-        raise ClusterError(f"{path}: the deadline {desc.deadline.isoformat()} has passed; nothing starts")
+    left = None if desc.deadline is None else (desc.deadline - dt.datetime.now(dt.timezone.utc)).total_seconds()
+    if left is not None and left < Guard().margin_s:
+        raise ClusterError(f"{path}: the deadline {desc.deadline.isoformat()} is "
+                           + ("past" if left <= 0 else f"{left / 60:.1f} min away")
+                           + f"; the controller stops {Guard().margin_s / 60:.0f} min before it, so nothing starts")
     if desc.budget_name:  # the cloud's own account of the spend: a spent budget starts nothing
         import boto3
         from botocore.exceptions import BotoCoreError, ClientError
@@ -126,7 +131,8 @@ def make_placement(desc, home: Path, model_dir: Path, trials: Path, wheelhouse: 
     from orchestrate.trial import LocalPlacement, RemotePlacement, build_wheelhouse
 
     if desc is None or desc.source == "local":
-        return LocalPlacement(model_dir, guard=Guard(deadline=desc.deadline) if desc else None)
+        return LocalPlacement(model_dir, guard=Guard(deadline=desc.deadline) if desc else None,
+                              hosts=len(desc.hosts) if desc else None)
     with con.status("building the wheelhouse…"):
         wheels = build_wheelhouse(trials / ".wheelhouse", wheelhouse)
     return RemotePlacement(desc, home, model_dir, wheel_dir=wheels,
@@ -238,7 +244,7 @@ def train_arms(cfg, home: Path, placement) -> list[dict]:
             # with group checkpoints, a failed group is restarted once from the common manifest
             attempts = placement.train(home, a, max_restarts=1 if cfg.profile.checkpoint_every else 0,
                                        echo=lambda line: con.print(f"  {line}", highlight=False, markup=False))
-            if not attempts[-1].ok:
+            if attempts and not attempts[-1].ok:  # none: it had finished on the hosts and was collected
                 raise TrainError(f"arm {a.name} failed; {attempts[-1].failure_text()}")
         out.append(summarize(load_results(home, a.name, a.world_size)))
     return out
@@ -294,10 +300,10 @@ def up(local: bool = typer.Option(False, "--local", help="the embedded local clu
             if missing:
                 raise ClusterError(f"no pinned host key for rank(s) {missing}: pass --host-keys "
                                    "(an unknown host key is never accepted)")
-    except ClusterError as e:
+        save(desc, out)
+    except (ClusterError, ValueError, OSError) as e:  # ValueError: pydantic's refusal of a field
         con.print(f"[bold red]error:[/] {e}", highlight=False)
         raise typer.Exit(2)
-    save(desc, out)
     con.print(f"[bold]cluster[/] {desc.source}: {len(desc.hosts)} host(s), store {desc.store} → {out}",
               highlight=False)
 
@@ -362,7 +368,7 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
     from rich.table import Table
 
     from infra.plan import GB, estimate as run_estimate, table
-    from infra.prices import INSTANCE_TYPES, price
+    from infra.prices import INSTANCE_TYPES
     from training.config import ConfigError, arm_to_experiment, resolve
 
     cfg = _stack_config(stack)
@@ -394,7 +400,9 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
         if vcpu["quota"] is not None and need > vcpu["quota"]:
             problems.append(f"the hosts need {need} G/VT vCPUs; the account's quota in {cfg.region} is "
                             f"{vcpu['quota']:g} (Service Quotas L-DB2E81BA): ask for more before `pulumi up`")
-    cross = price("transfer/cross-zone-out", cfg.prices).usd + price("transfer/cross-zone-in", cfg.prices).usd
+    usd = {x["arm"]: sum(ln["usd"] for ln in est["lines"]  # the estimate's own priced lines, per arm
+                         if ln["category"] == "transfer" and ln["item"].startswith(f"{x['arm']}:"))
+           for x in est["traffic"]}
     if as_json:
         print(json.dumps({**est, "arm": arm, "experiment": exp.name, "hours": cfg.hours,
                           "deadline": cfg.deadline.isoformat(), "vcpu": vcpu, "problems": problems}, indent=1))
@@ -406,7 +414,7 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
     for x in est["traffic"]:
         t.add_row(x["arm"], str(x["world_size"]), str(x["synchronizations"]),
                   f"{x['payload_bytes_per_sync'] / GB:,.2f} GB", f"{x['host_bytes_rx_plus_tx'] / 1e12:,.3f} TB",
-                  f"{x['cross_zone_bytes'] / 1e12:,.3f} TB", f"{x['cross_zone_bytes'] / GB * cross:,.2f}")
+                  f"{x['cross_zone_bytes'] / 1e12:,.3f} TB", f"{usd[x['arm']]:,.2f}")
     con.print(t)
     print(table(est))
     print(f"vCPUs: the hosts need {need}; G/VT quota "

@@ -1,16 +1,18 @@
 """The controller's own deadline and transfer watch, checked while ranks run.
 
-The cloud has the last word (a scheduled stop at the deadline, a CloudWatch alarm per isolated-zone
-host), but both act late and bluntly: a stopped host loses its rank's work since the last checkpoint.
-The controller therefore stops the group itself first, cleanly, when
+The cloud has the last word (a scheduled stop at the deadline; on each isolated-zone host a guard
+that powers the host off at its limit, and a CloudWatch alarm), but a stopped host loses its
+rank's work since the last group checkpoint and leaves the group hanging. The controller therefore
+stops the group itself first — every rank by pid, SIGTERM then SIGKILL, no restart — when
 
   - the deadline is less than `margin_s` away (default 10 minutes), or
-  - a guarded host has moved more than `fraction` (default 90 %) of the transfer guard, counted the
-    way the cloud alarm counts it: received + transmitted bytes of every interface but loopback,
-    since the host booted (the hosts exist for this trial only).
+  - a guarded host has moved more than `fraction` (default 90 %) of the transfer guard, counted as
+    the host's own guard counts (`COUNTERS`).
 
-Counters are read at most every `every_s` seconds; a host that does not answer is skipped (the
-supervisor's own liveness probe decides whether it is gone).
+Work since the last group checkpoint is lost as with any stop; the logs are on the controller and
+the checkpoints stay on the hosts. Counters are read at most every `every_s` seconds over a
+connection with a short connect timeout; a host that does not answer is skipped (the supervisor's
+liveness probe decides whether it is gone).
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ import datetime as dt
 import time
 from typing import Callable
 
-COUNTERS = ('for d in /sys/class/net/*; do [ "${d##*/}" = lo ] || cat "$d/statistics/rx_bytes" '
-            '"$d/statistics/tx_bytes"; done | awk \'{s += $1} END {printf "%.0f\\n", s}\'')
-"""rx + tx of every interface but loopback: what entered or left the host."""
+from infra.userdata import NETDEV_SUM
+
+COUNTERS = ("echo $(( $(cat /var/lib/trial-guard/carried 2>/dev/null || echo 0) + $("
+            + NETDEV_SUM + " /proc/net/dev) ))")
+"""What the host's own guard counts (infra/userdata.py): rx + tx of every interface but loopback,
+plus what it carried across earlier boots of the trial."""
 
 
 def parse_counters(text: str) -> int | None:

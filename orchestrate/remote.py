@@ -16,10 +16,11 @@ non-zero exit: the others are stopped; the unreachable one cannot be, and the re
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import signal
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Sequence
 
 from evidence.canonical import canonical_sha256, file_sha256
@@ -204,20 +205,49 @@ def launch_remote_group(cluster: Cluster, argv_for: Callable[[Host], Sequence[st
     except BaseException:
         for p in procs:
             p.kill()
+            p.t.close()
         raise
     # heartbeats are read over each rank's own connection (another channel), not a second one
     beats = [remote_heartbeat(p.t, f"{h.root}/{hb}") for p, h, hb in zip(procs, hosts, heartbeats)]
-    return run_group(procs, logs, grace_s=grace_s, echo=echo, heartbeats=beats, stale_s=stale_s, guard=guard)
+    try:
+        return run_group(procs, logs, grace_s=grace_s, echo=echo, heartbeats=beats, stale_s=stale_s, guard=guard)
+    finally:
+        for p in procs:  # one connection per rank per attempt: closed with the attempt
+            p.t.close()
 
 
-def collect(cluster: Cluster, transports: list[Transport], remote_dirs: dict[int, str], local_home: Path) -> list[str]:
-    """Copy every file under each rank's remote directory (relative to its root/home) into the local
-    home, each verified by sha256. Returns the relative paths collected."""
+KEEP_ON_HOST = re.compile(r"(^|/)checkpoints/step-[^/]+/(?!receipt\.json$|host\.json$)[^/]+$")
+"""Checkpoint payloads stay on the hosts' volumes (tens of GB per rank at 1.7B); their receipts,
+the manifests and everything else come back."""
+
+
+def safe_relative(path: str, under: str) -> str:
+    """`path` as the host listed it, refused unless it is a plain relative path inside `under`:
+    a host must never be able to write outside the directory it was asked for."""
+    p = PurePosixPath(path)
+    if p.is_absolute() or ".." in p.parts or not path.startswith(under.rstrip("/") + "/") \
+            or any(c in path for c in "\0\n\r"):
+        raise TransportError(f"refusing a listed path outside {under}: {path!r}")
+    return str(p)
+
+
+def collect(cluster: Cluster, transports: list[Transport], remote_dirs: dict[int, str], local_home: Path,
+            *, keep_on_host: re.Pattern[str] | None = KEEP_ON_HOST) -> list[str]:
+    """Copy every file under each rank's remote directory (relative to its root/home) into
+    `local_home`, each verified by sha256; payloads matching `keep_on_host` are left where they are.
+    Returns the relative paths collected."""
     got = []
+    root = local_home.resolve()
     for rank, rel in remote_dirs.items():
         h, t = cluster.by_rank[rank], transports[rank]
         listing = t.run(f"cd {shlex.quote(h.root)}/home && find {shlex.quote(rel)} -type f -print0 2>/dev/null")
         for path in filter(None, listing.check(f"{h.name}: listing {rel}").stdout.split("\0")):
-            t.get(f"{h.root}/home/{path}", local_home / path)
+            path = safe_relative(path, rel)
+            if keep_on_host is not None and keep_on_host.search(path):
+                continue
+            dst = local_home / path
+            if not dst.resolve().is_relative_to(root):  # a symlink already in the home, say
+                raise TransportError(f"{h.name}: {path} would land outside {local_home}")
+            t.get(f"{h.root}/home/{path}", dst)
             got.append(path)
     return got

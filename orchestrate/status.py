@@ -60,7 +60,6 @@ def trial_status(cluster: Cluster, home: Path | None, *, session: Any = None,
     now = now or dt.datetime.now(dt.timezone.utc)
     hosts = []
     for h in cluster.by_rank:
-        t = cluster.transport(h)
         if h.transport == "local":
             if home is None:
                 raise ValueError("the embedded local cluster's ranks write into the trial home: pass --home")
@@ -69,16 +68,24 @@ def trial_status(cluster: Cluster, home: Path | None, *, session: Any = None,
             py, where, env = h.python, f"{h.root}/home", f"PYTHONPATH={h.root}/site "
         row: dict[str, Any] = {"rank": h.rank, "host": h.name, "zone": h.zone,
                                "guarded": h.rank in cluster.guarded_ranks}
+        t = None
         try:
-            r = t.run(f"{env}{shlex.quote(py)} -c {shlex.quote(STATE_SCRIPT)} {shlex.quote(where)} {h.rank}; "
-                      f"echo; {COUNTERS}", timeout=15)
-            lines = [x for x in r.stdout.splitlines() if x.strip()]
-            row |= {"reachable": r.status == 0, **rank_state(json.loads(lines[0]) if lines else []),
-                    "bytes_rx_tx": parse_counters(lines[-1]) if len(lines) > 1 else None}
+            t = cluster.transport(h, connect_timeout=5)
+            r = t.run(f"{env}{shlex.quote(py)} -c {shlex.quote(STATE_SCRIPT)} {shlex.quote(where)} {h.rank}",
+                      timeout=15)
+            row["reachable"] = True
+            if r.status == 0:
+                row |= rank_state(json.loads(r.stdout))
+            else:
+                row |= {"state": "unknown", "error": r.stderr.strip()[-200:]}
+            c = t.run(COUNTERS, timeout=10)
+            row["bytes_rx_tx"] = parse_counters(c.stdout) if c.status == 0 else None
         except Exception as e:  # noqa: BLE001 — a host that does not answer is a state to show
-            row |= {"reachable": False, "state": "unreachable", "error": str(e)[:200]}
+            row |= {"reachable": row.get("reachable", False), "error": str(e)[:200]}
+            row.setdefault("state", "unreachable")
         finally:
-            t.close()
+            if t is not None:
+                t.close()
         if row["guarded"] and row.get("bytes_rx_tx") is not None and cluster.transfer_guard_bytes:
             row["guard_fraction"] = row["bytes_rx_tx"] / cluster.transfer_guard_bytes
         hosts.append(row)

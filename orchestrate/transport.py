@@ -137,8 +137,13 @@ class SSHTransport:
 
     def start(self, command: str, env: dict[str, str] | None = None, open_timeout: float | None = None) -> Any:
         """Start `command` on the host and return its paramiko channel without waiting for it."""
-        chan = self._connect().get_transport().open_session(timeout=open_timeout or self.connect_timeout)
-        chan.exec_command("bash -c " + shlex.quote(_env_prefix(env) + command))
+        import paramiko
+
+        try:
+            chan = self._connect().get_transport().open_session(timeout=open_timeout or self.connect_timeout)
+            chan.exec_command("bash -c " + shlex.quote(_env_prefix(env) + command))
+        except (paramiko.SSHException, EOFError, OSError) as e:
+            raise TransportError(f"{self.name} ({self.address}): cannot start a command: {e}") from None
         return chan
 
     def run(self, command: str, *, env: dict[str, str] | None = None, timeout: float = 600) -> Result:

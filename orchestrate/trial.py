@@ -30,6 +30,7 @@ from evidence.commitments import LOG_NAME, CommitmentLog
 from orchestrate.cluster import Cluster, Host
 from orchestrate.guard import Guard, host_bytes
 from orchestrate.local import GroupResult, local_launch, supervise, threads_per_rank, train_argv
+from evidence.canonical import read_json
 from orchestrate.remote import collect, launch_remote_group, stage
 from orchestrate.transport import Transport, TransportError
 
@@ -52,14 +53,18 @@ class Placement(Protocol):
 class LocalPlacement:
     """The embedded local cluster: every rank a process on this machine, gloo over loopback."""
 
-    def __init__(self, model_dir: Path, guard: Guard | None = None):
-        self.model_dir, self.guard = model_dir, guard
+    def __init__(self, model_dir: Path, guard: Guard | None = None, hosts: int | None = None):
+        self.model_dir, self.guard, self.hosts = model_dir, guard, hosts
 
     def train(self, home: Path, arm: Any, *, max_restarts: int, echo: Callable[[str], None]) -> list[GroupResult]:
         from training.checkpoint import latest_common, local_manifests
+        from training.errors import TrainError
         from training.train import set_aside_unfinished
 
         w = arm.world_size
+        if self.hosts is not None and w > self.hosts:
+            raise TrainError(f"arm {arm.name} needs {w} ranks; the local cluster was set up with {self.hosts} "
+                             f"(orchestrate up --local --hosts {w})")
         rank_dirs = [home / "runs" / arm.name / f"rank-{r}" for r in range(w)]
         can = lambda: latest_common([local_manifests(d) for d in rank_dirs]) is not None  # noqa: E731
         first = can()
@@ -91,12 +96,15 @@ class RemotePlacement:
         self.env = dict(AWS_NCCL) if cluster.source == "pulumi" else {}
         # hosts sharing this machine's cores (network namespaces) split them; real hosts use their own
         self.shared_cores = cluster.source == "netns"
+        self.guard_ts: list[Transport] = []
         self.guard = guard if guard is not None else self._guard()
         self.digest: str | None = None
 
     def _guard(self) -> Guard:
         c = self.cluster
-        counters = {self.hosts[r].name: host_bytes(self.ts[r]) for r in c.guarded_ranks}
+        # their own connections, with a short connect timeout: a dead host must not stall supervision
+        self.guard_ts = [c.transport(self.hosts[r], connect_timeout=3) for r in c.guarded_ranks]
+        counters = {self.hosts[r].name: host_bytes(gt) for r, gt in zip(c.guarded_ranks, self.guard_ts)}
         return Guard(deadline=c.deadline, counters=counters, limit_bytes=c.transfer_guard_bytes)
 
     # -- staging -------------------------------------------------------------------------------
@@ -115,29 +123,54 @@ class RemotePlacement:
         for r in ranks:
             self.ts[r].put(self.home / LOG_NAME, f"{self.hosts[r].root}/home/{LOG_NAME}")
 
-    def _pull_log(self, rank: int = 0) -> int:
-        """Take rank `rank`'s log if it extends ours byte for byte, verifies as a chain, and every new
-        entry's subject was collected with the committed hash; return the number of entries taken."""
+    def _fetch_log(self, incoming: Path, rank: int = 0) -> int:
+        """Fetch rank `rank`'s log into `incoming` and check it: it must extend ours byte for byte (or
+        be a prefix of ours: nothing new), verify as a chain, and every new entry's file must be in
+        `incoming` (or the home) with the committed hash. Returns the number of new entries; the
+        caller moves the log in after the files."""
         from evidence.canonical import file_sha256
 
         ours = (self.home / LOG_NAME).read_bytes()
         name = self.hosts[rank].name
-        with tempfile.TemporaryDirectory(dir=self.home, prefix=".pull-") as tmp:
-            got = Path(tmp) / LOG_NAME
-            self.ts[rank].get(f"{self.hosts[rank].root}/home/{LOG_NAME}", got)
-            theirs = got.read_bytes()
-            if not theirs.startswith(ours):
-                raise TransportError(f"{name}: its commitments log does not extend the controller's "
-                                     "(an entry was changed or removed); nothing was taken")
-            new = CommitmentLog(Path(tmp)).entries()[len(CommitmentLog(self.home).entries()):]
-            for e in new:
-                p = self.home / e["subject"]
-                if not p.is_file() or file_sha256(p) != e["sha256"]:
-                    raise TransportError(f"{name}: commitment {e['seq']} ({e['kind']}) names {e['subject']}, "
-                                         "which did not come back with the committed hash; nothing was taken")
-            if new:
-                os.replace(got, self.home / LOG_NAME)
+        got = incoming / LOG_NAME
+        self.ts[rank].get(f"{self.hosts[rank].root}/home/{LOG_NAME}", got)
+        theirs = got.read_bytes()
+        if ours.startswith(theirs):
+            got.unlink()
+            return 0
+        if not theirs.startswith(ours):
+            raise TransportError(f"{name}: its commitments log does not extend the controller's "
+                                 "(an entry was changed or removed); nothing was taken")
+        new = CommitmentLog(incoming).entries()[len(CommitmentLog(self.home).entries()):]
+        for e in new:
+            p = incoming / e["subject"] if (incoming / e["subject"]).is_file() else self.home / e["subject"]
+            if not p.is_file() or file_sha256(p) != e["sha256"]:
+                raise TransportError(f"{name}: commitment {e['seq']} ({e['kind']}) names {e['subject']}, "
+                                     "which did not come back with the committed hash; nothing was taken")
         return len(new)
+
+    def _collect_verified(self, remote_dirs: dict[int, str]) -> tuple[int, int]:
+        """Collect into a hidden folder of the home, check rank 0's log against what came, then move
+        the files in and the log last: a refused log or a broken connection leaves the home as it was."""
+        incoming = Path(tempfile.mkdtemp(dir=self.home, prefix=".incoming-"))
+        try:
+            got = collect(self.cluster, self.ts, remote_dirs, incoming)
+            added = self._fetch_log(incoming)
+            for rel in got:
+                dst = self.home / rel
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(incoming / rel, dst)
+            if added:
+                os.replace(incoming / LOG_NAME, self.home / LOG_NAME)
+        finally:
+            shutil.rmtree(incoming, ignore_errors=True)
+        return len(got), added
+
+    def _remote_files(self, r: int, pattern: str) -> list[str]:
+        """Files on host r matching a glob under its home (relative paths)."""
+        h = self.hosts[r]
+        out = self.ts[r].run(f"cd {shlex.quote(h.root)}/home && ls -1d {pattern} 2>/dev/null").stdout
+        return [x for x in out.splitlines() if x.strip()]
 
     def _python(self, r: int, code: str, *args: str, timeout: float = 120) -> str:
         h = self.hosts[r]
@@ -162,6 +195,11 @@ class RemotePlacement:
         if w > len(self.hosts):
             raise TransportError(f"arm {arm.name} needs {w} hosts, the cluster has {len(self.hosts)}")
         self._stage()
+        if all(self._remote_files(r, f"runs/{shlex.quote(arm.name)}/rank-{r}/result.json") for r in range(w)):
+            # trained earlier, never collected (the controller stopped, a connection broke): take it
+            self.say(f"{arm.name} already finished on the hosts; collecting it")
+            self._collect(arm.name, w)
+            return []
         can = lambda: self.remote_resumable(arm.name, w)  # noqa: E731 — the hosts hold the checkpoints
         first = can()
         if not first:  # an unfinished earlier attempt stays on its host, set aside (never deleted)
@@ -187,38 +225,45 @@ class RemotePlacement:
         attempts = supervise(launch, log_root=home / "logs" / arm.name, max_restarts=max_restarts,
                              resume_first=first, can_resume=can, echo=echo)
         if attempts[-1].ok:
-            got = collect(self.cluster, self.ts, {0: f"runs/{arm.name}"}, home)
-            got += collect(self.cluster, self.ts, {r: f"runs/{arm.name}/rank-{r}" for r in range(1, w)}, home)
-            added = self._pull_log(0)
-            self.say(f"collected {len(got)} files of {arm.name} from {w} host(s), {added} commitment(s) taken")
+            self._collect(arm.name, w)
         return attempts
+
+    def _collect(self, arm: str, w: int) -> None:
+        """Rank 0's arm directory (its rank, the model, the numerical profile) and every other rank's own."""
+        n, added = self._collect_verified({0: f"runs/{arm}", **{r: f"runs/{arm}/rank-{r}" for r in range(1, w)}})
+        self.say(f"collected {n} files of {arm} from {w} host(s) (checkpoint payloads stay on the hosts), "
+                 f"{added} commitment(s) taken")
 
     # -- scoring -------------------------------------------------------------------------------
     def evaluate(self, home: Path, arm: str, role: str, seed_dir: Path) -> dict[str, Any]:
         """`python -m training evaluate` on rank 0's host (where every arm's model already is)."""
         self._stage()
         h, t = self.hosts[0], self.ts[0]
+        where = f"evaluations/{role}/{arm}"
+        if self._remote_files(0, f"{shlex.quote(where)}/attempt-*/summary.json"):
+            self.say(f"{role} scoring of {arm} already ran on {h.name}; collecting it")
+            self._collect_verified({0: where})
+            return read_json(sorted((home / where).glob("attempt-*/summary.json"))[-1])
         for rel in ("candidates.json", "selection.json", LOG_NAME):
             if (home / rel).is_file():
                 t.put(home / rel, f"{h.root}/home/{rel}")
         for arm_dir in sorted((home / "runs").iterdir()):  # models trained on other hosts' rank 0
             model = arm_dir / "model"
-            if model.is_dir() and t.run(f"test -f {h.root}/home/runs/{arm_dir.name}/model/receipt.json").status:
+            if model.is_dir() and t.run(f"test -f {h.root}/home/runs/{shlex.quote(arm_dir.name)}/model/receipt.json").status:
                 for p in sorted(model.rglob("*")):
                     if p.is_file():
                         t.put(p, f"{h.root}/home/{p.relative_to(home)}")
         cmd = (f"cd {shlex.quote(h.root)} && PYTHONPATH={h.root}/site {shlex.quote(h.python)} -m training evaluate "
-               f"--home {h.root}/home --arm {shlex.quote(arm)} --role {role} --model-dir {h.root}/seed")
+               f"--home {h.root}/home --arm {shlex.quote(arm)} --role {shlex.quote(role)} --model-dir {h.root}/seed")
         env = {"OMP_NUM_THREADS": str(os.cpu_count() or 1)} if self.shared_cores else {}
         r = t.run(cmd, env=env, timeout=6 * 3600)
         if r.status != 0:
             raise TransportError(f"{h.name}: evaluate {arm} exited {r.status}: {r.stderr.strip()[-800:]}")
-        collect(self.cluster, self.ts, {0: f"evaluations/{role}/{arm}"}, home)
-        self._pull_log(0)
+        self._collect_verified({0: where})
         return json.loads(r.stdout)
 
     def close(self) -> None:
-        for t in self.ts:
+        for t in [*self.ts, *self.guard_ts]:
             t.close()
 
 
@@ -235,6 +280,17 @@ def build_wheelhouse(out: Path, extra: Path | None = None) -> Path:
                         "-w", str(out), str(root)], capture_output=True, text=True)
     if p.returncode != 0:
         raise StagingError(f"building the project wheel failed: {p.stderr.strip()[-800:]}")
-    for w in sorted((extra or Path("/nonexistent")).glob("*.whl")):
-        shutil.copyfile(w, out / w.name)
+    if extra is not None:
+        if not extra.is_dir():
+            raise StagingError(f"--wheelhouse {extra} is not a directory")
+        others = [p.name for p in extra.iterdir() if p.is_file() and not p.name.endswith(".whl")]
+        if others:
+            raise StagingError(f"{extra} holds files that are not wheels ({', '.join(sorted(others)[:5])}): hosts "
+                               "install offline from wheels only — `pip wheel` them, or `pip download "
+                               "--only-binary=:all:`")
+        wheels = sorted(extra.glob("*.whl"))
+        if not wheels:
+            raise StagingError(f"--wheelhouse {extra} holds no wheels")
+        for w in wheels:
+            shutil.copyfile(w, out / w.name)
     return out

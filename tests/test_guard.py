@@ -78,26 +78,60 @@ def pulled(smoke_home, tmp_path):
     return home, host_root / "home", RemotePlacement(cluster, home, home, wheel_dir=tmp_path)
 
 
-def test_a_host_log_that_extends_ours_is_taken(pulled):
-    home, remote, pl = pulled
+def host_commits_a_note(remote, commit: bool = True) -> None:
+    """The 'host' writes runs/note.json and (optionally) commits it, as rank 0 commits its profile."""
     (remote / "runs").mkdir()
     (remote / "runs" / "note.json").write_text("{}")
-    CommitmentLog(remote).append("numerical-profile", "runs/note.json", {"arm": "x"})
+    if commit:
+        CommitmentLog(remote).append("numerical-profile", "runs/note.json", {"arm": "x"})
+
+
+def test_a_host_log_that_extends_ours_is_taken(pulled):
+    home, remote, pl = pulled
+    host_commits_a_note(remote)
+    before = (home / LOG_NAME).read_bytes()
     with pytest.raises(TransportError, match="did not come back with the committed hash"):
-        pl._pull_log(0)  # its subject has not been collected yet
-    (home / "runs").mkdir()
-    shutil.copyfile(remote / "runs" / "note.json", home / "runs" / "note.json")
-    before = len(CommitmentLog(home).entries())
-    assert pl._pull_log(0) == 1 and len(CommitmentLog(home).entries()) == before + 1
+        pl._collect_verified({0: "inputs"})  # the new entry's file was not among what came back
+    assert (home / LOG_NAME).read_bytes() == before and not (home / "runs").exists()
+    assert pl._collect_verified({0: "runs"}) == (1, 1)
     assert (home / LOG_NAME).read_bytes() == (remote / LOG_NAME).read_bytes()
-    assert pl._pull_log(0) == 0  # nothing new
+    assert (home / "runs" / "note.json").read_text() == "{}"
+    assert pl._collect_verified({0: "runs"}) == (1, 0)  # nothing new
+    CommitmentLog(home).append("numerical-profile", "runs/note.json", {"arm": "y"})
+    assert pl._collect_verified({0: "runs"}) == (1, 0)  # the controller is ahead: nothing to take
+    assert not list(home.glob(".incoming-*"))
 
 
 def test_a_host_log_that_rewrites_ours_is_refused(pulled):
     home, remote, pl = pulled
+    host_commits_a_note(remote, commit=False)
     lines = (remote / LOG_NAME).read_text().splitlines(keepends=True)
     (remote / LOG_NAME).write_text(lines[0].replace('"prepare"', '"prepare" ') + "".join(lines[1:]))
     before = (home / LOG_NAME).read_bytes()
     with pytest.raises(TransportError, match="does not extend the controller's"):
-        pl._pull_log(0)
-    assert (home / LOG_NAME).read_bytes() == before
+        pl._collect_verified({0: "runs"})
+    assert (home / LOG_NAME).read_bytes() == before and not (home / "runs").exists()  # nothing moved in
+
+
+def test_a_host_log_with_a_forged_entry_is_refused(pulled):
+    from evidence.commitments import CommitmentError
+
+    home, remote, pl = pulled
+    host_commits_a_note(remote)
+    text = (remote / LOG_NAME).read_text()
+    (remote / LOG_NAME).write_text(text[:text.rindex('"arm":"x"')] + '"arm":"z"' + text[text.rindex('"arm":"x"') + 9:])
+    with pytest.raises(CommitmentError, match="hash mismatch"):
+        pl._collect_verified({0: "runs"})
+    assert not (home / "runs").exists()
+
+
+def test_listed_paths_stay_inside_what_was_asked():
+    from orchestrate.remote import KEEP_ON_HOST, safe_relative
+
+    assert safe_relative("runs/a/rank-0/result.json", "runs/a") == "runs/a/rank-0/result.json"
+    for bad in ("runs/a/../../commitments.jsonl", "/etc/passwd", "runs/ab/x", "inputs/x", "runs/a/x\nrm"):
+        with pytest.raises(TransportError, match="refusing a listed path"):
+            safe_relative(bad, "runs/a")
+    assert KEEP_ON_HOST.search("runs/a/rank-0/checkpoints/step-000016/model.safetensors")
+    assert not KEEP_ON_HOST.search("runs/a/rank-0/checkpoints/step-000016/receipt.json")
+    assert not KEEP_ON_HOST.search("runs/a/rank-0/manifests/step-16.json")

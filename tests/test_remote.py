@@ -86,26 +86,22 @@ def test_a_different_environment_is_refused(hosts, wheels, smoke_home, tiny_seed
     wrapper = tmp_path / "python-with-extra"
     wrapper.write_text(f'#!/bin/sh\nPYTHONPATH="$PYTHONPATH:{extra}" exec {sys.executable} "$@"\n')
     wrapper.chmod(0o755)
-    cluster = netns_cluster(hosts, "file:///unused", python=sys.executable)
-    odd = cluster.model_copy(deep=True)
-    odd.hosts[1].python = str(wrapper)
-    ts = [odd.transport(h) for h in odd.by_rank]
-    try:
-        with pytest.raises(StagingError, match="different environments, nothing trains: ns-0 .*, ns-1 "):
-            stage(odd, ts, wheel_dir=wheels, files={"home/prepared.json": smoke_home / "prepared.json"})
-    finally:
-        for t in ts:
-            t.close()
+    with pytest.raises(StagingError, match="different environments, nothing trains: ns-0 .*, ns-1 "):
+        stage_with_host1_python(hosts, str(wrapper), wheels, smoke_home)
 
 
 def test_a_host_without_torch_is_refused_by_name(hosts, wheels, smoke_home):
-    cluster = netns_cluster(hosts, "file:///unused", python=sys.executable)
-    bare = cluster.model_copy(deep=True)
-    bare.hosts[1].python = os.path.join(sys.base_prefix, "bin", "python3")  # same Python, none of our packages
-    ts = [bare.transport(h) for h in bare.by_rank]
+    bare = os.path.join(sys.base_prefix, "bin", "python3")  # same Python, none of our packages
+    with pytest.raises(TransportError, match="(?s)ns-1: environment report exited 1: .*No module named 'torch'"):
+        stage_with_host1_python(hosts, bare, wheels, smoke_home)
+
+
+def stage_with_host1_python(hosts, python: str, wheels, smoke_home) -> str:
+    odd = netns_cluster(hosts, "file:///unused", python=sys.executable)
+    odd.hosts[1].python = python
+    ts = [odd.transport(h) for h in odd.by_rank]
     try:
-        with pytest.raises(TransportError, match="(?s)ns-1: environment report exited 1: .*No module named 'torch'"):
-            stage(bare, ts, wheel_dir=wheels, files={"home/prepared.json": smoke_home / "prepared.json"})
+        return stage(odd, ts, wheel_dir=wheels, files={"home/prepared.json": smoke_home / "prepared.json"})
     finally:
         for t in ts:
             t.close()

@@ -88,3 +88,35 @@ def test_transfer_guard_stops_a_group_from_host_counters(hosts, tiny_seed, smoke
     finally:
         for t in ts:
             t.close()
+
+
+def test_a_finished_arm_left_on_the_hosts_is_collected_not_rerun(hosts, tiny_seed, smoke_home, tmp_path):
+    """The controller stops after the hosts finished an arm but before it collected it: the next run
+    finds every rank's result on the hosts and only collects (a relaunch would be refused there)."""
+    from orchestrate.trial import RemotePlacement, build_wheelhouse
+    from training.prepare import require_prepared
+    from training.train import resolved_from_prepared
+
+    desc = netns_cluster(hosts, "file:///unused", python=sys.executable)
+    home = tmp_path / "home"
+    shutil.copytree(smoke_home, home)
+    arm = resolved_from_prepared(require_prepared(home)).arm("clean-pair")
+    pl = RemotePlacement(desc, home, tiny_seed, wheel_dir=build_wheelhouse(tmp_path / "wheels"))
+    try:
+        for h, t in zip(desc.by_rank, pl.ts):  # earlier tests trained on these hosts
+            t.run(f"rm -rf {h.root}/home/runs").check("clear")
+        before = (home / LOG_NAME).read_bytes()
+        first = pl.train(home, arm, max_restarts=0, echo=lambda line: None)
+        assert first and first[-1].ok
+        after = (home / LOG_NAME).read_bytes()
+        assert after.startswith(before) and after != before  # rank 0's numerical-profile came back
+        shutil.rmtree(home / "runs")  # as if the controller had stopped before collecting
+        (home / LOG_NAME).write_bytes(before)
+        again = pl.train(home, arm, max_restarts=0, echo=lambda line: None)
+        assert again == [] and (home / LOG_NAME).read_bytes() == after
+        for r in range(2):
+            assert read_json(home / f"runs/clean-pair/rank-{r}/result.json")["rank"] == r
+        assert not list((home / "runs/clean-pair").rglob("checkpoints/step-*/*.safetensors"))  # stayed on hosts
+        assert list((home / "runs/clean-pair").rglob("checkpoints/step-*/receipt.json"))
+    finally:
+        pl.close()

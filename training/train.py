@@ -220,9 +220,9 @@ def _seed_everything(base: int, rank: int) -> None:
 
 
 class _profiler:
-    """`TRIAL_PROFILE=DIR`: torch.profiler over three updates after two warm ones (or fewer when the
-    run is shorter); the kernel table and a per-phase summary go to DIR/<arm>-rank-<r>.txt. A benchmark
-    tool: the timings it records include the profiler's own overhead."""
+    """`TRIAL_PROFILE=DIR`: torch.profiler over the three updates after two warm ones; the kernel
+    table and a per-phase summary go to DIR/<arm>-rank-<r>.txt (nothing, if the run has fewer than
+    five updates left). A benchmark tool: the timings it records include the profiler's overhead."""
 
     def __init__(self, arm: str, rank: int, first: int):
         self.out = os.environ.get("TRIAL_PROFILE")
