@@ -30,6 +30,7 @@ from evidence.commitments import LOG_NAME, CommitmentLog
 from orchestrate.cluster import Cluster, Host
 from orchestrate.guard import Guard, host_bytes
 from orchestrate.local import GroupResult, local_launch, supervise, threads_per_rank, train_argv
+from evidence.attempts import attempts
 from evidence.canonical import read_json
 from orchestrate.remote import collect, launch_remote_group, stage
 from orchestrate.transport import Transport, TransportError
@@ -243,7 +244,7 @@ class RemotePlacement:
         if self._remote_files(0, f"{shlex.quote(where)}/attempt-*/summary.json"):
             self.say(f"{role} scoring of {arm} already ran on {h.name}; collecting it")
             self._collect_verified({0: where})
-            return read_json(sorted((home / where).glob("attempt-*/summary.json"))[-1])
+            return read_json(attempts(home / where)[-1] / "summary.json")
         for rel in ("candidates.json", "selection.json", LOG_NAME):
             if (home / rel).is_file():
                 t.put(home / rel, f"{h.root}/home/{rel}")
