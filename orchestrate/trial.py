@@ -244,7 +244,8 @@ class RemotePlacement:
         if self._remote_files(0, f"{shlex.quote(where)}/attempt-*/summary.json"):
             self.say(f"{role} scoring of {arm} already ran on {h.name}; collecting it")
             self._collect_verified({0: where})
-            return read_json(attempts(home / where)[-1] / "summary.json")
+            done = [a for a in attempts(home / where) if (a / "summary.json").is_file()]
+            return read_json(done[-1] / "summary.json")
         for rel in ("candidates.json", "selection.json", LOG_NAME):
             if (home / rel).is_file():
                 t.put(home / rel, f"{h.root}/home/{rel}")
