@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from evidence.attempts import next_attempt
 from evidence.canonical import canonical_sha256, fsync_dir, fsync_file, read_json, write_json_atomic
@@ -124,21 +123,13 @@ def common_step(rank_dir: Path, candidates: list[int], device: torch.device) -> 
 
     One fixed-size all-gather: for each candidate step, 32 bytes (zeros where absent).
     """
-    mine = local_manifests(rank_dir)
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    rows = [bytes.fromhex(mine[s]) if s in mine else bytes(32) for s in candidates]
-    local = torch.tensor([b for row in rows for b in row] or [0], dtype=torch.uint8, device=device)
-    if world > 1:
-        from training.comm import GATHER
+    from training.comm import gather_rows
 
-        every = torch.empty(world * local.numel(), dtype=torch.uint8, device=device)
-        getattr(dist, GATHER)(every, local)
-        per_rank = every.cpu().view(world, -1)
-    else:
-        per_rank = local.cpu().view(1, -1)
+    mine = local_manifests(rank_dir)
+    row = b"".join(bytes.fromhex(mine[s]) if s in mine else bytes(32) for s in candidates)
     held = []
-    for r in range(world):
-        cells = {s: bytes(per_rank[r, i * 32:(i + 1) * 32].tolist()) for i, s in enumerate(candidates)}
+    for got in gather_rows(row, device):
+        cells = {s: got[i * 32:(i + 1) * 32] for i, s in enumerate(candidates)}
         held.append({s: c.hex() for s, c in cells.items() if c != bytes(32)})
     return latest_common(held)
 

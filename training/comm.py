@@ -114,19 +114,26 @@ class Ledger:
 
 # ---------------------------------------------------------------- digests as fixed-size bytes
 
-def agree(name: str, hexdigest: str, device: torch.device | str = "cpu") -> list[str]:
-    """All-gather a sha256 hex digest as 32 raw bytes; raise `DigestMismatch` unless all equal.
+def gather_rows(row: bytes, device: torch.device | str = "cpu") -> list[bytes]:
+    """Every rank's `row` (the same length on each), in rank order: one fixed-size all-gather.
 
-    No object collectives: nothing a peer sends is ever unpickled.
+    No object collectives: nothing a peer sends is ever unpickled. Without a process group, [row].
     """
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if world == 1:
+        return [row]
+    mine = torch.tensor(list(row) or [0], dtype=torch.uint8, device=device)
+    every = torch.empty(world * mine.numel(), dtype=torch.uint8, device=device)
+    getattr(dist, GATHER)(every, mine)
+    return [bytes(r)[:len(row)] for r in every.cpu().view(world, -1).tolist()]
+
+
+def agree(name: str, hexdigest: str, device: torch.device | str = "cpu") -> list[str]:
+    """All-gather a sha256 hex digest as 32 raw bytes; raise `DigestMismatch` unless all equal."""
     raw = bytes.fromhex(hexdigest)
     if len(raw) != 32:
         raise ValueError(f"{name}: expected a sha256 hex digest, got {hexdigest!r}")
-    world = dist.get_world_size()
-    mine = torch.tensor(list(raw), dtype=torch.uint8, device=device)
-    every = torch.empty(world * 32, dtype=torch.uint8, device=device)
-    getattr(dist, GATHER)(every, mine)
-    digests = [bytes(every[r * 32:(r + 1) * 32].cpu().tolist()).hex() for r in range(world)]
+    digests = [r.hex() for r in gather_rows(raw, device)]
     if len(set(digests)) != 1:
         lines = ", ".join(f"rank {r} has {d}" for r, d in enumerate(digests))
         raise DigestMismatch(f"ranks disagree on the {name} digest: {lines}")

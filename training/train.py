@@ -81,22 +81,13 @@ def set_aside_unfinished(home: Path, arm: str, world: int) -> bool:
 def _publish(trainer: Any, rank_dir: Path, step: int, identity: dict[str, Any], device: Any,
              die_before_manifest: bool = False) -> dict[str, Any]:
     """Write this rank's state, exchange receipt digests, write the common manifest, confirm."""
-    import torch.distributed as dist
-
     from training import comm
     from training.trainer import all_or_none
 
     t0 = time.perf_counter()
     with all_or_none(f"writing checkpoint step {step}", device):
         fig = write_rank_state(rank_dir, step, trainer.state(), identity)
-    world = identity["world_size"]
-    if world > 1:
-        raw = torch_bytes(fig["receipt_digest"], device)
-        every = raw.new_empty(world * 32)
-        getattr(dist, comm.GATHER)(every, raw)
-        digests = [bytes(every[r * 32:(r + 1) * 32].cpu().tolist()).hex() for r in range(world)]
-    else:
-        digests = [fig["receipt_digest"]]
+    digests = [r.hex() for r in comm.gather_rows(bytes.fromhex(fig["receipt_digest"]), device)]
     common = {k: identity[k] for k in ("experiment", "profile", "arm", "prepared_digest",
                                        "numerical_profile")}
     if die_before_manifest:
@@ -105,12 +96,6 @@ def _publish(trainer: Any, rank_dir: Path, step: int, identity: dict[str, Any], 
         write_manifest(rank_dir, step, digests, common)
     fig["publish_seconds"] = time.perf_counter() - t0
     return fig
-
-
-def torch_bytes(hexdigest: str, device: Any) -> Any:
-    import torch
-
-    return torch.tensor(list(bytes.fromhex(hexdigest)), dtype=torch.uint8, device=device)
 
 
 def _restore(trainer: Any, rank_dir: Path, rank: int, every: int | None, updates: int, device: Any,
