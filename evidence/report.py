@@ -29,6 +29,7 @@ from evidence.attempts import attempt_number, attempts
 from evidence.canonical import canonical_sha256, file_sha256, read_json, write_json_atomic
 from evidence.checker import check_answer
 from evidence.commitments import CommitmentLog
+from evidence.inputs import changed_input, global_losses, load_cases
 from evidence.receipts import verify_receipt
 from evidence.serving import ServingEvidenceError, check_probe
 from evidence.serving import gates as serving_gates
@@ -139,25 +140,22 @@ def build_report(home: str | Path) -> dict[str, Any]:
     home = Path(home)
     log = CommitmentLog(home)
     entries, sel_entry = _check_sequence(log)
-    prepared = read_json(home / "prepared.json")
-    for name, digest in prepared["inputs"].items():  # prepared.json itself is a committed subject
-        p = home / "inputs" / name
-        if not p.is_file() or file_sha256(p) != digest:
-            raise EvidenceError(f"prepared input {p} is missing or differs from its committed hash")
+    prepared = read_json(home / "prepared.json")  # itself a committed subject, checked above
+    bad = changed_input(home, prepared)
+    if bad is not None:
+        raise EvidenceError(f"prepared input {bad} is missing or differs from its committed hash")
     exp = prepared["experiment"]["experiment"]
     acc = exp["acceptance"]
     selection = read_json(home / "selection.json")
     cands = {c["arm"]: c for c in read_json(home / "candidates.json")["candidates"]}
     schedule = read_json(home / "inputs" / "schedule.json")["updates"]
-    cases = {json.loads(line)["case_id"]: json.loads(line)
-             for line in (home / "inputs" / "tasks.jsonl").read_text().splitlines() if line}
+    cases = load_cases(home)
 
     arms: dict[str, Any] = {}
     for name, cand in cands.items():
         results = _check_ranks(home, cand, schedule)
         n = len(results[0]["updates"])
-        losses = [sum(r["updates"][u]["loss_sum_local"] for r in results)
-                  / results[0]["updates"][u]["weighted_targets_global"] for u in range(n)]
+        losses = global_losses([r["updates"] for r in results])
         ckpt = [sum(c["publish_seconds"] for c in r.get("checkpoints", {}).get("published", []))
                 for r in results]
         t = [r["timers"] for r in results]

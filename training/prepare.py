@@ -35,6 +35,7 @@ from typing import Any
 
 from evidence.canonical import canonical_sha256, file_sha256, read_json, write_json_atomic
 from evidence.commitments import CommitmentError, CommitmentLog
+from evidence.inputs import changed_input, load_cases  # noqa: F401 — load_cases: host stages import it here
 from training import corpus as corpus_mod
 from training import replay as replay_mod
 from training.config import Resolved
@@ -407,13 +408,7 @@ def require_prepared(home: str | os.PathLike[str]) -> dict[str, Any]:
     except CommitmentError as e:
         raise PrepareError(f"{e} (run `python -m training prepare --home {home} …`)") from None
     prepared = read_json(home / PREPARED)
-    for name, digest in prepared["inputs"].items():
-        p = home / "inputs" / name
-        if not p.is_file() or file_sha256(p) != digest:
-            raise PrepareError(f"prepared input {p} is missing or differs from its committed hash")
+    bad = changed_input(home, prepared)
+    if bad is not None:
+        raise PrepareError(f"prepared input {bad} is missing or differs from its committed hash")
     return prepared
-
-
-def load_cases(home: str | os.PathLike[str]) -> dict[str, dict[str, Any]]:
-    with open(Path(home) / "inputs" / "tasks.jsonl", encoding="utf-8") as f:
-        return {row["case_id"]: row for row in map(json.loads, f)}

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from evidence.canonical import read_json
+from evidence.inputs import global_losses
 
 
 def result_paths(home: Path, arm: str, world: int) -> list[Path]:
@@ -23,15 +24,6 @@ def finished(home: Path, arm: str, world: int) -> bool:
 
 def load_results(home: Path, arm: str, world: int) -> list[dict[str, Any]]:
     return [read_json(p) for p in result_paths(home, arm, world)]
-
-
-def global_losses(rank_updates: list[list[dict[str, Any]]]) -> list[float]:
-    """Σ_r loss_sum_r / W per update, from every rank's records."""
-    out = []
-    for recs in zip(*rank_updates):
-        w = recs[0]["weighted_targets_global"]
-        out.append(sum(r["loss_sum_local"] for r in recs) / w)
-    return out
 
 
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:

@@ -1,0 +1,33 @@
+"""A prepared home's committed inputs, read the same way by the host stages and by the report:
+the check that every input still has its committed hash, the task cases, and the global loss of an
+update recomputed from every rank's records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from evidence.canonical import file_sha256
+
+
+def changed_input(home: Path, prepared: dict[str, Any]) -> Path | None:
+    """The first input of `prepared.json` that is missing or no longer has its committed hash."""
+    for name, digest in prepared["inputs"].items():
+        p = Path(home) / "inputs" / name
+        if not p.is_file() or file_sha256(p) != digest:
+            return p
+    return None
+
+
+def load_cases(home: str | Path) -> dict[str, dict[str, Any]]:
+    """Every task case of the home (all splits), by case id."""
+    with open(Path(home) / "inputs" / "tasks.jsonl", encoding="utf-8") as f:
+        return {row["case_id"]: row for row in map(json.loads, f)}
+
+
+def global_losses(rank_updates: list[list[dict[str, Any]]]) -> list[float]:
+    """Σ_r loss_sum_r / W per update, from every rank's records (W: the update's global weighted
+    target count): DDP needs no extra collective to report it, and anyone can recompute it."""
+    return [sum(r["loss_sum_local"] for r in recs) / recs[0]["weighted_targets_global"]
+            for recs in zip(*rank_updates)]
