@@ -84,6 +84,18 @@ def throughput(home: Path, results: list[dict], world: int, peak: float | None) 
     return out
 
 
+def adjust(cfg, ranks: int | None, checkpoint_every: int | None):
+    """The benchmark's overrides, applied before `prepare` so the prepared inputs record them."""
+    if ranks:
+        arms = [a.model_copy(update={"world_size": ranks}) if a.world_size > 1 else a
+                for a in cfg.experiment.arms]
+        cfg = cfg.model_copy(update={"experiment": cfg.experiment.model_copy(update={"arms": arms})})
+    if checkpoint_every:
+        cfg = cfg.model_copy(update={"profile": cfg.profile.model_copy(
+            update={"checkpoint_every": checkpoint_every})})
+    return cfg
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--profile", default="smoke")
@@ -96,7 +108,16 @@ def main() -> int:
     ap.add_argument("--label", default="", help="a name for this run's setting, e.g. nvlink or sockets")
     ap.add_argument("--peak", action="store_true", help="measure the bf16 matmul peak of GPU 0 and "
                                                         "report model FLOP utilization per arm")
+    ap.add_argument("--ranks", type=int, help="run every multi-rank arm on this many ranks instead "
+                                              "(e.g. ddp-four and diloco-four as pairs on 2 GPUs); "
+                                              "the arm keeps its name, results record the world size")
+    ap.add_argument("--checkpoint-every", type=int, help="publish group checkpoints every N updates")
+    ap.add_argument("--io-baseline", action="store_true", help="each rank also times a plain write "
+                                                               "+ fsync of one checkpoint's bytes "
+                                                               "(TRIAL_IO_BASELINE=1)")
     args = ap.parse_args()
+    if args.io_baseline:
+        os.environ["TRIAL_IO_BASELINE"] = "1"  # inherited by the rank processes
     wanted = set(args.arms.split(",")) if args.arms else None
     peak = measure_bf16_peak() if args.peak else None
     if peak:
@@ -112,6 +133,7 @@ def main() -> int:
     previous = None
     t_all = time.monotonic()
     for cfg in chain:
+        cfg = adjust(cfg, args.ranks, args.checkpoint_every)
         home = work / f"{cfg.experiment.name}-{args.profile}"
         prepare(cfg, home, md, previous_home=str(previous) if previous else None)
         previous = home
@@ -129,14 +151,30 @@ def main() -> int:
             if arm.kind == "powersgd":
                 s["powersgd"] = powersgd_split(results)
             s["throughput"] = throughput(home, results, arm.world_size, peak)
+            s["whole_process_seconds"] = max(r["resources"]["wall_seconds_since_start"] for r in results)
+            s["checkpoint_io"] = [r["checkpoints"]["io"] for r in results if r["checkpoints"]["io"]]
             rows.append(s)
-        names = {a.name for a in keep}
-        if cfg.experiment.name == "local-training-windows" and {"diloco-four", "ddp-four"} <= names:
-            by = {s["arm"]: s for s in rows if s["experiment"] == cfg.experiment.name}
-            h = load_results(home, "diloco-four", 4)[0]["numerical_profile"]["arm"]["sync_every"]
+        by = {s["arm"]: s for s in rows if s["experiment"] == cfg.experiment.name}
+        if {"diloco-four", "ddp-four"} <= set(by):
+            h = load_results(home, "diloco-four", cfg.arm("diloco-four").world_size)[0][
+                "numerical_profile"]["arm"]["sync_every"]
             ratio = by["diloco-four"]["payload_bytes_per_update"] / by["ddp-four"]["payload_bytes_per_update"]
             checks["diloco_over_ddp_payload"] = {"ratio": ratio, "sync_every": h, "one_over_h": 1 / h,
                                                  "exact": ratio == 1 / h}
+            active = (by["diloco-four"]["throughput"]["active_seconds"]
+                      / by["ddp-four"]["throughput"]["active_seconds"])
+            checks["diloco_over_ddp_active"] = {"ratio": active, "target_max": 0.12,
+                                                "met": active <= 0.12}
+        if {"powersgd-pair", "single"} <= set(by):
+            ps, one = by["powersgd-pair"], by["single"]
+            checks["powersgd"] = {
+                "payload_over_dense": (ps["powersgd"]["compressed_payload_bytes_per_update"]
+                                       / ps["powersgd"]["dense_payload_bytes_per_update"]),
+                "active_speedup_vs_single": one["throughput"]["active_seconds"] / ps["throughput"]["active_seconds"],
+                "whole_process_speedup_vs_single": one["whole_process_seconds"] / ps["whole_process_seconds"],
+                "median_step_speedup_vs_single": (one["throughput"]["step_seconds_median"]
+                                                  / ps["throughput"]["step_seconds_median"]),
+                "targets": {"payload_over_dense_max": 1 / 40, "speedup_min": 1.10}}
 
     print(f"\n{'experiment':23} {'arm':15} {'ranks':>5} {'upd':>4} {'step s med':>10} {'step s mean':>11} "
           f"{'loop s':>7} {'payload B/update':>17} {'ring wire B/update':>19}")
@@ -155,6 +193,22 @@ def main() -> int:
     if c:
         print(f"\nDiLoCo / DDP logical payload per update = {c['ratio']!r}; 1/H = 1/{c['sync_every']} = "
               f"{c['one_over_h']!r}: {'exact' if c['exact'] else 'NOT EQUAL'}")
+        a = checks["diloco_over_ddp_active"]
+        print(f"DiLoCo / DDP active time = {a['ratio']:.4f} (target ≤ 0.12: {'met' if a['met'] else 'NOT met'})")
+    if "powersgd" in checks:
+        p = checks["powersgd"]
+        print(f"PowerSGD compressed / dense payload = {p['payload_over_dense']:.4f} (≤ 1/40 = 0.025); "
+              f"speedup vs single: active {p['active_speedup_vs_single']:.3f}, whole process "
+              f"{p['whole_process_speedup_vs_single']:.3f}, median update "
+              f"{p['median_step_speedup_vs_single']:.3f} (targets ≥ 1.10)")
+    for s in rows:
+        for r, io in enumerate(s["checkpoint_io"]):
+            if io.get("checkpoint_write_seconds_mean"):
+                rate = io["plain_write_bytes"] / io["plain_write_seconds"]
+                print(f"{s['arm']} rank {r}: checkpoint write {io['checkpoint_write_seconds_mean']:.2f} s, "
+                      f"plain write + fsync of {io['plain_write_bytes'] / 1e9:.2f} GB {io['plain_write_seconds']:.2f} s "
+                      f"({rate / 1e9:.2f} GB/s): checkpoint at {1 / io['write_over_plain']:.1%} of the "
+                      f"plain rate (target ≥ 80 %)")
     for s in rows:
         if "powersgd" in s:
             p = s["powersgd"]

@@ -2,38 +2,69 @@
 # One call on the lent 2-GPU machine (issue #9), writing under $OUT:
 #   tests     the arms' equivalence tests on CUDA with NCCL (tests/test_arms.py, 2-rank cases)
 #   recovery  the recovery trial on 2 GPUs (clean-pair, cuda-smoke: kill rank 1 after 11, resume from 8)
-#   profile   a torch.profiler breakdown of the 1.7B batched single arm, per profile in $PROFILES
-# STEPS (default "tests recovery profile") picks them; PROFILES defaults to gpu-bench.
-#   carry: .whl (pure-Python wheels the image lacks), .seeds/tiny
+#   io        bench/checkpoint_io.py: checkpoint write against a plain write + fsync, from GPU tensors
+#   profile   the 1.7B batched single arm per profile in $PROFILES (default gpu-bench), with the
+#             bf16 peak, a torch.profiler table of updates 2-4, and $BENCH_FLAGS (e.g.
+#             "--checkpoint-every 16 --io-baseline")
+#   sockets   the 2-rank arms ($SOCKET_ARMS) over NCCL TCP sockets on loopback, profile
+#             $SOCKET_PROFILE, multi-rank arms run as pairs (--ranks 2)
+# STEPS (default "tests recovery profile") picks them, run in the order given.
+#   carry: .whl (pure-Python wheels the image lacks), .seeds/tiny, and .inductor when a previous
+#   call left one (torch.compile's cache: kernels compiled there are reused here)
 set -uo pipefail
+exec > >(tee "$OUT/session.log") 2>&1  # what ran so far comes back even if the call runs out of time
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export TORCHINDUCTOR_CACHE_DIR=$PWD/.inductor
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
 STEPS=${STEPS:-tests recovery profile}
 nvidia-smi -L
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+df -h /tmp | tail -1
 s=$SECONDS
-if [[ $STEPS == *tests* ]]; then
-  TRIAL_TEST_DEVICE=cuda TRIAL_TEST_TINY_SEED=$PWD/.seeds/tiny timeout 300 python3 -m pytest -q -p no:cacheprovider \
-    --tb=short tests/test_arms.py -k "not four and not diloco_equals and not outer_step and not chunked_mean" \
+seed17() {
+  [[ -d /tmp/seed-local ]] && return
+  python3 bench/make_arch_seed.py --tokenizer-from .seeds/tiny --out /tmp/arch >/dev/null && \
+    python3 -m training seed --kind local --source /tmp/arch --out /tmp/seed-local >/dev/null && rm -rf /tmp/arch
+  echo "1.7B seed: $((SECONDS - s)) s"; s=$SECONDS
+}
+step_tests() {
+  TRIAL_TEST_DEVICE=cuda TRIAL_TEST_TINY_SEED=$PWD/.seeds/tiny timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider \
+    --tb=short tests/test_arms.py -k "${TEST_K:-not four and not diloco_equals and not outer_step_formula and not chunked_mean}" \
     > "$OUT/cuda-arms-tests.txt" 2>&1
   grep -E "^E |passed|failed" "$OUT/cuda-arms-tests.txt" | tail -30
   echo "arms tests on CUDA: $((SECONDS - s)) s"; s=$SECONDS
-fi
-if [[ $STEPS == *recovery* ]]; then
+}
+step_recovery() {
   timeout 300 python3 -m orchestrate recovery-trial --arm clean-pair --profile cuda-smoke --from-step 8 \
     --kill-after 11 --out /tmp/rec --seeds .seeds 2>&1 | tail -8 | tee "$OUT/recovery-cuda.txt"
   cp /tmp/rec/recovery-comparison.json "$OUT/recovery-comparison-cuda.json" 2>/dev/null
   echo "recovery trial on CUDA: $((SECONDS - s)) s"; s=$SECONDS
-fi
-if [[ $STEPS == *profile* ]]; then
-  python3 bench/make_arch_seed.py --tokenizer-from .seeds/tiny --out /tmp/arch >/dev/null && \
-    python3 -m training seed --kind local --source /tmp/arch --out /tmp/seed-local >/dev/null
-  echo "1.7B seed: $((SECONDS - s)) s"; s=$SECONDS
+}
+step_io() {
+  timeout 120 python3 bench/checkpoint_io.py --gib ${IO_GIB:-8} --repeats 2 --dir /tmp/ckio --out "$OUT/checkpoint-io.json"
+  echo "checkpoint io: $((SECONDS - s)) s"; s=$SECONDS
+}
+step_profile() {
+  seed17
   for p in ${PROFILES:-gpu-bench}; do
-    TRIAL_PROFILE=$OUT/prof-$p timeout 440 python3 bench/arms_bench.py --profile "$p" --model-dir /tmp/seed-local \
+    TRIAL_PROFILE=$OUT/prof-$p timeout 480 python3 bench/arms_bench.py --profile "$p" --model-dir /tmp/seed-local \
       --arms batched-learning:single --max-world 1 --peak --label "profile $p" --work "/tmp/work-$p" \
-      --out "$OUT/single-$p.json" 2>&1 | grep -E "MFU|bf16|Error|error|step s|single " | tail -8
+      ${BENCH_FLAGS:-} --out "$OUT/single-$p.json" 2>&1 | grep -E "MFU|bf16|Error|error|step s|single |checkpoint" | tail -12
+    rm -rf "/tmp/work-$p"
     echo "profiled $p: $((SECONDS - s)) s"; s=$SECONDS
   done
-fi
+}
+step_sockets() {
+  seed17
+  NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 NCCL_ALGO=Ring NCCL_PROTO=Simple \
+    timeout ${SOCKET_TIMEOUT:-420} python3 bench/arms_bench.py --profile "${SOCKET_PROFILE:-gpu-bench}" --model-dir /tmp/seed-local \
+    --arms "${SOCKET_ARMS:-ddp-four,diloco-four}" --ranks 2 --max-world 2 --peak --label sockets \
+    --work /tmp/work-sockets --out "$OUT/sockets.json" > "$OUT/sockets.log" 2>&1
+  grep -vE "^  update|^\s*$" "$OUT/sockets.log" | tail -30
+  echo "sockets: $((SECONDS - s)) s"; s=$SECONDS
+}
+for step in $STEPS; do
+  "step_$step"
+done
+ls -la "$OUT"

@@ -34,14 +34,19 @@ def _walk(root: Path, exclude: Iterable[str]) -> list[str]:
 
 
 def make_receipt(
-    root: str | os.PathLike[str], *, meta: dict[str, Any] | None = None, exclude: Iterable[str] = ()
+    root: str | os.PathLike[str], *, meta: dict[str, Any] | None = None, exclude: Iterable[str] = (),
+    hashed: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Hash every regular file under `root` (hidden files and `exclude` left out)."""
+    """Hash every regular file under `root` (hidden files and `exclude` left out).
+
+    `hashed` gives the sha256 of files hashed as they were written (a checkpoint of gigabytes is
+    then not read back a second time here); every other file is read and hashed."""
     root = Path(root)
     files = {}
+    hashed = hashed or {}
     for rel in _walk(root, [RECEIPT_NAME, *exclude]):
         p = root / rel
-        files[rel] = {"sha256": file_sha256(p), "bytes": p.stat().st_size}
+        files[rel] = {"sha256": hashed.get(rel) or file_sha256(p), "bytes": p.stat().st_size}
     receipt: dict[str, Any] = {"files": files, "meta": meta or {}}
     receipt["digest"] = receipt_digest(receipt)
     return receipt

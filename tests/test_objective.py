@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dist_cases import synthetic_corpus
-from training.objective import WeightedResponseLoss, collate, make_microbatches
+from training.objective import WeightedResponseLoss, collate, collate_packed, make_microbatches
 
 SPECS = [(14, 5, 8), (9, 3, 1), (20, 12, 8), (9, 8, 1)]  # (length, prompt, weight); last: 1 target
 
@@ -70,3 +70,51 @@ def test_weighted_loss_equals_hugging_face_masked_loss(tiny_seed):
         flat = float(WeightedResponseLoss(model)(mb.input_ids, mb.attention_mask, mb.rows, mb.cols,
                                                  mb.labels, torch.ones_like(mb.weights)))
     assert abs(flat - got) > 0.1 * got
+
+
+def test_packed_row_holds_every_document_once_with_restarting_positions():
+    corpus = synthetic_corpus(SPECS, 3)
+    mb = collate_packed(corpus, [0, 1, 2, 3], pad_id=2, pad_multiple=16)
+    n_real = sum(n for n, _, _ in SPECS)
+    assert mb.input_ids.shape == (1, 64) and mb.attention_mask is None  # 52 tokens, rounded up to 64
+    starts = np.cumsum([0] + [n for n, _, _ in SPECS])
+    for d, (n, p, w) in enumerate(SPECS):
+        a = int(starts[d])
+        assert mb.input_ids[0, a:a + n].tolist() == corpus.doc(d).tolist()
+        assert mb.position_ids[0, a:a + n].tolist() == list(range(n))
+    assert mb.position_ids[0, n_real:].tolist() == list(range(64 - n_real))  # the tail: its own sequence
+    assert (mb.input_ids[0, n_real:] == 2).all()
+    assert torch.equal(mb.input_ids[mb.rows, mb.cols + 1], mb.labels)
+    padded = collate(corpus, [0, 1, 2, 3], pad_id=2)
+    assert torch.equal(mb.labels, padded.labels) and torch.equal(mb.weights, padded.weights)
+    assert mb.weighted_targets == padded.weighted_targets
+    assert int(mb.cols.max()) < n_real - 1  # no target is predicted from the tail
+
+
+def test_packed_loss_and_gradients_equal_the_padded_ones(tiny_seed):
+    """Packing changes only where the tokens sit: Hugging Face's mask keeps each document's attention
+    inside itself, so the sum and every gradient match the padded batch. Without restarting
+    positions the documents would see each other, and the loss moves (the check can fail)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_seed), dtype=torch.float32)
+    loss = WeightedResponseLoss(model)
+    corpus = synthetic_corpus(SPECS, 3)
+    padded = collate(corpus, [0, 1, 2, 3], pad_id=2)
+    packed = collate_packed(corpus, [0, 1, 2, 3], pad_id=2, pad_multiple=16)
+
+    def run(mb):
+        model.zero_grad(set_to_none=True)
+        out = loss(*mb.args())
+        out.backward()
+        return float(out.detach()), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    want, g_want = run(padded)
+    got, g_got = run(packed)
+    assert got == pytest.approx(want, rel=1e-5)
+    for name, g in g_want.items():
+        torch.testing.assert_close(g_got[name], g, rtol=1e-4, atol=1e-6, msg=name)
+    seeing = collate_packed(corpus, [0, 1, 2, 3], pad_id=2)
+    seeing.position_ids = torch.arange(seeing.input_ids.shape[1])[None]  # one long sequence
+    with torch.no_grad():
+        assert abs(float(loss(*seeing.args())) - want) > 1e-3 * want

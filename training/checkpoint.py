@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from evidence.attempts import next_attempt
-from evidence.canonical import canonical_sha256, fsync_dir, fsync_file, read_json, write_json_atomic
+from evidence.canonical import canonical_sha256, fsync_dir, read_json, write_json_atomic
 from evidence.receipts import ReceiptError, make_receipt, verify_receipt
 from training.errors import TrainError
 
@@ -73,16 +73,56 @@ def write_rank_state(rank_dir: Path, step: int, state: dict[str, Any], identity:
         stale.parent.mkdir(parents=True, exist_ok=True)
         tmp.rename(stale)
     tmp.mkdir(parents=True)
-    torch.save(state, tmp / STATE)
-    fsync_file(tmp / STATE)
+    digest = save_hashed(state, tmp / STATE)
     receipt = make_receipt(tmp, meta={"format": FORMAT, **identity, "step": step},
-                           exclude=["host.json"])
+                           exclude=["host.json"], hashed={STATE: digest})
     write_json_atomic(tmp / "receipt.json", receipt)
     write_json_atomic(tmp / "host.json", {"hostname": socket.gethostname(), "pid": os.getpid()})  # fsyncs tmp
     tmp.rename(final)
     fsync_dir(final.parent)
     return {"step": step, "receipt_digest": receipt["digest"], "bytes": (final / STATE).stat().st_size,
             "seconds": time.perf_counter() - t0}
+
+
+class _HashingWriter:
+    """A file that hashes what passes through it: sha256 runs on a second thread over the same
+    buffer while this one writes it (both release the GIL), so hashing adds little to the write."""
+
+    def __init__(self, fh: Any, pool: Any):
+        import hashlib
+
+        self.fh, self.pool, self.h = fh, pool, hashlib.sha256()
+
+    def write(self, b: Any) -> int:
+        pending = self.pool.submit(self.h.update, b)
+        try:
+            n = self.fh.write(b)
+        finally:
+            pending.result()  # torch may reuse the buffer once write returns
+        return n
+
+    def flush(self) -> None:
+        self.fh.flush()
+
+
+def save_hashed(obj: Any, path: Path) -> str:
+    """torch.save `obj` to `path`, fsync it, and return the sha256 of the bytes written, without
+    reading the file back (a 1.7B model's training state is ~20 GB per rank)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    crc = torch.serialization.get_crc32_options()
+    # the zip records' CRC32 is a second checksum pass over every byte; the sha256 taken here (and
+    # re-checked before any load) already covers them, and torch.load reads CRC-less files
+    torch.serialization.set_crc32_options(False)
+    try:
+        with open(path, "wb") as fh, ThreadPoolExecutor(1, thread_name_prefix="sha256") as pool:
+            w = _HashingWriter(fh, pool)
+            torch.save(obj, w)
+            fh.flush()
+            os.fsync(fh.fileno())
+    finally:
+        torch.serialization.set_crc32_options(crc)
+    return w.h.hexdigest()
 
 
 def write_manifest(rank_dir: Path, step: int, digests: list[str], common: dict[str, Any]) -> str:

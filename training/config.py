@@ -80,6 +80,7 @@ class Profile(_Strict):
     checkpoint_every: int | None = None  # publish a group checkpoint every N updates (and the last)
     compile: bool = False  # torch.compile the training step's model (fuses norms, RoPE, SwiGLU)
     fused_optimizer: bool = False  # AdamW's fused CUDA kernel instead of the foreach one
+    pack: bool = False  # a microbatch's documents in one row (no padding); FlexAttention on CUDA
 
     @model_validator(mode="after")
     def _ranges(self) -> "Profile":
@@ -93,6 +94,9 @@ class Profile(_Strict):
         for name in ("tasks", "replay", "dev", "test", "probes", "updates", "max_context"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
+        if self.pack and self.device == "cuda" and not self.compile:  # the trainer refuses it too
+            raise ValueError("pack = true on CUDA needs compile = true (FlexAttention runs inside "
+                             "the compiled decoder)")
         return self
 
 

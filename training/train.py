@@ -294,7 +294,8 @@ def _spec(arm: Arm, cfg: Resolved, plan: list[list[int]], world: int, rank: int,
         outer_lr=arm.outer_lr, outer_momentum=arm.outer_momentum,
         powersgd_rank=arm.powersgd_rank,
         dense_warmup=(prof.dense_warmup or arm.dense_warmup) if arm.kind == "powersgd" else None,
-        autocast_dtype=autocast, compile=prof.compile, fused_optimizer=prof.fused_optimizer)
+        autocast_dtype=autocast, compile=prof.compile, fused_optimizer=prof.fused_optimizer,
+        pack=prof.pack)
 
 
 def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_name: str, *,
@@ -306,6 +307,7 @@ def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_n
 
     from training import comm, runtime
     from training.corpus import Corpus
+    from training.objective import packed_attention
     from training.prepare import require_prepared
     from training.seed import load_tokenizer, verify_seed
     from training.trainer import Trainer, all_or_none, barrier_ok, bucket_cap_mb, parameter_digest
@@ -396,11 +398,12 @@ def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_n
                     "chunk_bytes": spec.chunk_bytes, "lr": spec.lr, "warmup": spec.warmup,
                     "weight_decay": spec.weight_decay, "grad_clip": spec.grad_clip,
                     "betas": list(spec.betas), "eps": spec.eps, "powersgd_seed": spec.powersgd_seed,
+                    "powersgd_batch_same_shape": spec.kind == "powersgd",
                     "ddp_bucket_cap_mb": bucket_cap_mb(spec.kind, device.type, model),
                     "rng_seed": "generator_seed * 1000003 + rank", "compile": spec.compile,
-                    "fused_optimizer": spec.fused_optimizer and device.type == "cuda"}
-    numerics = runtime.numerical_profile(device, dtype=prof.dtype, arm=arm_numerics,
-                                         attention=str(model.config._attn_implementation))
+                    "fused_optimizer": spec.fused_optimizer and device.type == "cuda", "pack": spec.pack}
+    attention = packed_attention(device) if spec.pack else str(model.config._attn_implementation)
+    numerics = runtime.numerical_profile(device, dtype=prof.dtype, arm=arm_numerics, attention=attention)
     numerics_digest = runtime.profile_digest(numerics)
 
     ledger = comm.Ledger(info.world_size)

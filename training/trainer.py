@@ -27,7 +27,7 @@ from torch import nn
 from training.comm import CHUNK_BYTES, Ledger
 from training.corpus import Corpus
 from training.diloco import OuterNesterov
-from training.objective import WeightedResponseLoss, make_microbatches, weighted_targets
+from training.objective import WeightedResponseLoss, make_microbatches, packed_attention, weighted_targets
 
 Kind = Literal["single", "ddp", "powersgd", "diloco"]
 
@@ -54,6 +54,7 @@ class TrainSpec:
     chunk_bytes: int = CHUNK_BYTES
     compile: bool = False  # torch.compile of the decoder: same math, fused kernels
     fused_optimizer: bool = False  # AdamW(fused=True) on CUDA
+    pack: bool = False  # each microbatch's documents in one row, no padding (same sum)
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
 
@@ -94,21 +95,33 @@ class TrainSpec:
 
 
 def bucket_cap_mb(kind: str, device_type: str, model: nn.Module) -> int | None:
-    """DDP's bucket size: the default, except PowerSGD over gloo gets one bucket.
+    """DDP's bucket size: the default, except PowerSGD gets one bucket holding every gradient.
 
-    PowerSGD issues each bucket's Q all-reduce from a callback of its P all-reduce. CUDA (NCCL)
-    futures complete when the work is enqueued, so the callbacks run in bucket order on every rank;
-    gloo's complete when the bytes arrive, so with several buckets one rank can issue bucket k's Q
-    before bucket k+1's P while its peer does the opposite, and gloo aborts on the size mismatch
-    (seen with the 135M model: "18432 vs 2304"). One bucket leaves one chain.
+    On gloo that is needed: PowerSGD issues each bucket's Q all-reduce from a callback of its P
+    all-reduce, and gloo's futures complete when the bytes arrive, so with several buckets one rank
+    can issue bucket k's Q before bucket k+1's P while its peer does the opposite, and gloo aborts on
+    the size mismatch (seen with the 135M model: "18432 vs 2304"). On CUDA it is what makes
+    PowerSGD cheap: with one bucket, every same-shaped matrix of the model is compressed in one
+    batched matmul and one batched QR (`batch_tensors_with_same_shape`), where DDP's 25 MB buckets
+    meant ~270 hook calls with a QR per matrix (1.7B pair over sockets, 2 × H200: median update
+    0.96 s before, 0.81 s after; the single arm's is 0.72 s).
     """
-    if kind == "powersgd" and device_type != "cuda":
+    if kind == "powersgd":
         total = sum(p.numel() * p.element_size() for p in model.parameters())
         return total // (1 << 20) + 1
     return None
 
 
 PAD_MULTIPLE = 256  # microbatch widths under torch.compile: at most max_context / 256 graphs
+PACK_MULTIPLE = 1024  # packed row lengths under torch.compile: a few graphs, under 1024 padded
+
+
+def pad_multiple(spec: TrainSpec) -> int | None:
+    """What a microbatch's width is rounded up to: only under torch.compile, where every new width
+    is a new graph; packed rows are several documents long, so they take a coarser step."""
+    if not spec.compile:
+        return None
+    return PACK_MULTIPLE if spec.pack else PAD_MULTIPLE
 
 
 @dataclass
@@ -123,6 +136,14 @@ class Trainer:
     def __post_init__(self) -> None:
         s = self.spec
         self.model.to(self.device).train()
+        if s.pack:  # a packed row needs attention that stays inside each document
+            if self.device.type == "cuda" and not s.compile:
+                # seen on torch 2.11 (2 × H200, 2026-11-30): Hugging Face's own compiled wrapper
+                # around FlexAttention fails in Inductor's lowering of the backward
+                # (NoValidChoicesError); inside the compiled decoder it trains as padded does
+                raise ValueError("pack = true on CUDA needs compile = true (FlexAttention runs "
+                                 "inside the compiled decoder)")
+            self.model.set_attn_implementation(packed_attention(self.device))
         self.loss = WeightedResponseLoss(self.model)
         self.engine: nn.Module = self.loss
         self.powersgd_state = None
@@ -148,7 +169,7 @@ class Trainer:
                 self.powersgd_state = powerSGD_hook.PowerSGDState(
                     process_group=None, matrix_approximation_rank=s.powersgd_rank,
                     start_powerSGD_iter=s.dense_warmup, use_error_feedback=True, warm_start=True,
-                    random_seed=s.powersgd_seed)
+                    random_seed=s.powersgd_seed, batch_tensors_with_same_shape=True)
                 real = lambda bucket: powerSGD_hook.powerSGD_hook(self.powersgd_state, bucket)  # noqa: E731
 
             def hook(_state, bucket):
@@ -161,8 +182,8 @@ class Trainer:
 
             self._warming = False
             self.engine.register_comm_hook(None, hook)
-        if s.compile:  # the decoder, in place (parameter names unchanged); widths padded to
-            # PAD_MULTIPLE give a few static graphs, each compiled once; the loss head stays eager
+        if s.compile:  # the decoder, in place (parameter names unchanged); widths rounded up by
+            # pad_multiple() give a few static graphs, each compiled once; the loss head stays eager
             self.model.get_decoder().compile(dynamic=False)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=s.lr, betas=s.betas, eps=s.eps,
@@ -209,7 +230,7 @@ class Trainer:
         scale = {"single": 1.0 / w_global, "ddp": s.world_size / w_global,
                  "powersgd": s.world_size / w_global, "diloco": 1.0 / w_local}[s.kind]
         mbs = make_microbatches(self.corpus, local, s.microbatch, pad_id=self.pad_id,
-                                sort_by_length=s.sort_by_length, pad_multiple=PAD_MULTIPLE if s.compile else None)
+                                sort_by_length=s.sort_by_length, pad_multiple=pad_multiple(s), pack=s.pack)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         with self.ledger.phase("gradient"):
             for i, mb in enumerate(mbs):
@@ -323,7 +344,7 @@ class Trainer:
         """
         mb = make_microbatches(self.corpus, self.spec.local_docs(min(self.update, self.spec.updates - 1)),
                                self.spec.microbatch, pad_id=self.pad_id,
-                               pad_multiple=PAD_MULTIPLE if self.spec.compile else None,
+                               pad_multiple=pad_multiple(self.spec), pack=self.spec.pack,
                                sort_by_length=self.spec.sort_by_length)[0]
         self._warming = True
         try:

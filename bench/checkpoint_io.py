@@ -1,0 +1,90 @@
+"""Benchmark: checkpoint write against the disk's sequential write rate, in one run.
+
+    python bench/checkpoint_io.py [--gib 4] [--dir DIR] [--device cuda] [--out result.json]
+
+Builds a state of `--gib` GiB of float32 tensors (on the GPU when --device cuda, like a rank's
+training state), then times, alternately and `--repeats` times each:
+  plain     write + fsync of as many bytes from one buffer (the disk's sequential rate here)
+  reread    torch.save to a file, fsync, then sha256 by reading the file back (the old receipt path)
+  hashed    training.checkpoint.save_hashed: sha256 of the bytes while they are written, then fsync
+and prints each one's rate and its fraction of the plain rate (the issue's target: ≥ 80 %).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from evidence.canonical import file_sha256  # noqa: E402
+from training.checkpoint import save_hashed  # noqa: E402
+
+
+def plain(path: Path, n: int) -> None:
+    block = os.urandom(64 << 20)
+    with open(path, "wb") as fh:
+        left = n
+        while left > 0:
+            fh.write(block[:min(left, len(block))])
+            left -= len(block)
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def reread(state: dict, path: Path) -> str:
+    torch.save(state, path)
+    with open(path, "rb+") as fh:
+        os.fsync(fh.fileno())
+    return file_sha256(path)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gib", type=float, default=4.0)
+    ap.add_argument("--dir", default="/tmp/checkpoint-io")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    d = Path(args.dir)
+    d.mkdir(parents=True, exist_ok=True)
+    per = 256 << 20  # 256 MiB tensors, like a large layer group
+    count = max(1, int(args.gib * (1 << 30) // per))
+    state = {"model": {f"t{i}": torch.randn(per // 4, device=args.device) for i in range(count)}}
+    n = count * per
+    times: dict[str, list[float]] = {"plain": [], "reread": [], "hashed": []}
+    for _ in range(args.repeats):
+        for name, fn in (("plain", lambda p: plain(p, n)), ("reread", lambda p: reread(state, p)),
+                         ("hashed", lambda p: save_hashed(state, p))):
+            p = d / f"{name}.bin"
+            t0 = time.perf_counter()
+            fn(p)
+            times[name].append(time.perf_counter() - t0)
+            size = p.stat().st_size
+            p.unlink()
+    med = {k: statistics.median(v) for k, v in times.items()}
+    rate = {k: size / v if k != "plain" else n / v for k, v in med.items()}
+    print(f"{n / 2**30:.2f} GiB from {args.device}, {args.repeats} repeats, median seconds: "
+          + ", ".join(f"{k} {v:.2f}" for k, v in med.items()))
+    for k in ("reread", "hashed"):
+        print(f"{k:7}: {rate[k] / 1e9:.2f} GB/s = {rate[k] / rate['plain']:.1%} of the plain "
+              f"{rate['plain'] / 1e9:.2f} GB/s (target ≥ 80 %)")
+    if args.out:
+        Path(args.out).write_text(json.dumps({
+            "command": " ".join(sys.argv), "bytes": n, "device": args.device, "seconds": times,
+            "median_seconds": med, "bytes_per_second": rate,
+            "fraction_of_plain": {k: rate[k] / rate["plain"] for k in ("reread", "hashed")}}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
