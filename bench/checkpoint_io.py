@@ -26,18 +26,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from evidence.canonical import file_sha256  # noqa: E402
-from training.checkpoint import save_hashed  # noqa: E402
-
-
-def plain(path: Path, n: int) -> None:
-    block = os.urandom(64 << 20)
-    with open(path, "wb") as fh:
-        left = n
-        while left > 0:
-            fh.write(block[:min(left, len(block))])
-            left -= len(block)
-        fh.flush()
-        os.fsync(fh.fileno())
+from training.checkpoint import plain_write_seconds, save_hashed  # noqa: E402
 
 
 def reread(state: dict, path: Path) -> str:
@@ -63,8 +52,8 @@ def main() -> int:
     n = count * per
     times: dict[str, list[float]] = {"plain": [], "reread": [], "hashed": []}
     for _ in range(args.repeats):
-        for name, fn in (("plain", lambda p: plain(p, n)), ("reread", lambda p: reread(state, p)),
-                         ("hashed", lambda p: save_hashed(state, p))):
+        times["plain"].append(plain_write_seconds(d / "plain.bin", n))
+        for name, fn in (("reread", lambda p: reread(state, p)), ("hashed", lambda p: save_hashed(state, p))):
             p = d / f"{name}.bin"
             t0 = time.perf_counter()
             fn(p)

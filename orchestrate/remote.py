@@ -39,6 +39,16 @@ print(json.dumps({"python": sys.version, "dists": dists, "project_files": own}))
 """
 
 
+def host_python(t: Transport, host: Host, code: str, *args: str, python: str | None = None,
+                timeout: float = 120):
+    """Run `code` (`python -c`) with the host's staged packages, arguments quoted: the one way the
+    controller runs Python on a host. `-P` keeps the login directory off `sys.path`, so only the
+    staged site can supply `training` or `evidence`."""
+    cmd = (f"PYTHONPATH={shlex.quote(host.root + '/site')} {shlex.quote(python or host.python)} -P "
+           f"-c {shlex.quote(code)} " + " ".join(map(shlex.quote, args)))
+    return t.run(cmd, timeout=timeout)
+
+
 class StagingError(RuntimeError):
     """A host whose environment or inputs differ from the others'; the message names it."""
 
@@ -61,7 +71,7 @@ def stage_host(t: Transport, host: Host, *, python: str, wheel_dir: Path, lock: 
           timeout=900).check(f"{host.name}: offline install")
     for rel, local in files.items():
         t.put(local, f"{root}/{rel}")
-    r = t.run(f"PYTHONPATH={root}/site {shlex.quote(python)} -c {shlex.quote(ENV_DIGEST)} {root}/site")
+    r = host_python(t, host, ENV_DIGEST, f"{root}/site", python=python)
     env = json.loads(r.check(f"{host.name}: environment report").stdout)
     return {"host": host.name, "environment": env,
             "digest": canonical_sha256(env)}

@@ -17,6 +17,7 @@ from typing import Any
 
 from orchestrate.cluster import Cluster
 from orchestrate.guard import COUNTERS, parse_counters
+from orchestrate.remote import host_python
 
 STATE_SCRIPT = r"""
 import json, os, sys, time, pathlib
@@ -63,16 +64,17 @@ def trial_status(cluster: Cluster, home: Path | None, *, session: Any = None,
         if h.transport == "local":
             if home is None:
                 raise ValueError("the embedded local cluster's ranks write into the trial home: pass --home")
-            py, where, env = sys.executable, str(home), ""
+            where = str(home)
         else:
-            py, where, env = h.python, f"{h.root}/home", f"PYTHONPATH={h.root}/site "
+            where = f"{h.root}/home"
         row: dict[str, Any] = {"rank": h.rank, "host": h.name, "zone": h.zone,
                                "guarded": h.rank in cluster.guarded_ranks}
         t = None
         try:
             t = cluster.transport(h, connect_timeout=5)
-            r = t.run(f"{env}{shlex.quote(py)} -c {shlex.quote(STATE_SCRIPT)} {shlex.quote(where)} {h.rank}",
-                      timeout=15)
+            r = (t.run(f"{shlex.quote(sys.executable)} -c {shlex.quote(STATE_SCRIPT)} {shlex.quote(where)} "
+                       f"{h.rank}", timeout=15) if h.transport == "local"
+                 else host_python(t, h, STATE_SCRIPT, where, str(h.rank), timeout=15))
             row["reachable"] = True
             if r.status == 0:
                 row |= rank_state(json.loads(r.stdout))

@@ -32,7 +32,7 @@ from orchestrate.guard import Guard, host_bytes
 from orchestrate.local import GroupResult, local_launch, supervise, threads_per_rank, train_argv
 from evidence.attempts import attempts
 from evidence.canonical import read_json
-from orchestrate.remote import collect, launch_remote_group, stage
+from orchestrate.remote import collect, host_python, launch_remote_group, stage
 from orchestrate.transport import Transport, TransportError
 
 AWS_NCCL = {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple", "NCCL_IB_DISABLE": "1"}
@@ -58,9 +58,8 @@ class LocalPlacement:
         self.model_dir, self.guard, self.hosts = model_dir, guard, hosts
 
     def train(self, home: Path, arm: Any, *, max_restarts: int, echo: Callable[[str], None]) -> list[GroupResult]:
-        from training.checkpoint import latest_common, local_manifests
+        from training.runs import latest_common, local_manifests, set_aside_unfinished
         from training.errors import TrainError
-        from training.train import set_aside_unfinished
 
         w = arm.world_size
         if self.hosts is not None and w > self.hosts:
@@ -73,7 +72,7 @@ class LocalPlacement:
             echo(f"an unfinished earlier attempt was moved to {home / 'runs' / arm.name / 'attempts'}")
         argv = train_argv(home, arm.name, self.model_dir, threads_per_rank(w))
         launch = local_launch(argv, w, heartbeats=[d / "heartbeat.json" for d in rank_dirs], echo=echo,
-                              guard=self.guard if self.guard is not None and self.guard.active else None)
+                              guard=self.guard)
         return supervise(launch, log_root=home / "logs" / arm.name, max_restarts=max_restarts,
                          resume_first=first, can_resume=can, echo=echo)
 
@@ -175,19 +174,17 @@ class RemotePlacement:
 
     def _python(self, r: int, code: str, *args: str, timeout: float = 120) -> str:
         h = self.hosts[r]
-        cmd = (f"cd {shlex.quote(h.root)} && PYTHONPATH={h.root}/site {shlex.quote(h.python)} -c {shlex.quote(code)} "
-               + " ".join(map(shlex.quote, args)))
-        return self.ts[r].run(cmd, timeout=timeout).check(f"{h.name}: {code[:40]}…").stdout
+        return host_python(self.ts[r], h, code, *args, timeout=timeout).check(f"{h.name}: {code[:40]}…").stdout
 
     # -- training ------------------------------------------------------------------------------
     def manifests(self, arm: str, world: int) -> list[dict[int, str]]:
-        code = ("import json, sys; from pathlib import Path; from training.checkpoint import local_manifests; "
+        code = ("import json, sys; from pathlib import Path; from training.runs import local_manifests; "
                 "print(json.dumps(local_manifests(Path(sys.argv[1]))))")
         return [{int(k): v for k, v in json.loads(self._python(
             r, code, f"{self.hosts[r].root}/home/runs/{arm}/rank-{r}")).items()} for r in range(world)]
 
     def remote_resumable(self, arm: str, world: int) -> bool:
-        from training.checkpoint import latest_common
+        from training.runs import latest_common
 
         return latest_common(self.manifests(arm, world)) is not None
 
@@ -204,7 +201,7 @@ class RemotePlacement:
         can = lambda: self.remote_resumable(arm.name, w)  # noqa: E731 — the hosts hold the checkpoints
         first = can()
         if not first:  # an unfinished earlier attempt stays on its host, set aside (never deleted)
-            code = ("import sys; from pathlib import Path; from training.train import set_aside_unfinished; "
+            code = ("import sys; from pathlib import Path; from training.runs import set_aside_unfinished; "
                     "set_aside_unfinished(Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]))")
             for r in range(w):
                 self._python(r, code, f"{self.hosts[r].root}/home", arm.name, str(w))
@@ -221,7 +218,7 @@ class RemotePlacement:
         def launch(extra: list[str], log_dir: Path, env: dict[str, str]) -> GroupResult:
             e = {**self.env, **env, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
             return launch_remote_group(self.cluster, argv_for(extra), w, log_dir=log_dir, env=e, echo=echo,
-                                       heartbeats=beats, guard=self.guard if self.guard.active else None)
+                                       heartbeats=beats, guard=self.guard)
 
         attempts = supervise(launch, log_root=home / "logs" / arm.name, max_restarts=max_restarts,
                              resume_first=first, can_resume=can, echo=echo)

@@ -15,7 +15,7 @@ from orchestrate.cluster import local_cluster
 from orchestrate.guard import COUNTERS, Guard, parse_counters
 from orchestrate.local import launch_group, local_launch, supervise
 from orchestrate.transport import LocalTransport, TransportError
-from training.checkpoint import latest_common
+from training.runs import latest_common
 
 
 def test_deadline_margin():

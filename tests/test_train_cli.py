@@ -171,7 +171,7 @@ def test_powersgd_pair(batched_home, tmp_path, tiny_seed):
 
 
 def test_partly_finished_group_is_set_aside_whole(tmp_path):
-    from training.train import set_aside_unfinished
+    from training.runs import set_aside_unfinished
 
     rd = tmp_path / "runs" / "clean-pair"
     (rd / "rank-0").mkdir(parents=True)

@@ -35,9 +35,10 @@ from typing import Any
 import torch
 
 from evidence.attempts import next_attempt
-from evidence.canonical import canonical_sha256, fsync_dir, read_json, write_json_atomic
+from evidence.canonical import fsync_dir, read_json, write_json_atomic
 from evidence.receipts import ReceiptError, make_receipt, verify_receipt
 from training.errors import TrainError
+from training.runs import latest_common, local_manifests
 
 FORMAT = "trial-checkpoint-v1"
 STATE = "state.pt"
@@ -125,6 +126,23 @@ def save_hashed(obj: Any, path: Path) -> str:
     return w.h.hexdigest()
 
 
+def plain_write_seconds(path: Path, n: int, block_bytes: int = 64 << 20) -> float:
+    """Seconds to write `n` bytes sequentially from one buffer and fsync them, then remove the file:
+    the disk's own rate, to set a checkpoint write against in the same run."""
+    block = os.urandom(block_bytes)
+    t0 = time.perf_counter()
+    with open(path, "wb") as fh:
+        left = n
+        while left > 0:
+            fh.write(block[:min(left, len(block))])
+            left -= len(block)
+        fh.flush()
+        os.fsync(fh.fileno())
+    seconds = time.perf_counter() - t0
+    path.unlink()
+    return seconds
+
+
 def write_manifest(rank_dir: Path, step: int, digests: list[str], common: dict[str, Any]) -> str:
     """The manifest is identical on every rank: step, every rank's receipt digest, run identity."""
     body = {"format": FORMAT, "step": step, "world_size": len(digests),
@@ -132,30 +150,6 @@ def write_manifest(rank_dir: Path, step: int, digests: list[str], common: dict[s
     path = manifest_path(rank_dir, step)
     path.parent.mkdir(parents=True, exist_ok=True)
     return write_json_atomic(path, body, canonical=True)  # atomic and fsynced; the hash of what it wrote
-
-
-def local_manifests(rank_dir: Path) -> dict[int, str]:
-    """step → sha256 of each manifest this rank holds (unreadable ones count as absent)."""
-    out = {}
-    for p in sorted((rank_dir / "manifests").glob("step-*.json")):
-        try:
-            out[int(p.stem[5:])] = canonical_sha256(read_json(p))
-        except (ValueError, OSError):
-            continue
-    return out
-
-
-def latest_common(held: list[dict[int, str]]) -> int | None:
-    """The latest step whose manifest every rank holds with identical content, or None.
-
-    The one rule for "resumable": the controller asks it before restarting a group with `--resume`
-    and the ranks ask it (over a collective) before loading, so the two can never disagree.
-    """
-    if not held:
-        return None
-    common = [s for s in set.intersection(*(set(h) for h in held))
-              if all(h[s] == held[0][s] for h in held)]
-    return max(common, default=None)
 
 
 def common_step(rank_dir: Path, candidates: list[int], device: torch.device) -> int | None:

@@ -26,8 +26,9 @@ from evidence.commitments import CommitmentLog
 from evidence.receipts import make_receipt, verify_receipt
 from training.config import Arm, ConfigError, Experiment, Resolved
 from training.checkpoint import (CheckpointError, common_step, load_rank_state, orphan_after,
-                                 write_manifest, write_rank_state)
+                                 plain_write_seconds, write_manifest, write_rank_state)
 from training.errors import TrainError
+from training.runs import _set_aside, local_manifests, run_dir
 
 RESULT_FORMAT = "trial-result-v1"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
@@ -43,39 +44,6 @@ def resolved_from_prepared(prepared: dict[str, Any]) -> Resolved:
     if canonical_sha256(d) != prepared["experiment_digest"]:  # the stored form, as committed
         raise TrainError("prepared.json's experiment does not match its own digest; prepare again")
     return cfg
-
-
-def run_dir(home: Path, arm: str) -> Path:
-    return home / "runs" / arm
-
-
-def _set_aside(path: Path) -> None:
-    """Keep an unfinished attempt's files under attempts/ rather than overwrite them."""
-    if not path.exists():
-        return
-    attempts = path.parent / "attempts"
-    attempts.mkdir(exist_ok=True)
-    used = [int(p.suffix[1:]) for p in attempts.glob(f"{path.name}.*") if p.suffix[1:].isdigit()]
-    path.rename(attempts / f"{path.name}.{max(used, default=0) + 1}")
-
-
-def set_aside_unfinished(home: Path, arm: str, world: int) -> bool:
-    """Before relaunching an arm: if not every rank finished, move every rank's files aside.
-
-    A rank that finished while a peer died cannot be reused on its own (the group restarts from the
-    beginning until checkpoints exist), so its result is kept as part of the earlier attempt.
-    Returns whether anything was moved.
-    """
-    rd = run_dir(home, arm)
-    dirs = [rd / f"rank-{r}" for r in range(world)]
-    if all((d / "result.json").is_file() for d in dirs):
-        return False
-    moved = False
-    for d in [*dirs, rd / "model"]:
-        if d.exists():
-            _set_aside(d)
-            moved = True
-    return moved
 
 
 def _publish(trainer: Any, rank_dir: Path, step: int, identity: dict[str, Any], device: Any,
@@ -125,8 +93,6 @@ def _restore(trainer: Any, rank_dir: Path, rank: int, every: int | None, updates
 
 
 def _held(rank_dir: Path) -> list[int]:
-    from training.checkpoint import local_manifests
-
     return list(local_manifests(rank_dir))
 
 
@@ -164,18 +130,7 @@ def _plain_write_baseline(rank_dir: Path, published: list[dict[str, Any]],
     if not sizes:
         return None
     n = max(sizes)
-    path = rank_dir / ".plain-write.tmp"
-    block = os.urandom(1 << 20)
-    t0 = time.perf_counter()
-    with open(path, "wb") as fh:
-        left = n
-        while left > 0:
-            fh.write(block[:min(left, len(block))])
-            left -= len(block)
-        fh.flush()
-        os.fsync(fh.fileno())
-    plain = time.perf_counter() - t0
-    path.unlink()
+    plain = plain_write_seconds(rank_dir / ".plain-write.tmp", n)
     out: dict[str, Any] = {"plain_write_bytes": n, "plain_write_seconds": plain}
     if published:
         w = sum(c["seconds"] for c in published) / len(published)

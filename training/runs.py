@@ -1,0 +1,69 @@
+"""Where an arm's files live, which checkpoints every rank holds, and setting unfinished work aside.
+
+Torch-free on purpose: the controller runs these against hosts' homes over SSH (`python -c`), and
+importing torch there costs seconds per host per arm only to hash a few JSON manifests or rename
+directories. `training.checkpoint` writes and loads the states these names point to.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from evidence.canonical import canonical_sha256, read_json
+
+
+def run_dir(home: Path, arm: str) -> Path:
+    return home / "runs" / arm
+
+
+def _set_aside(path: Path) -> None:
+    """Keep an unfinished attempt's files under attempts/ rather than overwrite them."""
+    if not path.exists():
+        return
+    attempts = path.parent / "attempts"
+    attempts.mkdir(exist_ok=True)
+    used = [int(p.suffix[1:]) for p in attempts.glob(f"{path.name}.*") if p.suffix[1:].isdigit()]
+    path.rename(attempts / f"{path.name}.{max(used, default=0) + 1}")
+
+
+def set_aside_unfinished(home: Path, arm: str, world: int) -> bool:
+    """Before relaunching an arm: if not every rank finished, move every rank's files aside.
+
+    A rank that finished while a peer died cannot be reused on its own (the group restarts from the
+    beginning until checkpoints exist), so its result is kept as part of the earlier attempt.
+    Returns whether anything was moved.
+    """
+    rd = run_dir(home, arm)
+    dirs = [rd / f"rank-{r}" for r in range(world)]
+    if all((d / "result.json").is_file() for d in dirs):
+        return False
+    moved = False
+    for d in [*dirs, rd / "model"]:
+        if d.exists():
+            _set_aside(d)
+            moved = True
+    return moved
+
+
+def local_manifests(rank_dir: Path) -> dict[int, str]:
+    """step → sha256 of each manifest this rank holds (unreadable ones count as absent)."""
+    out = {}
+    for p in sorted((rank_dir / "manifests").glob("step-*.json")):
+        try:
+            out[int(p.stem[5:])] = canonical_sha256(read_json(p))
+        except (ValueError, OSError):
+            continue
+    return out
+
+
+def latest_common(held: list[dict[int, str]]) -> int | None:
+    """The latest step whose manifest every rank holds with identical content, or None.
+
+    The one rule for "resumable": the controller asks it before restarting a group with `--resume`
+    and the ranks ask it (over a collective) before loading, so the two can never disagree.
+    """
+    if not held:
+        return None
+    common = [s for s in set.intersection(*(set(h) for h in held))
+              if all(h[s] == held[0][s] for h in held)]
+    return max(common, default=None)
