@@ -152,7 +152,8 @@ def main() -> int:
                 s["powersgd"] = powersgd_split(results)
             s["throughput"] = throughput(home, results, arm.world_size, peak)
             s["whole_process_seconds"] = max(r["resources"]["wall_seconds_since_start"] for r in results)
-            s["checkpoint_io"] = [r["checkpoints"]["io"] for r in results if r["checkpoints"]["io"]]
+            s["checkpoint_io"] = [{"rank": r["rank"], **r["checkpoints"]["io"]} for r in results
+                                  if r["checkpoints"]["io"]]
             rows.append(s)
         by = {s["arm"]: s for s in rows if s["experiment"] == cfg.experiment.name}
         if {"diloco-four", "ddp-four"} <= set(by):
@@ -202,8 +203,9 @@ def main() -> int:
               f"{p['whole_process_speedup_vs_single']:.3f}, median update "
               f"{p['median_step_speedup_vs_single']:.3f} (targets ≥ 1.10)")
     for s in rows:
-        for r, io in enumerate(s["checkpoint_io"]):
-            if io.get("checkpoint_write_seconds_mean"):
+        for io in s["checkpoint_io"]:
+            r = io["rank"]
+            if io.get("checkpoint_write_seconds_mean") and io.get("write_over_plain"):
                 rate = io["plain_write_bytes"] / io["plain_write_seconds"]
                 print(f"{s['arm']} rank {r}: checkpoint write {io['checkpoint_write_seconds_mean']:.2f} s, "
                       f"plain write + fsync of {io['plain_write_bytes'] / 1e9:.2f} GB {io['plain_write_seconds']:.2f} s "

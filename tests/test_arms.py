@@ -363,11 +363,14 @@ def test_outer_step_on_this_device_matches_the_formula():
                 for p, s in zip(params, steps):
                     p.sub_(s.to(dev))  # the worker's local progress y = x − s
             assert outer.step() == sum(t.numel() for t in start) * 4
+            # x and v first, read on the CPU straight after step() returns, before anything waits
+            # for the GPU: step() itself must have waited for the copies back
+            got_x, got_v = [t.clone() for t in outer.x], [t.clone() for t in outer.v]
             for i, s in enumerate(steps):
                 v[i] = 0.9 * v[i] + s  # d = x − y = s (one rank)
                 x[i] = x[i] - 0.7 * (s + 0.9 * v[i])
+                torch.testing.assert_close(got_x[i], x[i], atol=1e-6, rtol=0)
+                torch.testing.assert_close(got_v[i], v[i], atol=1e-6, rtol=0)
                 torch.testing.assert_close(params[i].detach().cpu(), x[i], atol=1e-6, rtol=0)
-                torch.testing.assert_close(outer.x[i], x[i], atol=1e-6, rtol=0)
-                torch.testing.assert_close(outer.v[i], v[i], atol=1e-6, rtol=0)
     finally:
         dist.destroy_process_group()

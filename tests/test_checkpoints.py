@@ -255,3 +255,28 @@ def test_compare_states_never_calls_nan_identical():
     assert compare_states(b, b)["identical"]  # the same NaN on both sides is the same state
     assert not compare_states({"model": {"w": torch.tensor([0.0])}},
                               {"model": {"w": torch.tensor([-0.0])}})["identical"]
+
+
+def test_save_hashed_digest_is_the_written_files_and_crc_setting_is_restored(tmp_path):
+    """The receipt takes the sha256 computed while writing: it must be the file's own, and the
+    CRC32 switch (turned off for the save) must come back even when the save fails."""
+    import torch
+
+    from evidence.canonical import file_sha256
+    from training.checkpoint import save_hashed
+
+    state = {"w": torch.randn(3, 1 << 16), "step": 7, "nested": {"b": torch.arange(10)}}
+    before = torch.serialization.get_crc32_options()
+    digest = save_hashed(state, tmp_path / "state.pt")
+    assert digest == file_sha256(tmp_path / "state.pt")
+    assert torch.serialization.get_crc32_options() == before
+    loaded = torch.load(tmp_path / "state.pt", weights_only=True)  # CRC-less files load
+    assert torch.equal(loaded["w"], state["w"]) and loaded["step"] == 7
+
+    class Unpicklable:
+        def __reduce__(self):
+            raise RuntimeError("cannot pickle this")
+
+    with pytest.raises(RuntimeError, match="cannot pickle"):
+        save_hashed({"bad": Unpicklable()}, tmp_path / "bad.pt")
+    assert torch.serialization.get_crc32_options() == before

@@ -98,12 +98,18 @@ class _HashingWriter:
         pending = self.pool.submit(self.h.update, b)
         try:
             n = self.fh.write(b)
-        finally:
-            pending.result()  # torch may reuse the buffer once write returns
+        except BaseException:
+            pending.exception()  # wait (the buffer must outlive the hash), keep the write's error
+            raise
+        pending.result()  # torch may reuse the buffer once write returns
         return n
 
     def flush(self) -> None:
         self.fh.flush()
+
+    def seek(self, *_: Any) -> int:
+        # torch.save seeks only when skipping tensor data; then the hash would not be the file's
+        raise OSError("a hashed checkpoint is written front to back; seeking would unpin its sha256")
 
 
 def save_hashed(obj: Any, path: Path) -> str:

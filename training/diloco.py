@@ -38,11 +38,10 @@ class OuterNesterov:
                  chunk_bytes: int = CHUNK_BYTES):
         self.params = list(params)
         self.lr, self.momentum, self.chunk_bytes = lr, momentum, chunk_bytes
-        self.x = [p.detach().to("cpu", torch.float32, copy=True).reshape(-1) for p in self.params]
-        self.v = [torch.zeros_like(t) for t in self.x]
-        if self.params and self.params[0].device.type == "cuda":
-            self.x = [t.pin_memory() for t in self.x]
-            self.v = [t.pin_memory() for t in self.v]
+        pin = bool(self.params) and self.params[0].device.type == "cuda"  # allocated pinned: no second copy
+        self.x = [torch.empty(p.numel(), dtype=torch.float32, pin_memory=pin).copy_(p.detach().reshape(-1))
+                  for p in self.params]
+        self.v = [torch.zeros(t.numel(), dtype=torch.float32, pin_memory=pin) for t in self.x]
         self.steps = 0
 
     def state_dict(self) -> dict[str, object]:

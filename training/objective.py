@@ -66,8 +66,10 @@ def make_microbatches(corpus: Corpus, docs: Sequence[int], microbatch: int | Non
                       pad_id: int, sort_by_length: bool = True, pad_multiple: int | None = None,
                       pack: bool = False) -> list[Microbatch]:
     """Split a local batch into microbatches of at most `microbatch` documents (last may be short),
-    padded (`collate`) or packed (`collate_packed`)."""
-    ordered = order_for_microbatches(corpus, docs, sort_by_length)
+    padded (`collate`) or packed (`collate_packed`). Packed microbatches keep the assignment order:
+    sorting saves no padding there, and it would make the long and short microbatches' rows very
+    different widths (under torch.compile, each width is a graph)."""
+    ordered = order_for_microbatches(corpus, docs, sort_by_length and not pack)
     size = microbatch or max(1, len(ordered))
     make = collate_packed if pack else collate
     return [make(corpus, ordered[i:i + size], pad_id=pad_id, pad_multiple=pad_multiple)

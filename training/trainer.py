@@ -104,7 +104,9 @@ def bucket_cap_mb(kind: str, device_type: str, model: nn.Module) -> int | None:
     PowerSGD cheap: with one bucket, every same-shaped matrix of the model is compressed in one
     batched matmul and one batched QR (`batch_tensors_with_same_shape`), where DDP's 25 MB buckets
     meant ~270 hook calls with a QR per matrix (1.7B pair over sockets, 2 × H200: median update
-    0.96 s before, 0.81 s after; the single arm's is 0.72 s).
+    0.96 s before, 0.81 s after; the single arm's is 0.72 s). The cost is memory: the hook holds a
+    copy of the whole bucket, the stacked matrices and the new error feedback at once (about 20 GB
+    at 1.7B in FP32, after the activations are freed), which an H200 has and a 48 GB L40S may not.
     """
     if kind == "powersgd":
         total = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -113,7 +115,17 @@ def bucket_cap_mb(kind: str, device_type: str, model: nn.Module) -> int | None:
 
 
 PAD_MULTIPLE = 256  # microbatch widths under torch.compile: at most max_context / 256 graphs
-PACK_MULTIPLE = 1024  # packed row lengths under torch.compile: a few graphs, under 1024 padded
+PACK_MULTIPLE = 1024  # packed row lengths under torch.compile: under 1024 tokens of padding per row
+
+
+def _allow_recompiles(widths: int) -> None:
+    """Let dynamo compile one graph per possible width (its default stops at 8 and then runs the
+    decoder eagerly, silently), and fail loudly if more ever occur."""
+    import torch._dynamo.config as dynamo
+
+    dynamo.recompile_limit = max(dynamo.recompile_limit, widths + 2)
+    if hasattr(dynamo, "fail_on_recompile_limit_hit"):
+        dynamo.fail_on_recompile_limit_hit = True
 
 
 def pad_multiple(spec: TrainSpec) -> int | None:
@@ -183,7 +195,9 @@ class Trainer:
             self._warming = False
             self.engine.register_comm_hook(None, hook)
         if s.compile:  # the decoder, in place (parameter names unchanged); widths rounded up by
-            # pad_multiple() give a few static graphs, each compiled once; the loss head stays eager
+            # pad_multiple() give a bounded set of static graphs, each compiled once; the loss head
+            # stays eager
+            _allow_recompiles(self._widths())
             self.model.get_decoder().compile(dynamic=False)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=s.lr, betas=s.betas, eps=s.eps,
@@ -195,6 +209,13 @@ class Trainer:
         self.update = 0  # the next update to run
         self.journal: list[dict[str, Any]] = []  # every update's record, carried in checkpoints
         self.global_weights = [weighted_targets(self.corpus, docs) for docs in s.plan]
+
+    def _widths(self) -> int:
+        """How many microbatch widths (graphs) can occur: padded rows are at most the longest
+        document; a packed row holds up to `microbatch` documents (or the whole local batch)."""
+        s, longest = self.spec, int(self.corpus.lengths.max())
+        per_row = (s.microbatch or max(len(d) for d in s.plan) // s.world_size) if s.pack else 1
+        return -(-per_row * longest // pad_multiple(s))
 
     @property
     def numel(self) -> int:
