@@ -51,6 +51,7 @@ def main() -> int:
     state = {"model": {f"t{i}": torch.randn(per // 4, device=args.device) for i in range(count)}}
     n = count * per
     times: dict[str, list[float]] = {"plain": [], "reread": [], "hashed": []}
+    sizes = {"plain": n}
     for _ in range(args.repeats):
         times["plain"].append(plain_write_seconds(d / "plain.bin", n))
         for name, fn in (("reread", lambda p: reread(state, p)), ("hashed", lambda p: save_hashed(state, p))):
@@ -58,10 +59,10 @@ def main() -> int:
             t0 = time.perf_counter()
             fn(p)
             times[name].append(time.perf_counter() - t0)
-            size = p.stat().st_size
+            sizes[name] = p.stat().st_size
             p.unlink()
     med = {k: statistics.median(v) for k, v in times.items()}
-    rate = {k: size / v if k != "plain" else n / v for k, v in med.items()}
+    rate = {k: sizes[k] / v for k, v in med.items()}
     print(f"{n / 2**30:.2f} GiB from {args.device}, {args.repeats} repeats, median seconds: "
           + ", ".join(f"{k} {v:.2f}" for k, v in med.items()))
     for k in ("reread", "hashed"):

@@ -391,7 +391,7 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
         import boto3
         from botocore.exceptions import BotoCoreError, ClientError
 
-        from orchestrate.cloud import read_vcpu_quota
+        from orchestrate.cloud import G_VT_VCPU_QUOTA, read_vcpu_quota
 
         try:
             vcpu["quota"] = read_vcpu_quota(boto3.Session(region_name=cfg.region))
@@ -399,7 +399,7 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
             vcpu["note"] = f"quota not readable: {e}"
         if vcpu["quota"] is not None and need > vcpu["quota"]:
             problems.append(f"the hosts need {need} G/VT vCPUs; the account's quota in {cfg.region} is "
-                            f"{vcpu['quota']:g} (Service Quotas L-DB2E81BA): ask for more before `pulumi up`")
+                            f"{vcpu['quota']:g} (Service Quotas {G_VT_VCPU_QUOTA[1]}): ask for more before `pulumi up`")
     usd = {x["arm"]: sum(ln["usd"] for ln in est["lines"]  # the estimate's own priced lines, per arm
                          if ln["category"] == "transfer" and ln["item"].startswith(f"{x['arm']}:"))
            for x in est["traffic"]}

@@ -42,16 +42,17 @@ def seed_recovered_home(src: Path, dst: Path, arm: str, world: int, step: int) -
         shutil.copy2(manifest_path(s_rank, step), manifest_path(d_rank, step))
 
 
-def compare_homes(a: Path, b: Path, arm: str, world: int, step: int) -> dict[str, Any]:
+def compare_homes(a: Path, b: Path, arm: str, step: int, ra: list[dict[str, Any]],
+                  rb: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every rank's checkpointed state at `step` in home a against home b, tensor by tensor; `ra`,
+    `rb` are the two runs' result files, already read by the caller."""
     from training.checkpoint import compare_states, load_rank_state
 
     ranks = []
-    for r in range(world):
+    for r in range(len(ra)):
         sa, _ = load_rank_state(a / "runs" / arm / f"rank-{r}", step, r)
         sb, _ = load_rank_state(b / "runs" / arm / f"rank-{r}", step, r)
         ranks.append({"rank": r, **compare_states(sa, sb)})
-    ra = [read_json(a / "runs" / arm / f"rank-{r}" / "result.json") for r in range(world)]
-    rb = [read_json(b / "runs" / arm / f"rank-{r}" / "result.json") for r in range(world)]
     return {
         "step": step,
         "ranks": ranks,
@@ -69,6 +70,7 @@ def recovery_trial(base: Path, *, experiment_chain: list, arm: str, model_dir: P
                    kill_rank: int, kill_after: int, say: Callable[[str], None]) -> dict[str, Any]:
     from orchestrate.local import local_launch, supervise, threads_per_rank, train_argv
     from training.prepare import prepare
+    from training.results import load_results
 
     cfg = experiment_chain[-1]
     a = cfg.arm(arm)
@@ -114,12 +116,11 @@ def recovery_trial(base: Path, *, experiment_chain: list, arm: str, model_dir: P
                            + "; ".join(r.failure_text(3) if not r.ok else "ok" for r in attempts))
     killed = read_json(recovered / "runs" / arm / f"rank-{kill_rank}" / "fault.json")
     fail = attempts[0]
-    results = [read_json(recovered / "runs" / arm / f"rank-{r}" / "result.json") for r in range(world)]
+    results = load_results(recovered, arm, world)
+    base_results = load_results(uninterrupted, arm, world)
 
     say("[3/3] comparing every rank's final state by tensor contents")
-    comparison = compare_homes(uninterrupted, recovered, arm, world, updates)
-    base_results = [read_json(uninterrupted / "runs" / arm / f"rank-{r}" / "result.json")
-                    for r in range(world)]
+    comparison = compare_homes(uninterrupted, recovered, arm, updates, base_results, results)
     io = [r["checkpoints"]["io"] for r in results]  # the resumed run both restored and wrote
     restored = [r["checkpoints"]["restored"] for r in results]
     report = {

@@ -70,7 +70,8 @@ def load(out, name, world):
     return [torch.load(out / f"{name}-rank{r}.pt", weights_only=False) for r in range(world)]
 
 
-def single(tiny_seed, name, *, microbatch=None, plan=None, corpus=None, weights=None):
+def single(tiny_seed, name, *, microbatch=None, plan=None, corpus=None, weights=None, **spec):
+    """The single-process reference; `spec` adds TrainSpec options (compile, pack)."""
     from transformers import AutoModelForCausalLM
 
     c, p = case(name)
@@ -78,7 +79,7 @@ def single(tiny_seed, name, *, microbatch=None, plan=None, corpus=None, weights=
     if weights is not None:
         corpus.weights[:] = weights
     model = AutoModelForCausalLM.from_pretrained(str(tiny_seed), dtype=torch.float32).to(device())
-    tr = Trainer(model, corpus, TrainSpec(kind="single", plan=plan, lr=LR, microbatch=microbatch),
+    tr = Trainer(model, corpus, TrainSpec(kind="single", plan=plan, lr=LR, microbatch=microbatch, **spec),
                  device(), pad_id=2)
     return to_cpu(train_state(tr, [tr.step() for _ in plan]))
 
@@ -304,13 +305,7 @@ def test_compiled_step_matches_eager(tiny_seed):
     """`compile = true` (torch.compile of the decoder, widths padded to 256) trains the same model:
     within the tolerance of a reordering, and under the same parameter names (checkpoints, digests)."""
     eager = single(tiny_seed, "unequal", microbatch=3)
-    from transformers import AutoModelForCausalLM
-
-    corpus, plan = case("unequal")
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_seed), dtype=torch.float32).to(device())
-    tr = Trainer(model, corpus, TrainSpec(kind="single", plan=plan, lr=LR, microbatch=3, compile=True),
-                 device(), pad_id=2)
-    compiled = to_cpu(train_state(tr, [tr.step() for _ in plan]))
+    compiled = single(tiny_seed, "unequal", microbatch=3, compile=True)
     assert list(compiled["params"]) == list(eager["params"])
     assert max_diff(compiled, eager) < ATOL
     for a, b in zip(compiled["records"], eager["records"]):
@@ -321,18 +316,12 @@ def test_compiled_step_matches_eager(tiny_seed):
 def test_packed_step_matches_padded(tiny_seed, compiled):
     """`pack = true` (each microbatch's documents in one row; FlexAttention on CUDA, SDPA's document
     mask on CPU) trains the same model as padded microbatches, within the reordering tolerance."""
-    eager = single(tiny_seed, "unequal", microbatch=3)
-    from transformers import AutoModelForCausalLM
-
-    corpus, plan = case("unequal")
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_seed), dtype=torch.float32).to(device())
-    spec = TrainSpec(kind="single", plan=plan, lr=LR, microbatch=3, pack=True, compile=compiled)
     if CUDA and not compiled:  # refused by name rather than failing deep in Inductor
         with pytest.raises(ValueError, match="needs compile"):
-            Trainer(model, corpus, spec, device(), pad_id=2)
+            single(tiny_seed, "unequal", microbatch=3, pack=True)
         return
-    tr = Trainer(model, corpus, spec, device(), pad_id=2)
-    packed = to_cpu(train_state(tr, [tr.step() for _ in plan]))
+    eager = single(tiny_seed, "unequal", microbatch=3)
+    packed = single(tiny_seed, "unequal", microbatch=3, pack=True, compile=compiled)
     assert list(packed["params"]) == list(eager["params"])
     assert max_diff(packed, eager) < ATOL
     for a, b in zip(packed["records"], eager["records"]):

@@ -86,12 +86,10 @@ def evaluate(home: str | os.PathLike[str], arm: str, role: str, *, seed_dir: Pat
     log.require("selection", "selection.json")  # raises, naming the missing stage
     selection = read_json(home / "selection.json")
     model_dir, receipt_digest = model_dir_for(home, arm, selection, seed_dir, prepared)
-    from training.runtime import device_lock
+    from training.runtime import device_lock, pick_device
 
-    device = torch.device("cuda" if prepared["experiment"]["profile"]["device"] == "cuda"
-                          and torch.cuda.is_available() else "cpu")
-    if device.type == "cuda":
-        device = torch.device("cuda", torch.cuda.current_device())
+    wants_cuda = prepared["experiment"]["profile"]["device"] == "cuda" and torch.cuda.is_available()
+    device = pick_device("cuda" if wants_cuda else "cpu", int(os.environ.get("LOCAL_RANK", "0")))
     lock = device_lock(device)  # noqa: F841 — before any attempt starts or model is allocated
 
     root = attempts_dir(home, role, arm)

@@ -77,7 +77,7 @@ def _restore(trainer: Any, rank_dir: Path, rank: int, every: int | None, updates
     with all_or_none("verifying the checkpoint to resume from", device):
         if step is None:
             raise CheckpointError(f"rank {rank}: no checkpoint step has an identical manifest on every "
-                                  f"rank (this rank holds {sorted(_held(rank_dir))}); nothing can be resumed")
+                                  f"rank (this rank holds {sorted(local_manifests(rank_dir))}); nothing can be resumed")
         if step >= updates:
             raise CheckpointError(f"rank {rank}: the common manifest is the final step {step}; the run "
                                   "finished — its result files were lost after training, not resumable")
@@ -90,10 +90,6 @@ def _restore(trainer: Any, rank_dir: Path, rank: int, every: int | None, updates
         f"{len(orphans)} later file(s) kept under orphaned/")
     return {"step": step, "bytes": size, "seconds": time.perf_counter() - t0,
             "verify_and_load_seconds": t_load, "orphaned": orphans}
-
-
-def _held(rank_dir: Path) -> list[int]:
-    return list(local_manifests(rank_dir))
 
 
 def _fault_plan(rank: int) -> tuple[int, str] | None:
@@ -354,7 +350,7 @@ def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_n
                     "weight_decay": spec.weight_decay, "grad_clip": spec.grad_clip,
                     "betas": list(spec.betas), "eps": spec.eps, "powersgd_seed": spec.powersgd_seed,
                     "powersgd_batch_same_shape": spec.kind == "powersgd",
-                    "ddp_bucket_cap_mb": bucket_cap_mb(spec.kind, device.type, model),
+                    "ddp_bucket_cap_mb": bucket_cap_mb(spec.kind, model),
                     "rng_seed": "generator_seed * 1000003 + rank", "compile": spec.compile,
                     "fused_optimizer": spec.fused_optimizer and device.type == "cuda", "pack": spec.pack}
     attention = packed_attention(device) if spec.pack else str(model.config._attn_implementation)

@@ -94,7 +94,7 @@ class TrainSpec:
                                           or update + 1 == self.updates)
 
 
-def bucket_cap_mb(kind: str, device_type: str, model: nn.Module) -> int | None:
+def bucket_cap_mb(kind: str, model: nn.Module) -> int | None:
     """DDP's bucket size: the default, except PowerSGD gets one bucket holding every gradient.
 
     On gloo that is needed: PowerSGD issues each bucket's Q all-reduce from a callback of its P
@@ -173,7 +173,7 @@ class Trainer:
                               if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
                               else {"broadcast_buffers": False})
             self.engine = DDP(self.loss, device_ids=[self.device] if self.device.type == "cuda" else None,
-                              init_sync=False, bucket_cap_mb=bucket_cap_mb(s.kind, self.device.type, self.model),
+                              init_sync=False, bucket_cap_mb=bucket_cap_mb(s.kind, self.model),
                               **no_buffer_sync)
             if s.kind == "ddp":
                 real = lambda bucket: default_hooks.allreduce_hook(None, bucket)  # noqa: E731
@@ -228,6 +228,12 @@ class Trainer:
         sizes = str(self.engine._get_ddp_logging_data().get("bucket_sizes", ""))
         return [int(x) for x in sizes.split(",") if x.strip()]
 
+    def _microbatches(self, docs: list[int]) -> list:
+        """This rank's documents as the update runs them (the warm-up pass must see the same)."""
+        s = self.spec
+        return make_microbatches(self.corpus, docs, s.microbatch, pad_id=self.pad_id,
+                                 sort_by_length=s.sort_by_length, pad_multiple=pad_multiple(s), pack=s.pack)
+
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -250,8 +256,7 @@ class Trainer:
         w_global = self.global_weights[u]
         scale = {"single": 1.0 / w_global, "ddp": s.world_size / w_global,
                  "powersgd": s.world_size / w_global, "diloco": 1.0 / w_local}[s.kind]
-        mbs = make_microbatches(self.corpus, local, s.microbatch, pad_id=self.pad_id,
-                                sort_by_length=s.sort_by_length, pad_multiple=pad_multiple(s), pack=s.pack)
+        mbs = self._microbatches(local)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         with self.ledger.phase("gradient"):
             for i, mb in enumerate(mbs):
@@ -363,10 +368,7 @@ class Trainer:
         resumed run must reach it before its first reduction: one forward/backward whose hook
         returns the bucket unchanged (no communication), then the gradients are dropped.
         """
-        mb = make_microbatches(self.corpus, self.spec.local_docs(min(self.update, self.spec.updates - 1)),
-                               self.spec.microbatch, pad_id=self.pad_id,
-                               pad_multiple=pad_multiple(self.spec), pack=self.spec.pack,
-                               sort_by_length=self.spec.sort_by_length)[0]
+        mb = self._microbatches(self.spec.local_docs(min(self.update, self.spec.updates - 1)))[0]
         self._warming = True
         try:
             with self._autocast():
