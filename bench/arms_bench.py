@@ -84,15 +84,16 @@ def throughput(home: Path, results: list[dict], world: int, peak: float | None) 
     return out
 
 
-def adjust(cfg, ranks: int | None, checkpoint_every: int | None):
+def adjust(cfg, ranks: int | None, checkpoint_every: int | None, pack_tokens: int | None = None):
     """The benchmark's overrides, applied before `prepare` so the prepared inputs record them."""
     if ranks:
         arms = [a.model_copy(update={"world_size": ranks}) if a.world_size > 1 else a
                 for a in cfg.experiment.arms]
         cfg = cfg.model_copy(update={"experiment": cfg.experiment.model_copy(update={"arms": arms})})
-    if checkpoint_every:
-        cfg = cfg.model_copy(update={"profile": cfg.profile.model_copy(
-            update={"checkpoint_every": checkpoint_every})})
+    update = {k: v for k, v in (("checkpoint_every", checkpoint_every), ("pack_tokens", pack_tokens)) if v}
+    if update:  # validated again, as a profile read from TOML would be
+        cfg = cfg.model_copy(update={"profile": type(cfg.profile).model_validate(
+            {**cfg.profile.model_dump(), **update})})
     return cfg
 
 
@@ -112,6 +113,7 @@ def main() -> int:
                                               "(e.g. ddp-four and diloco-four as pairs on 2 GPUs); "
                                               "the arm keeps its name, results record the world size")
     ap.add_argument("--checkpoint-every", type=int, help="publish group checkpoints every N updates")
+    ap.add_argument("--pack-tokens", type=int, help="packed-row width for a profile with pack = true")
     ap.add_argument("--io-baseline", action="store_true", help="each rank also times a plain write "
                                                                "+ fsync of one checkpoint's bytes "
                                                                "(TRIAL_IO_BASELINE=1)")
@@ -133,7 +135,7 @@ def main() -> int:
     previous = None
     t_all = time.monotonic()
     for cfg in chain:
-        cfg = adjust(cfg, args.ranks, args.checkpoint_every)
+        cfg = adjust(cfg, args.ranks, args.checkpoint_every, args.pack_tokens)
         home = work / f"{cfg.experiment.name}-{args.profile}"
         prepare(cfg, home, md, previous_home=str(previous) if previous else None)
         previous = home

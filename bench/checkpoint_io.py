@@ -5,8 +5,9 @@
 Builds a state of `--gib` GiB of float32 tensors (on the GPU when --device cuda, like a rank's
 training state), then times, alternately and `--repeats` times each:
   plain     write + fsync of as many bytes from one buffer (the disk's sequential rate here)
-  reread    torch.save to a file, fsync, then sha256 by reading the file back (the old receipt path)
-  hashed    training.checkpoint.save_hashed: sha256 of the bytes while they are written, then fsync
+  reread    torch.save to a file, fsync, then sha256 by reading the file back (the first receipt path)
+  hashed    training.checkpoint.save_hashed: raw tensor bytes through pinned buffers, sha256 on a
+            second thread while they are written, then fsync (what checkpoints use now)
 and prints each one's rate and its fraction of the plain rate (the issue's target: ≥ 80 %).
 """
 

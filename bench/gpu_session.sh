@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One call on the lent 2-GPU machine (issue #9), writing under $OUT:
-#   tests     the arms' equivalence tests on CUDA with NCCL (tests/test_arms.py, 2-rank cases)
+#   tests     the arms' equivalence tests on CUDA with NCCL ($TEST_FILES, default tests/test_arms.py,
+#             selected by $TEST_K; default: its 2-rank cases)
 #   recovery  the recovery trial on 2 GPUs (clean-pair, cuda-smoke: kill rank 1 after 11, resume from 8)
 #   io        bench/checkpoint_io.py: checkpoint write against a plain write + fsync, from GPU tensors
 #   profile   the 1.7B batched single arm per profile in $PROFILES (default gpu-bench), with the
@@ -30,7 +31,7 @@ seed17() {
 }
 step_tests() {
   TRIAL_TEST_DEVICE=cuda TRIAL_TEST_TINY_SEED=$PWD/.seeds/tiny timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider \
-    --tb=short tests/test_arms.py -k "${TEST_K:-not four and not diloco_equals and not outer_step_formula and not chunked_mean}" \
+    --tb=short ${TEST_FILES:-tests/test_arms.py} -k "${TEST_K:-not four and not diloco_equals and not outer_step_formula and not chunked_mean}" \
     > "$OUT/cuda-arms-tests.txt" 2>&1
   grep -E "^E |passed|failed" "$OUT/cuda-arms-tests.txt" | tail -30
   echo "arms tests on CUDA: $((SECONDS - s)) s"; s=$SECONDS
@@ -48,7 +49,7 @@ step_io() {
 step_profile() {
   seed17
   for p in ${PROFILES:-gpu-bench}; do
-    TRIAL_PROFILE=$OUT/prof-$p timeout 480 python3 bench/arms_bench.py --profile "$p" --model-dir /tmp/seed-local \
+    TRIAL_PROFILE=$OUT/prof-$p timeout ${PROFILE_TIMEOUT:-480} python3 bench/arms_bench.py --profile "$p" --model-dir /tmp/seed-local \
       --arms batched-learning:single --max-world 1 --peak --label "profile $p" --work "/tmp/work-$p" \
       ${BENCH_FLAGS:-} --out "$OUT/single-$p.json" 2>&1 | grep -E "MFU|bf16|Error|error|step s|single |checkpoint" | tail -12
     rm -rf "/tmp/work-$p"

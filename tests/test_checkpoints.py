@@ -110,7 +110,7 @@ def test_compare_states_sees_a_single_changed_element(full_pair):
 
 
 def test_corrupt_byte_stops_naming_rank_and_file(killed, tiny_seed):
-    state = rank_dir(killed, 1) / "checkpoints" / "step-000008" / "state.pt"
+    state = rank_dir(killed, 1) / "checkpoints" / "step-000008" / "state.bin"
     data = bytearray(state.read_bytes())
     data[len(data) // 2] ^= 0x01
     state.write_bytes(bytes(data))
@@ -118,7 +118,7 @@ def test_corrupt_byte_stops_naming_rank_and_file(killed, tiny_seed):
     for code, out in resume(killed, tiny_seed):
         assert code == 2, out
     code, out = resume(killed, tiny_seed)[1]
-    assert "rank 1" in out and "state.pt" in out and "no other step is substituted" in out
+    assert "rank 1" in out and "state.bin" in out and "no other step is substituted" in out
     assert files(killed) == before  # nothing deleted or rewritten
 
 
@@ -150,15 +150,15 @@ def test_half_published_step_is_not_used_and_is_kept(killed, full_pair, tiny_see
     shutil.copytree(src / "checkpoints" / "step-000016", dst / "checkpoints" / "step-000016")
     shutil.copy2(src / "manifests" / "step-000016.json", dst / "manifests" / "step-000016.json")
     (rank_dir(killed, 1) / "checkpoints" / ".step-000016.partial").mkdir()
-    (rank_dir(killed, 1) / "checkpoints" / ".step-000016.partial" / "state.pt").write_bytes(b"half")
+    (rank_dir(killed, 1) / "checkpoints" / ".step-000016.partial" / "state.bin").write_bytes(b"half")
     res = resume(killed, tiny_seed)
     assert all(c == 0 for c, _ in res), res
     assert read_json(dst / "result.json")["checkpoints"]["restored"]["step"] == 8
     orphaned = dst / "orphaned" / "attempt-1"
     assert (orphaned / "manifests" / "step-000016.json").is_file()
-    assert (orphaned / "checkpoints" / "step-000016" / "state.pt").is_file()
+    assert (orphaned / "checkpoints" / "step-000016" / "state.bin").is_file()
     assert (rank_dir(killed, 1) / "orphaned" / "attempt-1" / "checkpoints" / ".step-000016.partial"
-            / "state.pt").read_bytes() == b"half"
+            / "state.bin").read_bytes() == b"half"
     full = read_json(rank_dir(full_pair, 0) / "result.json")["digests"]["final_parameters"]
     assert read_json(dst / "result.json")["digests"]["final_parameters"] == full
 
@@ -243,7 +243,7 @@ def test_kill_while_a_manifest_is_published(smoke_home, tmp_path, tiny_seed, ful
         assert got["digests"]["final_parameters"] == \
             read_json(rank_dir(full_pair, r) / "result.json")["digests"]["final_parameters"]
     # rank 1 had written and receipted its step-16 state but no manifest: kept, not deleted
-    kept = rank_dir(home, 1) / "orphaned" / "attempt-1" / "checkpoints" / "step-000016" / "state.pt"
+    kept = rank_dir(home, 1) / "orphaned" / "attempt-1" / "checkpoints" / "step-000016" / "state.bin"
     assert kept.is_file()
 
 
@@ -257,26 +257,51 @@ def test_compare_states_never_calls_nan_identical():
                               {"model": {"w": torch.tensor([-0.0])}})["identical"]
 
 
-def test_save_hashed_digest_is_the_written_files_and_crc_setting_is_restored(tmp_path):
-    """The receipt takes the sha256 computed while writing: it must be the file's own, and the
-    CRC32 switch (turned off for the save) must come back even when the save fails."""
-    import torch
+def test_save_hashed_round_trips_the_state_and_its_digest_is_the_files(tmp_path):
+    """The receipt takes the sha256 computed while writing: it must be the file's own. What loads back
+    must be the state bit for bit: large tensors (written raw, from the device when there is one) in
+    every dtype, a tied pair still tied, a non-contiguous view, the small tensors and objects kept in
+    the pickled skeleton, a state_dict's metadata."""
+    from collections import OrderedDict
+
+    import numpy as np
 
     from evidence.canonical import file_sha256
-    from training.checkpoint import save_hashed
+    from training.checkpoint import CHUNK, load_state, save_hashed
 
-    state = {"w": torch.randn(3, 1 << 16), "step": 7, "nested": {"b": torch.arange(10)}}
-    before = torch.serialization.get_crc32_options()
-    digest = save_hashed(state, tmp_path / "state.pt")
-    assert digest == file_sha256(tmp_path / "state.pt")
-    assert torch.serialization.get_crc32_options() == before
-    loaded = torch.load(tmp_path / "state.pt", weights_only=True)  # CRC-less files load
-    assert torch.equal(loaded["w"], state["w"]) and loaded["step"] == 7
+    dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+    g = torch.Generator().manual_seed(3)
+    big = torch.randn(CHUNK // 4 + 12345, generator=g).to(dev)  # spans two staging chunks
+    tied = torch.randn(700, 600, generator=g).to(dev, torch.bfloat16)
+    model = OrderedDict(embed=tied, head=tied, big=big, t=torch.randn(900, 400, generator=g).t().to(dev))
+    model._metadata = OrderedDict({"": {"version": 1}})
+    state = {"model": model, "step": 7, "scalar": torch.tensor(3.5),
+             "adam": {0: {"exp_avg": torch.randn(300_000, generator=g, dtype=torch.float64)}},
+             "ints": (torch.arange(400_000, dtype=torch.int64), [torch.ones(5, dtype=torch.bool)]),
+             "numpy": np.random.RandomState(5).get_state(), "none": None}
+    digest = save_hashed(state, tmp_path / "state.bin")
+    assert digest == file_sha256(tmp_path / "state.bin")
+    got = load_state(tmp_path / "state.bin")
+    assert got["step"] == 7 and got["none"] is None and got["model"]._metadata == model._metadata
+    assert list(got["model"]) == list(model)
+    for a, b in [(got["model"][k], model[k]) for k in model] + [
+            (got["scalar"], state["scalar"]), (got["adam"][0]["exp_avg"], state["adam"][0]["exp_avg"]),
+            (got["ints"][0], state["ints"][0]), (got["ints"][1][0], state["ints"][1][0])]:
+        assert a.device.type == "cpu" and a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a.view(-1).view(torch.uint8) if a.is_floating_point() else a,
+                           b.cpu().contiguous().view(-1).view(torch.uint8) if b.is_floating_point() else b.cpu())
+    assert got["model"]["embed"] is got["model"]["head"]  # written once, tied again
+    assert isinstance(got["ints"], tuple) and got["numpy"][0] == "MT19937"
+    assert np.array_equal(got["numpy"][1], state["numpy"][1])
+    # a flipped byte inside a raw tensor changes the file's sha256 (what the receipt re-checks)
+    raw = bytearray((tmp_path / "state.bin").read_bytes())
+    raw[-100] ^= 1
+    (tmp_path / "flipped.bin").write_bytes(raw)
+    assert file_sha256(tmp_path / "flipped.bin") != digest
 
     class Unpicklable:
         def __reduce__(self):
             raise RuntimeError("cannot pickle this")
 
     with pytest.raises(RuntimeError, match="cannot pickle"):
-        save_hashed({"bad": Unpicklable()}, tmp_path / "bad.pt")
-    assert torch.serialization.get_crc32_options() == before
+        save_hashed({"bad": Unpicklable()}, tmp_path / "bad.bin")

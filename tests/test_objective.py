@@ -118,3 +118,33 @@ def test_packed_loss_and_gradients_equal_the_padded_ones(tiny_seed):
     seeing.position_ids = torch.arange(seeing.input_ids.shape[1])[None]  # one long sequence
     with torch.no_grad():
         assert abs(float(loss(*seeing.args())) - want) > 1e-3 * want
+
+
+def test_fixed_width_rows_are_filled_first_fit_and_hold_every_document_once():
+    """`pack_tokens`: every row has exactly that width (one compiled shape); documents go to the
+    first row with room, in assignment order; a document wider than a row is refused."""
+    specs = [(14, 5, 8), (9, 3, 1), (20, 12, 8), (9, 8, 1), (6, 2, 1), (15, 4, 1)]
+    corpus = synthetic_corpus(specs, 3)
+    mbs = make_microbatches(corpus, [5, 0, 1, 2, 3, 4], 2, pad_id=2, pack=True, pack_tokens=24)
+    # 15 → row 0; 14 → row 1; 9 → row 0 (24); 20 → row 2; 9 → row 1 (23); 6 → row 3
+    assert [mb.docs for mb in mbs] == [[5, 1], [0, 3], [2], [4]]
+    assert all(mb.input_ids.shape == (1, 24) for mb in mbs)
+    for mb in mbs:
+        assert torch.equal(mb.input_ids[mb.rows, mb.cols + 1], mb.labels)
+        want = collate_packed(corpus, mb.docs, pad_id=2)
+        n = want.input_ids.shape[1]
+        assert torch.equal(mb.input_ids[:, :n], want.input_ids) and torch.equal(mb.labels, want.labels)
+    assert sum(mb.weighted_targets for mb in mbs) == sum(w * (n - p) for n, p, w in specs)
+    with pytest.raises(ValueError, match="more than a packed row's 18"):
+        make_microbatches(corpus, [0, 2], None, pad_id=2, pack=True, pack_tokens=18)
+
+
+def test_pack_tokens_needs_pack_and_room_for_the_longest_document():
+    from training.config import lineage
+
+    prof = lineage("batched-learning", "gpu-bench-packed")[-1].profile
+    assert prof.pack and prof.pack_tokens and prof.pack_tokens >= prof.max_context
+    base = prof.model_dump()
+    for bad in ({"pack": False, "compile": True}, {"pack_tokens": prof.max_context - 1}):
+        with pytest.raises(ValueError, match="pack_tokens needs pack = true"):
+            type(prof).model_validate({**base, **bad})

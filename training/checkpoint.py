@@ -3,8 +3,8 @@
 Layout, per rank (each rank writes only under its own directory, so ranks on different hosts need
 no shared filesystem):
 
-    runs/<arm>/rank-<r>/checkpoints/step-000064/state.pt       this rank's whole training state
-    runs/<arm>/rank-<r>/checkpoints/step-000064/receipt.json   sha256 of state.pt + (rank, step, …)
+    runs/<arm>/rank-<r>/checkpoints/step-000064/state.bin      this rank's whole training state
+    runs/<arm>/rank-<r>/checkpoints/step-000064/receipt.json   sha256 of state.bin + (rank, step, …)
     runs/<arm>/rank-<r>/checkpoints/step-000064/host.json      hostname: recorded, not in the receipt
     runs/<arm>/rank-<r>/manifests/step-000064.json             every rank's receipt digest
 
@@ -26,6 +26,7 @@ the hostname is not (so an identical replacement host restores the same rank).
 
 from __future__ import annotations
 
+import copy
 import os
 import socket
 import time
@@ -40,8 +41,8 @@ from evidence.receipts import ReceiptError, make_receipt, verify_receipt
 from training.errors import TrainError
 from training.runs import latest_common, local_manifests
 
-FORMAT = "trial-checkpoint-v1"
-STATE = "state.pt"
+FORMAT = "trial-checkpoint-v2"  # v2: state.bin written by save_hashed (v1: a torch.save zip)
+STATE = "state.bin"
 
 
 class CheckpointError(TrainError):
@@ -85,51 +86,185 @@ def write_rank_state(rank_dir: Path, step: int, state: dict[str, Any], identity:
             "seconds": time.perf_counter() - t0}
 
 
-class _HashingWriter:
-    """A file that hashes what passes through it: sha256 runs on a second thread over the same
-    buffer while this one writes it (both release the GIL), so hashing adds little to the write."""
+class _Ref:
+    """Where a large tensor stood in the state: the index of its entry in the file's table."""
 
-    def __init__(self, fh: Any, pool: Any):
-        import hashlib
+    __slots__ = ("index",)
 
-        self.fh, self.pool, self.h = fh, pool, hashlib.sha256()
+    def __init__(self, index: int):
+        self.index = index
 
-    def write(self, b: Any) -> int:
-        pending = self.pool.submit(self.h.update, b)
-        try:
-            n = self.fh.write(b)
-        except BaseException:
-            pending.exception()  # wait (the buffer must outlive the hash), keep the write's error
-            raise
-        pending.result()  # torch may reuse the buffer once write returns
-        return n
+    def __reduce__(self) -> tuple:
+        return (_Ref, (self.index,))
 
-    def flush(self) -> None:
-        self.fh.flush()
 
-    def seek(self, *_: Any) -> int:
-        # torch.save seeks only when skipping tensor data; then the hash would not be the file's
-        raise OSError("a hashed checkpoint is written front to back; seeking would unpin its sha256")
+def _map(obj: Any, leaf: Any) -> Any:
+    """`obj` with `leaf` applied inside dicts (their type and attributes kept, e.g. a state_dict's
+    `_metadata`), lists and plain tuples."""
+    if isinstance(obj, dict):
+        out = copy.copy(obj)
+        for k, v in obj.items():
+            out[k] = _map(v, leaf)
+        return out
+    if isinstance(obj, list):
+        return [_map(v, leaf) for v in obj]
+    if type(obj) is tuple:
+        return tuple(_map(v, leaf) for v in obj)
+    return leaf(obj)
+
+
+def _strip(obj: Any, big: list[torch.Tensor]) -> Any:
+    """`obj` with every tensor of at least INLINE_MAX bytes replaced by a _Ref; the same view reached
+    twice (tied embeddings) is written once and shared again on load."""
+    seen: dict[tuple, int] = {}
+
+    def leaf(x: Any) -> Any:
+        if not torch.is_tensor(x) or x.numel() * x.element_size() < INLINE_MAX:
+            return x
+        key = (x.device, x.untyped_storage().data_ptr(), x.storage_offset(), tuple(x.shape),
+               tuple(x.stride()), x.dtype)
+        if key not in seen:
+            seen[key] = len(big)
+            big.append(x.detach())
+        return _Ref(seen[key])
+
+    return _map(obj, leaf)
+
+
+def _fill(obj: Any, tensors: list[torch.Tensor]) -> Any:
+    return _map(obj, lambda x: tensors[x.index] if isinstance(x, _Ref) else x)
+
+
+MAGIC = b"TRIALCK2"
+INLINE_MAX = 1 << 20  # smaller tensors (RNG states, step counters, norms) stay in the pickled skeleton
+ALIGN = 4096          # each large tensor's bytes start on a page boundary
+CHUNK = 64 << 20      # bytes per pinned staging slot and per write
+SLOTS = 4             # device-to-host copies run this far ahead of the disk
 
 
 def save_hashed(obj: Any, path: Path) -> str:
-    """torch.save `obj` to `path`, fsync it, and return the sha256 of the bytes written, without
-    reading the file back (a 1.7B model's training state is ~20 GB per rank)."""
-    from concurrent.futures import ThreadPoolExecutor
+    """Write `obj` to `path`, fsync it, and return the sha256 of the file, without reading it back
+    (a 1.7B model's training state is ~20 GB per rank).
 
-    crc = torch.serialization.get_crc32_options()
-    # the zip records' CRC32 is a second checksum pass over every byte; the sha256 taken here (and
-    # re-checked before any load) already covers them, and torch.load reads CRC-less files
-    torch.serialization.set_crc32_options(False)
+    torch.save reached about a third of the disk's rate: it copies each device storage to pageable
+    memory and feeds a zip writer through Python. Here the large tensors' raw bytes go through a few
+    reused pinned buffers instead: the device-to-host copy of one chunk overlaps the write of the
+    previous one, and sha256 runs on its own thread over the same buffer while it is written (both
+    release the GIL). Everything else (numbers, RNG states, small tensors, the layout of the dicts) is
+    pickled by torch.save into a small header. Layout: MAGIC, two little-endian u64 lengths, the
+    pickled skeleton, a JSON table of {dtype, shape, offset, nbytes}, then each tensor's bytes at its
+    page-aligned offset. `load_state` reads it back.
+    """
+    import hashlib
+    import io
+    import json
+    import struct
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    big: list[torch.Tensor] = []
+    skel = io.BytesIO()
+    torch.save(_strip(obj, big), skel)
+    flats = [(t if t.device.type in ("cpu", "cuda") else t.cpu()).contiguous().view(-1).view(torch.uint8)
+             for t in big]
+    table, head_guess = [], 0
+    for _ in range(2):  # the table's own length moves the first offset; a second pass settles it
+        fixed = len(MAGIC) + 16 + len(skel.getvalue()) + head_guess
+        offset = -(-fixed // ALIGN) * ALIGN
+        table = []
+        for t, f in zip(big, flats):
+            table.append({"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
+                          "offset": offset, "nbytes": f.numel()})
+            offset = -(-(offset + f.numel()) // ALIGN) * ALIGN
+        head_guess = len(json.dumps(table).encode())
+    tab = json.dumps(table).encode()
+    assert len(tab) == head_guess
+    head = MAGIC + struct.pack("<QQ", len(skel.getvalue()), len(tab)) + skel.getvalue() + tab
+    h = hashlib.sha256()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    hasher = ThreadPoolExecutor(1, thread_name_prefix="sha256")
+    writer = ThreadPoolExecutor(1, thread_name_prefix="write")
+    pos = 0
+
+    def write_all(mv: memoryview, ready: Any, keep: Any) -> None:
+        if ready is not None:
+            ready.synchronize()
+        while mv:
+            mv = mv[os.write(fd, mv):]
+
+    def hash_one(mv: memoryview, ready: Any, keep: Any) -> None:
+        if ready is not None:
+            ready.synchronize()
+        h.update(mv)
+
+    def emit(data: Any, ready: Any = None, keep: Any = None) -> tuple[Future, Future]:
+        nonlocal pos
+        mv = memoryview(data).cast("B")
+        pos += len(mv)
+        return hasher.submit(hash_one, mv, ready, keep), writer.submit(write_all, mv, ready, keep)
+
+    pending: list[tuple[Future, Future]] = []
+    slots: list[torch.Tensor] = []
+    busy: list[tuple[Future, Future] | None] = []
+    staged = 0
     try:
-        with open(path, "wb") as fh, ThreadPoolExecutor(1, thread_name_prefix="sha256") as pool:
-            w = _HashingWriter(fh, pool)
-            torch.save(obj, w)
-            fh.flush()
-            os.fsync(fh.fileno())
+        pending.append(emit(head))
+        for e, f in zip(table, flats):
+            if e["offset"] > pos:
+                pending.append(emit(bytes(e["offset"] - pos)))
+            if f.device.type == "cpu":  # written from where it lies
+                arr = f.numpy()
+                pending += [emit(arr[off:off + CHUNK], keep=f) for off in range(0, f.numel(), CHUNK)]
+                continue
+            if not slots:
+                slots = [torch.empty(CHUNK, dtype=torch.uint8, pin_memory=True) for _ in range(SLOTS)]
+                busy = [None] * SLOTS
+            for off in range(0, f.numel(), CHUNK):
+                k, staged = staged % SLOTS, staged + 1
+                for fut in busy[k] or ():
+                    fut.result()  # the slot's previous chunk is hashed and written (or its error raised)
+                m = min(CHUNK, f.numel() - off)
+                slots[k][:m].copy_(f[off:off + m], non_blocking=True)
+                ready = torch.cuda.Event()
+                ready.record(torch.cuda.current_stream(f.device))
+                busy[k] = emit(slots[k][:m].numpy(), ready=ready)
+                pending.append(busy[k])
+        for p in pending:
+            for fut in p:
+                fut.result()
+        os.fsync(fd)
     finally:
-        torch.serialization.set_crc32_options(crc)
-    return w.h.hexdigest()
+        hasher.shutdown(wait=True, cancel_futures=True)
+        writer.shutdown(wait=True, cancel_futures=True)
+        os.close(fd)
+    return h.hexdigest()
+
+
+def load_state(path: Path) -> Any:
+    """Read a `save_hashed` file into CPU tensors. Callers verify the file's sha256 first: the
+    skeleton is a pickle."""
+    import io
+    import json
+    import struct
+
+    with open(path, "rb", buffering=0) as f:
+        magic = f.read(len(MAGIC))
+        if magic != MAGIC:
+            raise CheckpointError(f"{path}: not a checkpoint (starts with {magic!r})")
+        n_skel, n_tab = struct.unpack("<QQ", f.read(16))
+        skel = f.read(n_skel)
+        table = json.loads(f.read(n_tab))
+        tensors = []
+        for e in table:
+            raw = torch.empty(e["nbytes"], dtype=torch.uint8)
+            view, got = memoryview(raw.numpy()), 0
+            f.seek(e["offset"])
+            while got < len(view):
+                n = f.readinto(view[got:])
+                if not n:
+                    raise CheckpointError(f"{path}: ends inside a tensor ({got} of {e['nbytes']} bytes)")
+                got += n
+            tensors.append(raw.view(getattr(torch, e["dtype"])).view(e["shape"]))
+    return _fill(torch.load(io.BytesIO(skel), map_location="cpu", weights_only=False), tensors)
 
 
 def plain_write_seconds(path: Path, n: int, block_bytes: int = 64 << 20) -> float:
@@ -196,7 +331,7 @@ def load_rank_state(rank_dir: Path, step: int, rank: int) -> tuple[dict[str, Any
         verify_receipt(cdir, receipt, what=f"rank {rank} checkpoint", exclude=["host.json"])
     except ReceiptError as e:
         raise CheckpointError(f"rank {rank}: {e}; no other step is substituted") from None
-    state = torch.load(cdir / STATE, map_location="cpu", weights_only=False)  # hash-verified above
+    state = load_state(cdir / STATE)  # hash-verified above
     return state, manifest
 
 
@@ -229,7 +364,7 @@ NUMERICAL_PARTS = ("update", "model", "optimizer", "rng", "outer", "powersgd")
 
 
 def compare_states(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
-    """Tensor-content comparison of two rank states (never file hashes: torch.save's bytes are not
+    """Tensor-content comparison of two rank states (never file hashes: the pickled skeleton's bytes are not
     canonical). Per part: tensors compared, elements, max |Δ|, and any non-tensor leaf that differs.
     Timing records (journal, ledger) are not numerical state and are left out."""
     import numpy as np

@@ -177,27 +177,40 @@ def chunk_plan(sizes: Sequence[int], chunk_elems: int) -> list[list[Piece]]:
 def chunked_mean(sizes: Sequence[int], fill: Callable[[torch.Tensor, Piece], None],
                  consume: Callable[[torch.Tensor, Piece], None], *, device: torch.device | str,
                  chunk_bytes: int = CHUNK_BYTES) -> int:
-    """Average a virtual FP32 vector over ranks through one reusable device buffer.
+    """Average a virtual FP32 vector over ranks through two reusable device buffers.
 
     `fill(view, piece)` writes this rank's values for a piece into `view` (on `device`);
-    `consume(view, piece)` receives the rank mean of those elements. At most `chunk_bytes` of
-    device memory is used, whatever the vector's length. Returns the payload bytes reduced.
+    `consume(view, piece)` receives the rank mean of those elements. At most 2 × `chunk_bytes` of
+    device memory is used, whatever the vector's length: while one chunk is being reduced (NCCL's
+    own stream, or gloo's thread), the next one is filled, so the copies and arithmetic around the
+    reduction hide behind it instead of adding to it. Returns the payload bytes reduced.
     """
     world = dist.get_world_size()
     chunk_elems = max(1, chunk_bytes // 4)
     plan = chunk_plan(sizes, chunk_elems)
     if not plan:
         return 0
-    buf = torch.empty(min(chunk_elems, sum(sizes)), dtype=torch.float32, device=device)
+    n = min(chunk_elems, sum(sizes))
+    bufs = [torch.empty(n, dtype=torch.float32, device=device) for _ in range(min(2, len(plan)))]
     total = 0
-    for pieces in plan:
+    inflight: tuple | None = None
+
+    def finish(work: dist.Work, view: torch.Tensor, pieces: list[Piece]) -> None:
+        work.wait()  # on CUDA: the current stream waits for the reduction; the CPU goes on
+        view.div_(world)
+        for p in pieces:
+            consume(view[p.offset:p.offset + p.end - p.start], p)
+
+    for k, pieces in enumerate(plan):
+        buf = bufs[k % len(bufs)]  # its previous chunk (k − 2) was consumed in the last iteration
         used = pieces[-1].offset + pieces[-1].end - pieces[-1].start
         for p in pieces:
             fill(buf[p.offset:p.offset + p.end - p.start], p)
         view = buf[:used]
-        dist.all_reduce(view)
-        view.div_(world)
-        for p in pieces:
-            consume(view[p.offset:p.offset + p.end - p.start], p)
+        work = dist.all_reduce(view, async_op=True)
+        if inflight is not None:
+            finish(*inflight)
+        inflight = (work, view, pieces)
         total += used * 4
+    finish(*inflight)
     return total

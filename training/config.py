@@ -81,6 +81,7 @@ class Profile(_Strict):
     compile: bool = False  # torch.compile the training step's model (fuses norms, RoPE, SwiGLU)
     fused_optimizer: bool = False  # AdamW's fused CUDA kernel instead of the foreach one
     pack: bool = False  # a microbatch's documents in one row (no padding); FlexAttention on CUDA
+    pack_tokens: int | None = None  # packed rows of exactly this many tokens, filled first-fit (one shape)
 
     @model_validator(mode="after")
     def _ranges(self) -> "Profile":
@@ -94,6 +95,9 @@ class Profile(_Strict):
         for name in ("tasks", "replay", "dev", "test", "probes", "updates", "max_context"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
+        if self.pack_tokens is not None and (not self.pack or self.pack_tokens < self.max_context):
+            raise ValueError("pack_tokens needs pack = true and at least max_context tokens (a row "
+                             "must hold the longest document)")
         if self.pack and self.device == "cuda" and not self.compile:  # the trainer refuses it too
             raise ValueError("pack = true on CUDA needs compile = true (FlexAttention runs inside "
                              "the compiled decoder)")

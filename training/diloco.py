@@ -6,7 +6,7 @@ Every worker then replaces its model with x and keeps its own Adam moments.
 
 x and v are FP32 on the CPU (they never occupy accelerator memory: 13.7 GB at 1.7B, which a 48 GB
 L40S cannot spare next to the model, its gradients and Adam). The mean is reduced on the device
-through `comm.chunked_mean`'s one bounded buffer, and each chunk's update is applied as soon as its
+through `comm.chunked_mean`'s two bounded buffers, and each chunk's update is applied as soon as its
 mean arrives, so there is no full-model d either. On CUDA, x and v live in pinned memory and each
 chunk's update runs on the GPU (x and v copied in and back, asynchronously): the CPU doing the
 update and pageable copies made one sync of 1.7B parameters take 8.4 s over sockets where DDP's

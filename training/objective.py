@@ -64,11 +64,30 @@ def order_for_microbatches(corpus: Corpus, docs: Sequence[int], sort_by_length: 
 
 def make_microbatches(corpus: Corpus, docs: Sequence[int], microbatch: int | None, *,
                       pad_id: int, sort_by_length: bool = True, pad_multiple: int | None = None,
-                      pack: bool = False) -> list[Microbatch]:
+                      pack: bool = False, pack_tokens: int | None = None) -> list[Microbatch]:
     """Split a local batch into microbatches of at most `microbatch` documents (last may be short),
     padded (`collate`) or packed (`collate_packed`). Packed microbatches keep the assignment order:
     sorting saves no padding there, and it would make the long and short microbatches' rows very
-    different widths (under torch.compile, each width is a graph)."""
+    different widths (under torch.compile, each width is a graph).
+
+    With `pack_tokens`, a packed microbatch is instead one row of exactly that many tokens, filled
+    first-fit in assignment order (`microbatch` is not used): every row has the same shape, so a
+    compiled step has one graph, and only each row's tail is padding."""
+    if pack and pack_tokens:
+        rows: list[list[int]] = []
+        room: list[int] = []
+        for d in docs:
+            n = len(corpus.doc(d))
+            if n > pack_tokens:
+                raise ValueError(f"document {d} has {n} tokens, more than a packed row's {pack_tokens}")
+            i = next((i for i, r in enumerate(room) if r >= n), None)
+            if i is None:
+                rows.append([])
+                room.append(pack_tokens)
+                i = len(rows) - 1
+            rows[i].append(d)
+            room[i] -= n
+        return [collate_packed(corpus, r, pad_id=pad_id, pad_multiple=pack_tokens) for r in rows]
     ordered = order_for_microbatches(corpus, docs, sort_by_length and not pack)
     size = microbatch or max(1, len(ordered))
     make = collate_packed if pack else collate

@@ -25,8 +25,8 @@ from evidence.canonical import canonical_sha256, fsync_dir, fsync_file, read_jso
 from evidence.commitments import CommitmentLog
 from evidence.receipts import make_receipt, verify_receipt
 from training.config import Arm, ConfigError, Experiment, Resolved
-from training.checkpoint import (CheckpointError, common_step, load_rank_state, orphan_after,
-                                 plain_write_seconds, write_manifest, write_rank_state)
+from training.checkpoint import (STATE, CheckpointError, checkpoint_dir, common_step, load_rank_state,
+                                 orphan_after, plain_write_seconds, write_manifest, write_rank_state)
 from training.errors import TrainError
 from training.runs import _set_aside, local_manifests, run_dir
 
@@ -85,7 +85,7 @@ def _restore(trainer: Any, rank_dir: Path, rank: int, every: int | None, updates
     t_load = time.perf_counter() - t0
     trainer.load_state(state)
     orphans = orphan_after(rank_dir, step)
-    size = (rank_dir / "checkpoints" / f"step-{step:06d}" / "state.pt").stat().st_size
+    size = (checkpoint_dir(rank_dir, step) / STATE).stat().st_size
     say(f"resumed from step {step} (common manifest on every rank); "
         f"{len(orphans)} later file(s) kept under orphaned/")
     return {"step": step, "bytes": size, "seconds": time.perf_counter() - t0,
@@ -246,7 +246,7 @@ def _spec(arm: Arm, cfg: Resolved, plan: list[list[int]], world: int, rank: int,
         powersgd_rank=arm.powersgd_rank,
         dense_warmup=(prof.dense_warmup or arm.dense_warmup) if arm.kind == "powersgd" else None,
         autocast_dtype=autocast, compile=prof.compile, fused_optimizer=prof.fused_optimizer,
-        pack=prof.pack)
+        pack=prof.pack, pack_tokens=prof.pack_tokens)
 
 
 def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_name: str, *,
@@ -352,7 +352,8 @@ def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_n
                     "powersgd_batch_same_shape": spec.kind == "powersgd",
                     "ddp_bucket_cap_mb": bucket_cap_mb(spec.kind, model),
                     "rng_seed": "generator_seed * 1000003 + rank", "compile": spec.compile,
-                    "fused_optimizer": spec.fused_optimizer and device.type == "cuda", "pack": spec.pack}
+                    "fused_optimizer": spec.fused_optimizer and device.type == "cuda", "pack": spec.pack,
+                    "pack_tokens": spec.pack_tokens if spec.pack else None}
     attention = packed_attention(device) if spec.pack else str(model.config._attn_implementation)
     numerics = runtime.numerical_profile(device, dtype=prof.dtype, arm=arm_numerics, attention=attention)
     numerics_digest = runtime.profile_digest(numerics)

@@ -55,6 +55,7 @@ class TrainSpec:
     compile: bool = False  # torch.compile of the decoder: same math, fused kernels
     fused_optimizer: bool = False  # AdamW(fused=True) on CUDA
     pack: bool = False  # each microbatch's documents in one row, no padding (same sum)
+    pack_tokens: int | None = None  # packed rows of exactly this width, filled first-fit (one graph)
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
 
@@ -212,8 +213,11 @@ class Trainer:
 
     def _widths(self) -> int:
         """How many microbatch widths (graphs) can occur: padded rows are at most the longest
-        document; a packed row holds up to `microbatch` documents (or the whole local batch)."""
+        document; a packed row holds up to `microbatch` documents (or the whole local batch), or
+        exactly `pack_tokens`."""
         s, longest = self.spec, int(self.corpus.lengths.max())
+        if s.pack and s.pack_tokens:
+            return 1
         per_row = (s.microbatch or max(len(d) for d in s.plan) // s.world_size) if s.pack else 1
         return -(-per_row * longest // pad_multiple(s))
 
@@ -232,7 +236,8 @@ class Trainer:
         """This rank's documents as the update runs them (the warm-up pass must see the same)."""
         s = self.spec
         return make_microbatches(self.corpus, docs, s.microbatch, pad_id=self.pad_id,
-                                 sort_by_length=s.sort_by_length, pad_multiple=pad_multiple(s), pack=s.pack)
+                                 sort_by_length=s.sort_by_length, pad_multiple=pad_multiple(s), pack=s.pack,
+                                 pack_tokens=s.pack_tokens)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
