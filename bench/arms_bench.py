@@ -74,7 +74,9 @@ def throughput(home: Path, results: list[dict], world: int, peak: float | None) 
     active = max(sum(u["seconds"] for u in r["updates"]) for r in results)
     params = results[0]["parameters"]
     out = {"active_seconds": active, "tokens_per_update": tokens / len(ups), "tokens_per_second": tokens / active,
-           "parameters": params}
+           "parameters": params,
+           # the first update also pays torch.compile's compilation (tens of seconds, once per process)
+           "active_seconds_after_first": max(sum(u["seconds"] for u in r["updates"][1:]) for r in results)}
     steps = sorted(max(r["updates"][i]["seconds"] for r in results) for i in range(len(ups)))
     out["step_seconds_median"] = steps[len(steps) // 2]
     if peak and params:
@@ -164,16 +166,19 @@ def main() -> int:
             ratio = by["diloco-four"]["payload_bytes_per_update"] / by["ddp-four"]["payload_bytes_per_update"]
             checks["diloco_over_ddp_payload"] = {"ratio": ratio, "sync_every": h, "one_over_h": 1 / h,
                                                  "exact": ratio == 1 / h}
-            active = (by["diloco-four"]["throughput"]["active_seconds"]
-                      / by["ddp-four"]["throughput"]["active_seconds"])
-            checks["diloco_over_ddp_active"] = {"ratio": active, "target_max": 0.12,
-                                                "met": active <= 0.12}
+            dt, dd = by["diloco-four"]["throughput"], by["ddp-four"]["throughput"]
+            active = dt["active_seconds"] / dd["active_seconds"]
+            later = dt["active_seconds_after_first"] / dd["active_seconds_after_first"]
+            checks["diloco_over_ddp_active"] = {"ratio": active, "target_max": 0.12, "met": active <= 0.12,
+                                                "ratio_after_first": later, "met_after_first": later <= 0.12}
         if {"powersgd-pair", "single"} <= set(by):
             ps, one = by["powersgd-pair"], by["single"]
             checks["powersgd"] = {
                 "payload_over_dense": (ps["powersgd"]["compressed_payload_bytes_per_update"]
                                        / ps["powersgd"]["dense_payload_bytes_per_update"]),
                 "active_speedup_vs_single": one["throughput"]["active_seconds"] / ps["throughput"]["active_seconds"],
+                "active_speedup_after_first": (one["throughput"]["active_seconds_after_first"]
+                                               / ps["throughput"]["active_seconds_after_first"]),
                 "whole_process_speedup_vs_single": one["whole_process_seconds"] / ps["whole_process_seconds"],
                 "median_step_speedup_vs_single": (one["throughput"]["step_seconds_median"]
                                                   / ps["throughput"]["step_seconds_median"]),
@@ -197,11 +202,14 @@ def main() -> int:
         print(f"\nDiLoCo / DDP logical payload per update = {c['ratio']!r}; 1/H = 1/{c['sync_every']} = "
               f"{c['one_over_h']!r}: {'exact' if c['exact'] else 'NOT EQUAL'}")
         a = checks["diloco_over_ddp_active"]
-        print(f"DiLoCo / DDP active time = {a['ratio']:.4f} (target ≤ 0.12: {'met' if a['met'] else 'NOT met'})")
+        print(f"DiLoCo / DDP active time = {a['ratio']:.4f} (target ≤ 0.12: {'met' if a['met'] else 'NOT met'}); "
+              f"after the first update (compilation) {a['ratio_after_first']:.4f} "
+              f"({'met' if a['met_after_first'] else 'NOT met'})")
     if "powersgd" in checks:
         p = checks["powersgd"]
         print(f"PowerSGD compressed / dense payload = {p['payload_over_dense']:.4f} (≤ 1/40 = 0.025); "
-              f"speedup vs single: active {p['active_speedup_vs_single']:.3f}, whole process "
+              f"speedup vs single: active {p['active_speedup_vs_single']:.3f} (after the first update "
+              f"{p['active_speedup_after_first']:.3f}), whole process "
               f"{p['whole_process_speedup_vs_single']:.3f}, median update "
               f"{p['median_step_speedup_vs_single']:.3f} (targets ≥ 1.10)")
     for s in rows:

@@ -7,8 +7,8 @@
 #   profile   the 1.7B batched single arm per profile in $PROFILES (default gpu-bench), with the
 #             bf16 peak, a torch.profiler table of updates 2-4, and $BENCH_FLAGS (e.g.
 #             "--checkpoint-every 16 --io-baseline")
-#   sockets   the 2-rank arms ($SOCKET_ARMS) over NCCL TCP sockets on loopback, profile
-#             $SOCKET_PROFILE, multi-rank arms run as pairs (--ranks 2)
+#   sockets   the 2-rank arms ($SOCKET_ARMS: groups separated by ';', each its own run) over NCCL
+#             TCP sockets on loopback, profile $SOCKET_PROFILE, multi-rank arms as pairs (--ranks 2)
 # STEPS (default "tests recovery profile") picks them, run in the order given.
 #   carry: .whl (pure-Python wheels the image lacks), .seeds/tiny, and .inductor when a previous
 #   call left one (torch.compile's cache: kernels compiled there are reused here)
@@ -58,12 +58,18 @@ step_profile() {
 }
 step_sockets() {
   seed17
-  NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 NCCL_ALGO=Ring NCCL_PROTO=Simple \
-    timeout ${SOCKET_TIMEOUT:-420} python3 bench/arms_bench.py --profile "${SOCKET_PROFILE:-gpu-bench}" --model-dir /tmp/seed-local \
-    --arms "${SOCKET_ARMS:-ddp-four,diloco-four}" --ranks 2 --max-world 2 --peak --label sockets \
-    --work /tmp/work-sockets --out "$OUT/sockets.json" > "$OUT/sockets.log" 2>&1
-  grep -vE "^  update|^\s*$" "$OUT/sockets.log" | tail -30
-  echo "sockets: $((SECONDS - s)) s"; s=$SECONDS
+  local i=0 group
+  IFS=';' read -ra groups <<< "${SOCKET_ARMS:-ddp-four,diloco-four}"
+  for group in "${groups[@]}"; do  # each group its own benchmark run: one timing out loses only itself
+    i=$((i + 1))
+    NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 NCCL_ALGO=Ring NCCL_PROTO=Simple \
+      timeout ${SOCKET_TIMEOUT:-420} python3 bench/arms_bench.py --profile "${SOCKET_PROFILE:-gpu-bench}" --model-dir /tmp/seed-local \
+      --arms "$group" --ranks 2 --max-world 2 --peak --label sockets \
+      --work /tmp/work-sockets-$i --out "$OUT/sockets-$i.json" > "$OUT/sockets-$i.log" 2>&1
+    grep -vE "^  update|^\s*$" "$OUT/sockets-$i.log" | tail -30
+    rm -rf /tmp/work-sockets-$i
+    echo "sockets $group: $((SECONDS - s)) s"; s=$SECONDS
+  done
 }
 for step in $STEPS; do
   "step_$step"

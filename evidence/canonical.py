@@ -39,6 +39,86 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
     return h.hexdigest()
 
 
+TREE_PIECE = 64 << 20  # bytes per leaf of a tree digest
+
+
+def _hash_threads() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+class TreeSha256:
+    """sha256 over the concatenated sha256 digests of each `piece`-byte piece of a byte stream.
+
+    One sha256 is sequential, and on some hosts' CPUs it runs at ~0.8 GB/s, below the disk a
+    checkpoint is written to (1.2–1.4 GB/s on an H200 host, measured 2026-11-30); pieces are hashed
+    on several threads at once (hashlib releases the GIL). Anyone can recompute it: hash each piece,
+    then hash the digests in order (`file_tree_sha256`).
+
+    `update` queues the bytes and returns the futures that read them: the caller keeps the buffer
+    unchanged until they are done. `hexdigest` waits for every queued piece."""
+
+    def __init__(self, piece: int = TREE_PIECE, threads: int | None = None):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.piece = piece
+        # one single-threaded queue per lane: a piece's updates stay in order on its lane
+        self._lanes = [ThreadPoolExecutor(1, thread_name_prefix="sha256") for _ in range(threads or _hash_threads())]
+        self._leaves: list[Any] = []
+        self._pending: list[Any] = []
+        self._pos = 0
+
+    def update(self, data: Any) -> list[Any]:
+        mv = memoryview(data).cast("B")
+        futures = []
+        while mv:
+            i, off = divmod(self._pos, self.piece)
+            if off == 0:
+                self._leaves.append(hashlib.sha256())
+            take = min(len(mv), self.piece - off)
+            futures.append(self._lanes[i % len(self._lanes)].submit(self._leaves[i].update, mv[:take]))
+            mv, self._pos = mv[take:], self._pos + take
+        self._pending += futures
+        return futures
+
+    def hexdigest(self) -> str:
+        for f in self._pending:
+            f.result()
+        self._pending = []
+        top = hashlib.sha256()
+        for leaf in self._leaves:
+            top.update(leaf.digest())
+        return top.hexdigest()
+
+    def close(self) -> None:
+        for lane in self._lanes:
+            lane.shutdown(wait=True, cancel_futures=True)
+
+
+def file_tree_sha256(path: str | os.PathLike[str], piece: int = TREE_PIECE, threads: int | None = None) -> str:
+    """`TreeSha256` of a file, its pieces read and hashed on several threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        n = os.fstat(fd).st_size
+
+        def leaf(i: int) -> bytes:
+            h, at, end = hashlib.sha256(), i * piece, min(n, (i + 1) * piece)
+            while at < end:
+                block = os.pread(fd, min(_CHUNK * 16, end - at), at)
+                if not block:
+                    raise OSError(f"{path}: shorter than its size while hashing")
+                h.update(block)
+                at += len(block)
+            return h.digest()
+
+        with ThreadPoolExecutor(threads or _hash_threads()) as pool:
+            leaves = list(pool.map(leaf, range(-(-n // piece))))
+    finally:
+        os.close(fd)
+    return hashlib.sha256(b"".join(leaves)).hexdigest()
+
+
 def fsync_dir(path: str | os.PathLike[str]) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

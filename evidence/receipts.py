@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from evidence.canonical import canonical_sha256, file_sha256
+from evidence.canonical import canonical_sha256, file_sha256, file_tree_sha256
 
 RECEIPT_NAME = "receipt.json"
 
@@ -35,18 +35,19 @@ def _walk(root: Path, exclude: Iterable[str]) -> list[str]:
 
 def make_receipt(
     root: str | os.PathLike[str], *, meta: dict[str, Any] | None = None, exclude: Iterable[str] = (),
-    hashed: dict[str, str] | None = None,
+    hashed: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Hash every regular file under `root` (hidden files and `exclude` left out).
 
-    `hashed` gives the sha256 of files hashed as they were written (a checkpoint of gigabytes is
-    then not read back a second time here); every other file is read and hashed."""
+    `hashed` gives the digest fields of files hashed as they were written (a checkpoint of
+    gigabytes is then not read back a second time here): {"sha256": …}, or {"sha256_tree": …,
+    "piece_bytes": …} for a `TreeSha256`; every other file is read and sha256-hashed."""
     root = Path(root)
     files = {}
     hashed = hashed or {}
     for rel in _walk(root, [RECEIPT_NAME, *exclude]):
         p = root / rel
-        files[rel] = {"sha256": hashed.get(rel) or file_sha256(p), "bytes": p.stat().st_size}
+        files[rel] = {**(hashed.get(rel) or {"sha256": file_sha256(p)}), "bytes": p.stat().st_size}
     receipt: dict[str, Any] = {"files": files, "meta": meta or {}}
     receipt["digest"] = receipt_digest(receipt)
     return receipt
@@ -78,11 +79,12 @@ def verify_receipt(
             raise ReceiptError(
                 f"{what} file altered: {p} has {size} bytes, receipt says {entry['bytes']}"
             )
-        digest = file_sha256(p)
-        if digest != entry["sha256"]:
+        kind = "sha256_tree" if "sha256_tree" in entry else "sha256"
+        digest = file_tree_sha256(p, entry["piece_bytes"]) if kind == "sha256_tree" else file_sha256(p)
+        if digest != entry[kind]:
             raise ReceiptError(
-                f"{what} file altered: {p} sha256 {digest[:16]}… differs from receipt "
-                f"{entry['sha256'][:16]}…"
+                f"{what} file altered: {p} {kind} {digest[:16]}… differs from receipt "
+                f"{entry[kind][:16]}…"
             )
     if not allow_extra:
         extra = sorted(set(_walk(root, [RECEIPT_NAME, *exclude])) - set(receipt["files"]))

@@ -258,7 +258,7 @@ def test_compare_states_never_calls_nan_identical():
 
 
 def test_save_hashed_round_trips_the_state_and_its_digest_is_the_files(tmp_path):
-    """The receipt takes the sha256 computed while writing: it must be the file's own. What loads back
+    """The receipt takes the tree digest computed while writing: it must be the file's own. What loads back
     must be the state bit for bit: large tensors (written raw, from the device when there is one) in
     every dtype, a tied pair still tied, a non-contiguous view, the small tensors and objects kept in
     the pickled skeleton, a state_dict's metadata."""
@@ -266,7 +266,7 @@ def test_save_hashed_round_trips_the_state_and_its_digest_is_the_files(tmp_path)
 
     import numpy as np
 
-    from evidence.canonical import file_sha256
+    from evidence.canonical import TREE_PIECE, file_tree_sha256
     from training.checkpoint import CHUNK, load_state, save_hashed
 
     dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
@@ -279,8 +279,10 @@ def test_save_hashed_round_trips_the_state_and_its_digest_is_the_files(tmp_path)
              "adam": {0: {"exp_avg": torch.randn(300_000, generator=g, dtype=torch.float64)}},
              "ints": (torch.arange(400_000, dtype=torch.int64), [torch.ones(5, dtype=torch.bool)]),
              "numpy": np.random.RandomState(5).get_state(), "none": None}
-    digest = save_hashed(state, tmp_path / "state.bin")
-    assert digest == file_sha256(tmp_path / "state.bin")
+    entry = save_hashed(state, tmp_path / "state.bin")
+    assert entry["piece_bytes"] == TREE_PIECE and (tmp_path / "state.bin").stat().st_size > TREE_PIECE
+    digest = entry["sha256_tree"]
+    assert digest == file_tree_sha256(tmp_path / "state.bin") == file_tree_sha256(tmp_path / "state.bin", threads=1)
     got = load_state(tmp_path / "state.bin")
     assert got["step"] == 7 and got["none"] is None and got["model"]._metadata == model._metadata
     assert list(got["model"]) == list(model)
@@ -293,11 +295,13 @@ def test_save_hashed_round_trips_the_state_and_its_digest_is_the_files(tmp_path)
     assert got["model"]["embed"] is got["model"]["head"]  # written once, tied again
     assert isinstance(got["ints"], tuple) and got["numpy"][0] == "MT19937"
     assert np.array_equal(got["numpy"][1], state["numpy"][1])
-    # a flipped byte inside a raw tensor changes the file's sha256 (what the receipt re-checks)
-    raw = bytearray((tmp_path / "state.bin").read_bytes())
-    raw[-100] ^= 1
-    (tmp_path / "flipped.bin").write_bytes(raw)
-    assert file_sha256(tmp_path / "flipped.bin") != digest
+    # a flipped byte in either piece changes the digest (what the receipt re-checks)
+    raw = (tmp_path / "state.bin").read_bytes()
+    for at in (100, len(raw) - 100):
+        flipped = bytearray(raw)
+        flipped[at] ^= 1
+        (tmp_path / "flipped.bin").write_bytes(flipped)
+        assert file_tree_sha256(tmp_path / "flipped.bin") != digest
 
     class Unpicklable:
         def __reduce__(self):
@@ -305,3 +309,24 @@ def test_save_hashed_round_trips_the_state_and_its_digest_is_the_files(tmp_path)
 
     with pytest.raises(RuntimeError, match="cannot pickle"):
         save_hashed({"bad": Unpicklable()}, tmp_path / "bad.bin")
+
+
+def test_tree_digest_is_the_sha256_of_its_pieces_digests(tmp_path):
+    """Recomputable by anyone: sha256 of each piece, then sha256 of those digests in order; the
+    streaming form (bytes arriving in pieces that straddle leaves) gives the same digest."""
+    import hashlib
+    import os
+
+    from evidence.canonical import TreeSha256, file_tree_sha256
+
+    data = os.urandom(10_000)
+    (tmp_path / "f").write_bytes(data)
+    want = hashlib.sha256(b"".join(hashlib.sha256(data[i:i + 4096]).digest()
+                                   for i in range(0, len(data), 4096))).hexdigest()
+    assert file_tree_sha256(tmp_path / "f", piece=4096) == want
+    tree = TreeSha256(piece=4096, threads=3)
+    for a, b in ((0, 1), (1, 4095), (4095, 9000), (9000, 10_000)):
+        tree.update(data[a:b])
+    assert tree.hexdigest() == want
+    tree.close()
+    assert want != hashlib.sha256(data).hexdigest()
