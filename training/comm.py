@@ -176,14 +176,15 @@ def chunk_plan(sizes: Sequence[int], chunk_elems: int) -> list[list[Piece]]:
 
 def chunked_mean(sizes: Sequence[int], fill: Callable[[torch.Tensor, Piece], None],
                  consume: Callable[[torch.Tensor, Piece], None], *, device: torch.device | str,
-                 chunk_bytes: int = CHUNK_BYTES) -> int:
+                 chunk_bytes: int = CHUNK_BYTES, buffers: int = 2) -> int:
     """Average a virtual FP32 vector over ranks through two reusable device buffers.
 
     `fill(view, piece)` writes this rank's values for a piece into `view` (on `device`);
     `consume(view, piece)` receives the rank mean of those elements. At most 2 × `chunk_bytes` of
     device memory is used, whatever the vector's length: while one chunk is being reduced (NCCL's
     own stream, or gloo's thread), the next one is filled, so the copies and arithmetic around the
-    reduction hide behind it instead of adding to it. Returns the payload bytes reduced.
+    reduction hide behind it instead of adding to it (`buffers=1`: one chunk at a time). Returns the
+    payload bytes reduced.
     """
     world = dist.get_world_size()
     chunk_elems = max(1, chunk_bytes // 4)
@@ -191,7 +192,7 @@ def chunked_mean(sizes: Sequence[int], fill: Callable[[torch.Tensor, Piece], Non
     if not plan:
         return 0
     n = min(chunk_elems, sum(sizes))
-    bufs = [torch.empty(n, dtype=torch.float32, device=device) for _ in range(min(2, len(plan)))]
+    bufs = [torch.empty(n, dtype=torch.float32, device=device) for _ in range(max(1, min(buffers, len(plan))))]
     total = 0
     inflight: tuple | None = None
 
@@ -211,6 +212,10 @@ def chunked_mean(sizes: Sequence[int], fill: Callable[[torch.Tensor, Piece], Non
         if inflight is not None:
             finish(*inflight)
         inflight = (work, view, pieces)
+        if len(bufs) == 1:
+            finish(*inflight)
+            inflight = None
         total += used * 4
-    finish(*inflight)
+    if inflight is not None:
+        finish(*inflight)
     return total

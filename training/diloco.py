@@ -35,9 +35,9 @@ def apply_update(x: torch.Tensor, v: torch.Tensor, d: torch.Tensor, lr: float, m
 
 class OuterNesterov:
     def __init__(self, params: Sequence[nn.Parameter], lr: float, momentum: float, *,
-                 chunk_bytes: int = CHUNK_BYTES):
+                 chunk_bytes: int = CHUNK_BYTES, buffers: int = 2):
         self.params = list(params)
-        self.lr, self.momentum, self.chunk_bytes = lr, momentum, chunk_bytes
+        self.lr, self.momentum, self.chunk_bytes, self.buffers = lr, momentum, chunk_bytes, buffers
         pin = bool(self.params) and self.params[0].device.type == "cuda"  # allocated pinned: no second copy
         self.x = [torch.empty(p.numel(), dtype=torch.float32, pin_memory=pin).copy_(p.detach().reshape(-1))
                   for p in self.params]
@@ -78,7 +78,7 @@ class OuterNesterov:
                 flat[pc.index][pc.start:pc.end].copy_(x)
 
         sent = chunked_mean([t.numel() for t in self.x], fill, consume, device=device,
-                            chunk_bytes=self.chunk_bytes)
+                            chunk_bytes=self.chunk_bytes, buffers=self.buffers)
         if on_gpu:  # x and v are read on the CPU next (checkpoints); the copies must have landed
             torch.cuda.synchronize(device)
         self.steps += 1
