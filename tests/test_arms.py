@@ -70,8 +70,9 @@ def load(out, name, world):
     return [torch.load(out / f"{name}-rank{r}.pt", weights_only=False) for r in range(world)]
 
 
-def single(tiny_seed, name, *, microbatch=None, plan=None, corpus=None, weights=None, **spec):
-    """The single-process reference; `spec` adds TrainSpec options (compile, pack)."""
+def single(tiny_seed, name, *, microbatch=None, plan=None, corpus=None, weights=None, warm_up=False, **spec):
+    """The single-process reference; `spec` adds TrainSpec options (compile, pack); `warm_up` runs
+    the trainer's compile warm-up pass first."""
     from transformers import AutoModelForCausalLM
 
     c, p = case(name)
@@ -81,6 +82,10 @@ def single(tiny_seed, name, *, microbatch=None, plan=None, corpus=None, weights=
     model = AutoModelForCausalLM.from_pretrained(str(tiny_seed), dtype=torch.float32).to(device())
     tr = Trainer(model, corpus, TrainSpec(kind="single", plan=plan, lr=LR, microbatch=microbatch, **spec),
                  device(), pad_id=2)
+    if warm_up:
+        rng = torch.get_rng_state()
+        tr.compile_warm_up()
+        assert torch.equal(torch.get_rng_state(), rng) and all(p.grad is None for p in tr.params)
     return to_cpu(train_state(tr, [tr.step() for _ in plan]))
 
 
@@ -310,6 +315,15 @@ def test_compiled_step_matches_eager(tiny_seed):
     assert max_diff(compiled, eager) < ATOL
     for a, b in zip(compiled["records"], eager["records"]):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
+
+
+def test_compile_warm_up_changes_nothing(tiny_seed):
+    """The warm-up pass before the timed loop (train.py runs it under compile) leaves no gradient,
+    moves no generator and applies nothing: the run that follows is the same, bit for bit."""
+    plain = single(tiny_seed, "unequal", microbatch=3)
+    warmed = single(tiny_seed, "unequal", microbatch=3, warm_up=True)
+    assert max_diff(plain, warmed) == 0.0
+    assert [r["loss_sum_local"] for r in plain["records"]] == [r["loss_sum_local"] for r in warmed["records"]]
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])

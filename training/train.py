@@ -387,6 +387,12 @@ def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_n
         restored = None
         if resume:
             restored = _restore(trainer, rank_dir, info.rank, every, spec.updates, device, say)
+        compile_s = None
+        if spec.compile and trainer.update < spec.updates:
+            say("compiling the training step (one forward/backward; nothing is applied)")
+            with all_or_none("compiling the training step", device):  # ranks enter the loop together
+                compile_s = trainer.compile_warm_up()
+            say(f"compiled in {compile_s:.1f} s")
         heartbeat = rank_dir / "heartbeat.json"
         fault = _fault_plan(info.rank)
         checkpoints: list[dict[str, Any]] = []
@@ -459,10 +465,12 @@ def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_n
         "timers": {
             "seed_verification_seconds": t_verify, "process_group_seconds": t_group,
             "model_load_seconds": t_load, "agreement_and_commit_seconds": t_agree,
+            "compile_warm_up_seconds": compile_s,
             "updates_seconds": t_updates, "final_agreement_and_model_seconds": t_final,
             "training_loop_seconds": t_loop,
             "note": "training_loop = first update through final model write, read-back "
-                    "verification and parameter agreement",
+                    "verification and parameter agreement; under compile, the compilation runs "
+                    "before it (compile_warm_up_seconds)",
         },
         "checkpoints": {"every": every, "published": checkpoints, "restored": restored,
                         "io": (_plain_write_baseline(rank_dir, checkpoints, restored)

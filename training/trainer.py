@@ -365,14 +365,9 @@ class Trainer:
         if rng["cuda"] is not None and self.device.type == "cuda":
             torch.cuda.set_rng_state_all(rng["cuda"])
 
-    def _warm_ddp(self) -> None:
-        """Give a fresh DDP its rebuilt bucket layout before the first real update of a resume.
-
-        DDP re-buckets parameters by gradient-ready order after its first backward. An
-        uninterrupted run reduces (and keeps PowerSGD's error feedback) in that rebuilt layout, so a
-        resumed run must reach it before its first reduction: one forward/backward whose hook
-        returns the bucket unchanged (no communication), then the gradients are dropped.
-        """
+    def _warm_pass(self) -> None:
+        """One forward/backward of the next update's first microbatch whose reduction hook (if any)
+        returns the bucket unchanged (no communication); the gradients are then dropped."""
         mb = self._microbatches(self.spec.local_docs(min(self.update, self.spec.updates - 1)))[0]
         self._warming = True
         try:
@@ -382,6 +377,40 @@ class Trainer:
         finally:
             self._warming = False
         self.optimizer.zero_grad(set_to_none=True)
+
+    def _warm_ddp(self) -> None:
+        """Give a fresh DDP its rebuilt bucket layout before the first real update of a resume.
+
+        DDP re-buckets parameters by gradient-ready order after its first backward. An
+        uninterrupted run reduces (and keeps PowerSGD's error feedback) in that rebuilt layout, so a
+        resumed run must reach it before its first reduction (`_warm_pass`).
+        """
+        self._warm_pass()
+
+    def compile_warm_up(self) -> float:
+        """Compile before the timed loop; returns the seconds it took.
+
+        Under torch.compile the first update would otherwise carry the compilation (50–80 s at 1.7B
+        on an H200), and ranks that do not synchronize every update (DiLoCo) would then charge a
+        slower rank's compilation to the next synchronization. `_warm_pass` touches no parameter,
+        optimizer state or collective, and the RNG states are put back (Inductor's autotuning
+        draws random inputs), so the run trains exactly as without it. With DDP it also rebuilds the
+        buckets before update 0, as a resume does."""
+        import random
+
+        import numpy as np
+
+        t0 = time.perf_counter()
+        rng = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
+               torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None)
+        self._warm_pass()
+        random.setstate(rng[0])
+        np.random.set_state(rng[1])
+        torch.set_rng_state(rng[2])
+        if rng[3] is not None:
+            torch.cuda.set_rng_state_all(rng[3])
+        self._sync()
+        return time.perf_counter() - t0
 
 
 def parameter_digest(model: nn.Module) -> str:
