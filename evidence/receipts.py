@@ -80,6 +80,8 @@ def verify_receipt(
                 f"{what} file altered: {p} has {size} bytes, receipt says {entry['bytes']}"
             )
         kind = "sha256_tree" if "sha256_tree" in entry else "sha256"
+        if kind == "sha256_tree" and not (isinstance(entry.get("piece_bytes"), int) and entry["piece_bytes"] > 0):
+            raise ReceiptError(f"{what} receipt entry for {p} has no valid piece_bytes: {entry.get('piece_bytes')!r}")
         digest = file_tree_sha256(p, entry["piece_bytes"]) if kind == "sha256_tree" else file_sha256(p)
         if digest != entry[kind]:
             raise ReceiptError(

@@ -303,6 +303,13 @@ def test_save_hashed_round_trips_the_state_and_its_digest_is_the_files(tmp_path)
         (tmp_path / "flipped.bin").write_bytes(flipped)
         assert file_tree_sha256(tmp_path / "flipped.bin") != digest
 
+    # many large tensors (a long table in the header): every one lands where the table says
+    from training.checkpoint import INLINE_MAX
+
+    many = {i: torch.full((INLINE_MAX + 7 * i,), i % 251, dtype=torch.uint8) for i in range(97)}
+    save_hashed(many, tmp_path / "many.bin")
+    assert all(torch.equal(v, many[k]) for k, v in load_state(tmp_path / "many.bin").items())
+
     class Unpicklable:
         def __reduce__(self):
             raise RuntimeError("cannot pickle this")

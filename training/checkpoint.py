@@ -4,7 +4,7 @@ Layout, per rank (each rank writes only under its own directory, so ranks on dif
 no shared filesystem):
 
     runs/<arm>/rank-<r>/checkpoints/step-000064/state.bin      this rank's whole training state
-    runs/<arm>/rank-<r>/checkpoints/step-000064/receipt.json   sha256 of state.bin + (rank, step, …)
+    runs/<arm>/rank-<r>/checkpoints/step-000064/receipt.json   tree sha256 of state.bin + (rank, step, …)
     runs/<arm>/rank-<r>/checkpoints/step-000064/host.json      hostname: recorded, not in the receipt
     runs/<arm>/rank-<r>/manifests/step-000064.json             every rank's receipt digest
 
@@ -154,7 +154,13 @@ def save_hashed(obj: Any, path: Path) -> dict[str, Any]:
     write at ~0.8 GB/s on an H200 host whose disk takes 1.37 GB/s. Everything else (numbers, RNG
     states, small tensors, the layout of the dicts) is pickled by torch.save into a small header.
     Layout: MAGIC, two little-endian u64 lengths, the pickled skeleton, a JSON table of {dtype,
-    shape, offset, nbytes}, then each tensor's bytes at its page-aligned offset. `load_state` reads it.
+    shape, offset, nbytes}, then, from the first page boundary after it, each tensor's bytes at its
+    page-aligned offset (counted from there). `load_state` reads it.
+
+    What the training state holds round-trips exactly (tied tensors stay tied). Limits, for other
+    uses: large tensors are found only inside dicts, lists and tuples (elsewhere they stay in the
+    pickle); only identical views are shared again; an `nn.Parameter` comes back a plain tensor;
+    a small view of a large storage pickles the whole storage.
     """
     import io
     import json
@@ -166,52 +172,50 @@ def save_hashed(obj: Any, path: Path) -> dict[str, Any]:
     big: list[torch.Tensor] = []
     skel = io.BytesIO()
     torch.save(_strip(obj, big), skel)
-    flats = [(t if t.device.type in ("cpu", "cuda") else t.cpu()).contiguous().view(-1).view(torch.uint8)
-             for t in big]
-    table, head_guess = [], 0
-    for _ in range(2):  # the table's own length moves the first offset; a second pass settles it
-        fixed = len(MAGIC) + 16 + len(skel.getvalue()) + head_guess
-        offset = -(-fixed // ALIGN) * ALIGN
-        table = []
-        for t, f in zip(big, flats):
-            table.append({"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
-                          "offset": offset, "nbytes": f.numel()})
-            offset = -(-(offset + f.numel()) // ALIGN) * ALIGN
-        head_guess = len(json.dumps(table).encode())
+    table, at = [], 0
+    for t in big:  # offsets count from the data region's start, so the table's length moves none
+        n = t.numel() * t.element_size()
+        table.append({"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape), "offset": at,
+                      "nbytes": n})
+        at = _aligned(at + n)
     tab = json.dumps(table).encode()
-    assert len(tab) == head_guess
     head = MAGIC + struct.pack("<QQ", len(skel.getvalue()), len(tab)) + skel.getvalue() + tab
+    data_start = _aligned(len(head))
     tree = TreeSha256(TREE_PIECE)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     writer = ThreadPoolExecutor(1, thread_name_prefix="write")
+    fd = -1
     pos = 0
 
-    def write_all(mv: memoryview, keep: Any) -> None:
+    def write_all(mv: memoryview) -> None:
         while mv:
             mv = mv[os.write(fd, mv):]
 
-    def emit(data: Any, ready: Any = None, keep: Any = None) -> list[Future]:
+    def emit(data: Any, ready: Any = None) -> list[Future]:
         """Queue `data` for the file and the digest; the returned futures hold it until done."""
         nonlocal pos
         mv = memoryview(data).cast("B")
         pos += len(mv)
         if ready is not None:  # nothing may read the slot before its copy landed (~3 ms of ~50)
             ready.synchronize()
-        return [*tree.update(mv), writer.submit(write_all, mv, keep)]
+        return [*tree.update(mv), writer.submit(write_all, mv)]
 
     pending: list[Future] = []
     slots: list[torch.Tensor] = []
     busy: list[list[Future]] = []
     staged = 0
     try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         pending += emit(head)
-        for e, f in zip(table, flats):
-            if e["offset"] > pos:
-                pending += emit(bytes(e["offset"] - pos))
-            if f.device.type == "cpu":  # written from where it lies
+        for e, t in zip(table, big):
+            if pos > data_start + e["offset"]:
+                raise CheckpointError(f"{path}: layout error, {pos} bytes written before an entry at "
+                                      f"{data_start + e['offset']}")
+            pending += emit(bytes(data_start + e["offset"] - pos))
+            # one tensor at a time: a non-contiguous or off-device tensor's copy lives only while written
+            f = (t if t.device.type in ("cpu", "cuda") else t.cpu()).contiguous().view(-1).view(torch.uint8)
+            if f.device.type == "cpu":  # written from where it lies (each numpy slice keeps f alive)
                 arr = f.numpy()
-                for off in range(0, f.numel(), CHUNK):
-                    pending += emit(arr[off:off + CHUNK], keep=f)
+                pending += [fut for off in range(0, f.numel(), CHUNK) for fut in emit(arr[off:off + CHUNK])]
                 continue
             if not slots:
                 slots = [torch.empty(CHUNK, dtype=torch.uint8, pin_memory=True) for _ in range(SLOTS)]
@@ -233,12 +237,17 @@ def save_hashed(obj: Any, path: Path) -> dict[str, Any]:
     finally:
         tree.close()
         writer.shutdown(wait=True, cancel_futures=True)
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
 
 
 def load_state(path: Path) -> Any:
-    """Read a `save_hashed` file into CPU tensors. Callers verify the file's sha256 first: the
-    skeleton is a pickle."""
+    """Read a `save_hashed` file into CPU tensors. Callers verify the file's digest first (the receipt's
+    tree sha256): the skeleton is a pickle."""
     import io
     import json
     import struct
@@ -250,11 +259,12 @@ def load_state(path: Path) -> Any:
         n_skel, n_tab = struct.unpack("<QQ", f.read(16))
         skel = f.read(n_skel)
         table = json.loads(f.read(n_tab))
+        data_start = _aligned(len(MAGIC) + 16 + n_skel + n_tab)
         tensors = []
         for e in table:
             raw = torch.empty(e["nbytes"], dtype=torch.uint8)
             view, got = memoryview(raw.numpy()), 0
-            f.seek(e["offset"])
+            f.seek(data_start + e["offset"])
             while got < len(view):
                 n = f.readinto(view[got:])
                 if not n:
@@ -317,6 +327,9 @@ def load_rank_state(rank_dir: Path, step: int, rank: int) -> tuple[dict[str, Any
         raise CheckpointError(f"rank {rank}: {rpath} is missing (manifest {mpath} names it); "
                               "restore that rank's checkpoint files — no other step is substituted")
     receipt = read_json(rpath)
+    if receipt.get("meta", {}).get("format") != FORMAT:
+        raise CheckpointError(f"rank {rank}: {cdir} is a {receipt.get('meta', {}).get('format')!r} checkpoint; "
+                              f"this version reads {FORMAT!r} only — resume it with the version that wrote it")
     owner = receipt.get("meta", {}).get("rank")
     if owner != rank:
         raise CheckpointError(f"rank {rank}: {cdir} holds rank {owner}'s checkpoint; a rank restores "

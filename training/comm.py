@@ -183,8 +183,9 @@ def chunked_mean(sizes: Sequence[int], fill: Callable[[torch.Tensor, Piece], Non
     `consume(view, piece)` receives the rank mean of those elements. At most 2 × `chunk_bytes` of
     device memory is used, whatever the vector's length: while one chunk is being reduced (NCCL's
     own stream, or gloo's thread), the next one is filled, so the copies and arithmetic around the
-    reduction hide behind it instead of adding to it (`buffers=1`: one chunk at a time). Returns the
-    payload bytes reduced.
+    reduction hide behind it instead of adding to it. `buffers=1` does one chunk at a time (the
+    comparison in bench/outer_step.py); more than 2 would not help, since one reduction is in
+    flight at a time. Returns the payload bytes reduced.
     """
     world = dist.get_world_size()
     chunk_elems = max(1, chunk_bytes // 4)
@@ -192,7 +193,7 @@ def chunked_mean(sizes: Sequence[int], fill: Callable[[torch.Tensor, Piece], Non
     if not plan:
         return 0
     n = min(chunk_elems, sum(sizes))
-    bufs = [torch.empty(n, dtype=torch.float32, device=device) for _ in range(max(1, min(buffers, len(plan))))]
+    bufs = [torch.empty(n, dtype=torch.float32, device=device) for _ in range(max(1, min(buffers, 2, len(plan))))]
     total = 0
     inflight: tuple | None = None
 

@@ -394,8 +394,9 @@ class Trainer:
         on an H200), and ranks that do not synchronize every update (DiLoCo) would then charge a
         slower rank's compilation to the next synchronization. `_warm_pass` touches no parameter,
         optimizer state or collective, and the RNG states are put back (Inductor's autotuning
-        draws random inputs), so the run trains exactly as without it. With DDP it also rebuilds the
-        buckets before update 0, as a resume does."""
+        draws random inputs): a single or DiLoCo run trains bit for bit as without it (tested).
+        With DDP it also rebuilds the buckets before update 0, as a resume does, so update 0
+        reduces in the rebuilt layout; the sum is the same up to the reduction's order."""
         import random
 
         import numpy as np
