@@ -313,10 +313,6 @@ class Trainer:
 
     def state(self) -> dict[str, Any]:
         """This rank's whole training state: enough to continue bit for bit."""
-        import random
-
-        import numpy as np
-
         psgd = None
         if self.powersgd_state is not None:
             psgd = {k: getattr(self.powersgd_state, k) for k in self.powersgd_state.__slots__
@@ -325,9 +321,7 @@ class Trainer:
             "update": self.update,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "rng": {"python": random.getstate(), "numpy": np.random.get_state(),
-                    "torch": torch.get_rng_state(),
-                    "cuda": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None},
+            "rng": self._rng_state(),
             "outer": self.outer.state_dict() if self.outer is not None else None,
             "powersgd": psgd,
             "ledger": {"totals": self.ledger.snapshot(), "ops": {k: dict(v) for k, v in self.ledger.ops.items()}},
@@ -336,10 +330,6 @@ class Trainer:
 
     def load_state(self, state: dict[str, Any], *, warm_ddp: bool = True) -> None:
         """Restore `state()`; `warm_ddp=False` exists only to show, in a test, why the pass is needed."""
-        import random
-
-        import numpy as np
-
         with torch.no_grad():
             self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -358,7 +348,21 @@ class Trainer:
         self.update = int(state["update"])
         if self.spec.kind in ("ddp", "powersgd") and warm_ddp:
             self._warm_ddp()
-        rng = state["rng"]  # last: the warm-up pass must not be what moves any generator
+        self._set_rng_state(state["rng"])  # last: the warm-up pass must not be what moves any generator
+
+    def _rng_state(self) -> dict[str, Any]:
+        import random
+
+        import numpy as np
+
+        return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None}
+
+    def _set_rng_state(self, rng: dict[str, Any]) -> None:
+        import random
+
+        import numpy as np
+
         random.setstate(rng["python"])
         np.random.set_state(rng["numpy"])
         torch.set_rng_state(rng["torch"])
@@ -397,19 +401,10 @@ class Trainer:
         draws random inputs): a single or DiLoCo run trains bit for bit as without it (tested).
         With DDP it also rebuilds the buckets before update 0, as a resume does, so update 0
         reduces in the rebuilt layout; the sum is the same up to the reduction's order."""
-        import random
-
-        import numpy as np
-
         t0 = time.perf_counter()
-        rng = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
-               torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None)
+        rng = self._rng_state()
         self._warm_pass()
-        random.setstate(rng[0])
-        np.random.set_state(rng[1])
-        torch.set_rng_state(rng[2])
-        if rng[3] is not None:
-            torch.cuda.set_rng_state_all(rng[3])
+        self._set_rng_state(rng)
         self._sync()
         return time.perf_counter() - t0
 
