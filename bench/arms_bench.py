@@ -156,6 +156,8 @@ def main() -> int:
                 s["powersgd"] = powersgd_split(results)
             s["throughput"] = throughput(home, results, arm.world_size, peak)
             s["whole_process_seconds"] = max(r["resources"]["wall_seconds_since_start"] for r in results)
+            # under compile, train.py compiles before the timed loop; the slowest rank's time
+            s["compile_warm_up_seconds"] = max((r["timers"].get("compile_warm_up_seconds") or 0.0) for r in results)
             s["checkpoint_io"] = [{"rank": r["rank"], **r["checkpoints"]["io"]} for r in results
                                   if r["checkpoints"]["io"]]
             rows.append(s)
@@ -196,7 +198,9 @@ def main() -> int:
         print(f"{s['arm']:15} active {t['active_seconds']:.2f} s, {t['tokens_per_update']:,.0f} tokens/update, "
               f"{t['tokens_per_second']:,.0f} tokens/s"
               + (f", MFU {t['mfu']:.1%} of {peak / 1e12:.0f} TFLOP/s per GPU (median update: "
-                 f"{t['mfu_median_step']:.1%})" if t.get("mfu") is not None else ""))
+                 f"{t['mfu_median_step']:.1%})" if t.get("mfu") is not None else "")
+              + (f"; compiled before the loop in {s['compile_warm_up_seconds']:.1f} s"
+                 if s["compile_warm_up_seconds"] else ""))
     c = checks.get("diloco_over_ddp_payload")
     if c:
         print(f"\nDiLoCo / DDP logical payload per update = {c['ratio']!r}; 1/H = 1/{c['sync_every']} = "
