@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from orchestrate.cli import train_arms  # noqa: E402
+from orchestrate.recovery import IO_BASELINE  # noqa: E402
 from orchestrate.trial import LocalPlacement  # noqa: E402
 from training.config import lineage  # noqa: E402
 from training.prepare import prepare  # noqa: E402
@@ -121,7 +122,7 @@ def main() -> int:
                                                                "(TRIAL_IO_BASELINE=1)")
     args = ap.parse_args()
     if args.io_baseline:
-        os.environ["TRIAL_IO_BASELINE"] = "1"  # inherited by the rank processes
+        os.environ.update(IO_BASELINE)  # inherited by the rank processes
     wanted = set(args.arms.split(",")) if args.arms else None
     peak = measure_bf16_peak() if args.peak else None
     if peak:

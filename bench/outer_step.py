@@ -23,10 +23,15 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-# SmolLM2-1.7B: embedding 49152 × 2048 (tied), 24 layers of q, k, v, o (2048²) and gate, up, down
-# (2048 × 8192), two norms per layer and a final one: 1,711,376,384 parameters
-SHAPES = [(49152, 2048)] + [s for _ in range(24) for s in [(2048, 2048)] * 4 + [(8192, 2048)] * 3
-                            + [(2048,)] * 2] + [(2048,)]
+from make_arch_seed import SMOLLM2_1_7B  # noqa: E402  (bench/ is on sys.path when run as a script)
+from orchestrate.local import free_port  # noqa: E402
+
+# the architecture's parameters: the tied embedding; per layer q, k, v, o (hidden², all heads are
+# key/value heads), gate, up, down (intermediate × hidden) and two norms; the final norm
+_H, _I = SMOLLM2_1_7B["hidden_size"], SMOLLM2_1_7B["intermediate_size"]
+SHAPES = ([(SMOLLM2_1_7B["vocab_size"], _H)]
+          + [s for _ in range(SMOLLM2_1_7B["num_hidden_layers"])
+             for s in [(_H, _H)] * 4 + [(_I, _H)] * 3 + [(_H,)] * 2] + [(_H,)])
 
 
 def worker(rank: int, world: int, port: int, variants: list[str], steps: int) -> None:
@@ -73,12 +78,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--world", type=int, default=2)
     args = ap.parse_args()
-    import socket
-
-    with socket.socket() as sock:  # a free loopback port for the rendezvous
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    mp.spawn(worker, args=(args.world, port, args.variants.split(","), args.steps), nprocs=args.world)
+    mp.spawn(worker, args=(args.world, free_port(), args.variants.split(","), args.steps), nprocs=args.world)
     return 0
 
 

@@ -207,10 +207,7 @@ def save_hashed(obj: Any, path: Path) -> dict[str, Any]:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         pending += emit(head)
         for e, t in zip(table, big):
-            if pos > data_start + e["offset"]:
-                raise CheckpointError(f"{path}: layout error, {pos} bytes written before an entry at "
-                                      f"{data_start + e['offset']}")
-            pending += emit(bytes(data_start + e["offset"] - pos))
+            pending += emit(bytes(data_start + e["offset"] - pos))  # zero padding to the entry
             # one tensor at a time: a non-contiguous or off-device tensor's copy lives only while written
             f = (t if t.device.type in ("cpu", "cuda") else t.cpu()).contiguous().view(-1).view(torch.uint8)
             if f.device.type == "cpu":  # written from where it lies (each numpy slice keeps f alive)

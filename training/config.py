@@ -60,6 +60,16 @@ class Acceptance(_Strict):
     min_speedup: float | None = None
 
 
+def check_pack(device_type: str, pack: bool, compile: bool) -> None:
+    """Packed rows on CUDA only inside the compiled decoder: seen on torch 2.11 (2 × H200,
+    2026-11-30), Hugging Face's own compiled wrapper around FlexAttention fails in Inductor's lowering
+    of the backward (NoValidChoicesError); inside the compiled decoder it trains as padded does.
+    Checked for a profile and again by the trainer, for any spec."""
+    if pack and device_type == "cuda" and not compile:
+        raise ValueError("pack = true on CUDA needs compile = true (FlexAttention runs inside the "
+                         "compiled decoder)")
+
+
 class Profile(_Strict):
     seed: Literal["tiny", "smollm2-135m", "local"]
     device: Literal["cpu", "cuda"] = "cpu"
@@ -98,9 +108,7 @@ class Profile(_Strict):
         if self.pack_tokens is not None and (not self.pack or self.pack_tokens < self.max_context):
             raise ValueError("pack_tokens needs pack = true and at least max_context tokens (a row "
                              "must hold the longest document)")
-        if self.pack and self.device == "cuda" and not self.compile:  # the trainer refuses it too
-            raise ValueError("pack = true on CUDA needs compile = true (FlexAttention runs inside "
-                             "the compiled decoder)")
+        check_pack(self.device, self.pack, self.compile)
         return self
 
 

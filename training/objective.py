@@ -95,6 +95,14 @@ def make_microbatches(corpus: Corpus, docs: Sequence[int], microbatch: int | Non
             for i in range(0, len(ordered), size)]
 
 
+def _targets(corpus: Corpus, d: int, s: np.ndarray) -> tuple[int, int, np.ndarray, np.ndarray]:
+    """A document's length, prompt length, target tokens and their weights (the response tokens)."""
+    n, p, w = len(s), int(corpus.prompt_lens[d]), int(corpus.weights[d])
+    if not 1 <= p < n:
+        raise ValueError(f"document {d} has prompt length {p} and length {n}: no target tokens")
+    return n, p, s[p:n].astype(np.int64), np.full(n - p, w, dtype=np.float32)
+
+
 def collate(corpus: Corpus, docs: Sequence[int], *, pad_id: int, pad_multiple: int | None = None) -> Microbatch:
     """`pad_multiple` rounds the width up (a compiled step then sees a few shapes, not one per batch);
     padding is masked and never a target, so the loss is the same."""
@@ -107,17 +115,15 @@ def collate(corpus: Corpus, docs: Sequence[int], *, pad_id: int, pad_multiple: i
     rows, cols, labels, weights = [], [], [], []
     total = 0
     for r, (d, s) in enumerate(zip(docs, seqs)):
-        n, p, w = len(s), int(corpus.prompt_lens[d]), int(corpus.weights[d])
-        if not 1 <= p < n:
-            raise ValueError(f"document {d} has prompt length {p} and length {n}: no target tokens")
+        n, p, lab, wts = _targets(corpus, d, s)
         ids[r, :n] = s
         mask[r, :n] = 1
         positions = np.arange(p - 1, n - 1)
         rows.append(np.full(len(positions), r))
         cols.append(positions)
-        labels.append(s[p:n].astype(np.int64))
-        weights.append(np.full(len(positions), w, dtype=np.float32))
-        total += w * len(positions)
+        labels.append(lab)
+        weights.append(wts)
+        total += int(corpus.weights[d]) * len(positions)
     padded = bool((mask == 0).any())
     cat = lambda xs, dt: torch.from_numpy(np.concatenate(xs).astype(dt))  # noqa: E731
     return Microbatch(list(docs), torch.from_numpy(ids), torch.from_numpy(mask) if padded else None,
@@ -139,15 +145,13 @@ def collate_packed(corpus: Corpus, docs: Sequence[int], *, pad_id: int,
     cols, labels, weights = [], [], []
     total, at = 0, 0
     for d, s in zip(docs, seqs):
-        n, p, w = len(s), int(corpus.prompt_lens[d]), int(corpus.weights[d])
-        if not 1 <= p < n:
-            raise ValueError(f"document {d} has prompt length {p} and length {n}: no target tokens")
+        n, p, lab, wts = _targets(corpus, d, s)
         ids[0, at:at + n] = s
         pos[0, at:at + n] = np.arange(n)
         cols.append(at + np.arange(p - 1, n - 1))
-        labels.append(s[p:n].astype(np.int64))
-        weights.append(np.full(n - p, w, dtype=np.float32))
-        total += w * (n - p)
+        labels.append(lab)
+        weights.append(wts)
+        total += int(corpus.weights[d]) * (n - p)
         at += n
     pos[0, at:] = np.arange(width - at)
     cat = lambda xs, dt: torch.from_numpy(np.concatenate(xs).astype(dt))  # noqa: E731

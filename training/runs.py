@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from evidence.canonical import canonical_sha256, read_json
+from training.results import finished
 
 
 def run_dir(home: Path, arm: str) -> Path:
@@ -33,10 +34,10 @@ def set_aside_unfinished(home: Path, arm: str, world: int) -> bool:
     beginning until checkpoints exist), so its result is kept as part of the earlier attempt.
     Returns whether anything was moved.
     """
+    if finished(home, arm, world):
+        return False
     rd = run_dir(home, arm)
     dirs = [rd / f"rank-{r}" for r in range(world)]
-    if all((d / "result.json").is_file() for d in dirs):
-        return False
     moved = False
     for d in [*dirs, rd / "model"]:
         if d.exists():

@@ -83,7 +83,7 @@ def _restore(trainer: Any, rank_dir: Path, rank: int, every: int | None, updates
                                   "finished — its result files were lost after training, not resumable")
         state, _ = load_rank_state(rank_dir, step, rank)
     t_load = time.perf_counter() - t0
-    trainer.load_state(state)
+    trainer.load_state(state, warm_ddp=not trainer.spec.compile)  # under compile: compile_warm_up's pass
     orphans = orphan_after(rank_dir, step)
     size = (checkpoint_dir(rank_dir, step) / STATE).stat().st_size
     say(f"resumed from step {step} (common manifest on every rank); "
@@ -258,10 +258,9 @@ def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_n
 
     from training import comm, runtime
     from training.corpus import Corpus
-    from training.objective import packed_attention
     from training.prepare import require_prepared
     from training.seed import load_tokenizer, verify_seed
-    from training.trainer import Trainer, all_or_none, barrier_ok, bucket_cap_mb, parameter_digest
+    from training.trainer import Trainer, all_or_none, barrier_ok, engine_choices, parameter_digest
 
     t_start = time.perf_counter()
     home, model_dir = Path(home), Path(model_dir)
@@ -343,19 +342,19 @@ def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_n
         spec = _spec(arm, cfg, plan, info.world_size, info.rank, autocast)
     except ValueError as e:
         raise ConfigError(f"arm {arm.name}: {e}") from None
+    choice = engine_choices(spec, device, model)
     arm_numerics = {**arm.model_dump(mode="json"), "sync_every": spec.sync_every,
                     "microbatch": spec.microbatch, "dense_warmup": spec.dense_warmup,
                     "sort_by_length": spec.sort_by_length,
                     "chunk_bytes": spec.chunk_bytes, "lr": spec.lr, "warmup": spec.warmup,
                     "weight_decay": spec.weight_decay, "grad_clip": spec.grad_clip,
                     "betas": list(spec.betas), "eps": spec.eps, "powersgd_seed": spec.powersgd_seed,
-                    "powersgd_batch_same_shape": spec.kind == "powersgd",
-                    "ddp_bucket_cap_mb": bucket_cap_mb(spec.kind, model),
+                    "powersgd_batch_same_shape": choice["powersgd_batch_same_shape"],
+                    "ddp_bucket_cap_mb": choice["ddp_bucket_cap_mb"],
                     "rng_seed": "generator_seed * 1000003 + rank", "compile": spec.compile,
-                    "fused_optimizer": spec.fused_optimizer and device.type == "cuda", "pack": spec.pack,
-                    "pack_tokens": spec.pack_tokens if spec.pack else None}
-    attention = packed_attention(device) if spec.pack else str(model.config._attn_implementation)
-    numerics = runtime.numerical_profile(device, dtype=prof.dtype, arm=arm_numerics, attention=attention)
+                    "fused_optimizer": choice["fused_optimizer"], "pack": spec.pack,
+                    "pack_tokens": spec.pack_tokens}
+    numerics = runtime.numerical_profile(device, dtype=prof.dtype, arm=arm_numerics, attention=choice["attention"])
     numerics_digest = runtime.profile_digest(numerics)
 
     ledger = comm.Ledger(info.world_size)

@@ -115,6 +115,18 @@ def bucket_cap_mb(kind: str, model: nn.Module) -> int | None:
     return None
 
 
+def engine_choices(spec: "TrainSpec", device: torch.device, model: nn.Module) -> dict[str, Any]:
+    """What the trainer decides from its spec and device, in one place: the trainer applies these and
+    train.py commits them in the numerical profile, so the record cannot drift from the run."""
+    from training.config import check_pack
+
+    check_pack(device.type, spec.pack, spec.compile)
+    return {"attention": packed_attention(device) if spec.pack else str(model.config._attn_implementation),
+            "ddp_bucket_cap_mb": bucket_cap_mb(spec.kind, model),
+            "powersgd_batch_same_shape": spec.kind == "powersgd",
+            "fused_optimizer": spec.fused_optimizer and device.type == "cuda"}
+
+
 PAD_MULTIPLE = 256  # microbatch widths under torch.compile: at most max_context / 256 graphs
 PACK_MULTIPLE = 1024  # packed row lengths under torch.compile: under 1024 tokens of padding per row
 
@@ -149,14 +161,9 @@ class Trainer:
     def __post_init__(self) -> None:
         s = self.spec
         self.model.to(self.device).train()
+        choice = engine_choices(s, self.device, self.model)
         if s.pack:  # a packed row needs attention that stays inside each document
-            if self.device.type == "cuda" and not s.compile:
-                # seen on torch 2.11 (2 × H200, 2026-11-30): Hugging Face's own compiled wrapper
-                # around FlexAttention fails in Inductor's lowering of the backward
-                # (NoValidChoicesError); inside the compiled decoder it trains as padded does
-                raise ValueError("pack = true on CUDA needs compile = true (FlexAttention runs "
-                                 "inside the compiled decoder)")
-            self.model.set_attn_implementation(packed_attention(self.device))
+            self.model.set_attn_implementation(choice["attention"])
         self.loss = WeightedResponseLoss(self.model)
         self.engine: nn.Module = self.loss
         self.powersgd_state = None
@@ -174,7 +181,7 @@ class Trainer:
                               if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
                               else {"broadcast_buffers": False})
             self.engine = DDP(self.loss, device_ids=[self.device] if self.device.type == "cuda" else None,
-                              init_sync=False, bucket_cap_mb=bucket_cap_mb(s.kind, self.model),
+                              init_sync=False, bucket_cap_mb=choice["ddp_bucket_cap_mb"],
                               **no_buffer_sync)
             if s.kind == "ddp":
                 real = lambda bucket: default_hooks.allreduce_hook(None, bucket)  # noqa: E731
@@ -182,7 +189,8 @@ class Trainer:
                 self.powersgd_state = powerSGD_hook.PowerSGDState(
                     process_group=None, matrix_approximation_rank=s.powersgd_rank,
                     start_powerSGD_iter=s.dense_warmup, use_error_feedback=True, warm_start=True,
-                    random_seed=s.powersgd_seed, batch_tensors_with_same_shape=True)
+                    random_seed=s.powersgd_seed,
+                    batch_tensors_with_same_shape=choice["powersgd_batch_same_shape"])
                 real = lambda bucket: powerSGD_hook.powerSGD_hook(self.powersgd_state, bucket)  # noqa: E731
 
             def hook(_state, bucket):
@@ -203,8 +211,7 @@ class Trainer:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=s.lr, betas=s.betas, eps=s.eps,
                                            weight_decay=s.weight_decay,
-                                           **({"fused": True} if s.fused_optimizer and self.device.type == "cuda"
-                                              else {}))
+                                           **({"fused": True} if choice["fused_optimizer"] else {}))
         self.outer = (OuterNesterov(self.params, s.outer_lr, s.outer_momentum,
                                     chunk_bytes=s.chunk_bytes) if s.kind == "diloco" else None)
         self.update = 0  # the next update to run
@@ -218,7 +225,7 @@ class Trainer:
         s, longest = self.spec, int(self.corpus.lengths.max())
         if s.pack and s.pack_tokens:
             return 1
-        per_row = (s.microbatch or max(len(d) for d in s.plan) // s.world_size) if s.pack else 1
+        per_row = (s.microbatch or max(len(s.local_docs(u)) for u in range(s.updates))) if s.pack else 1
         return -(-per_row * longest // pad_multiple(s))
 
     @property
@@ -329,7 +336,8 @@ class Trainer:
         }
 
     def load_state(self, state: dict[str, Any], *, warm_ddp: bool = True) -> None:
-        """Restore `state()`; `warm_ddp=False` exists only to show, in a test, why the pass is needed."""
+        """Restore `state()`. `warm_ddp=False` skips DDP's warm-up pass: a test shows why it is needed,
+        and a run under compile leaves it to `compile_warm_up`, which runs the same pass next."""
         with torch.no_grad():
             self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
@@ -347,7 +355,7 @@ class Trainer:
         self.journal = list(state["journal"])
         self.update = int(state["update"])
         if self.spec.kind in ("ddp", "powersgd") and warm_ddp:
-            self._warm_ddp()
+            self._warm_pass()
         self._set_rng_state(state["rng"])  # last: the warm-up pass must not be what moves any generator
 
     def _rng_state(self) -> dict[str, Any]:
@@ -371,7 +379,12 @@ class Trainer:
 
     def _warm_pass(self) -> None:
         """One forward/backward of the next update's first microbatch whose reduction hook (if any)
-        returns the bucket unchanged (no communication); the gradients are then dropped."""
+        returns the bucket unchanged (no communication); the gradients are then dropped.
+
+        It also gives a fresh DDP its rebuilt bucket layout: DDP re-buckets parameters by
+        gradient-ready order after its first backward, and an uninterrupted run reduces (and keeps
+        PowerSGD's error feedback) in that layout, so a resumed run must reach it before its first
+        reduction."""
         mb = self._microbatches(self.spec.local_docs(min(self.update, self.spec.updates - 1)))[0]
         self._warming = True
         try:
@@ -381,15 +394,6 @@ class Trainer:
         finally:
             self._warming = False
         self.optimizer.zero_grad(set_to_none=True)
-
-    def _warm_ddp(self) -> None:
-        """Give a fresh DDP its rebuilt bucket layout before the first real update of a resume.
-
-        DDP re-buckets parameters by gradient-ready order after its first backward. An
-        uninterrupted run reduces (and keeps PowerSGD's error feedback) in that rebuilt layout, so a
-        resumed run must reach it before its first reduction (`_warm_pass`).
-        """
-        self._warm_pass()
 
     def compile_warm_up(self) -> float:
         """Compile before the timed loop; returns the seconds it took.
