@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
-# One call on the lent 2-GPU machine (issue #9), writing under $OUT:
+# One call on the lent GPU machine (issue #9; 1 or 2 GPUs), writing under $OUT:
 #   tests     the arms' equivalence tests on CUDA with NCCL ($TEST_FILES, default tests/test_arms.py,
 #             selected by $TEST_K; default: its 2-rank cases)
 #   recovery  the recovery trial on 2 GPUs (clean-pair, cuda-smoke: kill rank 1 after 11, resume from 8)
 #   io        bench/checkpoint_io.py: checkpoint write against a plain write + fsync, from GPU tensors
-#   profile   the 1.7B batched single arm per profile in $PROFILES (default gpu-bench), with the
-#             bf16 peak, a torch.profiler table of updates 2-4, and $BENCH_FLAGS (e.g.
-#             "--checkpoint-every 16 --io-baseline")
+#   profile   the 1.7B batched single arm (or $PROFILE_ARMS) per profile in $PROFILES (default
+#             gpu-bench), on one GPU, with the bf16 peak, a torch.profiler table of updates 2-4 (or
+#             from $TRIAL_PROFILE_FROM), and $BENCH_FLAGS (e.g. "--checkpoint-every 16 --io-baseline",
+#             or "--ranks 1" to run powersgd-pair's compression on one rank, without the network);
+#             outputs are named $PROFILE_TAG-<profile> (default single-<profile>)
+#   reduction bench/powersgd_step.py: the ddp/powersgd gradient reduction alone at the 1.7B shapes, on
+#             $REDUCTION_WORLD ranks (default 1: the compression without the network; 2: over sockets)
 #   sockets   the 2-rank arms ($SOCKET_ARMS: groups separated by ';', each its own run) over NCCL
 #             TCP sockets on loopback, profile $SOCKET_PROFILE, multi-rank arms as pairs (--ranks 2)
 # STEPS (default "tests recovery profile") picks them, run in the order given.
 #   carry: .whl (pure-Python wheels the image lacks), .seeds/tiny, and .inductor when a previous
 #   call left one (torch.compile's cache: kernels compiled there are reused here)
 set -uo pipefail
-exec > >(tee "$OUT/session.log") 2>&1  # what ran so far comes back even if the call runs out of time
+exec > >(tee -a "$OUT/session.log") 2>&1  # what ran so far comes back even if the call runs out of time
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=$PWD/.inductor
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
@@ -49,12 +53,22 @@ step_io() {
 step_profile() {
   seed17
   for p in ${PROFILES:-gpu-bench}; do
-    TRIAL_PROFILE=$OUT/prof-$p timeout ${PROFILE_TIMEOUT:-480} python3 bench/arms_bench.py --profile "$p" --model-dir /tmp/seed-local \
-      --arms batched-learning:single --max-world 1 --peak --label "profile $p" --work "/tmp/work-$p" \
-      ${BENCH_FLAGS:-} --out "$OUT/single-$p.json" 2>&1 | grep -E "MFU|bf16|Error|error|step s|single |checkpoint" | tail -12
+    local tag=${PROFILE_TAG:-single}-$p
+    TRIAL_PROFILE=$OUT/prof-$tag timeout ${PROFILE_TIMEOUT:-480} python3 bench/arms_bench.py --profile "$p" --model-dir /tmp/seed-local \
+      --arms "${PROFILE_ARMS:-batched-learning:single}" --max-world 1 --peak --label "profile $p" --work "/tmp/work-$p" \
+      ${BENCH_FLAGS:-} --out "$OUT/$tag.json" > "$OUT/$tag.log" 2>&1
+    grep -E "MFU|bf16|Error|error|step s|single |powersgd|PowerSGD|checkpoint" "$OUT/$tag.log" | tail -16
     rm -rf "/tmp/work-$p"
-    echo "profiled $p: $((SECONDS - s)) s"; s=$SECONDS
+    echo "profiled $tag: $((SECONDS - s)) s"; s=$SECONDS
   done
+}
+step_reduction() {  # the ddp and powersgd arms' gradient reduction alone (bench/powersgd_step.py)
+  local w=${REDUCTION_WORLD:-1} net=()
+  (( w > 1 )) && net=(env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 NCCL_ALGO=Ring NCCL_PROTO=Simple)
+  "${net[@]}" timeout ${REDUCTION_TIMEOUT:-300} python3 bench/powersgd_step.py --world "$w" --steps ${REDUCTION_STEPS:-8} \
+    --profile "$OUT/prof-reduction-world$w" > "$OUT/reduction-world$w.log" 2>&1
+  grep -E "median|parameters|Error|error" "$OUT/reduction-world$w.log" | tail -8
+  echo "reduction, $w rank(s): $((SECONDS - s)) s"; s=$SECONDS
 }
 step_sockets() {
   seed17

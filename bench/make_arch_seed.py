@@ -21,6 +21,17 @@ SMOLLM2_1_7B = dict(vocab_size=49152, hidden_size=2048, intermediate_size=8192, 
                     pad_token_id=2, rope_parameters={"rope_theta": 130000.0, "rope_type": "default"})
 
 
+def parameter_shapes(**overrides) -> list[tuple[int, ...]]:
+    """The architecture's parameter shapes, in the model's order (the tied embedding once), read from
+    the real Llama module built on the meta device: no memory, and no hand-written list to drift."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(**{**SMOLLM2_1_7B, **overrides}))
+    return [tuple(p.shape) for p in model.parameters()]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokenizer-from", required=True, help="a seed directory whose tokenizer to copy")

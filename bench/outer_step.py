@@ -23,18 +23,12 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from make_arch_seed import SMOLLM2_1_7B  # noqa: E402  (bench/ is on sys.path when run as a script)
+from make_arch_seed import parameter_shapes  # noqa: E402  (bench/ is on sys.path when run as a script)
 from orchestrate.local import free_port  # noqa: E402
 
-# the architecture's parameters: the tied embedding; per layer q, k, v, o (hidden², all heads are
-# key/value heads), gate, up, down (intermediate × hidden) and two norms; the final norm
-_H, _I = SMOLLM2_1_7B["hidden_size"], SMOLLM2_1_7B["intermediate_size"]
-SHAPES = ([(SMOLLM2_1_7B["vocab_size"], _H)]
-          + [s for _ in range(SMOLLM2_1_7B["num_hidden_layers"])
-             for s in [(_H, _H)] * 4 + [(_I, _H)] * 3 + [(_H,)] * 2] + [(_H,)])
 
-
-def worker(rank: int, world: int, port: int, variants: list[str], steps: int) -> None:
+def worker(rank: int, world: int, port: int, variants: list[str], steps: int,
+           shapes: list[tuple[int, ...]]) -> None:
     from training.comm import chunked_mean
     from training.diloco import OuterNesterov
 
@@ -42,7 +36,7 @@ def worker(rank: int, world: int, port: int, variants: list[str], steps: int) ->
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
     g = torch.Generator(device="cuda").manual_seed(rank)
-    params = [torch.randn(s, device="cuda", generator=g) for s in SHAPES]
+    params = [torch.randn(s, device="cuda", generator=g) for s in shapes]
     n = sum(p.numel() for p in params)
     if rank == 0:
         print(f"{n:,} parameters ({n * 4 / 1e9:.2f} GB FP32) per rank, {world} ranks", flush=True)
@@ -78,7 +72,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=1)
     ap.add_argument("--world", type=int, default=2)
     args = ap.parse_args()
-    mp.spawn(worker, args=(args.world, free_port(), args.variants.split(","), args.steps), nprocs=args.world)
+    mp.spawn(worker, args=(args.world, free_port(), args.variants.split(","), args.steps, parameter_shapes()),
+             nprocs=args.world)
     return 0
 
 

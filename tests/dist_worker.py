@@ -67,7 +67,8 @@ def run_train(job: dict, model_dir: str, rank: int, world: int) -> dict:
                      microbatch=job.get("microbatch"), world_size=world, rank=rank,
                      sync_every=job.get("sync_every"), outer_lr=job.get("outer_lr"),
                      outer_momentum=job.get("outer_momentum"), powersgd_rank=job.get("powersgd_rank"),
-                     dense_warmup=job.get("dense_warmup"))
+                     dense_warmup=job.get("dense_warmup"),
+                     powersgd_orthogonalization=job.get("powersgd_orthogonalization"))
     ledger = Ledger(world)
     trainer = Trainer(model.to(device()), corpus, spec, device(), pad_id=2, ledger=ledger)
     with ledger.counting():
@@ -88,7 +89,8 @@ def run_resume(job: dict, model_dir: str, rank: int, world: int, out: Path) -> d
         spec = TrainSpec(kind=job["kind"], plan=plan, lr=1e-3, microbatch=job.get("microbatch"),
                          world_size=world, rank=rank, powersgd_rank=job.get("powersgd_rank"),
                          dense_warmup=job.get("dense_warmup"), sync_every=job.get("sync_every"),
-                         outer_lr=job.get("outer_lr"), outer_momentum=job.get("outer_momentum"))
+                         outer_lr=job.get("outer_lr"), outer_momentum=job.get("outer_momentum"),
+                         powersgd_orthogonalization=job.get("powersgd_orthogonalization"))
         return Trainer(model.to(device()), corpus, spec, device(), pad_id=2, ledger=Ledger(world))
 
     path = out / f"{job['name']}-state-rank{rank}.pt"

@@ -36,11 +36,14 @@ JOBS_2 = [
     {"name": "ddp-reversed", "type": "train", "case": "reversed", "kind": "ddp", "microbatch": 3},
     {"name": "psgd-dense", "type": "train", "case": "unequal", "kind": "powersgd", "microbatch": 3,
      "powersgd_rank": 4, "dense_warmup": 4},
-    {"name": "psgd-compressed", "type": "train", "case": "unequal", "kind": "powersgd",
-     "microbatch": 3, "powersgd_rank": 2, "dense_warmup": 2},
+    # PowerSGD through torch's hook and through ours with the batched Cholesky QR (training/powersgd.py)
+    *[{"name": f"psgd-compressed-{o}", "type": "train", "case": "unequal", "kind": "powersgd",
+       "microbatch": 3, "powersgd_rank": 2, "dense_warmup": 2, "powersgd_orthogonalization": o}
+      for o in ("torch", "cholesky-qr3")],
     {"name": "barrier", "type": "barrier"},
-    {"name": "psgd-resume", "type": "resume", "case": "unequal", "kind": "powersgd", "microbatch": 3,
-     "powersgd_rank": 2, "dense_warmup": 2, "at": 3},
+    *[{"name": f"psgd-resume-{o}", "type": "resume", "case": "unequal", "kind": "powersgd",
+       "microbatch": 3, "powersgd_rank": 2, "dense_warmup": 2, "at": 3, "powersgd_orthogonalization": o}
+      for o in ("torch", "cholesky-qr3")],
     {"name": "agree-same", "type": "agree", "what": "prepared-input", "digests": ["ab" * 32] * 2},
     {"name": "agree-differ", "type": "agree", "what": "numerical-profile",
      "digests": ["ab" * 32, "cd" * 32]},
@@ -161,8 +164,9 @@ def test_powersgd_dense_warmup_is_ddp_bit_for_bit(two):
     assert dense[0]["digest"] == ddp[0]["digest"] == dense[1]["digest"]
 
 
-def test_powersgd_compresses_after_warmup_and_replicas_agree(two):
-    ranks = load(two, "psgd-compressed", 2)
+@pytest.mark.parametrize("ortho", ["torch", "cholesky-qr3"])
+def test_powersgd_compresses_after_warmup_and_replicas_agree(two, ortho):
+    ranks = load(two, f"psgd-compressed-{ortho}", 2)
     recs = ranks[0]["records"]
     assert [r["powersgd_compressed"] for r in recs] == [False, False, True, True]
     dense_bytes = recs[0]["comm"]["gradient"]["payload_bytes"]
@@ -175,17 +179,33 @@ def test_powersgd_compresses_after_warmup_and_replicas_agree(two):
     assert recs[-1]["ddp_bucket_bytes"] == [dense_bytes]
 
 
+def test_powersgd_orthogonalizations_compress_alike(two):
+    """The Cholesky QR gives another orthonormal basis of the same span, and the compressed gradient
+    P·Pᵀ·M does not depend on the basis: the same bytes sent, the same gradient norms and losses to
+    rounding. Rounding here is FP32 over the 49,152-row embedding: its compressed gradient differs by
+    ~1e-4 (relative) between any two orthogonalizations, torch's own Gram-Schmidt and Householder
+    QR included. (Parameters are not compared: Adam turns rounding in a near-zero gradient element
+    into a step of up to lr; tests/test_powersgd.py compares the gradients themselves.)"""
+    a, b = load(two, "psgd-compressed-torch", 2)[0], load(two, "psgd-compressed-cholesky-qr3", 2)[0]
+    assert [r["comm"]["gradient"]["payload_bytes"] for r in a["records"]] == \
+        [r["comm"]["gradient"]["payload_bytes"] for r in b["records"]]
+    for x, y in zip(a["records"], b["records"]):
+        assert x["grad_norm"] == pytest.approx(y["grad_norm"], rel=1e-3)
+        assert x["loss_sum_local"] == pytest.approx(y["loss_sum_local"], rel=1e-5)
+
+
 def test_a_failed_rank_keeps_its_own_error_and_stops_its_peers(two):
     healthy, failed = load(two, "barrier", 2)
     assert healthy["error"] == "TrainError" and "another rank failed at a test step" in healthy["message"]
     assert failed == {"returned": True}  # the failing rank goes on to raise its own error
 
 
-def test_powersgd_resume_in_the_compressed_phase_is_exact(two):
+@pytest.mark.parametrize("ortho", ["torch", "cholesky-qr3"])
+def test_powersgd_resume_in_the_compressed_phase_is_exact(two, ortho):
     """Fresh model, fresh DDP, state restored after 3 updates (error feedback included): the same
     final parameters as the uninterrupted run, on both ranks. Without the bucket warm-up pass the
     error feedback would meet a different bucket layout."""
-    ranks = load(two, "psgd-resume", 2)
+    ranks = load(two, f"psgd-resume-{ortho}", 2)
     for r in ranks:
         assert r["resumed"] == r["uninterrupted"]
     assert ranks[0]["uninterrupted"] == ranks[1]["uninterrupted"]
@@ -317,11 +337,12 @@ def test_compiled_step_matches_eager(tiny_seed):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
 
 
-def test_compile_warm_up_changes_nothing(tiny_seed):
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_compile_warm_up_changes_nothing(tiny_seed, compiled):
     """The warm-up pass before the timed loop (train.py runs it under compile) leaves no gradient,
     moves no generator and applies nothing: the run that follows is the same, bit for bit."""
-    plain = single(tiny_seed, "unequal", microbatch=3)
-    warmed = single(tiny_seed, "unequal", microbatch=3, warm_up=True)
+    plain = single(tiny_seed, "unequal", microbatch=3, compile=compiled)
+    warmed = single(tiny_seed, "unequal", microbatch=3, warm_up=True, compile=compiled)
     assert max_diff(plain, warmed) == 0.0
     assert [r["loss_sum_local"] for r in plain["records"]] == [r["loss_sum_local"] for r in warmed["records"]]
 

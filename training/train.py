@@ -158,11 +158,14 @@ def _seed_everything(base: int, rank: int) -> None:
 class _profiler:
     """`TRIAL_PROFILE=DIR`: torch.profiler over the three updates after two warm ones; the kernel
     table and a per-phase summary go to DIR/<arm>-rank-<r>.txt (nothing, if the run has fewer than
-    five updates left). A benchmark tool: the timings it records include the profiler's overhead."""
+    five updates left). `TRIAL_PROFILE_FROM=U` starts the window at update U instead (e.g. past
+    PowerSGD's dense warm-up). A benchmark tool: the timings it records include the profiler's
+    overhead."""
 
     def __init__(self, arm: str, rank: int, first: int):
         self.out = os.environ.get("TRIAL_PROFILE")
-        self.name, self.window = f"{arm}-rank-{rank}", range(first + 2, first + 5)
+        start = max(first, int(os.environ.get("TRIAL_PROFILE_FROM") or first + 2))
+        self.name, self.window = f"{arm}-rank-{rank}", range(start, start + 3)
         self.prof: Any = None
 
     @contextlib.contextmanager
@@ -350,6 +353,7 @@ def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_n
                     "weight_decay": spec.weight_decay, "grad_clip": spec.grad_clip,
                     "betas": list(spec.betas), "eps": spec.eps, "powersgd_seed": spec.powersgd_seed,
                     "powersgd_batch_same_shape": choice["powersgd_batch_same_shape"],
+                    "powersgd_orthogonalization": choice["powersgd_orthogonalization"],
                     "ddp_bucket_cap_mb": choice["ddp_bucket_cap_mb"],
                     "rng_seed": "generator_seed * 1000003 + rank", "compile": spec.compile,
                     "fused_optimizer": choice["fused_optimizer"], "pack": spec.pack,

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import torch
 from torch.profiler import record_function
@@ -49,6 +49,7 @@ class TrainSpec:
     powersgd_rank: int | None = None
     dense_warmup: int | None = None
     powersgd_seed: int = 0
+    powersgd_orthogonalization: str | None = None  # None: by device (powersgd_orthogonalization())
     autocast_dtype: torch.dtype | None = None
     sort_by_length: bool = True
     chunk_bytes: int = CHUNK_BYTES
@@ -124,7 +125,44 @@ def engine_choices(spec: "TrainSpec", device: torch.device, model: nn.Module) ->
     return {"attention": packed_attention(device) if spec.pack else str(model.config._attn_implementation),
             "ddp_bucket_cap_mb": bucket_cap_mb(spec.kind, model),
             "powersgd_batch_same_shape": spec.kind == "powersgd",
+            "powersgd_orthogonalization": powersgd_orthogonalization(spec, device),
             "fused_optimizer": spec.fused_optimizer and device.type == "cuda"}
+
+
+def powersgd_orthogonalization(spec: "TrainSpec", device: torch.device) -> str | None:
+    """How PowerSGD orthonormalizes P and Q: "torch" (torch's own hook: a Householder QR per
+    matrix, Gram-Schmidt at rank ≤ 2), or one of `training.powersgd.ORTHOGONALIZATIONS` in our
+    hook. By default a batched Cholesky QR on CUDA, where torch's per-matrix QRs dominate the
+    compression, and torch's hook on CPU, where LAPACK's QR is cheap."""
+    if spec.kind != "powersgd":
+        return None
+    return spec.powersgd_orthogonalization or ("cholesky-qr3" if device.type == "cuda" else "torch")
+
+
+def gradient_reduction(kind: str, *, powersgd_rank: int | None = None, dense_warmup: int | None = None,
+                       seed: int = 0, batch_same_shape: bool = False,
+                       orthogonalization: str | None = "torch") -> tuple[Callable[[Any], Any], Any]:
+    """The DDP communication hook of a ddp or powersgd arm, as a function of the bucket, and
+    PowerSGD's state (None for ddp); one construction for the trainer and bench/powersgd_step.py."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    from training.powersgd import ORTHOGONALIZATIONS, powersgd_hook
+
+    if kind == "ddp":
+        return (lambda bucket: default_hooks.allreduce_hook(None, bucket)), None
+    if kind != "powersgd":
+        raise ValueError(f"no gradient reduction hook for kind {kind!r}")
+    state = powerSGD_hook.PowerSGDState(
+        process_group=None, matrix_approximation_rank=powersgd_rank, start_powerSGD_iter=dense_warmup,
+        use_error_feedback=True, warm_start=True, random_seed=seed,
+        batch_tensors_with_same_shape=batch_same_shape)
+    if orthogonalization == "torch":
+        return (lambda bucket: powerSGD_hook.powerSGD_hook(state, bucket)), state
+    if orthogonalization not in ORTHOGONALIZATIONS:
+        raise ValueError(f"unknown PowerSGD orthogonalization {orthogonalization!r}; "
+                         f"choose torch or one of {sorted(ORTHOGONALIZATIONS)}")
+    ortho = ORTHOGONALIZATIONS[orthogonalization]
+    return (lambda bucket: powersgd_hook(state, bucket, ortho)), state
 
 
 PAD_MULTIPLE = 256  # microbatch widths under torch.compile: at most max_context / 256 graphs
@@ -168,7 +206,6 @@ class Trainer:
         self.engine: nn.Module = self.loss
         self.powersgd_state = None
         if s.kind in ("ddp", "powersgd"):
-            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             # init_sync=False: every rank loaded the same verified seed (digests agreed before),
@@ -183,15 +220,10 @@ class Trainer:
             self.engine = DDP(self.loss, device_ids=[self.device] if self.device.type == "cuda" else None,
                               init_sync=False, bucket_cap_mb=choice["ddp_bucket_cap_mb"],
                               **no_buffer_sync)
-            if s.kind == "ddp":
-                real = lambda bucket: default_hooks.allreduce_hook(None, bucket)  # noqa: E731
-            else:
-                self.powersgd_state = powerSGD_hook.PowerSGDState(
-                    process_group=None, matrix_approximation_rank=s.powersgd_rank,
-                    start_powerSGD_iter=s.dense_warmup, use_error_feedback=True, warm_start=True,
-                    random_seed=s.powersgd_seed,
-                    batch_tensors_with_same_shape=choice["powersgd_batch_same_shape"])
-                real = lambda bucket: powerSGD_hook.powerSGD_hook(self.powersgd_state, bucket)  # noqa: E731
+            real, self.powersgd_state = gradient_reduction(
+                s.kind, powersgd_rank=s.powersgd_rank, dense_warmup=s.dense_warmup,
+                seed=s.powersgd_seed, batch_same_shape=choice["powersgd_batch_same_shape"],
+                orthogonalization=choice["powersgd_orthogonalization"])
 
             def hook(_state, bucket):
                 """The arm's reduction; during a resume's warm-up pass, the bucket unchanged."""
