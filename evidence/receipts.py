@@ -65,8 +65,13 @@ def verify_receipt(
     what: str = "directory",
     allow_extra: bool = False,
     exclude: Iterable[str] = (),
+    defer: Iterable[str] = (),
 ) -> str:
-    """Check `root` against `receipt`; return the receipt digest or raise naming the file."""
+    """Check `root` against `receipt`; return the receipt digest or raise naming the file.
+
+    Files in `defer` are checked for presence and size only: the caller verifies their digest as
+    it reads them (a checkpoint is then read once, not hashed and read again)."""
+    defer = set(defer)
     root = Path(root)
     if receipt.get("digest") != receipt_digest(receipt):
         raise ReceiptError(f"{what} receipt at {root} is internally inconsistent (digest mismatch)")
@@ -79,6 +84,8 @@ def verify_receipt(
             raise ReceiptError(
                 f"{what} file altered: {p} has {size} bytes, receipt says {entry['bytes']}"
             )
+        if rel in defer:
+            continue
         kind = "sha256_tree" if "sha256_tree" in entry else "sha256"
         if kind == "sha256_tree" and not (isinstance(entry.get("piece_bytes"), int) and entry["piece_bytes"] > 0):
             raise ReceiptError(f"{what} receipt entry for {p} has no valid piece_bytes: {entry.get('piece_bytes')!r}")

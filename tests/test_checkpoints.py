@@ -267,7 +267,7 @@ def test_save_hashed_round_trips_the_state_and_its_digest_is_the_files(tmp_path)
     import numpy as np
 
     from evidence.canonical import TREE_PIECE, file_tree_sha256
-    from training.checkpoint import CHUNK, load_state, save_hashed
+    from training.checkpoint import CHUNK, MAGIC, CheckpointError, load_state, save_hashed
 
     dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     g = torch.Generator().manual_seed(3)
@@ -302,6 +302,25 @@ def test_save_hashed_round_trips_the_state_and_its_digest_is_the_files(tmp_path)
         flipped[at] ^= 1
         (tmp_path / "flipped.bin").write_bytes(flipped)
         assert file_tree_sha256(tmp_path / "flipped.bin") != digest
+        # loading with the receipt's entry checks the digest during the one read, and refuses
+        # before the skeleton is unpickled
+        with pytest.raises(CheckpointError, match="differs from its receipt"):
+            load_state(tmp_path / "flipped.bin", expect=entry)
+    got_checked = load_state(tmp_path / "state.bin", expect=entry)
+    assert torch.equal(got_checked["model"]["big"], got["model"]["big"]) and got_checked["step"] == 7
+    # a table damaged so that it asks for more than the file holds: refused before any allocation
+    import struct
+
+    n_skel, n_tab = struct.unpack("<QQ", raw[len(MAGIC):len(MAGIC) + 16])
+    at = len(MAGIC) + 16 + n_skel
+    table = json.loads(raw[at:at + n_tab])
+    table[0]["nbytes"] *= 10**6
+    table[0]["shape"] = [table[0]["nbytes"] // getattr(torch, table[0]["dtype"]).itemsize]
+    tab = json.dumps(table).encode()
+    (tmp_path / "table.bin").write_bytes(raw[:len(MAGIC)] + struct.pack("<QQ", n_skel, len(tab))
+                                         + raw[len(MAGIC) + 16:at] + tab + raw[at + n_tab:])
+    with pytest.raises(CheckpointError, match="tensor table does not fit the file"):
+        load_state(tmp_path / "table.bin", expect=entry)
 
     # many large tensors (a long table in the header): every one lands where the table says
     from training.checkpoint import INLINE_MAX

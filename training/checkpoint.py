@@ -242,33 +242,96 @@ def _aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-def load_state(path: Path) -> Any:
-    """Read a `save_hashed` file into CPU tensors. Callers verify the file's digest first (the receipt's
-    tree sha256): the skeleton is a pickle."""
+def load_state(path: Path, expect: dict[str, Any] | None = None) -> Any:
+    """Read a `save_hashed` file into CPU tensors.
+
+    With `expect` (the file's receipt entry: `sha256_tree`, `piece_bytes`) every byte read is also
+    fed to the tree digest, and a mismatch raises before the skeleton — a pickle — is unpickled: a
+    restore reads its ~20 GB once instead of hashing it and then reading it again. Without it the
+    caller must have verified the file already."""
     import io
-    import json
     import struct
 
-    with open(path, "rb", buffering=0) as f:
-        magic = f.read(len(MAGIC))
-        if magic != MAGIC:
-            raise CheckpointError(f"{path}: not a checkpoint (starts with {magic!r})")
-        n_skel, n_tab = struct.unpack("<QQ", f.read(16))
-        skel = f.read(n_skel)
-        table = json.loads(f.read(n_tab))
-        data_start = _aligned(len(MAGIC) + 16 + n_skel + n_tab)
-        tensors = []
-        for e in table:
-            raw = torch.empty(e["nbytes"], dtype=torch.uint8)
-            view, got = memoryview(raw.numpy()), 0
-            f.seek(data_start + e["offset"])
-            while got < len(view):
-                n = f.readinto(view[got:])
-                if not n:
-                    raise CheckpointError(f"{path}: ends inside a tensor ({got} of {e['nbytes']} bytes)")
-                got += n
-            tensors.append(raw.view(getattr(torch, e["dtype"])).view(e["shape"]))
+    from evidence.canonical import TreeSha256
+
+    tree = TreeSha256(expect["piece_bytes"]) if expect else None
+    try:
+        with open(path, "rb", buffering=0) as f:
+            pos = 0
+
+            def read_into(view: memoryview) -> None:
+                """Fill `view` from the file and queue it for the digest (the tree holds the view,
+                and so the buffer, until it is hashed)."""
+                nonlocal pos
+                got = 0
+                while got < len(view):
+                    n = f.readinto(view[got:])
+                    if not n:
+                        raise CheckpointError(f"{path}: ends at byte {pos + got}, inside what its header "
+                                              f"describes")
+                    got += n
+                pos += got
+                if tree is not None:
+                    tree.update(view)
+
+            def read(n: int) -> bytes:
+                buf = bytearray(n)
+                read_into(memoryview(buf))
+                return bytes(buf)
+
+            size = os.fstat(f.fileno()).st_size
+            head = read(len(MAGIC) + 16)
+            if head[:len(MAGIC)] != MAGIC:
+                raise CheckpointError(f"{path}: not a checkpoint (starts with {head[:len(MAGIC)]!r})")
+            n_skel, n_tab = struct.unpack("<QQ", head[len(MAGIC):])
+            if pos + n_skel + n_tab > size:
+                raise CheckpointError(f"{path}: its header claims {n_skel + n_tab} bytes; the file has {size}")
+            skel = read(n_skel)
+            data_start = _aligned(pos + n_tab)
+            table = _checked_table(read(n_tab), data_start, size, path)
+            tensors = []
+            for e in table:
+                read(data_start + e["offset"] - pos)  # the padding up to the entry (hashed too)
+                raw = torch.empty(e["nbytes"], dtype=torch.uint8)
+                view = memoryview(raw.numpy())
+                for off in range(0, len(view), CHUNK):  # in pieces, so hashing follows the reads
+                    read_into(view[off:off + CHUNK])
+                tensors.append(raw.view(getattr(torch, e["dtype"])).view(e["shape"]))
+            if tree is not None:
+                while tail := f.read(CHUNK):  # nothing, for a file save_hashed wrote: hashed if there
+                    pos += len(tail)
+                    tree.update(tail)
+                digest = tree.hexdigest()
+                if digest != expect["sha256_tree"]:
+                    raise CheckpointError(f"{path}: sha256_tree {digest[:16]}… differs from its receipt "
+                                          f"{expect['sha256_tree'][:16]}… (file altered)")
+    finally:
+        if tree is not None:
+            tree.close()
     return _fill(torch.load(io.BytesIO(skel), map_location="cpu", weights_only=False), tensors)
+
+
+def _checked_table(raw: bytes, data_start: int, size: int, path: Path) -> list[dict[str, Any]]:
+    """The tensor table, checked against the file before anything is allocated from it: when the
+    digest is checked during the read, a damaged table is met before the digest can reject it."""
+    import json
+    import math
+
+    try:
+        table = json.loads(raw)
+        end = 0
+        for e in table:
+            itemsize = getattr(torch, e["dtype"]).itemsize
+            ok = (isinstance(e["offset"], int) and isinstance(e["nbytes"], int) and e["offset"] >= end
+                  and all(isinstance(d, int) and d >= 0 for d in e["shape"])
+                  and math.prod(e["shape"]) * itemsize == e["nbytes"] and data_start + e["offset"] + e["nbytes"] <= size)
+            if not ok:
+                raise ValueError(e)
+            end = e["offset"] + e["nbytes"]
+    except (ValueError, TypeError, KeyError, AttributeError) as err:
+        raise CheckpointError(f"{path}: its tensor table does not fit the file ({type(err).__name__}: "
+                              f"{str(err)[:80]})") from None
+    return table
 
 
 def plain_write_seconds(path: Path, n: int, block_bytes: int = 64 << 20) -> float:
@@ -334,11 +397,11 @@ def load_rank_state(rank_dir: Path, step: int, rank: int) -> tuple[dict[str, Any
     if receipt.get("digest") != entries.get(rank):
         raise CheckpointError(f"rank {rank}: {rpath} has digest {receipt.get('digest')}, but manifest "
                               f"{mpath} names {entries.get(rank)} for rank {rank}")
-    try:
-        verify_receipt(cdir, receipt, what=f"rank {rank} checkpoint", exclude=["host.json"])
-    except ReceiptError as e:
+    try:  # state.bin's digest is checked as it is loaded: one read of ~20 GB, not two
+        verify_receipt(cdir, receipt, what=f"rank {rank} checkpoint", exclude=["host.json"], defer=[STATE])
+        state = load_state(cdir / STATE, expect=receipt["files"][STATE])
+    except (ReceiptError, CheckpointError) as e:
         raise CheckpointError(f"rank {rank}: {e}; no other step is substituted") from None
-    state = load_state(cdir / STATE)  # hash-verified above
     return state, manifest
 
 
