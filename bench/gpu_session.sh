@@ -47,7 +47,7 @@ step_recovery() {
   echo "recovery trial on CUDA: $((SECONDS - s)) s"; s=$SECONDS
 }
 step_io() {
-  timeout 120 python3 bench/checkpoint_io.py --gib ${IO_GIB:-8} --repeats 2 --dir /tmp/ckio --out "$OUT/checkpoint-io.json"
+  timeout ${IO_TIMEOUT:-300} python3 bench/checkpoint_io.py --gib ${IO_GIB:-4} --repeats 2 --dir /tmp/ckio --out "$OUT/checkpoint-io.json"
   echo "checkpoint io: $((SECONDS - s)) s"; s=$SECONDS
 }
 step_profile() {
