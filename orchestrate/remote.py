@@ -39,14 +39,18 @@ print(json.dumps({"python": sys.version, "dists": dists, "project_files": own}))
 """
 
 
+def python_command(host: Host, *argv: str, python: str | None = None) -> str:
+    """`python -P ARGV…` with the host's staged packages on the path, arguments quoted: the one way
+    the controller runs Python on a host. `-P` keeps the working directory off `sys.path`, so only
+    the staged site can supply `training` or `evidence`."""
+    return (f"PYTHONPATH={shlex.quote(host.root + '/site')} {shlex.quote(python or host.python)} -P "
+            + " ".join(map(shlex.quote, argv)))
+
+
 def host_python(t: Transport, host: Host, code: str, *args: str, python: str | None = None,
                 timeout: float = 120):
-    """Run `code` (`python -c`) with the host's staged packages, arguments quoted: the one way the
-    controller runs Python on a host. `-P` keeps the login directory off `sys.path`, so only the
-    staged site can supply `training` or `evidence`."""
-    cmd = (f"PYTHONPATH={shlex.quote(host.root + '/site')} {shlex.quote(python or host.python)} -P "
-           f"-c {shlex.quote(code)} " + " ".join(map(shlex.quote, args)))
-    return t.run(cmd, timeout=timeout)
+    """Run `code` (`python -c`) on the host with its staged packages (`python_command`)."""
+    return t.run(python_command(host, "-c", code, *args, python=python), timeout=timeout)
 
 
 class StagingError(RuntimeError):
@@ -210,7 +214,8 @@ def launch_remote_group(cluster: Cluster, argv_for: Callable[[Host], Sequence[st
             if h.interface:
                 e |= {"GLOO_SOCKET_IFNAME": h.interface, "NCCL_SOCKET_IFNAME": h.interface}
             logs[r].write_bytes(b"")
-            cmd = f"cd {shlex.quote(h.root)} && exec {shlex.quote(h.python)} " + " ".join(map(shlex.quote, argv_for(h)))
+            # PYTHONPATH comes with the environment above; -P as in python_command
+            cmd = f"cd {shlex.quote(h.root)} && exec {shlex.quote(h.python)} -P " + " ".join(map(shlex.quote, argv_for(h)))
             procs.append(RemoteRank(t, cmd, e, logs[r], f"{h.root}/rank-{r}.pid", unreachable_s=unreachable_s))
     except BaseException:
         for p in procs:

@@ -32,7 +32,7 @@ from orchestrate.guard import Guard, host_bytes
 from orchestrate.local import GroupResult, local_launch, supervise, threads_per_rank, train_argv
 from evidence.attempts import attempts
 from evidence.canonical import read_json
-from orchestrate.remote import collect, host_python, launch_remote_group, stage
+from orchestrate.remote import collect, host_python, launch_remote_group, python_command, stage
 from orchestrate.transport import Transport, TransportError
 
 AWS_NCCL = {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple", "NCCL_IB_DISABLE": "1"}
@@ -252,8 +252,9 @@ class RemotePlacement:
                 for p in sorted(model.rglob("*")):
                     if p.is_file():
                         t.put(p, f"{h.root}/home/{p.relative_to(home)}")
-        cmd = (f"cd {shlex.quote(h.root)} && PYTHONPATH={h.root}/site {shlex.quote(h.python)} -m training evaluate "
-               f"--home {h.root}/home --arm {shlex.quote(arm)} --role {shlex.quote(role)} --model-dir {h.root}/seed")
+        cmd = f"cd {shlex.quote(h.root)} && " + python_command(
+            h, "-m", "training", "evaluate", "--home", f"{h.root}/home", "--arm", arm, "--role", role,
+            "--model-dir", f"{h.root}/seed")
         env = {"OMP_NUM_THREADS": str(os.cpu_count() or 1)} if self.shared_cores else {}
         r = t.run(cmd, env=env, timeout=6 * 3600)
         if r.status != 0:

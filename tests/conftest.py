@@ -61,10 +61,11 @@ def home_copy(smoke_home, tmp_path) -> Path:
     return dst
 
 
-def run_cli(*args: str, stdin: str = "", cwd: Path = ROOT) -> subprocess.CompletedProcess:
+def run_cli(*args: str, stdin: str = "", cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`timeout` guards against a hang, not a speed: a whole trial on four hosts needs more."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     return subprocess.run([sys.executable, *args], input=stdin, capture_output=True, text=True,
-                          cwd=cwd, env=env, timeout=300)
+                          cwd=cwd, env=env, timeout=timeout)
 
 
 def run_ranks(argv: list[str], world: int, *, env: dict[str, str] | None = None,

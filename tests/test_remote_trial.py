@@ -32,7 +32,8 @@ def test_orchestrate_run_on_ssh_hosts(hosts, tiny_seed, tmp_path):
     desc = netns_cluster(hosts, f"file://{tmp_path / 'store'}", python=sys.executable)
     cluster = save(desc, tmp_path / "cluster.json")
     r = run_cli("-m", "orchestrate", "run", "diloco-four", "--profile", "smoke", "--trials",
-                str(tmp_path / "trials"), "--seeds", str(tiny_seed.parent), "--cluster", str(cluster))
+                str(tmp_path / "trials"), "--seeds", str(tiny_seed.parent), "--cluster", str(cluster),
+                timeout=900)  # prepare, stage 4 hosts, 3 arms, 4 evaluations, serving: ~5 min on 2 cores
     assert r.returncode == 0, r.stderr[-4000:]
     err = " ".join(r.stderr.split())
     assert "cluster" in err and "netns, 4 host(s)" in err and "staged ns-3" in err
