@@ -23,6 +23,8 @@ export TORCHINDUCTOR_CACHE_DIR=$PWD/.inductor
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
 STEPS=${STEPS:-tests recovery profile}
+# NCCL over TCP sockets on loopback: the inter-host emulation of the sockets and reduction steps
+SOCKETS=(env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 NCCL_ALGO=Ring NCCL_PROTO=Simple)
 nvidia-smi -L
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
 df -h /tmp | tail -1
@@ -64,7 +66,7 @@ step_profile() {
 }
 step_reduction() {  # the ddp and powersgd arms' gradient reduction alone (bench/powersgd_step.py)
   local w=${REDUCTION_WORLD:-1} net=()
-  (( w > 1 )) && net=(env NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 NCCL_ALGO=Ring NCCL_PROTO=Simple)
+  (( w > 1 )) && net=("${SOCKETS[@]}")
   "${net[@]}" timeout ${REDUCTION_TIMEOUT:-300} python3 bench/powersgd_step.py --world "$w" --steps ${REDUCTION_STEPS:-8} \
     --profile "$OUT/prof-reduction-world$w" > "$OUT/reduction-world$w.log" 2>&1
   grep -E "median|parameters|Error|error" "$OUT/reduction-world$w.log" | tail -8
@@ -76,8 +78,7 @@ step_sockets() {
   IFS=';' read -ra groups <<< "${SOCKET_ARMS:-ddp-four,diloco-four}"
   for group in "${groups[@]}"; do  # each group its own benchmark run: one timing out loses only itself
     i=$((i + 1))
-    NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo NCCL_IB_DISABLE=1 NCCL_ALGO=Ring NCCL_PROTO=Simple \
-      timeout ${SOCKET_TIMEOUT:-420} python3 bench/arms_bench.py --profile "${SOCKET_PROFILE:-gpu-bench}" --model-dir /tmp/seed-local \
+    "${SOCKETS[@]}" timeout ${SOCKET_TIMEOUT:-420} python3 bench/arms_bench.py --profile "${SOCKET_PROFILE:-gpu-bench}" --model-dir /tmp/seed-local \
       --arms "$group" --ranks 2 --max-world 2 --peak --label sockets \
       --work /tmp/work-sockets-$i --out "$OUT/sockets-$i.json" > "$OUT/sockets-$i.log" 2>&1
     grep -vE "^  update|^\s*$" "$OUT/sockets-$i.log" | tail -30

@@ -3,7 +3,7 @@ parameter shapes — what PowerSGD's compression costs on this device (one rank)
 over the network what its P and Q all-reduces add.
 
     [NCCL_...] python bench/powersgd_step.py [--world 1] [--steps 8] [--profile DIR] [--small]
-        [--variants none,ddp,powersgd:torch,powersgd:householder,powersgd:cholesky-qr3]
+        [--variants none,ddp,powersgd:torch,powersgd:householder,powersgd:cholesky-qr2]
 
 Each rank holds the architecture's parameters (FP32) behind a backward that writes fresh random
 gradients (a generator per rank), wrapped in DDP exactly as the trainer wraps the powersgd arm: one
@@ -12,7 +12,7 @@ bucket holding every gradient (`trainer.bucket_cap_mb`) and the hook from
   none                  a hook that returns the bucket unchanged: backward and DDP's copies (baseline)
   ddp                   the all-reduce hook (the ddp arm, and powersgd's dense warm-up)
   powersgd:ORTHO        PowerSGD with that orthogonalization: `torch` is torch's own hook (a
-                        Householder QR per matrix); `householder` and `cholesky-qr3` are our hook
+                        Householder QR per matrix); `householder` and `cholesky-qr2` are our hook
                         (training/powersgd.py), the latter what the arm uses on CUDA
 Each step is timed from a barrier to the end of backward (the hook's future included), the slowest
 rank's time; the summary is the median over the steps after the first compressed one, and that median
@@ -98,7 +98,7 @@ def worker(rank: int, world: int, port: int, variants: list[str], steps: int, sh
         else:
             kind, _, ortho = v.partition(":")
             reduce, state = gradient_reduction(kind, powersgd_rank=RANK, dense_warmup=DENSE, batch_same_shape=True,
-                                               orthogonalization=ortho or None)
+                                               orthogonalization=ortho or "torch")
             hook = lambda _state, bucket, reduce=reduce: reduce(bucket)  # noqa: E731
         ddp.register_comm_hook(None, hook)
         times = []
@@ -128,7 +128,8 @@ def worker(rank: int, world: int, port: int, variants: list[str], steps: int, sh
                 print(f"{v:21} step {i + 1}: {times[-1]:.4f} s{phase}", flush=True)
         later = times[DENSE + 1:] if v.startswith("powersgd") else times[1:]
         summary[v] = statistics.median(later) if later else float("nan")
-        del ddp, module
+        del ddp, module, hook
+        reduce = state = None  # the error feedback and P/Q (GBs) go before the next variant allocates
         if cuda:
             torch.cuda.empty_cache()
     if rank == 0:
@@ -141,7 +142,7 @@ def worker(rank: int, world: int, port: int, variants: list[str], steps: int, sh
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--variants", default="none,ddp,powersgd:torch,powersgd:householder,powersgd:cholesky-qr3")
+    ap.add_argument("--variants", default="none,ddp,powersgd:torch,powersgd:householder,powersgd:cholesky-qr2")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--world", type=int, default=1)
     ap.add_argument("--profile", help="write a torch.profiler table of each PowerSGD variant's last step here")

@@ -84,11 +84,11 @@ def verify_receipt(
             raise ReceiptError(
                 f"{what} file altered: {p} has {size} bytes, receipt says {entry['bytes']}"
             )
-        if rel in defer:
-            continue
         kind = "sha256_tree" if "sha256_tree" in entry else "sha256"
         if kind == "sha256_tree" and not (isinstance(entry.get("piece_bytes"), int) and entry["piece_bytes"] > 0):
             raise ReceiptError(f"{what} receipt entry for {p} has no valid piece_bytes: {entry.get('piece_bytes')!r}")
+        if rel in defer:
+            continue
         digest = file_tree_sha256(p, entry["piece_bytes"]) if kind == "sha256_tree" else file_sha256(p)
         if digest != entry[kind]:
             raise ReceiptError(

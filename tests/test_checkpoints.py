@@ -257,6 +257,18 @@ def test_compare_states_never_calls_nan_identical():
                               {"model": {"w": torch.tensor([-0.0])}})["identical"]
 
 
+class _Mark:
+    """Counts its own unpicklings (in this process)."""
+
+    loaded = 0
+
+    def __init__(self):
+        self.v = 1  # a state, so unpickling calls __setstate__
+
+    def __setstate__(self, state):
+        type(self).loaded += 1
+
+
 def test_save_hashed_round_trips_the_state_and_its_digest_is_the_files(tmp_path):
     """The receipt takes the tree digest computed while writing: it must be the file's own. What loads back
     must be the state bit for bit: large tensors (written raw, from the device when there is one) in
@@ -306,6 +318,20 @@ def test_save_hashed_round_trips_the_state_and_its_digest_is_the_files(tmp_path)
         # before the skeleton is unpickled
         with pytest.raises(CheckpointError, match="differs from its receipt"):
             load_state(tmp_path / "flipped.bin", expect=entry)
+    # the refusal comes before the skeleton is unpickled: a skeleton whose unpickling leaves a mark
+    marked = {"mark": _Mark(), "big": torch.randn(CHUNK // 4, generator=g)}
+    mentry = save_hashed(marked, tmp_path / "marked.bin")
+    mraw = bytearray((tmp_path / "marked.bin").read_bytes())
+    mraw[-5] ^= 1  # in the tensor's bytes, after the skeleton and table were read
+    (tmp_path / "marked.bin").write_bytes(mraw)
+    _Mark.loaded = 0
+    with pytest.raises(CheckpointError, match="differs from its receipt"):
+        load_state(tmp_path / "marked.bin", expect=mentry)
+    assert _Mark.loaded == 0
+    load_state(tmp_path / "marked.bin")  # the control: unchecked, the mark is unpickled
+    assert _Mark.loaded == 1
+    with pytest.raises(CheckpointError, match="not a tree digest"):
+        load_state(tmp_path / "state.bin", expect={"sha256": digest})
     got_checked = load_state(tmp_path / "state.bin", expect=entry)
     assert torch.equal(got_checked["model"]["big"], got["model"]["big"]) and got_checked["step"] == 7
     # a table damaged so that it asks for more than the file holds: refused before any allocation
@@ -356,3 +382,24 @@ def test_tree_digest_is_the_sha256_of_its_pieces_digests(tmp_path):
     assert tree.hexdigest() == want
     tree.close()
     assert want != hashlib.sha256(data).hexdigest()
+
+
+def test_a_deferred_file_keeps_its_size_and_entry_checks(tmp_path):
+    """verify_receipt(defer=) skips only the deferred file's digest (its reader checks it): a
+    changed size, or an entry whose piece_bytes is not a positive integer, still stops it."""
+    from evidence.receipts import ReceiptError, make_receipt, receipt_digest, verify_receipt
+
+    (tmp_path / "state.bin").write_bytes(b"x" * 1000)
+    (tmp_path / "other.json").write_text("{}")
+    receipt = make_receipt(tmp_path, meta={"kind": "t"}, hashed={"state.bin": {"sha256_tree": "0" * 64, "piece_bytes": 64}})
+    verify_receipt(tmp_path, receipt, defer=["state.bin"])  # the (wrong) tree digest is not looked at
+    with pytest.raises(ReceiptError, match="altered"):
+        verify_receipt(tmp_path, receipt)
+    (tmp_path / "state.bin").write_bytes(b"x" * 999)
+    with pytest.raises(ReceiptError, match="999 bytes"):
+        verify_receipt(tmp_path, receipt, defer=["state.bin"])
+    (tmp_path / "state.bin").write_bytes(b"x" * 1000)
+    receipt["files"]["state.bin"]["piece_bytes"] = 0
+    receipt["digest"] = receipt_digest(receipt)
+    with pytest.raises(ReceiptError, match="piece_bytes"):
+        verify_receipt(tmp_path, receipt, defer=["state.bin"])

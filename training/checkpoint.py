@@ -15,7 +15,8 @@ manifest leaves that step unpublished on some rank, so restart never picks it.
 
 Restart: every rank all-gathers the digests of the manifests it holds; the group resumes from the
 latest step whose manifest is identical on every rank. Each rank then checks that the manifest's
-entry for *its* rank is the receipt it finds on disk, re-hashes the files, and only then loads them.
+entry for *its* rank is the receipt it finds on disk, and re-hashes state.bin as it reads it: the
+digest is compared before anything read is unpickled or used.
 A missing or corrupt file stops the group with a message naming the rank and the file; an older
 checkpoint is never substituted silently. Checkpoints and manifests after the chosen step are moved
 to `orphaned/attempt-<n>/`, never deleted.
@@ -254,7 +255,10 @@ def load_state(path: Path, expect: dict[str, Any] | None = None) -> Any:
 
     from evidence.canonical import TreeSha256
 
-    tree = TreeSha256(expect["piece_bytes"]) if expect else None
+    if expect is not None and not (isinstance(expect.get("piece_bytes"), int) and expect["piece_bytes"] > 0
+                                   and isinstance(expect.get("sha256_tree"), str)):
+        raise CheckpointError(f"{path}: its receipt entry is not a tree digest: {sorted(expect)}")
+    tree = TreeSha256(expect["piece_bytes"]) if expect is not None else None
     try:
         with open(path, "rb", buffering=0) as f:
             pos = 0
@@ -312,23 +316,24 @@ def load_state(path: Path, expect: dict[str, Any] | None = None) -> Any:
 
 
 def _checked_table(raw: bytes, data_start: int, size: int, path: Path) -> list[dict[str, Any]]:
-    """The tensor table, checked against the file before anything is allocated from it: when the
+    """The tensor table, checked against the file and save_hashed's layout before anything is
+    allocated from it (so padding stays under a page and no entry reaches past the file): when the
     digest is checked during the read, a damaged table is met before the digest can reject it."""
     import json
     import math
 
     try:
         table = json.loads(raw)
-        end = 0
+        at = 0  # where save_hashed put the entry: each at the page boundary after the last
         for e in table:
-            itemsize = getattr(torch, e["dtype"]).itemsize
-            ok = (isinstance(e["offset"], int) and isinstance(e["nbytes"], int) and e["offset"] >= end
+            dtype = getattr(torch, str(e["dtype"]), None)
+            ok = (isinstance(dtype, torch.dtype) and e["offset"] == at and isinstance(e["nbytes"], int)
                   and all(isinstance(d, int) and d >= 0 for d in e["shape"])
-                  and math.prod(e["shape"]) * itemsize == e["nbytes"] and data_start + e["offset"] + e["nbytes"] <= size)
+                  and math.prod(e["shape"]) * dtype.itemsize == e["nbytes"] and data_start + at + e["nbytes"] <= size)
             if not ok:
                 raise ValueError(e)
-            end = e["offset"] + e["nbytes"]
-    except (ValueError, TypeError, KeyError, AttributeError) as err:
+            at = _aligned(at + e["nbytes"])
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as err:
         raise CheckpointError(f"{path}: its tensor table does not fit the file ({type(err).__name__}: "
                               f"{str(err)[:80]})") from None
     return table

@@ -3,12 +3,14 @@ orthogonalization is a parameter.
 
 torch's `powerSGD_hook` orthogonalizes every P and Q with its own Householder QR, one small
 factorization per matrix. At the 1.7B architecture's shapes on one H200 those 338 QRs are 68 ms of the
-105 ms the compression adds to an update; a batched shifted Cholesky QR does the same job in a few
-kernels per shape, and the compression then adds 35 ms (bench/powersgd_step.py; figures in
-bench/results/). This hook runs the same algorithm as torch's — P = MQ, all-reduce P, orthogonalize
-P, Q = MᵀP, all-reduce Q, M ≈ PQᵀ, error feedback, warm-started Q — on torch's `PowerSGDState` (so
-the dense warm-up, which it leaves to torch's hook, and the checkpointed state are unchanged). With
-torch's own orthogonalization it gives torch's result bit for bit (tests/test_powersgd.py).
+105 ms the compression adds to an update; a batched Cholesky QR does the same job in a few kernels per
+shape (bench/powersgd_step.py; figures in bench/results/gpu-h200-warmup-powersgd-restore.md). This
+hook runs the same algorithm as torch's — P = MQ, all-reduce P, orthogonalize P, Q = MᵀP, all-reduce
+Q, M ≈ PQᵀ, error feedback, warm-started Q — on torch's `PowerSGDState` (so the dense warm-up, which
+it leaves to torch's hook, and the checkpointed state are unchanged), with the orthogonalization a
+parameter. With torch's own orthogonalization it gives torch's result bit for bit
+(tests/test_powersgd.py). It does not log torch's periodic compression statistics (the counters are
+kept).
 """
 
 from __future__ import annotations
@@ -21,32 +23,33 @@ import torch.distributed as dist
 
 Orthogonalize = Callable[[torch.Tensor, float], None]
 
-_SHIFT = 1e-6  # first pass's diagonal shift, relative to trace(XᵀX)
+_SHIFT = 1e-15  # first pass's diagonal shift, relative to trace(XᵀX): lets an exactly singular X factorize
 _ORTHONORMAL_TOL = 1e-4  # |QᵀQ − I| above this (or not finite): that matrix falls back to Householder
 
 
-def shifted_cholesky_qr3(matrices: torch.Tensor, epsilon: float = 0.0) -> None:
+def cholesky_qr2(matrices: torch.Tensor, epsilon: float = 0.0) -> None:
     """Orthonormalize the columns of each n × r matrix of a batch in place, keeping their span.
 
-    Three passes of X ← X·L⁻ᵀ, L the Cholesky factor of XᵀX: the first with a small diagonal shift
-    (so an ill-conditioned X still factorizes; any invertible factor keeps the span), the next two
-    exact (each squares away the previous pass's loss of orthogonality). In FP32 this is orthonormal
-    to ~1e-6 up to a condition number of about 1e6; a matrix beyond that (or all zero) fails the
-    check and is factorized by Householder QR instead, so the result is always orthonormal. `epsilon`
-    is accepted for the hook's signature and unused."""
+    Two passes of X ← X·L⁻ᵀ, L the Cholesky factor of XᵀX (CholeskyQR2), in FP64: the r × r Gram
+    matrices and the n × r solves are small next to the gradient, FP64 squares away FP32's
+    condition-number limit (FP32 inputs up to a condition number of 1e9 came out orthonormal to
+    1e-6, tests/test_powersgd.py), and no TF32 setting can touch it. Any invertible factor keeps
+    the span, so the first pass's tiny diagonal shift only lets an exactly singular (e.g. all-zero)
+    matrix factorize. A matrix whose result is still not orthonormal to 1e-4 is redone by
+    Householder QR (one host sync per call). `epsilon` is accepted for the hook's signature."""
     del epsilon
-    eye = torch.eye(matrices.shape[-1], device=matrices.device, dtype=matrices.dtype)
-    x = matrices
-    for i in range(3):
+    eye = torch.eye(matrices.shape[-1], device=matrices.device, dtype=torch.float64)
+    x = matrices.double()
+    for i in range(2):
         gram = x.mT @ x
         shift = (_SHIFT if i == 0 else 0.0) * gram.diagonal(dim1=1, dim2=2).sum(-1)
-        gram = gram + shift.clamp_min(torch.finfo(x.dtype).tiny)[:, None, None] * eye
+        gram = gram + shift.clamp_min(torch.finfo(torch.float64).tiny)[:, None, None] * eye
         chol = torch.linalg.cholesky_ex(gram).L
         x = torch.linalg.solve_triangular(chol.mT, x, upper=True, left=False)
     off = (x.mT @ x - eye).abs().amax(dim=(1, 2))
     bad = ~(off <= _ORTHONORMAL_TOL)  # NaN counts as bad
     if bool(bad.any()):
-        x[bad] = torch.linalg.qr(matrices[bad]).Q
+        x[bad] = torch.linalg.qr(matrices[bad].double()).Q
     matrices.copy_(x)
 
 
@@ -56,7 +59,7 @@ def householder(matrices: torch.Tensor, epsilon: float = 0.0) -> None:
     matrices.copy_(torch.linalg.qr(matrices).Q)
 
 
-ORTHOGONALIZATIONS: dict[str, Orthogonalize] = {"cholesky-qr3": shifted_cholesky_qr3,
+ORTHOGONALIZATIONS: dict[str, Orthogonalize] = {"cholesky-qr2": cholesky_qr2,
                                                  "householder": householder}
 
 

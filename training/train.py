@@ -158,8 +158,8 @@ def _seed_everything(base: int, rank: int) -> None:
 class _profiler:
     """`TRIAL_PROFILE=DIR`: torch.profiler over the three updates after two warm ones; the kernel
     table and a per-phase summary go to DIR/<arm>-rank-<r>.txt (nothing, if the run has fewer than
-    five updates left). `TRIAL_PROFILE_FROM=U` starts the window at update U instead (e.g. past
-    PowerSGD's dense warm-up). A benchmark tool: the timings it records include the profiler's
+    five updates left; nothing either if the run ends inside the window). `TRIAL_PROFILE_FROM=U`
+    starts the window at update U instead (e.g. past PowerSGD's dense warm-up). A benchmark tool: the timings it records include the profiler's
     overhead."""
 
     def __init__(self, arm: str, rank: int, first: int):
@@ -353,11 +353,13 @@ def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_n
                     "weight_decay": spec.weight_decay, "grad_clip": spec.grad_clip,
                     "betas": list(spec.betas), "eps": spec.eps, "powersgd_seed": spec.powersgd_seed,
                     "powersgd_batch_same_shape": choice["powersgd_batch_same_shape"],
-                    "powersgd_orthogonalization": choice["powersgd_orthogonalization"],
                     "ddp_bucket_cap_mb": choice["ddp_bucket_cap_mb"],
                     "rng_seed": "generator_seed * 1000003 + rank", "compile": spec.compile,
                     "fused_optimizer": choice["fused_optimizer"], "pack": spec.pack,
-                    "pack_tokens": spec.pack_tokens}
+                    "pack_tokens": spec.pack_tokens,
+                    # only where it applies: other arms' profiles (and their digests) stay as they were
+                    **({"powersgd_orthogonalization": choice["powersgd_orthogonalization"]}
+                       if spec.kind == "powersgd" else {})}
     numerics = runtime.numerical_profile(device, dtype=prof.dtype, arm=arm_numerics, attention=choice["attention"])
     numerics_digest = runtime.profile_digest(numerics)
 

@@ -104,7 +104,8 @@ def bucket_cap_mb(kind: str, model: nn.Module) -> int | None:
     can issue bucket k's Q before bucket k+1's P while its peer does the opposite, and gloo aborts on
     the size mismatch (seen with the 135M model: "18432 vs 2304"). On CUDA it is what makes
     PowerSGD cheap: with one bucket, every same-shaped matrix of the model is compressed in one
-    batched matmul and one batched QR (`batch_tensors_with_same_shape`), where DDP's 25 MB buckets
+    batched matmul and one batched orthogonalization call (`batch_tensors_with_same_shape`; torch's
+    own still factorizes each matrix inside it, see training/powersgd.py), where DDP's 25 MB buckets
     meant ~270 hook calls with a QR per matrix (1.7B pair over sockets, 2 × H200: median update
     0.96 s before, 0.81 s after; the single arm's is 0.72 s). The cost is memory: the hook holds a
     copy of the whole bucket, the stacked matrices and the new error feedback at once (about 20 GB
@@ -136,12 +137,12 @@ def powersgd_orthogonalization(spec: "TrainSpec", device: torch.device) -> str |
     compression, and torch's hook on CPU, where LAPACK's QR is cheap."""
     if spec.kind != "powersgd":
         return None
-    return spec.powersgd_orthogonalization or ("cholesky-qr3" if device.type == "cuda" else "torch")
+    return spec.powersgd_orthogonalization or ("cholesky-qr2" if device.type == "cuda" else "torch")
 
 
 def gradient_reduction(kind: str, *, powersgd_rank: int | None = None, dense_warmup: int | None = None,
                        seed: int = 0, batch_same_shape: bool = False,
-                       orthogonalization: str | None = "torch") -> tuple[Callable[[Any], Any], Any]:
+                       orthogonalization: str = "torch") -> tuple[Callable[[Any], Any], Any]:
     """The DDP communication hook of a ddp or powersgd arm, as a function of the bucket, and
     PowerSGD's state (None for ddp); one construction for the trainer and bench/powersgd_step.py."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
