@@ -9,8 +9,8 @@ all hosts report the same one.
 
 A remote rank is the command of one SSH exec channel. A wrapper writes its pid first, so the
 supervisor can signal it by pid (`kill -TERM <pid>`), and its stderr streams into the local log. A
-host that stops answering (every liveness probe failing for `unreachable_s`) fails the group like a
-non-zero exit: the others are stopped; the unreachable one cannot be, and the result says so.
+host that stops answering (no liveness probe answered for `unreachable_s`, decided on the clock by a
+watcher thread per rank) fails the group like a non-zero exit: the others are stopped; the unreachable one cannot be, and the result says so.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import json
 import re
 import shlex
 import signal
+import threading
 import time
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Sequence
@@ -99,20 +100,47 @@ def stage(cluster: Cluster, transports: list[Transport], *, wheel_dir: Path,
 
 
 class RemoteRank:
-    """Popen's interface (poll, send_signal, kill, wait, returncode) for a rank on an SSH host."""
+    """Popen's interface (poll, send_signal, kill, wait, returncode) for a rank on an SSH host.
+
+    Liveness is decided on the wall clock, not on a probe's return: a watcher thread asks the host
+    every `probe_every_s` whether the rank's pid is there (and, when given, the heartbeat's mtime),
+    and `poll` fails the rank once no answer has come for `unreachable_s`. A probe that blocks — a
+    reconnect to a dead address, paramiko waiting out a key exchange on a connection that no longer
+    carries packets — delays only the next probe, never the decision or the other ranks' supervision.
+    """
 
     def __init__(self, t: SSHTransport, command: str, env: dict[str, str], log: Path, pidfile: str,
-                 *, unreachable_s: float = 10.0, probe_every_s: float = 1.0):
+                 *, unreachable_s: float = 10.0, probe_every_s: float = 1.0, probe_timeout_s: float = 2.0,
+                 heartbeat: str | None = None):
         self.t, self.log, self.pidfile = t, log, pidfile
-        self.unreachable_s, self.probe_every_s = unreachable_s, probe_every_s
+        self.unreachable_s, self.probe_every_s, self.probe_timeout_s = unreachable_s, probe_every_s, probe_timeout_s
         self.returncode: int | None = None
         self.why: str | None = None
         self.unstoppable = False
+        self.heartbeat_mtime: float | None = None  # the last heartbeat mtime the host reported
         self.chan = t.start(f"echo $$ > {pidfile}; {command}", env)  # `command` ends in exec: same pid
         self._log = open(log, "ab")
         self._out = open(log.with_suffix(".out"), "ab")
-        self._last_ok = time.monotonic()
-        self._next_probe = time.monotonic() + probe_every_s
+        self._answered = time.monotonic()  # when the host last answered a probe
+        self._stop = threading.Event()
+        beat = f"; stat -c %Y {shlex.quote(heartbeat)} 2>/dev/null" if heartbeat else ""
+        self._probe = f"kill -0 $(cat {pidfile}) 2>/dev/null{beat}; true"
+        self._watcher = threading.Thread(target=self._watch, name=f"liveness {t.name}", daemon=True)
+        self._watcher.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.probe_every_s):
+            try:
+                out = self.t.run(self._probe, timeout=self.probe_timeout_s).stdout.strip()
+            except Exception:  # noqa: BLE001 — no answer, whatever paramiko raised; the clock decides
+                continue
+            self._answered = time.monotonic()
+            if out.isdigit():
+                self.heartbeat_mtime = float(out)
+
+    def silent_for(self) -> float:
+        """Seconds since the host last answered a liveness probe."""
+        return time.monotonic() - self._answered
 
     def _drain(self) -> None:
         while self.chan.recv_stderr_ready():
@@ -132,15 +160,10 @@ class RemoteRank:
             self._close()
             return self.returncode
         # a channel closed without an exit status means the connection died, not the rank:
-        # the liveness probe below decides whether the host is still there
-        now = time.monotonic()
-        if now >= self._next_probe:
-            self._next_probe = now + self.probe_every_s
-            if self._remote(f"kill -0 $(cat {self.pidfile})", timeout=2.0) is not None:
-                self._last_ok = now
-            elif now - self._last_ok > self.unreachable_s:
-                self.returncode, self.why, self.unstoppable = 255, "unreachable", True
-                self._close()
+        # the watcher's answers decide whether the host is still there
+        if self.silent_for() > self.unreachable_s:
+            self.returncode, self.why, self.unstoppable = 255, "unreachable", True
+            self._close()
         return self.returncode
 
     def _remote(self, command: str, timeout: float) -> int | None:
@@ -168,29 +191,21 @@ class RemoteRank:
             time.sleep(0.05)
         return self.returncode
 
+    def stop_watching(self) -> None:
+        """End the watcher before the connection is closed, so it cannot reopen one (bounded: a probe
+        blocked inside paramiko is left to end on its own; the thread is a daemon)."""
+        self._stop.set()
+        if self._watcher is not threading.current_thread():
+            self._watcher.join(timeout=2 * self.probe_timeout_s + 1)
+
     def _close(self) -> None:
+        self._stop.set()
         try:
             self.chan.close()
         except Exception:  # noqa: BLE001
             pass
         self._log.close()
         self._out.close()
-
-
-def remote_heartbeat(t: SSHTransport, path: str) -> Callable[[], float | None]:
-    """The heartbeat file's mtime on the host; while the host does not answer, the last value seen
-    (so an unreachable rank counts as making no progress)."""
-    last: list[float | None] = [None]
-
-    def read() -> float | None:
-        try:
-            r = t.run(f"stat -c %Y {shlex.quote(path)} 2>/dev/null", timeout=2.0)
-            if r.status == 0 and r.stdout.strip().isdigit():
-                last[0] = float(r.stdout.strip())
-        except Exception:  # noqa: BLE001
-            pass
-        return last[0]
-    return read
 
 
 def launch_remote_group(cluster: Cluster, argv_for: Callable[[Host], Sequence[str]], world: int, *,
@@ -216,18 +231,23 @@ def launch_remote_group(cluster: Cluster, argv_for: Callable[[Host], Sequence[st
             logs[r].write_bytes(b"")
             # PYTHONPATH comes with the environment above; -P as in python_command
             cmd = f"cd {shlex.quote(h.root)} && exec {shlex.quote(h.python)} -P " + " ".join(map(shlex.quote, argv_for(h)))
-            procs.append(RemoteRank(t, cmd, e, logs[r], f"{h.root}/rank-{r}.pid", unreachable_s=unreachable_s))
+            beat = f"{h.root}/{heartbeats[r]}" if r < len(heartbeats) else None
+            procs.append(RemoteRank(t, cmd, e, logs[r], f"{h.root}/rank-{r}.pid", unreachable_s=unreachable_s,
+                                    heartbeat=beat))
     except BaseException:
         for p in procs:
             p.kill()
+            p.stop_watching()
             p.t.close()
         raise
-    # heartbeats are read over each rank's own connection (another channel), not a second one
-    beats = [remote_heartbeat(p.t, f"{h.root}/{hb}") for p, h, hb in zip(procs, hosts, heartbeats)]
+    # heartbeats come from each rank's watcher (its probe reads the mtime too): reading them never
+    # blocks supervision, and while the host does not answer the last value stays, so no progress
+    beats = [(lambda p=p: p.heartbeat_mtime) for p in procs[:len(heartbeats)]]
     try:
         return run_group(procs, logs, grace_s=grace_s, echo=echo, heartbeats=beats, stale_s=stale_s, guard=guard)
     finally:
         for p in procs:  # one connection per rank per attempt: closed with the attempt
+            p.stop_watching()
             p.t.close()
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import shlex
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,8 +99,15 @@ class SSHTransport:
         self.connect_timeout, self.trust_on_first_use = connect_timeout, trust_on_first_use
         self.accepted_key: str | None = None
         self._client = None
+        self._connecting = threading.Lock()  # a supervisor's watcher and its main thread share this
 
-    def _connect(self):
+    def _connect(self, timeout: float | None = None):
+        """The live connection, opened again if it died; `timeout` bounds a new connection's TCP
+        connect, banner and authentication (a short probe must not wait out `connect_timeout`)."""
+        with self._connecting:
+            return self._connect_locked(min(timeout or self.connect_timeout, self.connect_timeout))
+
+    def _connect_locked(self, timeout: float):
         import paramiko
 
         if self._client is not None:
@@ -118,8 +126,8 @@ class SSHTransport:
         c.set_missing_host_key_policy(paramiko.AutoAddPolicy() if self.trust_on_first_use else paramiko.RejectPolicy())
         try:
             c.connect(self.address, port=self.port, username=self.user, key_filename=str(self.key_file),
-                      timeout=self.connect_timeout, banner_timeout=self.connect_timeout,
-                      auth_timeout=self.connect_timeout, allow_agent=False, look_for_keys=False)
+                      timeout=timeout, banner_timeout=timeout, auth_timeout=timeout,
+                      allow_agent=False, look_for_keys=False)
         except paramiko.BadHostKeyException as e:
             c.close()
             raise TransportError(f"{self.name} ({self.address}) presented a different host key than the one "
@@ -140,7 +148,7 @@ class SSHTransport:
         import paramiko
 
         try:
-            chan = self._connect().get_transport().open_session(timeout=open_timeout or self.connect_timeout)
+            chan = self._connect(open_timeout).get_transport().open_session(timeout=open_timeout or self.connect_timeout)
             chan.exec_command("bash -c " + shlex.quote(_env_prefix(env) + command))
         except (paramiko.SSHException, EOFError, OSError) as e:
             raise TransportError(f"{self.name} ({self.address}): cannot start a command: {e}") from None
@@ -195,6 +203,7 @@ class SSHTransport:
         return want
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        with self._connecting:  # not while another thread is opening a connection it would then leak
+            if self._client is not None:
+                self._client.close()
+                self._client = None

@@ -1,6 +1,7 @@
 """SSH transport against real OpenSSH sshd processes in network namespaces on 198.18.0.0/24
 (root only): exit status, separate output streams, verified copies, pinned host keys, the member-only
-firewall on a rendezvous port, and an unreachable host failing fast."""
+firewall on a rendezvous port, an unreachable host failing fast, and a remote rank's liveness
+verdict kept on the clock while its probes hang."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 from orchestrate.netns import NetnsHosts
+from orchestrate.remote import RemoteRank
 from orchestrate.transport import SSHTransport, TransportError
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("/usr/sbin/sshd") is None,
@@ -107,3 +110,57 @@ def test_rendezvous_port_accepts_members_only(hosts):
     finally:
         listener.kill()
         listener.wait()
+
+
+class HangingProbes(SSHTransport):
+    """A real connection whose liveness probes can be made to hang, as paramiko's can on a connection
+    that no longer carries packets (waiting out a key exchange, an open that is never answered)."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.hang = threading.Event()
+        self.release = threading.Event()
+
+    def run(self, command, **kw):
+        if self.hang.is_set() and command.startswith("kill -0"):
+            self.release.wait(120)
+            raise TransportError("probe released")
+        return super().run(command, **kw)
+
+
+def test_a_hanging_probe_cannot_delay_the_unreachable_verdict(hosts, tmp_path):
+    """The verdict comes from the clock (no answer for unreachable_s), not from a probe returning:
+    poll() never waits on the host, and the rank fails within the bound although every probe hangs."""
+    h = hosts.hosts[1]
+    t = HangingProbes("host-1", h.address, user=hosts.user, key_file=hosts.client_key, host_key=h.host_key)
+    pidfile = f"{h.root}/hang.pid"
+    rank = RemoteRank(t, "exec sleep 120", {}, tmp_path / "rank.log", pidfile, unreachable_s=3,
+                      heartbeat=f"{h.root}/beat")
+    cleanup = ssh(hosts, 1)
+    try:
+        cleanup.run(f"touch -d @1000000000 {h.root}/beat").check("beat")
+        deadline = time.monotonic() + 10
+        while rank.heartbeat_mtime is None and time.monotonic() < deadline:  # the watcher answers
+            assert rank.poll() is None
+            time.sleep(0.05)
+        assert rank.heartbeat_mtime == 1000000000.0 and rank.silent_for() < 2.5
+        t.hang.set()
+        hung_at, slowest = time.monotonic(), 0.0
+        while True:
+            t0 = time.monotonic()
+            code = rank.poll()
+            slowest = max(slowest, time.monotonic() - t0)
+            if code is not None or time.monotonic() - hung_at > 30:
+                break
+            time.sleep(0.05)
+        verdict = time.monotonic() - hung_at
+        assert (code, rank.why, rank.unstoppable) == (255, "unreachable", True)
+        assert 3 - 2.5 < verdict < 3 + 1.5, verdict  # the last answer came at most one probe before the hang
+        assert slowest < 0.5, slowest  # no poll waited on the host
+        assert rank.heartbeat_mtime == 1000000000.0  # the last value seen stays
+    finally:
+        t.release.set()
+        rank.stop_watching()
+        cleanup.run(f"kill $(cat {pidfile})")
+        cleanup.close()
+        t.close()
