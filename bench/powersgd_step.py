@@ -72,7 +72,7 @@ def worker(rank: int, world: int, port: int, variants: list[str], steps: int, sh
            cuda: bool) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from training.trainer import bucket_cap_mb, gradient_reduction
+    from training.trainer import bucket_cap_mb, gradient_reduction, passthrough
 
     torch.set_num_threads(1 if not cuda else torch.get_num_threads())
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -91,10 +91,7 @@ def worker(rank: int, world: int, port: int, variants: list[str], steps: int, sh
         module = Gradients(shapes, device, seed=rank)
         ddp = DDP(module, device_ids=[device] if cuda else None, bucket_cap_mb=bucket_cap_mb("powersgd", module))
         if v == "none":
-            def hook(_state, bucket):
-                fut = torch.futures.Future()
-                fut.set_result(bucket.buffer())
-                return fut
+            hook = lambda _state, bucket: passthrough(bucket)  # noqa: E731
         else:
             kind, _, ortho = v.partition(":")
             reduce, state = gradient_reduction(kind, powersgd_rank=RANK, dense_warmup=DENSE, batch_same_shape=True,

@@ -140,6 +140,14 @@ def powersgd_orthogonalization(spec: "TrainSpec", device: torch.device) -> str |
     return spec.powersgd_orthogonalization or ("cholesky-qr2" if device.type == "cuda" else "torch")
 
 
+def passthrough(bucket: Any) -> torch.futures.Future:
+    """A DDP communication hook's result that leaves the bucket as it is: no reduction (a resume's
+    warm-up pass; the benchmark's baseline)."""
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
 def gradient_reduction(kind: str, *, powersgd_rank: int | None = None, dense_warmup: int | None = None,
                        seed: int = 0, batch_same_shape: bool = False,
                        orthogonalization: str = "torch") -> tuple[Callable[[Any], Any], Any]:
@@ -228,11 +236,7 @@ class Trainer:
 
             def hook(_state, bucket):
                 """The arm's reduction; during a resume's warm-up pass, the bucket unchanged."""
-                if self._warming:
-                    fut: torch.futures.Future = torch.futures.Future()
-                    fut.set_result(bucket.buffer())
-                    return fut
-                return real(bucket)
+                return passthrough(bucket) if self._warming else real(bucket)
 
             self._warming = False
             self.engine.register_comm_hook(None, hook)
