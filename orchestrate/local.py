@@ -28,6 +28,7 @@ class GroupResult:
     seconds: float
     first_failure: int | None  # the rank whose failure was observed first, if any
     reason: str | None = None  # "exit" (non-zero), "heartbeat" (no progress), "unreachable" (host cut off),
+    #                            "lost" (its connection died and the rank is gone, exit status unknown),
     #                            "guard" (the controller stopped the group: deadline or transfer)
     guard: str | None = None  # what the guard said
     failure_observed_at: float | None = None  # unix time the supervisor saw it
@@ -42,7 +43,8 @@ class GroupResult:
             return f"stopped by the controller's guard: {self.guard}"
         r = self.first_failure if self.first_failure is not None else 0
         tail = self.logs[r].read_text(errors="replace").splitlines()[-lines:]
-        why = {"heartbeat": "stopped making progress", "unreachable": "became unreachable"}.get(
+        why = {"heartbeat": "stopped making progress", "unreachable": "became unreachable",
+               "lost": "ended after its connection died (exit status unknown)"}.get(
             self.reason or "", f"exited {self.codes[r]}")
         return f"rank {r} {why} (log {self.logs[r]}):\n" + "\n".join(tail)
 

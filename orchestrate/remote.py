@@ -10,7 +10,9 @@ all hosts report the same one.
 A remote rank is the command of one SSH exec channel. A wrapper writes its pid first, so the
 supervisor can signal it by pid (`kill -TERM <pid>`), and its stderr streams into the local log. A
 host that stops answering (no liveness probe answered for `unreachable_s`, decided on the clock by a
-watcher thread per rank) fails the group like a non-zero exit: the others are stopped; the unreachable one cannot be, and the result says so.
+watcher thread per rank) fails the group like a non-zero exit: the others are stopped; the
+unreachable one cannot be, and the result says so. A channel that ends with its connection carries no
+exit status; the rank is then followed by pid, and once gone fails as "lost", never as a success.
 """
 
 from __future__ import annotations
@@ -118,25 +120,28 @@ class RemoteRank:
         self.why: str | None = None
         self.unstoppable = False
         self.heartbeat_mtime: float | None = None  # the last heartbeat mtime the host reported
+        self.pid_alive: bool | None = None  # whether the rank's pid ran at the last answer
         self.chan = t.start(f"echo $$ > {pidfile}; {command}", env)  # `command` ends in exec: same pid
         self._log = open(log, "ab")
         self._out = open(log.with_suffix(".out"), "ab")
         self._answered = time.monotonic()  # when the host last answered a probe
         self._stop = threading.Event()
         beat = f"; stat -c %Y {shlex.quote(heartbeat)} 2>/dev/null" if heartbeat else ""
-        self._probe = f"kill -0 $(cat {pidfile}) 2>/dev/null{beat}; true"
+        self._probe = f"kill -0 $(cat {pidfile} 2>/dev/null) 2>/dev/null && echo alive || echo gone{beat}; true"
         self._watcher = threading.Thread(target=self._watch, name=f"liveness {t.name}", daemon=True)
         self._watcher.start()
 
     def _watch(self) -> None:
         while not self._stop.wait(self.probe_every_s):
             try:
-                out = self.t.run(self._probe, timeout=self.probe_timeout_s).stdout.strip()
+                out = self.t.run(self._probe, timeout=self.probe_timeout_s).stdout.split()
             except Exception:  # noqa: BLE001 — no answer, whatever paramiko raised; the clock decides
                 continue
             self._answered = time.monotonic()
-            if out.isdigit():
-                self.heartbeat_mtime = float(out)
+            if out and out[0] in ("alive", "gone"):
+                self.pid_alive = out[0] == "alive"
+            if len(out) > 1 and out[1].isdigit():
+                self.heartbeat_mtime = float(out[1])
 
     def silent_for(self) -> float:
         """Seconds since the host last answered a liveness probe."""
@@ -154,17 +159,26 @@ class RemoteRank:
         if self.returncode is not None:
             return self.returncode
         self._drain()
-        if self.chan.exit_status_ready() and self.chan.status_event.is_set():
+        if self.chan.exit_status_ready() and self.chan.status_event.is_set() and not self._connection_died():
             self._drain()
             self.returncode = self.chan.recv_exit_status()
             self._close()
             return self.returncode
-        # a channel closed without an exit status means the connection died, not the rank:
-        # the watcher's answers decide whether the host is still there
+        # a channel closed without an exit status means the connection died, not necessarily the
+        # rank: the watcher's answers decide whether the host is still there, and whether the rank is
         if self.silent_for() > self.unreachable_s:
             self.returncode, self.why, self.unstoppable = 255, "unreachable", True
             self._close()
+        elif self.chan.closed and self.pid_alive is False:  # gone, its status lost with the connection:
+            self.returncode, self.why = 255, "lost"  # never taken for success
+            self._close()
         return self.returncode
+
+    def _connection_died(self) -> bool:
+        """The channel ended with the connection, carrying no status: paramiko then reports -1, as it
+        does for a rank killed by a signal over a live connection; only the latter is the rank's end."""
+        tr = self.chan.get_transport()
+        return self.chan.exit_status == -1 and (tr is None or not tr.is_active())
 
     def _remote(self, command: str, timeout: float) -> int | None:
         """The status of a short command on the host, or None when the host does not answer."""

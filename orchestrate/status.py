@@ -17,7 +17,6 @@ from typing import Any
 
 from orchestrate.cluster import Cluster
 from orchestrate.guard import COUNTERS, parse_counters
-from orchestrate.remote import host_python
 
 STATE_SCRIPT = r"""
 import json, os, sys, time, pathlib
@@ -61,20 +60,18 @@ def trial_status(cluster: Cluster, home: Path | None, *, session: Any = None,
     now = now or dt.datetime.now(dt.timezone.utc)
     hosts = []
     for h in cluster.by_rank:
-        if h.transport == "local":
-            if home is None:
-                raise ValueError("the embedded local cluster's ranks write into the trial home: pass --home")
-            where = str(home)
-        else:
-            where = f"{h.root}/home"
+        local = h.transport == "local"
+        if local and home is None:
+            raise ValueError("the embedded local cluster's ranks write into the trial home: pass --home")
+        # the script is stdlib-only: any Python of the host runs it, no staged packages needed
+        argv = [sys.executable if local else h.python, "-c", STATE_SCRIPT,
+                str(home) if local else f"{h.root}/home", str(h.rank)]
         row: dict[str, Any] = {"rank": h.rank, "host": h.name, "zone": h.zone,
                                "guarded": h.rank in cluster.guarded_ranks}
         t = None
         try:
             t = cluster.transport(h, connect_timeout=5)
-            r = (t.run(f"{shlex.quote(sys.executable)} -c {shlex.quote(STATE_SCRIPT)} {shlex.quote(where)} "
-                       f"{h.rank}", timeout=15) if h.transport == "local"
-                 else host_python(t, h, STATE_SCRIPT, where, str(h.rank), timeout=15))
+            r = t.run(" ".join(map(shlex.quote, argv)), timeout=15)
             row["reachable"] = True
             if r.status == 0:
                 row |= rank_state(json.loads(r.stdout))

@@ -21,6 +21,7 @@ from evidence.canonical import read_json
 from orchestrate.cluster import netns_cluster
 from orchestrate.netns import NetnsHosts
 from orchestrate.remote import StagingError, collect, launch_remote_group, stage
+from orchestrate.status import trial_status
 from orchestrate.transport import TransportError
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("/usr/sbin/sshd") is None,
@@ -133,6 +134,10 @@ def test_two_hosts_train_and_collect(staged, smoke_home, tmp_path):
     assert "runs/clean-pair/rank-1/result.json" in got
     r0, r1 = (read_json(home / f"runs/clean-pair/rank-{r}/result.json") for r in (0, 1))
     assert r0["digests"]["final_parameters"] == r1["digests"]["final_parameters"]
+    # `orchestrate status` reads the same hosts over SSH: both ranks finished their last update
+    st = trial_status(cluster, None)
+    assert [(h["reachable"], h["state"], h["arm"], h["update"]) for h in st["hosts"]] == \
+        [(True, "finished", "clean-pair", len(r1["updates"]))] * 2, st["hosts"]
     assert r1["rank"] == 1 and r1["world_size"] == 2
     assert (tmp_path / "logs" / "rank-0.out").read_text().strip()  # the rank's JSON summary came back
 
@@ -164,3 +169,5 @@ def test_host_cut_off_mid_run_is_detected(staged, hosts, tmp_path):
     # the verdict is on the clock: no answer for 5 s, the last answer at most one probe before the cut
     assert 5 - 3.5 < detected < 5 + 3, detected
     assert res.codes[0] != 0  # the reachable survivor was stopped
+    st = trial_status(cluster, None)  # the cut-off host shows as such, the other as stopped
+    assert [(h["reachable"], h["state"]) for h in st["hosts"]] == [(True, "stopped"), (False, "unreachable")], st

@@ -1,13 +1,14 @@
 """SSH transport against real OpenSSH sshd processes in network namespaces on 198.18.0.0/24
 (root only): exit status, separate output streams, verified copies, pinned host keys, the member-only
 firewall on a rendezvous port, an unreachable host failing fast, and a remote rank's liveness
-verdict kept on the clock while its probes hang."""
+verdict kept on the clock while its probes hang, and a rank followed by pid after its connection dies."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -163,4 +164,32 @@ def test_a_hanging_probe_cannot_delay_the_unreachable_verdict(hosts, tmp_path):
         rank.stop_watching()
         cleanup.run(f"kill $(cat {pidfile})")
         cleanup.close()
+        t.close()
+
+
+def test_a_rank_whose_connection_dies_is_followed_to_its_end(hosts, tmp_path):
+    """The connection carrying a rank dies while its host stays up: the watcher connects again and
+    follows the rank by pid, and once it is gone the rank fails as "lost" — its exit status went with
+    the connection, so it is never taken for a success, and it was never unreachable."""
+    h = hosts.hosts[1]
+    t = ssh(hosts, 1)
+    pidfile = f"{h.root}/lost.pid"
+    rank = RemoteRank(t, "exec sleep 5", {}, tmp_path / "rank.log", pidfile, unreachable_s=10)
+    check = ssh(hosts, 1)
+    try:
+        deadline = time.monotonic() + 10
+        while rank.pid_alive is not True and time.monotonic() < deadline:
+            assert rank.poll() is None
+            time.sleep(0.05)
+        assert rank.pid_alive is True
+        pid = check.run(f"cat {pidfile}").stdout.strip()
+        t._client.get_transport().sock.shutdown(socket.SHUT_RDWR)  # the connection drops
+        while rank.poll() is None and time.monotonic() < deadline + 20:
+            time.sleep(0.05)
+        assert (rank.returncode, rank.why, rank.unstoppable) == (255, "lost", False)
+        assert check.run(f"kill -0 {pid}").status != 0  # the verdict came once the rank was gone
+    finally:
+        rank.stop_watching()
+        check.run(f"kill $(cat {pidfile}) 2>/dev/null")
+        check.close()
         t.close()
