@@ -78,6 +78,9 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
         show_summaries(cfg, summaries)
         report = select_evaluate_report(cfg, previous, md, placement)
         rec = preserve_home(previous, store or (desc.store if desc else f"file://{trials.resolve() / 'store'}"))
+    except GuardStopped as stop:  # the deadline or the transfer guard is near: keep what there is, then stop
+        raise typer.Exit(guard_stop(previous, stop, cfg, store or (desc.store if desc else
+                                                                 f"file://{trials.resolve() / 'store'}")))
     except (*USER_ERRORS, ClusterError, StagingError, TransportError, ValueError, OSError) as e:
         # ValueError: data from a host that is not what it should be (JSON, numbers); OSError: the disk
         con.print(f"[bold red]error:[/] {e}", highlight=False)
@@ -227,6 +230,49 @@ def serve_probe(cfg, home: Path, retry: str | None = None) -> dict:
     return res
 
 
+GUARD_STOP_EXIT = 3
+"""`orchestrate run`'s exit status when the controller's guard stopped training (deadline or transfer
+guard near) and what the trial had so far was preserved."""
+
+
+class GuardStopped(Exception):
+    """The controller's guard stopped an arm's group; not restarted, not an error of the arm."""
+
+    def __init__(self, arm: str, said: str):
+        super().__init__(f"{arm}: {said}")
+        self.arm, self.said = arm, said
+
+
+def guard_stop(home: Path, stop: GuardStopped, cfg, url: str) -> int:
+    """Record what the guard stopped in the home (`stops/<time>.json`) and preserve every file the
+    controller holds, so the hosts can be taken down without losing the trial: the finished arms, the
+    stopped arm's rank logs, the commitments. The stopped arm's checkpoints stay where its ranks wrote
+    them (on SSH hosts, their volumes, which the cloud's deadline stops rather than deletes); `run`
+    again, with a later deadline, resumes from them."""
+    import datetime as dt
+
+    from evidence.canonical import write_json_atomic
+    from training.errors import TrainError
+    from training.results import finished
+
+    at = dt.datetime.now(dt.timezone.utc)
+    done = [a.name for a in cfg.experiment.arms if a.kind != "seed" and finished(home, a.name, a.world_size)]
+    rel = f"stops/{at.strftime('%Y%m%dT%H%M%S%fZ')}.json"
+    write_json_atomic(home / rel, {"format": "trial-stop-v1", "at": at.isoformat(), "stopped_by": "guard",
+                                   "guard": stop.said, "arm": stop.arm, "finished_arms": done,
+                                   "rank_logs": f"logs/{stop.arm}"})
+    con.print(f"[bold yellow]stopped[/] {stop.arm} by the controller's guard: {stop.said}", highlight=False)
+    con.print(f"  finished before it: {', '.join(done) or 'none'}; recorded in {home / rel}", highlight=False)
+    try:
+        rec = preserve_home(home, url)
+    except TrainError as e:
+        con.print(f"[bold red]error:[/] {e}", highlight=False)
+        return 2
+    con.print(f"the trial so far is preserved ({rec['store']}{rec['index']}): `orchestrate down --home {home}` "
+              f"may proceed; `orchestrate run` again, with a later deadline, resumes where it stopped", highlight=False)
+    return GUARD_STOP_EXIT
+
+
 def train_arms(cfg, home: Path, placement) -> list[dict]:
     """Train every arm of the experiment, one after another (never two jobs on one device)."""
     from training.errors import TrainError
@@ -245,6 +291,8 @@ def train_arms(cfg, home: Path, placement) -> list[dict]:
             attempts = placement.train(home, a, max_restarts=1 if cfg.profile.checkpoint_every else 0,
                                        echo=lambda line: con.print(f"  {line}", highlight=False, markup=False))
             if attempts and not attempts[-1].ok:  # none: it had finished on the hosts and was collected
+                if attempts[-1].reason == "guard":
+                    raise GuardStopped(a.name, attempts[-1].guard or "")
                 raise TrainError(f"arm {a.name} failed; {attempts[-1].failure_text()}")
         out.append(summarize(load_results(home, a.name, a.world_size)))
     return out
