@@ -58,3 +58,34 @@ def test_profile_record_range_validated(records):
     with pytest.raises(ValidationError, match="records"):
         Profile(seed="tiny", tasks=8, replay=8, dev=1, test=1, probes=1, updates=2,
                 max_context=64, records=records)
+
+
+def test_profile_base_expands_to_the_written_out_profile(tmp_path, monkeypatch):
+    """`base = "<profile>"` takes the base's keys (after its own base), then the profile's own; the
+    resolved profile and its digest equal the one written out in full, and bad bases are refused."""
+    import tomllib
+
+    src = load_experiment.__globals__["config_dir"]()
+    monkeypatch.setenv("TRIAL_CONFIG_DIR", str(tmp_path))
+    f = tmp_path / "cooperative-learning.toml"
+    text = (src / "cooperative-learning.toml").read_text()
+    derived = resolve("cooperative-learning", "gpu-bench-packed", src)  # written with two levels of base
+    raw = tomllib.loads(text)["profiles"]
+    assert raw["gpu-bench-packed"]["base"] == "gpu-bench-compiled" and "tasks" not in raw["gpu-bench-packed"]
+    full = {**raw["gpu-bench"], "compile": True, "fused_optimizer": True, "pack": True, "pack_tokens": 2048}
+    lines = "\n".join(f"{k} = {v!r}".replace("True", "true").replace("(", "[").replace(")", "]")
+                      for k, v in full.items())
+    f.write_text(text + f"\n[profiles.written-out]\n{lines}\n")
+    written = resolve("cooperative-learning", "written-out")
+    assert written.profile == derived.profile
+    assert written.as_dict()["profile"] == derived.as_dict()["profile"]
+    # an override wins over the base's value; the base itself is unchanged
+    f.write_text(text + '\n[profiles.longer]\nbase = "gpu-bench-packed"\nupdates = 32\n')
+    assert resolve("cooperative-learning", "longer").profile.updates == 32
+    assert resolve("cooperative-learning", "gpu-bench-packed").profile.updates == 16
+    f.write_text(text + '\n[profiles.orphan]\nbase = "no-such"\n')
+    with pytest.raises(ConfigError, match="profile orphan has base 'no-such'"):
+        load_experiment("cooperative-learning")
+    f.write_text(text + '\n[profiles.a]\nbase = "b"\n\n[profiles.b]\nbase = "a"\n')
+    with pytest.raises(ConfigError, match="profile bases form a cycle: a → b → a"):
+        load_experiment("cooperative-learning")

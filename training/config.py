@@ -204,6 +204,34 @@ def experiment_names(directory: Path | None = None) -> list[str]:
     return sorted(p.stem for p in d.glob("*.toml"))
 
 
+def inherit_profiles(tables: dict[str, Any], where: Path | str) -> dict[str, Any]:
+    """Profiles as written, with `base = "<profile>"` expanded: the base's keys (after its own base),
+    then the profile's own. Only the TOML is shorter: the resolved profile, its canonical JSON and
+    digest hold every key and never `base`, so a profile reads the same whether written out or
+    derived."""
+    done: dict[str, dict[str, Any]] = {}
+
+    def expand(name: str, trail: tuple[str, ...]) -> dict[str, Any]:
+        if name in done:
+            return done[name]
+        if name in trail:
+            raise ConfigError(f"{where}: profile bases form a cycle: {' → '.join((*trail, name))}")
+        table = tables[name]
+        if not isinstance(table, dict):
+            return table  # not a table: left for validation to name
+        own = dict(table)
+        base = own.pop("base", None)
+        if base is not None:
+            if base not in tables:
+                raise ConfigError(f"{where}: profile {name} has base '{base}', which is not a profile "
+                                  f"here (profiles: {', '.join(sorted(tables))})")
+            own = {**expand(base, (*trail, name)), **own}
+        done[name] = own
+        return own
+
+    return {name: expand(name, ()) for name in tables}
+
+
 def load_experiment(name: str, directory: Path | None = None) -> Experiment:
     d = directory or config_dir()
     path = d / f"{name}.toml"
@@ -214,6 +242,8 @@ def load_experiment(name: str, directory: Path | None = None) -> Experiment:
         )
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
+        if isinstance(data.get("profiles"), dict):
+            data["profiles"] = inherit_profiles(data["profiles"], path)
         exp = Experiment.model_validate(data)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path} is not valid TOML: {e}") from None
