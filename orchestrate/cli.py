@@ -255,18 +255,18 @@ def guard_stop(home: Path, stop: GuardStopped, cfg, url: str) -> int:
     from training.errors import TrainError
     from training.results import finished
 
-    at = dt.datetime.now(dt.timezone.utc)
-    done = [a.name for a in cfg.experiment.arms if a.kind != "seed" and finished(home, a.name, a.world_size)]
-    rel = f"stops/{at.strftime('%Y%m%dT%H%M%S%fZ')}.json"
-    write_json_atomic(home / rel, {"format": "trial-stop-v1", "at": at.isoformat(), "stopped_by": "guard",
-                                   "guard": stop.said, "arm": stop.arm, "finished_arms": done,
-                                   "rank_logs": f"logs/{stop.arm}"})
-    con.print(f"[bold yellow]stopped[/] {stop.arm} by the controller's guard: {stop.said}", highlight=False)
-    con.print(f"  finished before it: {', '.join(done) or 'none'}; recorded in {home / rel}", highlight=False)
     try:
+        at = dt.datetime.now(dt.timezone.utc)
+        done = [a.name for a in cfg.experiment.arms if a.kind != "seed" and finished(home, a.name, a.world_size)]
+        rel = f"stops/{at.strftime('%Y%m%dT%H%M%S%fZ')}.json"
+        write_json_atomic(home / rel, {"format": "trial-stop-v1", "at": at.isoformat(), "stopped_by": "guard",
+                                       "guard": stop.said, "arm": stop.arm, "finished_arms": done,
+                                       "rank_logs": f"logs/{stop.arm}"})
+        con.print(f"[bold yellow]stopped[/] {stop.arm} by the controller's guard: {stop.said}", highlight=False)
+        con.print(f"  finished before it: {', '.join(done) or 'none'}; recorded in {home / rel}", highlight=False)
         rec = preserve_home(home, url)
-    except TrainError as e:
-        con.print(f"[bold red]error:[/] {e}", highlight=False)
+    except (TrainError, OSError, ValueError) as e:  # the stop stands; what is on disk stays where it is
+        con.print(f"[bold red]error:[/] stopped by the guard ({stop.said}), and then: {e}", highlight=False)
         return 2
     con.print(f"the trial so far is preserved ({rec['store']}{rec['index']}): `orchestrate down --home {home}` "
               f"may proceed; `orchestrate run` again, with a later deadline, resumes where it stopped", highlight=False)

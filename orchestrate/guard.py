@@ -11,13 +11,15 @@ stops the group itself first — every rank by pid, SIGTERM then SIGKILL, no res
 
 Work since the last group checkpoint is lost as with any stop; the logs are on the controller and
 the checkpoints stay on the hosts. Counters are read at most every `every_s` seconds over a
-connection with a short connect timeout; a host that does not answer is skipped (the supervisor's
-liveness probe decides whether it is gone).
+connection with a short connect timeout, on SSH hosts in a thread of their own (`Polled`), so a
+host that does not answer is skipped without holding up supervision (the supervisor's liveness
+probe decides whether it is gone).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import time
 from typing import Callable
 
@@ -43,6 +45,33 @@ def host_bytes(transport) -> Callable[[], int | None]:
             return None
         return parse_counters(r.stdout) if r.status == 0 else None
     return read
+
+
+class Polled:
+    """A reader run in its own thread every `every_s` seconds; calling this returns the latest value
+    at once (None before the first answer, the last one while the host does not answer), so a host
+    that stops answering cannot hold up the supervision that consults the guard."""
+
+    def __init__(self, read: Callable[[], int | None], every_s: float = 5.0, name: str = "counter"):
+        self.read, self.every_s = read, every_s
+        self.value: int | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"guard {name}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            b = self.read()
+            if b is not None:
+                self.value = b
+            if self._stop.wait(self.every_s):
+                return
+
+    def __call__(self) -> int | None:
+        return self.value
+
+    def close(self) -> None:
+        self._stop.set()
 
 
 class Guard:

@@ -126,8 +126,9 @@ class RemoteRank:
         self._out = open(log.with_suffix(".out"), "ab")
         self._answered = time.monotonic()  # when the host last answered a probe
         self._stop = threading.Event()
-        beat = f"; stat -c %Y {shlex.quote(heartbeat)} 2>/dev/null" if heartbeat else ""
-        self._probe = f"kill -0 $(cat {pidfile} 2>/dev/null) 2>/dev/null && echo alive || echo gone{beat}; true"
+        # tagged lines: whatever else the login shell prints cannot be taken for an answer
+        beat = f"; echo beat:$(stat -c %Y {shlex.quote(heartbeat)} 2>/dev/null)" if heartbeat else ""
+        self._probe = f"kill -0 $(cat {pidfile} 2>/dev/null) 2>/dev/null && echo pid:alive || echo pid:gone{beat}; true"
         self._watcher = threading.Thread(target=self._watch, name=f"liveness {t.name}", daemon=True)
         self._watcher.start()
 
@@ -138,10 +139,11 @@ class RemoteRank:
             except Exception:  # noqa: BLE001 — no answer, whatever paramiko raised; the clock decides
                 continue
             self._answered = time.monotonic()
-            if out and out[0] in ("alive", "gone"):
-                self.pid_alive = out[0] == "alive"
-            if len(out) > 1 and out[1].isdigit():
-                self.heartbeat_mtime = float(out[1])
+            for word in out:
+                if word in ("pid:alive", "pid:gone"):
+                    self.pid_alive = word == "pid:alive"
+                elif word.startswith("beat:") and word[5:].isdigit():
+                    self.heartbeat_mtime = float(word[5:])
 
     def silent_for(self) -> float:
         """Seconds since the host last answered a liveness probe."""
@@ -176,16 +178,30 @@ class RemoteRank:
 
     def _connection_died(self) -> bool:
         """The channel ended with the connection, carrying no status: paramiko then reports -1, as it
-        does for a rank killed by a signal over a live connection; only the latter is the rank's end."""
+        does for a rank killed by a signal over a live connection (it ignores exit-signal); only the
+        latter is the rank's end. sshd sends EOF before it closes a channel, a dying connection does
+        not, and paramiko closes the channels before it marks the transport inactive: so no EOF, or
+        an inactive transport, means the connection died."""
+        if self.chan.exit_status != -1:
+            return False
         tr = self.chan.get_transport()
-        return self.chan.exit_status == -1 and (tr is None or not tr.is_active())
+        return not self.chan.eof_received or tr is None or not tr.is_active()
 
     def _remote(self, command: str, timeout: float) -> int | None:
-        """The status of a short command on the host, or None when the host does not answer."""
-        try:
-            return self.t.run(command, timeout=timeout).status
-        except (TransportError, OSError, EOFError, Exception):  # noqa: BLE001 — paramiko raises many kinds
-            return None
+        """The status of a short command on the host, or None when the host does not answer within
+        `timeout` (+1 s): run in its own thread, since paramiko can block past any timeout it is given
+        (a command's start waits without one; a key exchange holds sends for 30 s)."""
+        box: list[int] = []
+
+        def go() -> None:
+            try:
+                box.append(self.t.run(command, timeout=timeout).status)
+            except Exception:  # noqa: BLE001 — paramiko raises many kinds
+                pass
+        th = threading.Thread(target=go, name=f"remote {self.t.name}", daemon=True)
+        th.start()
+        th.join(timeout + 1.0)
+        return box[0] if box else None
 
     def send_signal(self, sig: int) -> None:
         if self.returncode is None and self._remote(f"kill -{int(sig)} $(cat {self.pidfile})", timeout=2.0) is None:
@@ -205,11 +221,12 @@ class RemoteRank:
             time.sleep(0.05)
         return self.returncode
 
-    def stop_watching(self) -> None:
+    def stop_watching(self, wait: bool = True) -> None:
         """End the watcher before the connection is closed, so it cannot reopen one (bounded: a probe
-        blocked inside paramiko is left to end on its own; the thread is a daemon)."""
+        blocked inside paramiko is left to end on its own; the thread is a daemon). `wait=False` only
+        asks, so a group's watchers can all be asked before any is waited for."""
         self._stop.set()
-        if self._watcher is not threading.current_thread():
+        if wait and self._watcher is not threading.current_thread():
             self._watcher.join(timeout=2 * self.probe_timeout_s + 1)
 
     def _close(self) -> None:
@@ -260,6 +277,8 @@ def launch_remote_group(cluster: Cluster, argv_for: Callable[[Host], Sequence[st
     try:
         return run_group(procs, logs, grace_s=grace_s, echo=echo, heartbeats=beats, stale_s=stale_s, guard=guard)
     finally:
+        for p in procs:
+            p.stop_watching(wait=False)
         for p in procs:  # one connection per rank per attempt: closed with the attempt
             p.stop_watching()
             p.t.close()

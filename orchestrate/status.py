@@ -63,8 +63,9 @@ def trial_status(cluster: Cluster, home: Path | None, *, session: Any = None,
         local = h.transport == "local"
         if local and home is None:
             raise ValueError("the embedded local cluster's ranks write into the trial home: pass --home")
-        # the script is stdlib-only: any Python of the host runs it, no staged packages needed
-        argv = [sys.executable if local else h.python, "-c", STATE_SCRIPT,
+        # the script is stdlib-only: any Python of the host runs it, isolated (-I: no PYTHON* variables,
+        # no working directory or user site on its path), no staged packages needed
+        argv = [sys.executable if local else h.python, "-I", "-c", STATE_SCRIPT,
                 str(home) if local else f"{h.root}/home", str(h.rank)]
         row: dict[str, Any] = {"rank": h.rank, "host": h.name, "zone": h.zone,
                                "guarded": h.rank in cluster.guarded_ranks}

@@ -28,7 +28,7 @@ from typing import Any, Callable, Protocol
 
 from evidence.commitments import LOG_NAME, CommitmentLog
 from orchestrate.cluster import Cluster, Host
-from orchestrate.guard import Guard, host_bytes
+from orchestrate.guard import Guard, Polled, host_bytes
 from orchestrate.local import GroupResult, local_launch, supervise, threads_per_rank, train_argv
 from evidence.attempts import attempts
 from evidence.canonical import read_json
@@ -97,6 +97,7 @@ class RemotePlacement:
         # hosts sharing this machine's cores (network namespaces) split them; real hosts use their own
         self.shared_cores = cluster.source == "netns"
         self.guard_ts: list[Transport] = []
+        self.polled: list[Polled] = []
         self.guard = guard if guard is not None else self._guard()
         self.digest: str | None = None
 
@@ -104,7 +105,10 @@ class RemotePlacement:
         c = self.cluster
         # their own connections, with a short connect timeout: a dead host must not stall supervision
         self.guard_ts = [c.transport(self.hosts[r], connect_timeout=3) for r in c.guarded_ranks]
-        counters = {self.hosts[r].name: host_bytes(gt) for r, gt in zip(c.guarded_ranks, self.guard_ts)}
+        if c.transfer_guard_bytes is not None:  # read in threads: the supervisor only looks at the latest
+            self.polled = [Polled(host_bytes(gt), name=self.hosts[r].name)
+                           for r, gt in zip(c.guarded_ranks, self.guard_ts)]
+        counters = {self.hosts[r].name: read for r, read in zip(c.guarded_ranks, self.polled)}
         return Guard(deadline=c.deadline, counters=counters, limit_bytes=c.transfer_guard_bytes)
 
     # -- staging -------------------------------------------------------------------------------
@@ -263,6 +267,8 @@ class RemotePlacement:
         return json.loads(r.stdout)
 
     def close(self) -> None:
+        for p in self.polled:
+            p.close()
         for t in [*self.ts, *self.guard_ts]:
             t.close()
 

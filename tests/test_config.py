@@ -86,6 +86,9 @@ def test_profile_base_expands_to_the_written_out_profile(tmp_path, monkeypatch):
     f.write_text(text + '\n[profiles.orphan]\nbase = "no-such"\n')
     with pytest.raises(ConfigError, match="profile orphan has base 'no-such'"):
         load_experiment("cooperative-learning")
+    f.write_text(text + '\n[profiles.listed]\nbase = ["smoke"]\n')
+    with pytest.raises(ConfigError, match="profile listed's base must be a profile's name"):
+        load_experiment("cooperative-learning")
     f.write_text(text + '\n[profiles.a]\nbase = "b"\n\n[profiles.b]\nbase = "a"\n')
     with pytest.raises(ConfigError, match="profile bases form a cycle: a → b → a"):
         load_experiment("cooperative-learning")

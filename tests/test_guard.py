@@ -135,3 +135,39 @@ def test_listed_paths_stay_inside_what_was_asked():
     assert KEEP_ON_HOST.search("runs/a/rank-0/checkpoints/step-000016/model.safetensors")
     assert not KEEP_ON_HOST.search("runs/a/rank-0/checkpoints/step-000016/receipt.json")
     assert not KEEP_ON_HOST.search("runs/a/rank-0/manifests/step-16.json")
+
+
+def test_a_polled_counter_never_blocks_its_caller():
+    """The guard consults a counter read in its own thread: while a read hangs (a host that stopped
+    answering), the caller gets the last value at once, and later answers replace it."""
+    import threading
+
+    from orchestrate.guard import Polled
+
+    values, gate, first_done = iter([100, 200]), threading.Event(), threading.Event()
+
+    def read():
+        if first_done.is_set():
+            gate.wait(30)  # the second read hangs until released
+        v = next(values, None)
+        first_done.set()
+        return v
+
+    polled = Polled(read, every_s=0.05)
+    try:
+        deadline = time.monotonic() + 5
+        while polled() != 100 and time.monotonic() < deadline:  # the first answer has landed
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        seen = [polled() for _ in range(20)]
+        assert time.monotonic() - t0 < 0.5 and set(seen) == {100}  # the hanging read holds nothing up
+        g = Guard(counters={"h": polled}, limit_bytes=150, fraction=1.0, every_s=0)
+        assert g() is None
+        gate.set()
+        deadline = time.monotonic() + 5
+        while polled() != 200 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert polled() == 200 and g() and "has moved 200 bytes" in g()
+    finally:
+        gate.set()
+        polled.close()

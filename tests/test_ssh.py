@@ -156,7 +156,8 @@ def test_a_hanging_probe_cannot_delay_the_unreachable_verdict(hosts, tmp_path):
             time.sleep(0.05)
         verdict = time.monotonic() - hung_at
         assert (code, rank.why, rank.unstoppable) == (255, "unreachable", True)
-        assert 3 - 2.5 < verdict < 3 + 1.5, verdict  # the last answer came at most one probe before the hang
+        # the last answer came at most one probe before the hang; a probe in flight then may still answer
+        assert 3 - 2.5 < verdict < 3 + rank.probe_timeout_s + 1, verdict
         assert slowest < 0.5, slowest  # no poll waited on the host
         assert rank.heartbeat_mtime == 1000000000.0  # the last value seen stays
     finally:

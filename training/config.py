@@ -222,7 +222,9 @@ def inherit_profiles(tables: dict[str, Any], where: Path | str) -> dict[str, Any
         own = dict(table)
         base = own.pop("base", None)
         if base is not None:
-            if base not in tables:
+            if not isinstance(base, str):
+                raise ConfigError(f"{where}: profile {name}'s base must be a profile's name, not {base!r}")
+            if base not in tables or not isinstance(tables[base], dict):
                 raise ConfigError(f"{where}: profile {name} has base '{base}', which is not a profile "
                                   f"here (profiles: {', '.join(sorted(tables))})")
             own = {**expand(base, (*trail, name)), **own}
