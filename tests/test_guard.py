@@ -1,5 +1,6 @@
-"""The controller's deadline and transfer guard, the one "resumable" rule, and the rule for taking a
-host's commitments log back (only as a verified extension of the controller's)."""
+"""The controller's deadline and transfer guard, the one "resumable" rule, the rule for taking a
+host's commitments log back (only as a verified extension of the controller's), and a scoring left
+on a host collected rather than run again."""
 
 from __future__ import annotations
 
@@ -171,3 +172,33 @@ def test_a_polled_counter_never_blocks_its_caller():
     finally:
         gate.set()
         polled.close()
+
+
+def test_a_scoring_that_finished_on_the_host_is_collected_not_run_again(pulled):
+    """The controller stopped after rank 0's host had scored an arm but before it collected the
+    result: the next `evaluate` takes the host's summary, receipt and log entry (verified), and does
+    not score again."""
+    from evidence.canonical import write_json_atomic
+
+    home, remote, pl = pulled
+    for name in ("candidates.json", "selection.json"):  # committed on the controller, then on the host
+        write_json_atomic(home / name, {"arms": ["single"]})
+    log = CommitmentLog(home)
+    log.append("candidates", "candidates.json", {})
+    log.append("selection", "selection.json", {"primary": "single"})
+    for name in ("candidates.json", "selection.json", LOG_NAME):
+        shutil.copyfile(home / name, remote / name)
+    out = remote / "evaluations" / "test" / "single" / "attempt-1"
+    write_json_atomic(out / "summary.json", {"arm": "single", "role": "test", "correct": 3, "cases": 32})
+    write_json_atomic(out / "receipt.json", {"digest": "d"})
+    CommitmentLog(remote).append("test-evaluation", "evaluations/test/single/attempt-1/receipt.json",
+                                 {"arm": "single", "attempt": 1})
+    pl.digest = "staged"  # staging is not what this is about
+    got = pl.evaluate(home, "single", "test", seed_dir=home)
+    # the host's summary itself: a scoring run here would have failed on these inputs or counted anew
+    assert got == {"arm": "single", "role": "test", "correct": 3, "cases": 32}
+    for name in ("summary.json", "receipt.json"):
+        assert (home / "evaluations/test/single/attempt-1" / name).read_bytes() == (out / name).read_bytes()
+    assert (home / LOG_NAME).read_bytes() == (remote / LOG_NAME).read_bytes()  # the entry came with it
+    assert CommitmentLog(home).entries()[-1]["kind"] == "test-evaluation"
+    assert not list(home.glob(".incoming-*"))
