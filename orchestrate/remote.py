@@ -125,6 +125,7 @@ class RemoteRank:
         self._log = open(log, "ab")
         self._out = open(log.with_suffix(".out"), "ab")
         self._answered = time.monotonic()  # when the host last answered a probe
+        self._killed_at: float | None = None  # when kill() last sent SIGKILL
         self._stop = threading.Event()
         # tagged lines: whatever else the login shell prints cannot be taken for an answer
         beat = f"; echo beat:$(stat -c %Y {shlex.quote(heartbeat)} 2>/dev/null)" if heartbeat else ""
@@ -188,9 +189,10 @@ class RemoteRank:
         return not self.chan.eof_received or tr is None or not tr.is_active()
 
     def _remote(self, command: str, timeout: float) -> int | None:
-        """The status of a short command on the host, or None when the host does not answer within
-        `timeout` (+1 s): run in its own thread, since paramiko can block past any timeout it is given
-        (a command's start waits without one; a key exchange holds sends for 30 s)."""
+        """The status of a short command on the host, or None when none came: run in its own thread,
+        joined for a bounded time, since paramiko can block past any timeout it is given (a command's
+        start waits without one; a key exchange holds sends for 30 s). The bound covers `run`'s own
+        (each phase of a reconnect, the open and the command, `timeout` each) with room to spare."""
         box: list[int] = []
 
         def go() -> None:
@@ -200,24 +202,33 @@ class RemoteRank:
                 pass
         th = threading.Thread(target=go, name=f"remote {self.t.name}", daemon=True)
         th.start()
-        th.join(timeout + 1.0)
+        th.join(timeout * 5 + 1.0)
         return box[0] if box else None
 
     def send_signal(self, sig: int) -> None:
-        if self.returncode is None and self._remote(f"kill -{int(sig)} $(cat {self.pidfile})", timeout=2.0) is None:
-            self.unstoppable = True
+        """Deliver `sig` by pid. Whether the host can be reached is the watcher's to say, not this
+        send's: a send that comes back late must not make a reachable rank unstoppable."""
+        if self.returncode is None:
+            self._remote(f"kill -{int(sig)} $(cat {self.pidfile})", timeout=2.0)
 
     def kill(self) -> None:
+        if self.returncode is not None:
+            return
+        self._killed_at = time.monotonic()
         self.send_signal(signal.SIGKILL)
-        if self.unstoppable and self.returncode is None:
-            self.returncode, self.why = 255, self.why or "unreachable"
+        if self.silent_for() > self.unreachable_s:  # the host is gone: it can be neither stopped nor waited for
+            self.returncode, self.why, self.unstoppable = 255, self.why or "unreachable", True
             self._close()
 
     def wait(self, timeout: float | None = None) -> int:
+        """Until the rank's end is seen, or its host's silence decides it; after `kill`, the kill is
+        sent again every 5 s in case one did not land."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.poll() is None:
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError
+            if self._killed_at is not None and time.monotonic() - self._killed_at > 5.0:
+                self.kill()
             time.sleep(0.05)
         return self.returncode
 

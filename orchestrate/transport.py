@@ -100,6 +100,7 @@ class SSHTransport:
         self.accepted_key: str | None = None
         self._client = None
         self._connecting = threading.Lock()  # a supervisor's watcher and its main thread share this
+        self._closed = False  # once closed, never reopened: a thread that outlived its caller finds it shut
 
     def _connect(self, timeout: float | None = None):
         """The live connection, opened again if it died; `timeout` bounds a new connection's TCP
@@ -110,6 +111,8 @@ class SSHTransport:
     def _connect_locked(self, timeout: float):
         import paramiko
 
+        if self._closed:
+            raise TransportError(f"{self.name}: this connection was closed")
         if self._client is not None:
             tr = self._client.get_transport()
             if tr is not None and tr.is_active():
@@ -204,6 +207,7 @@ class SSHTransport:
 
     def close(self) -> None:
         with self._connecting:  # not while another thread is opening a connection it would then leak
+            self._closed = True
             if self._client is not None:
                 self._client.close()
                 self._client = None

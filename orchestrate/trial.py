@@ -109,7 +109,8 @@ class RemotePlacement:
             self.polled = [Polled(host_bytes(gt), name=self.hosts[r].name)
                            for r, gt in zip(c.guarded_ranks, self.guard_ts)]
         counters = {self.hosts[r].name: read for r, read in zip(c.guarded_ranks, self.polled)}
-        return Guard(deadline=c.deadline, counters=counters, limit_bytes=c.transfer_guard_bytes)
+        # the polled values cost nothing to look at: the guard looks every time it is asked
+        return Guard(deadline=c.deadline, counters=counters, limit_bytes=c.transfer_guard_bytes, every_s=0)
 
     # -- staging -------------------------------------------------------------------------------
     def _stage(self) -> None:

@@ -145,10 +145,11 @@ def test_a_polled_counter_never_blocks_its_caller():
 
     from orchestrate.guard import Polled
 
-    values, gate, first_done = iter([100, 200]), threading.Event(), threading.Event()
+    values, gate, first_done, hanging = iter([100, 200]), threading.Event(), threading.Event(), threading.Event()
 
     def read():
         if first_done.is_set():
+            hanging.set()
             gate.wait(30)  # the second read hangs until released
         v = next(values, None)
         first_done.set()
@@ -159,6 +160,7 @@ def test_a_polled_counter_never_blocks_its_caller():
         deadline = time.monotonic() + 5
         while polled() != 100 and time.monotonic() < deadline:  # the first answer has landed
             time.sleep(0.01)
+        assert hanging.wait(5)  # the second read is in progress, and hangs
         t0 = time.monotonic()
         seen = [polled() for _ in range(20)]
         assert time.monotonic() - t0 < 0.5 and set(seen) == {100}  # the hanging read holds nothing up
@@ -169,9 +171,32 @@ def test_a_polled_counter_never_blocks_its_caller():
         while polled() != 200 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert polled() == 200 and g() and "has moved 200 bytes" in g()
+        polled.close()
+        polled._thread.join(5)
+        assert not polled._thread.is_alive()  # closed: the thread ends after its current read
     finally:
         gate.set()
         polled.close()
+
+
+def test_a_guarded_placement_polls_its_hosts_counters(tmp_path):
+    """RemotePlacement's guard reads each guarded host's counters in a thread of its own (here through
+    the local transport: this machine's own counters), and closing the placement ends those threads."""
+    from orchestrate.trial import RemotePlacement
+
+    c = local_cluster(2, tmp_path, "file:///unused")
+    c = c.model_copy(update={"guarded_ranks": [1], "transfer_guard_bytes": 1e18})
+    pl = RemotePlacement(c, tmp_path, tmp_path, wheel_dir=tmp_path)
+    try:
+        assert list(pl.guard.counters) == ["local-1"] and len(pl.polled) == 1
+        deadline = time.monotonic() + 10
+        while pl.polled[0]() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert isinstance(pl.polled[0](), int) and pl.guard() is None and pl.guard.last["local-1"] > 0
+    finally:
+        pl.close()
+    pl.polled[0]._thread.join(10)
+    assert not pl.polled[0]._thread.is_alive()
 
 
 def test_a_scoring_that_finished_on_the_host_is_collected_not_run_again(pulled):

@@ -197,3 +197,14 @@ def test_a_rank_whose_connection_dies_is_followed_to_its_end(hosts, tmp_path):
         check.run(f"kill $(cat {pidfile}) 2>/dev/null")
         check.close()
         t.close()
+
+
+def test_a_closed_connection_is_never_reopened(hosts):
+    """A thread that outlives the attempt it served (a late signal, a watcher's probe) finds the
+    connection shut instead of opening a new one that could reach the next attempt's rank."""
+    t = ssh(hosts, 0)
+    assert t.run("true").status == 0
+    t.close()
+    with pytest.raises(TransportError, match="this connection was closed"):
+        t.run("true")
+    assert t._client is None
