@@ -33,6 +33,13 @@ def _walk(root: Path, exclude: Iterable[str]) -> list[str]:
     return sorted(names)
 
 
+def is_tree_entry(entry: dict[str, Any]) -> bool:
+    """A receipt entry whose file is hashed as a tree: its digest and a usable piece size (what both
+    `verify_receipt` and a reader that hashes while it reads need before they start)."""
+    return (isinstance(entry.get("sha256_tree"), str) and isinstance(entry.get("piece_bytes"), int)
+            and entry["piece_bytes"] > 0)
+
+
 def make_receipt(
     root: str | os.PathLike[str], *, meta: dict[str, Any] | None = None, exclude: Iterable[str] = (),
     hashed: dict[str, dict[str, Any]] | None = None,
@@ -85,7 +92,7 @@ def verify_receipt(
                 f"{what} file altered: {p} has {size} bytes, receipt says {entry['bytes']}"
             )
         kind = "sha256_tree" if "sha256_tree" in entry else "sha256"
-        if kind == "sha256_tree" and not (isinstance(entry.get("piece_bytes"), int) and entry["piece_bytes"] > 0):
+        if kind == "sha256_tree" and not is_tree_entry(entry):
             raise ReceiptError(f"{what} receipt entry for {p} has no valid piece_bytes: {entry.get('piece_bytes')!r}")
         if rel in defer:
             continue

@@ -47,6 +47,7 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
     placement = None
     try:
         desc = _load_cluster(cluster)
+        store_url = store or (desc.store if desc else f"file://{trials.resolve() / 'store'}")
         name = arm_to_experiment(arm)
         cfg = resolve(name, profile)
         cfg.arm(arm)
@@ -77,10 +78,9 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
         summaries = train_arms(cfg, previous, placement)
         show_summaries(cfg, summaries)
         report = select_evaluate_report(cfg, previous, md, placement)
-        rec = preserve_home(previous, store or (desc.store if desc else f"file://{trials.resolve() / 'store'}"))
+        rec = preserve_home(previous, store_url)
     except GuardStopped as stop:  # the deadline or the transfer guard is near: keep what there is, then stop
-        raise typer.Exit(guard_stop(previous, stop, cfg, store or (desc.store if desc else
-                                                                 f"file://{trials.resolve() / 'store'}")))
+        raise typer.Exit(guard_stop(previous, stop, cfg, store_url))
     except (*USER_ERRORS, ClusterError, StagingError, TransportError, ValueError, OSError) as e:
         # ValueError: data from a host that is not what it should be (JSON, numbers); OSError: the disk
         con.print(f"[bold red]error:[/] {e}", highlight=False)

@@ -105,9 +105,8 @@ class RemotePlacement:
         c = self.cluster
         # their own connections, with a short connect timeout: a dead host must not stall supervision
         self.guard_ts = [c.transport(self.hosts[r], connect_timeout=3) for r in c.guarded_ranks]
-        if c.transfer_guard_bytes is not None:  # read in threads: the supervisor only looks at the latest
-            self.polled = [Polled(host_bytes(gt), name=self.hosts[r].name)
-                           for r, gt in zip(c.guarded_ranks, self.guard_ts)]
+        # read in threads, the supervisor only looks at the latest (guarded ranks need a transfer guard)
+        self.polled = [Polled(host_bytes(gt), name=self.hosts[r].name) for r, gt in zip(c.guarded_ranks, self.guard_ts)]
         counters = {self.hosts[r].name: read for r, read in zip(c.guarded_ranks, self.polled)}
         # the polled values cost nothing to look at: the guard looks every time it is asked
         return Guard(deadline=c.deadline, counters=counters, limit_bytes=c.transfer_guard_bytes, every_s=0)

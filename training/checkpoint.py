@@ -254,9 +254,9 @@ def load_state(path: Path, expect: dict[str, Any] | None = None) -> Any:
     import struct
 
     from evidence.canonical import TreeSha256
+    from evidence.receipts import is_tree_entry
 
-    if expect is not None and not (isinstance(expect.get("piece_bytes"), int) and expect["piece_bytes"] > 0
-                                   and isinstance(expect.get("sha256_tree"), str)):
+    if expect is not None and not is_tree_entry(expect):
         raise CheckpointError(f"{path}: its receipt entry is not a tree digest: {sorted(expect)}")
     tree = TreeSha256(expect["piece_bytes"]) if expect is not None else None
     try:

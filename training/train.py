@@ -159,8 +159,8 @@ class _profiler:
     """`TRIAL_PROFILE=DIR`: torch.profiler over the three updates after two warm ones; the kernel
     table and a per-phase summary go to DIR/<arm>-rank-<r>.txt (nothing, if the run has fewer than
     five updates left; nothing either if the run ends inside the window). `TRIAL_PROFILE_FROM=U`
-    starts the window at update U instead (e.g. past PowerSGD's dense warm-up). A benchmark tool: the timings it records include the profiler's
-    overhead."""
+    starts the window at update U instead (e.g. past PowerSGD's dense warm-up). A benchmark tool:
+    the timings it records include the profiler's overhead."""
 
     def __init__(self, arm: str, rank: int, first: int):
         self.out = os.environ.get("TRIAL_PROFILE")
