@@ -101,6 +101,18 @@ def stage(cluster: Cluster, transports: list[Transport], *, wheel_dir: Path,
     return digests.pop()
 
 
+def liveness_probe(pidfile: str, heartbeat: str | None = None) -> str:
+    """The shell line a watcher runs on the host: `pid:alive` or `pid:gone` for the pid in `pidfile`,
+    and `beat:<mtime>` of the heartbeat file when one is given. Tagged, so whatever else a login shell
+    prints cannot be taken for an answer. The pid's state comes from /proc: a zombie has exited and
+    waits only for its parent to reap it, yet `kill -0` would still find it."""
+    state = (f"p=$(cat {shlex.quote(pidfile)} 2>/dev/null); "
+             "case \"$(sed -n 's/^.*) \\(.\\).*$/\\1/p' /proc/${p:-none}/stat 2>/dev/null)\" in "
+             "''|Z|X) echo pid:gone;; *) echo pid:alive;; esac")
+    beat = f"; echo beat:$(stat -c %Y {shlex.quote(heartbeat)} 2>/dev/null)" if heartbeat else ""
+    return f"{state}{beat}; true"
+
+
 class RemoteRank:
     """Popen's interface (poll, send_signal, kill, wait, returncode) for a rank on an SSH host.
 
@@ -127,9 +139,7 @@ class RemoteRank:
         self._answered = time.monotonic()  # when the host last answered a probe
         self._killed_at: float | None = None  # when kill() last sent SIGKILL
         self._stop = threading.Event()
-        # tagged lines: whatever else the login shell prints cannot be taken for an answer
-        beat = f"; echo beat:$(stat -c %Y {shlex.quote(heartbeat)} 2>/dev/null)" if heartbeat else ""
-        self._probe = f"kill -0 $(cat {pidfile} 2>/dev/null) 2>/dev/null && echo pid:alive || echo pid:gone{beat}; true"
+        self._probe = liveness_probe(pidfile, heartbeat)
         self._watcher = threading.Thread(target=self._watch, name=f"liveness {t.name}", daemon=True)
         self._watcher.start()
 
