@@ -28,7 +28,7 @@ from orchestrate.cli import train_arms  # noqa: E402
 from orchestrate.recovery import IO_BASELINE  # noqa: E402
 from orchestrate.trial import LocalPlacement  # noqa: E402
 from training.config import lineage  # noqa: E402
-from training.prepare import prepare  # noqa: E402
+from training.prepare import prepare_chain  # noqa: E402
 from training.results import load_results  # noqa: E402
 from training.seed import materialize  # noqa: E402
 
@@ -128,20 +128,16 @@ def main() -> int:
     if peak:
         print(f"bf16 matmul peak of GPU 0: {peak / 1e12:.1f} TFLOP/s")
 
-    chain = lineage("batched-learning", args.profile)
+    chain = [adjust(cfg, args.ranks, args.checkpoint_every, args.pack_tokens)
+             for cfg in lineage("batched-learning", args.profile)]
     kind = chain[0].profile.seed
     md = Path(args.model_dir) if args.model_dir else Path(args.seeds) / kind
     if not args.model_dir:
         materialize(kind, md)
     work = Path(args.work or tempfile.mkdtemp(prefix="arms-bench-"))
     rows, checks = [], {}
-    previous = None
     t_all = time.monotonic()
-    for cfg in chain:
-        cfg = adjust(cfg, args.ranks, args.checkpoint_every, args.pack_tokens)
-        home = work / f"{cfg.experiment.name}-{args.profile}"
-        prepare(cfg, home, md, previous_home=str(previous) if previous else None)
-        previous = home
+    for cfg, home, _ in prepare_chain(chain, lambda c: work / f"{c.experiment.name}-{args.profile}", md):
         keep = [a for a in cfg.experiment.arms if a.kind == "seed" or (
             (wanted is None or a.name in wanted or f"{cfg.experiment.name}:{a.name}" in wanted)
             and (args.max_world is None or a.world_size <= args.max_world))]

@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from training.config import lineage  # noqa: E402
 from training.corpus import Corpus  # noqa: E402
 from training.objective import make_microbatches  # noqa: E402
-from training.prepare import prepare  # noqa: E402
+from training.prepare import prepare_chain  # noqa: E402
 from training.seed import materialize  # noqa: E402
 from training.trainer import PACK_MULTIPLE, PAD_MULTIPLE  # noqa: E402
 
@@ -51,12 +51,10 @@ def main() -> int:
     args = ap.parse_args()
     seed_dir = ROOT / ".seeds" / args.seed
     materialize(args.seed, seed_dir)
-    work, previous = Path(tempfile.mkdtemp(prefix="padding-")), None
-    for cfg in lineage("batched-learning", args.profile):
-        cfg = cfg.model_copy(update={"profile": cfg.profile.model_copy(update={"seed": args.seed})})
-        home = work / cfg.experiment.name
-        prepare(cfg, home, seed_dir, previous_home=str(previous) if previous else None)
-        previous = home
+    work = Path(tempfile.mkdtemp(prefix="padding-"))
+    chain = [cfg.model_copy(update={"profile": cfg.profile.model_copy(update={"seed": args.seed})})
+             for cfg in lineage("batched-learning", args.profile)]
+    for cfg, home, _ in prepare_chain(chain, lambda c: work / c.experiment.name, seed_dir):
         corpus = Corpus.load(home / "inputs" / "train.safetensors")
         plan = json.loads((home / "inputs" / "schedule.json").read_text())["updates"]
         lengths = corpus.lengths

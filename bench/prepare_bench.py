@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from training.config import lineage  # noqa: E402
-from training.prepare import prepare  # noqa: E402
+from training.prepare import prepare_chain  # noqa: E402
 
 
 def main() -> None:
@@ -33,14 +33,11 @@ def main() -> None:
     rows = []
     for name in args.experiments:
         with tempfile.TemporaryDirectory() as tmp:
-            previous = None  # earlier experiments are prepared first (untimed): no task may recur
-            for step in lineage(name, args.profile):
-                home = Path(tmp) / step.experiment.name
-                t0 = time.monotonic()
-                res = prepare(step, home, args.model_dir,
-                              previous_home=str(previous) if previous else None)
-                wall = time.monotonic() - t0
-                previous = home
+            # earlier experiments are prepared first: no task may recur; the last one's wall time counts
+            t0 = time.monotonic()
+            for _, _, res in prepare_chain(lineage(name, args.profile), lambda c: Path(tmp) / c.experiment.name,
+                                           args.model_dir):
+                wall, t0 = time.monotonic() - t0, time.monotonic()
         c = res["prepared"]["counts"]
         rows.append({
             "experiment": name, "profile": args.profile,

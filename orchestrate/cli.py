@@ -40,7 +40,7 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
     from orchestrate.remote import StagingError
     from orchestrate.transport import TransportError
     from training.errors import USER_ERRORS
-    from training.prepare import prepare
+    from training.prepare import prepare_chain
     from training.seed import materialize
 
     started = time.monotonic()
@@ -60,27 +60,24 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
             con.print(f"[bold]seed[/] {cfg.profile.seed} → {md}")
             with con.status("materializing / verifying the seed…"):
                 materialize(cfg.profile.seed, md)
-        previous: Optional[Path] = None
-        for step in lineage(name, profile):  # earlier experiments first: no task may recur
-            exp_name = step.experiment.name
-            home = trials / f"{exp_name}-{profile}"
-            con.print(f"[bold]prepare[/] {exp_name}/{profile} → {home}"
-                      + (f" (no task of {previous} may recur)" if previous else ""))
-            with con.status(f"preparing {exp_name}…"):
-                res = prepare(step, home, md, previous_home=str(previous) if previous else None)
-            c = res["prepared"]["counts"]
-            con.print(f"  {res['status']} in {res['record']['seconds']['total']:.1f} s: "
-                      f"{c['task']['documents']} task + {c['replay']['documents']} replay documents, "
-                      f"task share of targets {c['task_share_of_targets']:.1%} unweighted / "
-                      f"{c['task_share_of_weighted_targets']:.1%} weighted; committed")
-            previous = home
-        placement = make_placement(desc, previous, md, trials, wheelhouse)
-        summaries = train_arms(cfg, previous, placement)
+        home: Optional[Path] = None  # the last experiment's: the one trained here
+        with con.status(f"preparing {name}" + (" and the experiments before it…" if cfg.experiment.previous else "…")):
+            for step, home, res in prepare_chain(lineage(name, profile),
+                                                 lambda s: trials / f"{s.experiment.name}-{profile}", md):
+                c = res["prepared"]["counts"]  # earlier experiments first: none of their tasks may recur
+                con.print(f"[bold]prepare[/] {step.experiment.name}/{profile} → {home}"
+                          + (f" (no task of {step.experiment.previous} recurs)" if step.experiment.previous else "")
+                          + f": {res['status']} in {res['record']['seconds']['total']:.1f} s: "
+                          f"{c['task']['documents']} task + {c['replay']['documents']} replay documents, "
+                          f"task share of targets {c['task_share_of_targets']:.1%} unweighted / "
+                          f"{c['task_share_of_weighted_targets']:.1%} weighted; committed")
+        placement = make_placement(desc, home, md, trials, wheelhouse)
+        summaries = train_arms(cfg, home, placement)
         show_summaries(cfg, summaries)
-        report = select_evaluate_report(cfg, previous, md, placement)
-        rec = preserve_home(previous, store_url)
+        report = select_evaluate_report(cfg, home, md, placement)
+        rec = preserve_home(home, store_url)
     except GuardStopped as stop:  # the deadline or the transfer guard is near: keep what there is, then stop
-        raise typer.Exit(guard_stop(previous, stop, cfg, store_url))
+        raise typer.Exit(guard_stop(home, stop, cfg, store_url))
     except (*USER_ERRORS, ClusterError, StagingError, TransportError, ValueError, OSError) as e:
         # ValueError: data from a host that is not what it should be (JSON, numbers); OSError: the disk
         con.print(f"[bold red]error:[/] {e}", highlight=False)

@@ -69,7 +69,7 @@ IO_BASELINE = {"TRIAL_IO_BASELINE": "1"}  # checkpoint write/restore next to a p
 def recovery_trial(base: Path, *, experiment_chain: list, arm: str, model_dir: Path, from_step: int,
                    kill_rank: int, kill_after: int, say: Callable[[str], None]) -> dict[str, Any]:
     from orchestrate.local import local_launch, supervise, threads_per_rank, train_argv
-    from training.prepare import prepare
+    from training.prepare import prepare_chain
     from training.results import load_results
 
     cfg = experiment_chain[-1]
@@ -82,13 +82,9 @@ def recovery_trial(base: Path, *, experiment_chain: list, arm: str, model_dir: P
     if kill_after >= (from_step // every + 1) * every:
         say(f"note: a checkpoint is published after update {(from_step // every + 1) * every}, "
             f"before the kill at {kill_after}: the restart will resume from that later step")
-    previous = None
-    for step_cfg in experiment_chain[:-1]:  # earlier experiments: the no-recurrence proof
-        h = base / step_cfg.experiment.name
-        prepare(step_cfg, h, model_dir, previous_home=str(previous) if previous else None)
-        previous = h
     uninterrupted, recovered = base / "uninterrupted", base / "recovered"
-    prepare(cfg, uninterrupted, model_dir, previous_home=str(previous) if previous else None)
+    list(prepare_chain(experiment_chain, lambda c: uninterrupted if c is cfg else base / c.experiment.name,
+                       model_dir))  # earlier experiments under their names: the no-recurrence proof
     threads = threads_per_rank(world)
     hb = lambda home: [home / "runs" / arm / f"rank-{r}" / "heartbeat.json" for r in range(world)]  # noqa: E731
 

@@ -31,7 +31,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable, Iterator
 
 from evidence.canonical import canonical_sha256, file_sha256, read_json, write_json_atomic
 from evidence.commitments import CommitmentError, CommitmentLog
@@ -343,6 +343,19 @@ def prepare(cfg: Resolved, home: str | os.PathLike[str], model_dir: str | os.Pat
     home.mkdir(parents=True, exist_ok=True)
     with _locked(home):
         return _prepare_locked(cfg, home, model_dir, replay_file, previous_home)
+
+
+def prepare_chain(chain: Iterable[Resolved], home_of: Callable[[Resolved], str | os.PathLike[str]],
+                  model_dir: str | os.PathLike[str]) -> Iterator[tuple[Resolved, Path, dict[str, Any]]]:
+    """Prepare an experiment's lineage (`config.lineage`: the earliest first), each against the home
+    of the one before it, so none of an earlier experiment's tasks recurs; yields (config, home,
+    result) as each is committed, the lineage's last home last."""
+    previous: Path | None = None
+    for cfg in chain:
+        home = Path(home_of(cfg))
+        res = prepare(cfg, home, model_dir, previous_home=str(previous) if previous else None)
+        yield cfg, home, res
+        previous = home
 
 
 @contextlib.contextmanager
