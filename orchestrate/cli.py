@@ -106,14 +106,12 @@ def _load_cluster(path: Optional[Path]):
                            + ("past" if left <= 0 else f"{left / 60:.1f} min away")
                            + f"; the controller stops {Guard().margin_s / 60:.0f} min before it, so nothing starts")
     if desc.budget_name:  # the cloud's own account of the spend: a spent budget starts nothing
-        import boto3
         from botocore.exceptions import BotoCoreError, ClientError
 
-        from orchestrate.cloud import account_id, read_budget
+        from orchestrate.cloud import cluster_budget
 
         try:
-            session = boto3.Session(region_name=desc.region)
-            b = read_budget(session, account_id(session), desc.budget_name)
+            b = cluster_budget(desc)
         except (BotoCoreError, ClientError) as e:
             raise ClusterError(f"cannot read the trial's budget {desc.budget_name}: {e}") from None
         if b["actual_usd"] >= b["limit_usd"]:
@@ -483,12 +481,7 @@ def status(cluster: Path = typer.Option(Path("cluster.json"), help="the trial's 
 
     try:
         desc = load(cluster)
-        session = None
-        if desc.budget_name:
-            import boto3
-
-            session = boto3.Session(region_name=desc.region)
-        st = trial_status(desc, home, session=session)
+        st = trial_status(desc, home)
     except (ClusterError, ValueError) as e:
         con.print(f"[bold red]error:[/] {e}", highlight=False)
         raise typer.Exit(2)

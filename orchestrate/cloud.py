@@ -67,6 +67,16 @@ def read_budget(session: Any, account_id: str, name: str) -> dict[str, Any]:
             "notifications": sorted((n["NotificationType"], float(n["Threshold"])) for n in notes)}
 
 
+def cluster_budget(cluster: Any, session: Any = None) -> dict[str, Any]:
+    """The trial's AWS budget (`read_budget`) as the cloud accounts for it, read with a session in the
+    cluster's region unless one is given: what `run` checks before anything starts and `status` shows."""
+    if session is None:
+        import boto3
+
+        session = boto3.Session(region_name=cluster.region)
+    return read_budget(session, account_id(session), cluster.budget_name)
+
+
 def read_alarms(session: Any, prefix: str) -> list[dict[str, Any]]:
     cw = session.client("cloudwatch")
     out = []

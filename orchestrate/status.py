@@ -94,11 +94,11 @@ def trial_status(cluster: Cluster, home: Path | None, *, session: Any = None,
                            "deadline": cluster.deadline.isoformat() if cluster.deadline else None,
                            "seconds_to_deadline": (cluster.deadline - now).total_seconds() if cluster.deadline else None,
                            "spend": None}
-    if cluster.budget_name and session is not None:
-        from orchestrate.cloud import account_id, read_budget
+    if cluster.budget_name:
+        from orchestrate.cloud import cluster_budget
 
         try:
-            out["spend"] = read_budget(session, account_id(session), cluster.budget_name)
+            out["spend"] = cluster_budget(cluster, session)
         except Exception as e:  # noqa: BLE001 — spend is reported as unknown, never guessed
             out["spend"] = {"error": str(e)[:300]}
     return out
