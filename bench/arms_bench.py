@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -78,8 +79,8 @@ def throughput(home: Path, results: list[dict], world: int, peak: float | None) 
            "parameters": params,
            # the first update: where compilation fell before train.py compiled ahead of the loop
            "active_seconds_after_first": max(sum(u["seconds"] for u in r["updates"][1:]) for r in results)}
-    steps = sorted(max(r["updates"][i]["seconds"] for r in results) for i in range(len(ups)))
-    out["step_seconds_median"] = steps[len(steps) // 2]
+    out["step_seconds_median"] = statistics.median(max(r["updates"][i]["seconds"] for r in results)
+                                                   for i in range(len(ups)))
     if peak and params:
         out["mfu"] = 6 * params * tokens / (active * peak * world)
         # steady state: the median update (a compiled run's first updates include compilation)
