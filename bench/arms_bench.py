@@ -30,6 +30,7 @@ from orchestrate.recovery import IO_BASELINE  # noqa: E402
 from orchestrate.trial import LocalPlacement  # noqa: E402
 from training.config import lineage  # noqa: E402
 from training.prepare import prepare_chain  # noqa: E402
+from training.errors import TrainError  # noqa: E402
 from training.results import load_results  # noqa: E402
 from training.seed import materialize  # noqa: E402
 
@@ -136,7 +137,7 @@ def main() -> int:
     if not args.model_dir:
         materialize(kind, md)
     work = Path(args.work or tempfile.mkdtemp(prefix="arms-bench-"))
-    rows, checks = [], {}
+    rows, checks, failed = [], {}, []
     t_all = time.monotonic()
     for cfg, home, _ in prepare_chain(chain, lambda c: work / f"{c.experiment.name}-{args.profile}", md):
         keep = [a for a in cfg.experiment.arms if a.kind == "seed" or (
@@ -145,10 +146,17 @@ def main() -> int:
         skipped = [a.name for a in cfg.experiment.arms if a not in keep]
         if skipped:
             print(f"{cfg.experiment.name}: not trained here: {', '.join(skipped)}")
-        run_cfg = cfg.model_copy(update={"experiment": cfg.experiment.model_copy(update={"arms": keep})})
-        for s in train_arms(run_cfg, home, LocalPlacement(md)):
+        for arm in keep:
+            if arm.kind == "seed":
+                continue
+            one = cfg.model_copy(update={"experiment": cfg.experiment.model_copy(update={"arms": [arm]})})
+            try:  # one arm at a time: an arm that fails loses only itself, the others' figures stay
+                [s] = train_arms(one, home, LocalPlacement(md))
+            except TrainError as e:
+                failed.append({"experiment": cfg.experiment.name, "arm": arm.name, "error": str(e)})
+                print(f"{cfg.experiment.name}:{arm.name} FAILED, the benchmark goes on: {e}")
+                continue
             s["experiment"] = cfg.experiment.name
-            arm = cfg.arm(s["arm"])
             results = load_results(home, arm.name, arm.world_size)
             if arm.kind == "powersgd":
                 s["powersgd"] = powersgd_split(results)
@@ -241,12 +249,14 @@ def main() -> int:
         "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(),
                     "torch": torch.__version__,
                     "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None},
-        "wall_seconds": time.monotonic() - t_all, "arms": rows, "checks": checks,
+        "wall_seconds": time.monotonic() - t_all, "arms": rows, "checks": checks, "failed": failed,
     }
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
         print(f"wrote {args.out}")
-    return 0 if c is None or c["exact"] else 1
+    for f in failed:
+        print(f"FAILED {f['experiment']}:{f['arm']}: {f['error']}")
+    return 0 if (c is None or c["exact"]) and not failed else 1
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@
 #   profile   the 1.7B batched single arm (or $PROFILE_ARMS) per profile in $PROFILES (default
 #             gpu-bench), on one GPU, with the bf16 peak, a torch.profiler table of updates 2-4 (or
 #             from $TRIAL_PROFILE_FROM), and $BENCH_FLAGS (e.g. "--checkpoint-every 16 --io-baseline",
-#             or "--ranks 1" to run powersgd-pair's compression on one rank, without the network);
+#             or "--ranks 2" for multi-rank arms as pairs; a powersgd arm needs two ranks: its compression
+#             alone, on one GPU, is the reduction step's);
 #             outputs are named $PROFILE_TAG-<profile> (default single-<profile>)
 #   reduction bench/powersgd_step.py: the ddp/powersgd gradient reduction alone at the 1.7B shapes, on
 #             $REDUCTION_WORLD ranks (default 1: the compression without the network; 2: over sockets)
