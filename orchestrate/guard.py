@@ -10,10 +10,10 @@ stops the group itself first — every rank by pid, SIGTERM then SIGKILL, no res
     the host's own guard counts (`COUNTERS`).
 
 Work since the last group checkpoint is lost as with any stop; the logs are on the controller and
-the checkpoints stay on the hosts. Counters are read at most every `every_s` seconds over a
-connection with a short connect timeout, on SSH hosts in a thread of their own (`Polled`), so a
-host that does not answer is skipped without holding up supervision (the supervisor's liveness
-probe decides whether it is gone).
+the checkpoints stay on the hosts. The guard looks at its counters each time it is asked; each
+host's counters are read in a thread of their own (`Polled`), every few seconds over a connection
+with a short connect timeout, so a host that does not answer holds up no supervision (the
+supervisor's liveness probe decides whether it is gone).
 """
 
 from __future__ import annotations
@@ -77,14 +77,15 @@ class Polled:
 class Guard:
     def __init__(self, *, deadline: dt.datetime | None = None, margin_s: float = 600.0,
                  counters: dict[str, Callable[[], int | None]] | None = None, limit_bytes: float | None = None,
-                 fraction: float = 0.9, every_s: float = 5.0, clock: Callable[[], float] = time.time):
+                 fraction: float = 0.9, clock: Callable[[], float] = time.time):
+        """`counters`: name → a reader of that host's bytes that returns at once (a `Polled`): the
+        supervision loop asks the guard between polls of its ranks."""
         if deadline is not None and deadline.tzinfo is None:
             raise ValueError("the deadline needs a timezone")
         self.deadline, self.margin_s = deadline, margin_s
         self.counters, self.limit_bytes, self.fraction = counters or {}, limit_bytes, fraction
-        self.every_s, self.clock = every_s, clock
+        self.clock = clock
         self.last: dict[str, int] = {}
-        self._next = 0.0
 
     @property
     def active(self) -> bool:
@@ -98,10 +99,8 @@ class Guard:
         if left is not None and left < self.margin_s:
             return (f"the deadline {self.deadline.isoformat()} is {max(left, 0) / 60:.1f} min away "
                     f"(the controller stops {self.margin_s / 60:.0f} min before it)")
-        now = time.monotonic()
-        if self.limit_bytes is None or not self.counters or now < self._next:
+        if self.limit_bytes is None:
             return None
-        self._next = now + self.every_s
         for name, read in self.counters.items():
             b = read()
             if b is None:

@@ -108,8 +108,7 @@ class RemotePlacement:
         # read in threads, the supervisor only looks at the latest (guarded ranks need a transfer guard)
         self.polled = [Polled(host_bytes(gt), name=self.hosts[r].name) for r, gt in zip(c.guarded_ranks, self.guard_ts)]
         counters = {self.hosts[r].name: read for r, read in zip(c.guarded_ranks, self.polled)}
-        # the polled values cost nothing to look at: the guard looks every time it is asked
-        return Guard(deadline=c.deadline, counters=counters, limit_bytes=c.transfer_guard_bytes, every_s=0)
+        return Guard(deadline=c.deadline, counters=counters, limit_bytes=c.transfer_guard_bytes)
 
     # -- staging -------------------------------------------------------------------------------
     def _stage(self) -> None:

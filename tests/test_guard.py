@@ -33,7 +33,7 @@ def test_deadline_margin():
 
 def test_transfer_counter_over_the_fraction():
     reads = iter([100, 850, None, 901])
-    g = Guard(counters={"host-1": lambda: next(reads)}, limit_bytes=1000, fraction=0.9, every_s=0)
+    g = Guard(counters={"host-1": lambda: next(reads)}, limit_bytes=1000, fraction=0.9)
     assert g() is None and g() is None and g() is None  # 100, 850, a host that did not answer
     said = g()
     assert said and said.startswith("host-1 has moved 901 bytes") and g.last == {"host-1": 901}
@@ -164,7 +164,7 @@ def test_a_polled_counter_never_blocks_its_caller():
         t0 = time.monotonic()
         seen = [polled() for _ in range(20)]
         assert time.monotonic() - t0 < 0.5 and set(seen) == {100}  # the hanging read holds nothing up
-        g = Guard(counters={"h": polled}, limit_bytes=150, fraction=1.0, every_s=0)
+        g = Guard(counters={"h": polled}, limit_bytes=150, fraction=1.0)
         assert g() is None
         gate.set()
         deadline = time.monotonic() + 5

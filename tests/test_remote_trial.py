@@ -62,12 +62,13 @@ def test_orchestrate_run_on_ssh_hosts(hosts, tiny_seed, tmp_path):
 def test_transfer_guard_stops_a_group_from_host_counters(hosts, tiny_seed, smoke_home, tmp_path):
     """Host 1's guard is set 20 MB above what it has moved so far; a 2-rank run all-reduces about
     13 MB per update, so the controller stops the group within a few updates, before it finishes."""
-    from orchestrate.guard import Guard, host_bytes
+    from orchestrate.guard import Guard, Polled, host_bytes
     from orchestrate.remote import launch_remote_group, stage
     from orchestrate.trial import build_wheelhouse
 
     desc = netns_cluster(hosts, "file:///unused", python=sys.executable)
     ts = [desc.transport(h) for h in desc.by_rank]
+    polled = None
     try:
         files = {f"home/{p.relative_to(smoke_home)}": p for p in smoke_home.rglob("*") if p.is_file()}
         files |= {f"seed/{p.relative_to(tiny_seed)}": p for p in tiny_seed.rglob("*") if p.is_file()}
@@ -75,7 +76,8 @@ def test_transfer_guard_stops_a_group_from_host_counters(hosts, tiny_seed, smoke
         read = host_bytes(ts[1])
         start = read()
         assert start is not None and start > 0
-        guard = Guard(counters={"ns-1": read}, limit_bytes=start + 20e6, fraction=1.0, every_s=0.2)
+        polled = Polled(read, every_s=0.2, name="ns-1")
+        guard = Guard(counters={"ns-1": polled}, limit_bytes=start + 20e6, fraction=1.0)
         argv = lambda h: ["-m", "training", "train", "--home", f"{h.root}/home", "--arm", "clean-pair",  # noqa: E731
                           "--model-dir", f"{h.root}/seed", "--threads", "1"]
         res = launch_remote_group(desc, argv, 2, log_dir=tmp_path / "logs", env={"OMP_NUM_THREADS": "1"},
@@ -87,6 +89,8 @@ def test_transfer_guard_stops_a_group_from_host_counters(hosts, tiny_seed, smoke
         if (rank0 / "heartbeat.json").exists():
             assert json.loads((rank0 / "heartbeat.json").read_text())["update"] < 16
     finally:
+        if polled is not None:
+            polled.close()
         for t in ts:
             t.close()
 
