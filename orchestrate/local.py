@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from evidence.attempts import next_attempt
+from training.errors import USER_ERROR_EXIT
 
 
 @dataclass
@@ -37,6 +38,12 @@ class GroupResult:
     @property
     def ok(self) -> bool:
         return all(c == 0 for c in self.codes)
+
+    @property
+    def refused(self) -> int | None:
+        """The first rank that exited `USER_ERROR_EXIT`: it refused its own arguments, inputs or
+        environment (a rank stopped by another's failure exits otherwise)."""
+        return next((r for r, c in enumerate(self.codes) if c == USER_ERROR_EXIT), None)
 
     def failure_text(self, lines: int = 20) -> str:
         if self.reason == "guard":
@@ -205,8 +212,11 @@ def supervise(launch: Launch, *, log_root: Path, max_restarts: int = 1,
     The same rule serves ranks on this machine and on SSH hosts: only `launch` differs.
     `can_resume()` is asked before each restart (default: yes); when it says no — the group failed
     before its first common checkpoint — the restart begins from the seed instead.
-    `first_env` applies to the first attempt only (fault injection for recovery trials). Returns
-    every attempt's result, in order; each attempt's logs are under `log_root/attempt-<n>/`.
+    `first_env` applies to the first attempt only (fault injection for recovery trials). A group
+    is not restarted after the guard stopped it, nor after a rank refused its own arguments, inputs
+    or environment (`refused`): the restart would meet the same refusal, after loading everything
+    again. Returns every attempt's result, in order; each attempt's logs are under
+    `log_root/attempt-<n>/`.
     """
     attempts: list[GroupResult] = []
     start = next_attempt(log_root)
@@ -219,6 +229,11 @@ def supervise(launch: Launch, *, log_root: Path, max_restarts: int = 1,
             break
         if echo:
             echo(f"group failed: {res.failure_text(lines=3)}")
-            if i < max_restarts:
-                echo("restarting the same membership from the latest common manifest")
+        if res.refused is not None:
+            if echo and i < max_restarts:
+                echo(f"not restarted: rank {res.refused} refused its arguments, inputs or environment "
+                     f"(exit {USER_ERROR_EXIT}), which a restart would meet again")
+            break
+        if echo and i < max_restarts:
+            echo("restarting the same membership from the latest common manifest")
     return attempts

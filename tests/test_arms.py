@@ -196,7 +196,7 @@ def test_powersgd_orthogonalizations_compress_alike(two):
 
 def test_a_failed_rank_keeps_its_own_error_and_stops_its_peers(two):
     healthy, failed = load(two, "barrier", 2)
-    assert healthy["error"] == "TrainError" and "another rank failed at a test step" in healthy["message"]
+    assert healthy["error"] == "PeerFailed" and "another rank failed at a test step" in healthy["message"]
     assert failed == {"returned": True}  # the failing rank goes on to raise its own error
 
 

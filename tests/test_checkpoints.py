@@ -115,8 +115,10 @@ def test_corrupt_byte_stops_naming_rank_and_file(killed, tiny_seed):
     data[len(data) // 2] ^= 0x01
     state.write_bytes(bytes(data))
     before = files(killed)
-    for code, out in resume(killed, tiny_seed):
-        assert code == 2, out
+    # rank 1 refuses its own checkpoint (2), rank 0 stops because rank 1 failed (3)
+    res = resume(killed, tiny_seed)
+    assert [code for code, _ in res] == [3, 2], res
+    assert "another rank failed" in res[0][1]
     code, out = resume(killed, tiny_seed)[1]
     assert "rank 1" in out and "state.bin" in out and "no other step is substituted" in out
     assert files(killed) == before  # nothing deleted or rewritten
@@ -192,6 +194,23 @@ def test_supervisor_restarts_the_group_after_a_kill(smoke_home, tmp_path, tiny_s
     assert got["digests"]["final_parameters"] == want["digests"]["final_parameters"]
     assert (home / "logs" / "attempt-1" / "rank-0.log").is_file()
     assert (home / "logs" / "attempt-2" / "rank-0.log").is_file()
+
+
+def test_a_rank_that_refuses_its_inputs_is_not_restarted(tmp_path, tiny_seed):
+    """Ranks that refuse their own inputs (a home never prepared) exit 2; a restart would meet the same
+    refusal after loading everything again, so the supervisor stops after one attempt and says why.
+    A group that failed otherwise is restarted."""
+    from orchestrate.local import local_launch, supervise
+
+    said: list[str] = []
+    attempts = supervise(local_launch(argv(tmp_path / "never-prepared", tiny_seed), 2), log_root=tmp_path / "logs",
+                         max_restarts=1, echo=said.append)
+    assert len(attempts) == 1 and attempts[0].reason == "exit" and attempts[0].refused is not None
+    assert "no 'prepare' commitment" in attempts[0].failure_text()
+    assert any(s.startswith(f"not restarted: rank {attempts[0].refused} refused") for s in said), said
+    other = supervise(local_launch([sys.executable, "-c", "raise SystemExit(1)"], 2), log_root=tmp_path / "logs-1",
+                      max_restarts=1)
+    assert len(other) == 2 and all(a.refused is None and not a.ok for a in other)
 
 
 def test_heartbeat_timeout_stops_a_hung_group(tmp_path):

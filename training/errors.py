@@ -1,4 +1,8 @@
-"""The errors a user can cause; the CLIs print their message alone and exit 2.
+"""The errors a user can cause; the CLIs print their message alone and exit 2 (`USER_ERROR_EXIT`).
+
+A rank that exits 2 refused its own arguments, inputs or environment, which a restart would meet
+again, so the supervisor does not restart it; a rank that stops because another failed exits 3
+(`PEER_FAILED_EXIT`), since the other's failure may be one a restart mends.
 
 The training-stage errors are defined here rather than beside the code that raises them, so that
 importing this tuple (every CLI does) never imports torch.
@@ -16,6 +20,10 @@ class TrainError(RuntimeError):
     """A run that must not start or continue; the message names the thing and the fix."""
 
 
+class PeerFailed(TrainError):
+    """Another rank failed at a step every rank must pass; its log names the cause."""
+
+
 class DigestMismatch(RuntimeError):
     """Ranks disagree about something that must be identical; the message names every digest."""
 
@@ -23,6 +31,9 @@ class DigestMismatch(RuntimeError):
 class RuntimeSetupError(RuntimeError):
     """The rank's environment is incomplete or its device is busy."""
 
+
+USER_ERROR_EXIT = 2
+PEER_FAILED_EXIT = 3
 
 USER_ERRORS = (CommitmentError, ConfigError, DigestMismatch, PrepareError, ReceiptError, ReplayFileError,
                RuntimeSetupError, SeedError, TrainError)

@@ -485,7 +485,7 @@ def barrier_ok(ok: bool, what: str, device: torch.device) -> None:
     flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     if ok and not int(flag.item()):
-        from training.errors import TrainError
+        from training.errors import PeerFailed
 
-        raise TrainError(f"another rank failed at {what}; its log names the cause — this rank "
+        raise PeerFailed(f"another rank failed at {what}; its log names the cause — this rank "
                          "stops too")
