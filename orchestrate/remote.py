@@ -42,12 +42,14 @@ print(json.dumps({"python": sys.version, "dists": dists, "project_files": own}))
 """
 
 
-def python_command(host: Host, *argv: str, python: str | None = None) -> str:
+def python_command(host: Host, *argv: str, python: str | None = None, replace_shell: bool = False) -> str:
     """`python -P ARGV…` with the host's staged packages on the path, arguments quoted: the one way
-    the controller runs Python on a host. `-P` keeps the working directory off `sys.path`, so only
-    the staged site can supply `training` or `evidence`."""
-    return (f"PYTHONPATH={shlex.quote(host.root + '/site')} {shlex.quote(python or host.python)} -P "
-            + " ".join(map(shlex.quote, argv)))
+    the controller runs the project's Python on a host (status's stdlib-only script runs isolated
+    instead, `-I`, on any Python). `-P` keeps the working directory off `sys.path`, so only the
+    staged site can supply `training` or `evidence`. `replace_shell` execs Python in the shell's
+    place, so it keeps the pid the shell wrote (a rank is signalled by that pid)."""
+    return (f"PYTHONPATH={shlex.quote(host.root + '/site')} {'exec ' if replace_shell else ''}"
+            f"{shlex.quote(python or host.python)} -P " + " ".join(map(shlex.quote, argv)))
 
 
 def host_python(t: Transport, host: Host, code: str, *args: str, python: str | None = None,
@@ -133,7 +135,7 @@ class RemoteRank:
         self.unstoppable = False
         self.heartbeat_mtime: float | None = None  # the last heartbeat mtime the host reported
         self.pid_alive: bool | None = None  # whether the rank's pid ran at the last answer
-        self.chan = t.start(f"echo $$ > {pidfile}; {command}", env)  # `command` ends in exec: same pid
+        self.chan = t.start(f"echo $$ > {pidfile}; {command}", env)  # `command` execs its program: the same pid
         self._log = open(log, "ab")
         self._out = open(log.with_suffix(".out"), "ab")
         self._answered = time.monotonic()  # when the host last answered a probe
@@ -276,13 +278,11 @@ def launch_remote_group(cluster: Cluster, argv_for: Callable[[Host], Sequence[st
         for r, h in enumerate(hosts):
             t = cluster.transport(h)
             e = {**(env or {}), "WORLD_SIZE": str(world), "RANK": str(r), "LOCAL_RANK": "0",
-                 "MASTER_ADDR": master, "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1",
-                 "PYTHONPATH": f"{h.root}/site"}
+                 "MASTER_ADDR": master, "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
             if h.interface:
                 e |= {"GLOO_SOCKET_IFNAME": h.interface, "NCCL_SOCKET_IFNAME": h.interface}
             logs[r].write_bytes(b"")
-            # PYTHONPATH comes with the environment above; -P as in python_command
-            cmd = f"cd {shlex.quote(h.root)} && exec {shlex.quote(h.python)} -P " + " ".join(map(shlex.quote, argv_for(h)))
+            cmd = f"cd {shlex.quote(h.root)} && " + python_command(h, *argv_for(h), replace_shell=True)
             beat = f"{h.root}/{heartbeats[r]}" if r < len(heartbeats) else None
             procs.append(RemoteRank(t, cmd, e, logs[r], f"{h.root}/rank-{r}.pid", unreachable_s=unreachable_s,
                                     heartbeat=beat))
