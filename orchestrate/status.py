@@ -30,12 +30,17 @@ for d in sorted(home.glob(f"runs/*/rank-{rank}")):
         beat = None
     alive = False
     if beat and isinstance(beat.get("pid"), int):
-        try:
-            os.kill(beat["pid"], 0); alive = True
-        except ProcessLookupError:
-            alive = False
-        except PermissionError:
-            alive = True
+        try:  # a zombie has exited (kill -0 would still find it): /proc says so
+            with open(f"/proc/{beat['pid']}/stat") as f:
+                alive = f.read().rsplit(") ", 1)[1][:1] not in ("", "Z", "X")
+        except (FileNotFoundError, ProcessLookupError):
+            if not os.path.isdir("/proc"):  # not Linux: kill -0 is all there is
+                try:
+                    os.kill(beat["pid"], 0); alive = True
+                except ProcessLookupError:
+                    pass
+                except PermissionError:
+                    alive = True
     out.append({"arm": d.parent.name, "finished": (d / "result.json").is_file(), "alive": alive,
                 "update": beat.get("update") if beat else None,
                 "heartbeat_age_s": time.time() - hb.stat().st_mtime if beat else None})

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,36 @@ def trained(tmp_path_factory, smoke_home, tiny_seed) -> Path:
                          "--model-dir", str(tiny_seed)], world)
         assert all(c == 0 for c, _ in res), res
     return home
+
+
+@pytest.fixture
+def zombie(tmp_path):
+    """The pid of an exited process that its parent never reaps (a zombie, which `kill -0` still
+    finds): `sleep 0` exits at once, and its parent, exec'd into `sleep 30`, never waits for it."""
+    pidfile = tmp_path / "zombie.pid"
+    parent = subprocess.Popen(["sh", "-c", f"sleep 0 & echo $! > {pidfile}; exec sleep 30"])
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            z = pidfile.read_text().strip() if pidfile.exists() else ""
+            if z and proc_state(int(z)) == "Z":
+                break
+            time.sleep(0.05)
+        assert proc_state(int(z)) == "Z"
+        os.kill(int(z), 0)  # the premise: kill -0 finds it
+        yield int(z)
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+def proc_state(pid: int) -> str | None:
+    """The process state letter from /proc/<pid>/stat (R, S, Z, …), None once the pid is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1][:1]
+    except FileNotFoundError:
+        return None
 
 
 @pytest.fixture

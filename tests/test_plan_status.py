@@ -65,8 +65,9 @@ def test_plan_refuses_over_the_quota(monkeypatch):
     assert r.exit_code == 2 and "plans no arm 'clean-pair'" in " ".join(r.output.split())
 
 
-def test_status_of_the_embedded_cluster(trained, aws, tmp_path):
-    """A finished 2-rank arm, a rank whose process is alive, and the trial's budget read from moto."""
+def test_status_of_the_embedded_cluster(trained, aws, tmp_path, zombie):
+    """A finished 2-rank arm, a rank whose process is alive, then one whose process has exited but
+    is not reaped (a zombie: stopped, not running), and the trial's budget read from moto."""
     import shutil
 
     trained = shutil.copytree(trained, tmp_path / "home")  # the session's fixture stays as it was
@@ -82,9 +83,12 @@ def test_status_of_the_embedded_cluster(trained, aws, tmp_path):
         beat.parent.mkdir(parents=True)
         beat.write_text(json.dumps({"pid": live.pid, "time": 0, "update": 3}))
         st = trial_status(c, trained, session=aws)
+        beat.write_text(json.dumps({"pid": zombie, "time": 0, "update": 4}))
+        st_zombie = trial_status(c, trained, session=aws)
     finally:
         os.kill(live.pid, signal.SIGKILL)
         live.wait()
+    assert (st_zombie["hosts"][1]["state"], st_zombie["hosts"][1]["update"]) == ("stopped", 4)
     h0, h1 = st["hosts"]
     assert (h0["state"], h0["arm"], h0["update"]) == ("finished", "clean-pair", 16)
     assert h0["reachable"] and h0["bytes_rx_tx"] is not None
