@@ -41,9 +41,12 @@ class GroupResult:
 
     @property
     def refused(self) -> int | None:
-        """The first rank that exited `USER_ERROR_EXIT`: it refused its own arguments, inputs or
-        environment (a rank stopped by another's failure exits otherwise)."""
-        return next((r for r, c in enumerate(self.codes) if c == USER_ERROR_EXIT), None)
+        """The rank whose failure was seen first, when it exited `USER_ERROR_EXIT`: it refused its own
+        arguments, inputs or environment (a rank stopped by another's failure, or waiting for a busy
+        GPU, exits otherwise). Decided by the first failure alone, so an exit 2 that followed
+        another rank's failure never stops a restart."""
+        r = self.first_failure
+        return r if self.reason == "exit" and r is not None and self.codes[r] == USER_ERROR_EXIT else None
 
     def failure_text(self, lines: int = 20) -> str:
         if self.reason == "guard":

@@ -1,8 +1,9 @@
 """The errors a user can cause; the CLIs print their message alone and exit 2 (`USER_ERROR_EXIT`).
 
 A rank that exits 2 refused its own arguments, inputs or environment, which a restart would meet
-again, so the supervisor does not restart it; a rank that stops because another failed exits 3
-(`PEER_FAILED_EXIT`), since the other's failure may be one a restart mends.
+again, so the supervisor does not restart it. A rank that stops because another failed exits 3
+(`PEER_FAILED_EXIT`), since the other's failure may be one a restart mends; one whose GPU is held by
+another job exits 75 (`DEVICE_BUSY_EXIT`, sysexits' "try again later"), since that job may end.
 
 The training-stage errors are defined here rather than beside the code that raises them, so that
 importing this tuple (every CLI does) never imports torch.
@@ -32,8 +33,13 @@ class RuntimeSetupError(RuntimeError):
     """The rank's environment is incomplete or its device is busy."""
 
 
+class DeviceBusy(RuntimeSetupError):
+    """Another training or evaluation job holds the rank's GPU."""
+
+
 USER_ERROR_EXIT = 2
 PEER_FAILED_EXIT = 3
+DEVICE_BUSY_EXIT = 75
 
 USER_ERRORS = (CommitmentError, ConfigError, DigestMismatch, PrepareError, ReceiptError, ReplayFileError,
                RuntimeSetupError, SeedError, TrainError)

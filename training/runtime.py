@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from evidence.canonical import canonical_sha256
-from training.errors import RuntimeSetupError
+from training.errors import DeviceBusy, RuntimeSetupError
 
 _PROCESS_T0 = time.monotonic()
 NUMERIC_ENV = ("NCCL_ALGO", "NCCL_PROTO", "CUBLAS_WORKSPACE_CONFIG", "NVIDIA_TF32_OVERRIDE")
@@ -82,7 +82,7 @@ def device_lock(device: torch.device) -> Any:
         fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         fh.close()
-        raise RuntimeSetupError(f"GPU {device.index} is in use by another training or evaluation job "
+        raise DeviceBusy(f"GPU {device.index} is in use by another training or evaluation job "
                                 f"(lock {path}); wait for it or pick another GPU") from None
     return fh
 
