@@ -7,7 +7,8 @@ previous experiment's tasks) in a fresh work directory, then trains every arm wi
 rank (`python -m training train`, the embedded local cluster's launcher) and prints, per arm, the
 step time and the logical collective payload per update, measured at the collectives. Checks that
 DiLoCo's payload per update is exactly 1/H of DDP's and prints PowerSGD's dense and compressed
-payloads separately. Every figure comes from the ranks' result.json files of this run.
+payloads separately. Every figure comes from the ranks' result.json files of this run. Arms train
+one at a time: one that fails is recorded under "failed" (exit 1) and the others' figures still stand.
 """
 
 from __future__ import annotations

@@ -34,9 +34,9 @@ def main() -> None:
     for name in args.experiments:
         with tempfile.TemporaryDirectory() as tmp:
             # earlier experiments are prepared first: no task may recur; the last one's wall time counts
+            chain = lineage(name, args.profile)
             t0 = time.monotonic()
-            for _, _, res in prepare_chain(lineage(name, args.profile), lambda c: Path(tmp) / c.experiment.name,
-                                           args.model_dir):
+            for _, _, res in prepare_chain(chain, lambda c: Path(tmp) / c.experiment.name, args.model_dir):
                 wall, t0 = time.monotonic() - t0, time.monotonic()
         c = res["prepared"]["counts"]
         rows.append({
