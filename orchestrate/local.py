@@ -19,7 +19,10 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from evidence.attempts import next_attempt
-from training.errors import USER_ERROR_EXIT
+from training.errors import PEER_FAILED_EXIT, USER_ERROR_EXIT
+
+SUPERVISOR_STOPS = (-signal.SIGTERM, -signal.SIGKILL)
+"""How a rank that the supervisor stopped ends (Popen's status for a death by that signal)."""
 
 
 @dataclass
@@ -41,12 +44,18 @@ class GroupResult:
 
     @property
     def refused(self) -> int | None:
-        """The rank whose failure was seen first, when it exited `USER_ERROR_EXIT`: it refused its own
-        arguments, inputs or environment (a rank stopped by another's failure, or waiting for a busy
-        GPU, exits otherwise). Decided by the first failure alone, so an exit 2 that followed
-        another rank's failure never stops a restart."""
+        """The rank whose refusal of its own arguments, inputs or environment (`USER_ERROR_EXIT`)
+        failed the group, if that is what failed it: the first failure seen, or, when that was a
+        rank stopped by another's failure (`PEER_FAILED_EXIT`, never a cause), the one rank whose
+        exit was neither that nor the supervisor's own stop. Anything else (a crash, a kill, a busy
+        GPU, a silent host) is not a refusal, and the group may be restarted."""
         r = self.first_failure
-        return r if self.reason == "exit" and r is not None and self.codes[r] == USER_ERROR_EXIT else None
+        if self.reason != "exit" or r is None:
+            return None
+        if self.codes[r] == PEER_FAILED_EXIT:
+            causes = [q for q, c in enumerate(self.codes) if c not in (0, PEER_FAILED_EXIT, *SUPERVISOR_STOPS)]
+            r = causes[0] if len(causes) == 1 else r
+        return r if self.codes[r] == USER_ERROR_EXIT else None
 
     def failure_text(self, lines: int = 20) -> str:
         if self.reason == "guard":

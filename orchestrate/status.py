@@ -21,6 +21,22 @@ from orchestrate.guard import COUNTERS, parse_counters
 STATE_SCRIPT = r"""
 import json, os, sys, time, pathlib
 home, rank = pathlib.Path(sys.argv[1]), int(sys.argv[2])
+def running(pid):
+    try:  # a zombie has exited, though kill -0 would still find it: its state in /proc says so
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(") ", 1)[1][:1] not in ("", "Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        if os.path.isdir("/proc"):
+            return False
+    except (OSError, IndexError):  # hidden (hidepid) or an unexpected line: kill -0 decides
+        pass
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
 out = []
 for d in sorted(home.glob(f"runs/*/rank-{rank}")):
     hb = d / "heartbeat.json"
@@ -28,19 +44,7 @@ for d in sorted(home.glob(f"runs/*/rank-{rank}")):
         beat = json.loads(hb.read_text())
     except (OSError, ValueError):
         beat = None
-    alive = False
-    if beat and isinstance(beat.get("pid"), int):
-        try:  # a zombie has exited (kill -0 would still find it): /proc says so
-            with open(f"/proc/{beat['pid']}/stat") as f:
-                alive = f.read().rsplit(") ", 1)[1][:1] not in ("", "Z", "X")
-        except (FileNotFoundError, ProcessLookupError):
-            if not os.path.isdir("/proc"):  # not Linux: kill -0 is all there is
-                try:
-                    os.kill(beat["pid"], 0); alive = True
-                except ProcessLookupError:
-                    pass
-                except PermissionError:
-                    alive = True
+    alive = bool(beat) and isinstance(beat.get("pid"), int) and running(beat["pid"])
     out.append({"arm": d.parent.name, "finished": (d / "result.json").is_file(), "alive": alive,
                 "update": beat.get("update") if beat else None,
                 "heartbeat_age_s": time.time() - hb.stat().st_mtime if beat else None})

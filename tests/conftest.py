@@ -56,21 +56,20 @@ def trained(tmp_path_factory, smoke_home, tiny_seed) -> Path:
 
 
 @pytest.fixture
-def zombie(tmp_path):
+def zombie():
     """The pid of an exited process that its parent never reaps (a zombie, which `kill -0` still
-    finds): `sleep 0` exits at once, and its parent, exec'd into `sleep 30`, never waits for it."""
-    pidfile = tmp_path / "zombie.pid"
-    parent = subprocess.Popen(["sh", "-c", f"sleep 0 & echo $! > {pidfile}; exec sleep 30"])
+    finds): the parent forks a child that exits at once, prints its pid and sleeps without waiting."""
+    parent = subprocess.Popen([sys.executable, "-c", "import os, time\npid = os.fork()\nif pid == 0:\n"
+                               "    os._exit(0)\nprint(pid, flush=True)\ntime.sleep(600)"],
+                              stdout=subprocess.PIPE, text=True)
     try:
+        z = int(parent.stdout.readline())
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            z = pidfile.read_text().strip() if pidfile.exists() else ""
-            if z and proc_state(int(z)) == "Z":
-                break
+        while proc_state(z) != "Z" and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert proc_state(int(z)) == "Z"
-        os.kill(int(z), 0)  # the premise: kill -0 finds it
-        yield int(z)
+        assert proc_state(z) == "Z"
+        os.kill(z, 0)  # the premise: kill -0 finds it
+        yield z
     finally:
         parent.kill()
         parent.wait()

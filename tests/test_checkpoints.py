@@ -422,3 +422,21 @@ def test_a_deferred_file_keeps_its_size_and_entry_checks(tmp_path):
     receipt["digest"] = receipt_digest(receipt)
     with pytest.raises(ReceiptError, match="piece_bytes"):
         verify_receipt(tmp_path, receipt, defer=["state.bin"])
+
+
+@pytest.mark.parametrize("codes, first, reason, refused", [
+    ([2, -15], 0, "exit", 0),        # rank 0 refused; the supervisor stopped rank 1
+    ([2, 3], 1, "exit", 0),          # rank 1, stopped by rank 0's failure, was seen first
+    ([3, 2, -9], 0, "exit", 1),      # the same with a third rank stopped
+    ([3, -9], 0, "exit", None),      # no refusal among the others: a restart may help
+    ([3, 2, 1], 0, "exit", None),    # two possible causes: not only a refusal
+    ([1, 2], 0, "exit", None),       # a crash came first
+    ([75, -15], 0, "exit", None),    # a busy GPU may be released
+    ([2, -15], 0, "heartbeat", None),
+    ([-15, -15], None, "guard", None),
+])
+def test_what_counts_as_a_refusal(codes, first, reason, refused):
+    from orchestrate.local import GroupResult
+
+    res = GroupResult(codes=codes, logs=[], seconds=0.0, first_failure=first, reason=reason)
+    assert res.refused == refused

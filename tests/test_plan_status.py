@@ -13,7 +13,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from conftest import run_cli
+from conftest import proc_state, run_cli
 from orchestrate.cli import app
 from orchestrate.cluster import local_cluster, save
 from orchestrate.status import trial_status
@@ -89,6 +89,7 @@ def test_status_of_the_embedded_cluster(trained, aws, tmp_path, zombie):
         os.kill(live.pid, signal.SIGKILL)
         live.wait()
     assert (st_zombie["hosts"][1]["state"], st_zombie["hosts"][1]["update"]) == ("stopped", 4)
+    assert proc_state(zombie) == "Z"  # still a zombie when status looked
     h0, h1 = st["hosts"]
     assert (h0["state"], h0["arm"], h0["update"]) == ("finished", "clean-pair", 16)
     assert h0["reachable"] and h0["bytes_rx_tx"] is not None
