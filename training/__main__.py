@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from training.config import ConfigError
-from training.errors import DEVICE_BUSY_EXIT, PEER_FAILED_EXIT, USER_ERROR_EXIT, USER_ERRORS, DeviceBusy, PeerFailed
+from training.errors import USER_ERROR_EXIT, USER_ERRORS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Host-side stages of a training trial.")
@@ -22,8 +22,7 @@ out = Console()
 
 def _fail(e: Exception) -> None:
     err.print(f"[bold red]error:[/] {e}", highlight=False)
-    raise typer.Exit(PEER_FAILED_EXIT if isinstance(e, PeerFailed) else DEVICE_BUSY_EXIT
-                     if isinstance(e, DeviceBusy) else USER_ERROR_EXIT)
+    raise typer.Exit(getattr(e, "exit_code", USER_ERROR_EXIT))
 
 
 @app.command()

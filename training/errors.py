@@ -4,6 +4,7 @@ A rank that exits 2 refused its own arguments, inputs or environment, which a re
 again, so the supervisor does not restart it. A rank that stops because another failed exits 3
 (`PEER_FAILED_EXIT`), since the other's failure may be one a restart mends; one whose GPU is held by
 another job exits 75 (`DEVICE_BUSY_EXIT`, sysexits' "try again later"), since that job may end.
+An error class says its own status (`exit_code`); the others exit 2.
 
 The training-stage errors are defined here rather than beside the code that raises them, so that
 importing this tuple (every CLI does) never imports torch.
@@ -21,8 +22,15 @@ class TrainError(RuntimeError):
     """A run that must not start or continue; the message names the thing and the fix."""
 
 
+USER_ERROR_EXIT = 2
+PEER_FAILED_EXIT = 3
+DEVICE_BUSY_EXIT = 75
+
+
 class PeerFailed(TrainError):
     """Another rank failed at a step every rank must pass; its log names the cause."""
+
+    exit_code = PEER_FAILED_EXIT
 
 
 class DigestMismatch(RuntimeError):
@@ -36,10 +44,7 @@ class RuntimeSetupError(RuntimeError):
 class DeviceBusy(RuntimeSetupError):
     """Another training or evaluation job holds the rank's GPU."""
 
-
-USER_ERROR_EXIT = 2
-PEER_FAILED_EXIT = 3
-DEVICE_BUSY_EXIT = 75
+    exit_code = DEVICE_BUSY_EXIT
 
 USER_ERRORS = (CommitmentError, ConfigError, DigestMismatch, PrepareError, ReceiptError, ReplayFileError,
                RuntimeSetupError, SeedError, TrainError)
