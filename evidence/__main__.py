@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -13,9 +14,33 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Evidence tools.")
 
 
+STORE_HELP = ("evidence store holding the log's anchors (default: the one preserved.json names; without "
+              "either, only the hash chain is checked)")
+TRIAL_HELP = "the trial's name in the store (default: the home's folder name)"
+
+
+def _anchors(home: Path, entries: list, store: str | None, trial: str | None) -> dict | None:
+    """Check the anchors and say on stderr what was checked."""
+    from evidence.anchors import verify_anchors
+
+    a = verify_anchors(home, entries, store, trial)
+    if a is None:
+        typer.echo("anchors: no store known (--store): only the hash chain was checked", err=True)
+    else:
+        typer.echo(f"anchors: {a['anchored']} of {a['entries']} commitments match their anchors in {a['store']}"
+                   + (f"; not anchored yet: {a['not_anchored']}" if a["not_anchored"] else ""), err=True)
+    return a
+
+
 @app.command()
-def verify(home: Path = typer.Option(..., help="trial home holding commitments.jsonl")) -> None:
-    """Check the hash chain and every committed file; print one JSON line per entry."""
+def verify(home: Path = typer.Option(..., help="trial home holding commitments.jsonl"),
+           store: Optional[str] = typer.Option(None, help=STORE_HELP),
+           trial: Optional[str] = typer.Option(None, help=TRIAL_HELP)) -> None:
+    """Check the hash chain, every committed file and the store's anchors; one JSON line per entry."""
+    from evidence.anchors import AnchorError
+    from evidence.canonical import EvidenceFileError
+    from evidence.stores import PreservationError
+
     log = CommitmentLog(home)
     try:
         entries = log.entries()
@@ -25,21 +50,29 @@ def verify(home: Path = typer.Option(..., help="trial home holding commitments.j
             log.verify_subject(e)
             print(json.dumps({"seq": e["seq"], "kind": e["kind"], "subject": e["subject"],
                               "sha256": e["sha256"], "ok": True}))
-    except CommitmentError as e:
+        _anchors(home, entries, store, trial)
+    except (CommitmentError, AnchorError, EvidenceFileError, PreservationError) as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2)
 
 
 @app.command()
 def report(home: Path = typer.Option(..., help="the trial home"),
-           output: Path = typer.Option(..., help="report JSON to write (Markdown beside it, .md)")) -> None:
+           output: Path = typer.Option(..., help="report JSON to write (Markdown beside it, .md)"),
+           store: Optional[str] = typer.Option(None, help=STORE_HELP),
+           trial: Optional[str] = typer.Option(None, help=TRIAL_HELP)) -> None:
     """Recompute the report from raw evidence; stop on any inconsistency, changing nothing."""
+    from evidence.canonical import EvidenceFileError
+    from evidence.covered import CoveredFileError
     from evidence.receipts import ReceiptError
     from evidence.report import EvidenceError, write_report
 
     try:
-        rep = write_report(home, output)
-    except (EvidenceError, CommitmentError, ReceiptError, FileNotFoundError) as e:
+        rep = write_report(home, output, store=store, trial=trial)
+    except CoveredFileError as e:
+        typer.echo(f"error: refused, no report written: {e}", err=True)
+        raise typer.Exit(2)
+    except (EvidenceError, CommitmentError, ReceiptError, EvidenceFileError, FileNotFoundError) as e:
         typer.echo(f"error: evidence is inconsistent, no report written: {e}", err=True)
         raise typer.Exit(2)
     print(json.dumps({"report": str(output), "markdown": str(output.with_suffix(".md")),
@@ -51,7 +84,11 @@ def canonical(path: Path) -> None:
     """Print the canonical sha256 of a JSON file (what receipts and commitments hash)."""
     from evidence.canonical import canonical_sha256, read_json
 
-    print(canonical_sha256(read_json(path)))
+    try:
+        print(canonical_sha256(read_json(path, kind=None)))
+    except ValueError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
 
 
 if __name__ == "__main__":

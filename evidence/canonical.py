@@ -150,22 +150,85 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> None:
     fsync_dir(path.parent)
 
 
+def json_bytes(obj: Any) -> bytes:
+    """JSON for people: indented, keys sorted (so still deterministic), a final newline."""
+    return (json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n").encode("utf-8")
+
+
 def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, canonical: bool = False) -> str:
     """Write JSON atomically and return the sha256 of the bytes written.
 
     `canonical=True` writes the canonical form, so the file hash equals `canonical_sha256(obj)`.
     Otherwise the file is indented for people, with sorted keys so it is still deterministic.
     """
-    if canonical:
-        data = canonical_bytes(obj)
-    else:
-        data = (
-            json.dumps(obj, sort_keys=True, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
-        ).encode("utf-8")
+    data = canonical_bytes(obj) if canonical else json_bytes(obj)
     write_bytes_atomic(path, data)
     return bytes_sha256(data)
 
 
-def read_json(path: str | os.PathLike[str]) -> Any:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+class EvidenceFileError(ValueError):
+    """A file of evidence that is missing, cut short or not what it must be. The message names the
+    file; whoever reads evidence refuses on it rather than guess (a rank exits with the refusal
+    status, so it is not restarted into the same damage)."""
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"duplicate key {k!r}")
+        out[k] = v
+    return out
+
+
+def parse_json(text: str | bytes, where: str) -> Any:
+    """Strict JSON: no NaN/Infinity, no duplicate keys (a second value must not silently win)."""
+    try:
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+        return json.loads(text, parse_constant=_no_constants, object_pairs_hook=_unique_keys)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise EvidenceFileError(f"{where}: damaged, not valid JSON ({e})") from None
+
+
+def _read(path: str | os.PathLike[str]) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except FileNotFoundError:
+        raise EvidenceFileError(f"{path}: missing") from None
+    except OSError as e:
+        raise EvidenceFileError(f"{path}: cannot be read ({e.strerror or e})") from None
+
+
+def read_json(path: str | os.PathLike[str], *, keys: tuple[str, ...] = (), kind: type | None = dict) -> Any:
+    """The one reader of a JSON file of evidence (a home's, a host's, a store's): refuses, naming the
+    file, when it is missing, unreadable, not strict JSON, not a `kind` (an object, by default) or
+    lacks any of `keys` at its top level."""
+    obj = parse_json(_read(path), str(path))
+    if kind is not None and not isinstance(obj, kind):
+        raise EvidenceFileError(f"{path}: damaged, holds a JSON {type(obj).__name__} where a "
+                                f"{'object' if kind is dict else kind.__name__} belongs")
+    missing = [k for k in keys if k not in obj]
+    if missing:
+        raise EvidenceFileError(f"{path}: damaged, no {', '.join(map(repr, missing))} in it")
+    return obj
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """A JSON-lines file of evidence: one object per line, each read as `read_json` reads a file."""
+    text = _read(path)
+    rows = []
+    for n, line in enumerate(text.split(b"\n"), 1):
+        if not line.strip():
+            if line or n < text.count(b"\n") + 1:  # only the final newline may leave an empty tail
+                raise EvidenceFileError(f"{path}:{n}: damaged, an empty line")
+            continue
+        row = parse_json(line, f"{path}:{n}")
+        if not isinstance(row, dict):
+            raise EvidenceFileError(f"{path}:{n}: damaged, not a JSON object")
+        rows.append(row)
+    return rows

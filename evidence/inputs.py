@@ -4,11 +4,10 @@ update recomputed from every rank's records."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from evidence.canonical import file_sha256
+from evidence.canonical import file_sha256, read_jsonl
 
 
 def changed_input(home: Path, prepared: dict[str, Any]) -> Path | None:
@@ -22,8 +21,7 @@ def changed_input(home: Path, prepared: dict[str, Any]) -> Path | None:
 
 def load_cases(home: str | Path) -> dict[str, dict[str, Any]]:
     """Every task case of the home (all splits), by case id."""
-    with open(Path(home) / "inputs" / "tasks.jsonl", encoding="utf-8") as f:
-        return {row["case_id"]: row for row in map(json.loads, f)}
+    return {row["case_id"]: row for row in read_jsonl(Path(home) / "inputs" / "tasks.jsonl")}
 
 
 def global_losses(rank_updates: list[list[dict[str, Any]]]) -> list[float]:

@@ -81,7 +81,7 @@ def verify_receipt(
     defer = set(defer)
     root = Path(root)
     if receipt.get("digest") != receipt_digest(receipt):
-        raise ReceiptError(f"{what} receipt at {root} is internally inconsistent (digest mismatch)")
+        raise ReceiptError(f"{what} receipt {root / RECEIPT_NAME} is internally inconsistent (digest mismatch)")
     for rel, entry in receipt["files"].items():
         p = root / rel
         if not p.is_file():

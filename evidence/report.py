@@ -3,8 +3,8 @@
 Checks, in order (the first failure stops the report with a message; nothing is changed or removed):
   1. the commitments log's hash chain; the selection committed before every test evaluation; every
      prepared input against the hash in the committed prepared.json;
-  2. every candidate's rank results against the hashes committed in candidates.json, each result
-     belonging to its rank;
+  2. every selected model against its receipt and the digest the selection names; every candidate's
+     rank results against the hashes committed in candidates.json, each result belonging to its rank;
   3. each rank's documents per update against the committed global schedule (its contiguous slice)
      and, for DiLoCo, its outer steps against the sync schedule (every H updates and the last);
   4. every evaluation attempt's files against its receipt; every raw answer re-checked strictly
@@ -21,14 +21,16 @@ dollars where a price is known (none on the local cluster).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
+from evidence.anchors import AnchorError, verify_anchors
 from evidence.attempts import attempt_number, attempts
-from evidence.canonical import canonical_sha256, file_sha256, read_json, write_json_atomic
+from evidence.canonical import (EvidenceFileError, canonical_sha256, file_sha256, json_bytes, read_json,
+                                read_jsonl, write_bytes_atomic)
 from evidence.checker import check_answer
 from evidence.commitments import CommitmentLog
+from evidence.covered import guard_writes
 from evidence.inputs import changed_input, global_losses, load_cases
 from evidence.receipts import verify_receipt
 from evidence.serving import ServingEvidenceError, check_probe
@@ -38,10 +40,6 @@ from evidence.stats import mcnemar_exact_greater, paired_bounds
 
 class EvidenceError(RuntimeError):
     """Inconsistent evidence: the report is not produced; the message names what and where."""
-
-
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
 
 
 def _check_sequence(log: CommitmentLog) -> tuple[list[dict], dict]:
@@ -55,8 +53,12 @@ def _check_sequence(log: CommitmentLog) -> tuple[list[dict], dict]:
     for e in entries:
         if e["kind"] == "test-evaluation" and e["seq"] < sel[0]["seq"]:
             raise EvidenceError(f"test evaluation (entry {e['seq']}) was committed before the selection")
-    for e in entries:
-        log.verify_subject(e) if e["kind"] in ("prepare", "candidates", "selection") else None
+    for e in entries:  # every committed file still has its committed hash (evaluations: checked below,
+        if not e["kind"].endswith("-evaluation"):  # attempt by attempt, with their own words)
+            try:
+                log.verify_subject(e)
+            except Exception as err:  # noqa: BLE001
+                raise EvidenceError(f"commitments log entry {e['seq']} ({e['kind']}): {err}") from None
     return entries, sel[0]
 
 
@@ -93,6 +95,17 @@ def _check_ranks(home: Path, cand: dict, schedule: list[list[int]]) -> list[dict
     return results
 
 
+def _check_model(d: Path, arm: str, digest: str) -> None:
+    """A selected model directory: every file against its receipt, the receipt the one selected."""
+    try:
+        receipt = read_json(d / "receipt.json")
+        got = verify_receipt(d, receipt, what=f"{arm}'s model")
+    except Exception as e:  # noqa: BLE001
+        raise EvidenceError(str(e)) from None
+    if got != digest:
+        raise EvidenceError(f"{d / 'receipt.json'}: receipt {got} is not the {digest} the selection names for {arm}")
+
+
 def _check_attempt(home: Path, d: Path, role: str, arm: str, cases: dict[str, dict],
                    committed: dict[int, dict], log: CommitmentLog, model_receipt: str | None
                    ) -> dict[str, Any]:
@@ -120,7 +133,7 @@ def _check_attempt(home: Path, d: Path, role: str, arm: str, cases: dict[str, di
     if model_receipt is not None and summary.get("model_receipt") != model_receipt:
         raise EvidenceError(f"{d / 'summary.json'}: scored model {summary.get('model_receipt')} is not "
                             f"the selected {model_receipt}")
-    answers = _jsonl(d / "answers.jsonl")
+    answers = read_jsonl(d / "answers.jsonl")
     want = sorted(cid for cid, c in cases.items() if c["split"] == role)
     got = [a["case_id"] for a in answers]
     if sorted(got) != want:
@@ -133,13 +146,18 @@ def _check_attempt(home: Path, d: Path, role: str, arm: str, cases: dict[str, di
             raise EvidenceError(f"{d / 'answers.jsonl'}: case {a['case_id']} is recorded as "
                                 f"{'correct' if a['correct'] else 'wrong'} but re-checks as {v}")
     return {"attempt": d.name, "complete": True, "answers": answers,
-            "probes": _jsonl(d / "probes.jsonl"), "summary": summary}
+            "probes": read_jsonl(d / "probes.jsonl"), "summary": summary}
 
 
-def build_report(home: str | Path) -> dict[str, Any]:
+def build_report(home: str | Path, *, store: str | None = None, trial: str | None = None) -> dict[str, Any]:
+    """`store`: where the log's anchors are (default: the store preserved.json names, if any)."""
     home = Path(home)
     log = CommitmentLog(home)
     entries, sel_entry = _check_sequence(log)
+    try:
+        anchors = verify_anchors(home, entries, store, trial)
+    except (AnchorError, EvidenceFileError) as e:
+        raise EvidenceError(f"anchors: {e}") from None
     prepared = read_json(home / "prepared.json")  # itself a committed subject, checked above
     bad = changed_input(home, prepared)
     if bad is not None:
@@ -151,6 +169,8 @@ def build_report(home: str | Path) -> dict[str, Any]:
     schedule = read_json(home / "inputs" / "schedule.json")["updates"]
     cases = load_cases(home)
 
+    for arm, digest in selection["candidates"].items():  # what was scored and served is still there
+        _check_model(home / "runs" / arm / "model", arm, digest)
     arms: dict[str, Any] = {}
     for name, cand in cands.items():
         results = _check_ranks(home, cand, schedule)
@@ -179,24 +199,29 @@ def build_report(home: str | Path) -> dict[str, Any]:
         }
 
     evaluations: dict[str, dict[str, Any]] = {}
-    for role_dir in sorted((home / "evaluations").glob("*")) if (home / "evaluations").exists() else []:
-        for arm_dir in sorted(role_dir.glob("*")):
-            role, arm = role_dir.name, arm_dir.name
-            committed = {int(e["data"]["attempt"]): e for e in entries
-                         if e["kind"] == f"{role}-evaluation" and e["data"].get("arm") == arm}
-            dirs = attempts(arm_dir)
-            for n in committed:
-                if arm_dir / f"attempt-{n}" not in dirs:
-                    raise EvidenceError(f"committed {role} attempt {n} of {arm} is missing from {arm_dir}")
-            model = (selection["candidates"].get(arm) if arm != selection["baseline"]
-                     else prepared["model"]["receipt_digest"])
-            checked = [_check_attempt(home, d, role, arm, cases, committed, log, model) for d in dirs]
-            if len([a for a in checked if a["complete"]]) > 1:
-                for a in checked[1:]:
-                    if a["complete"] and not a["summary"].get("retry_reason"):
-                        raise EvidenceError(f"{arm_dir / a['attempt']}: a second attempt without a "
-                                            "recorded retry reason")
-            evaluations.setdefault(role_dir.name, {})[arm_dir.name] = checked
+    # what the log commits and what the disk holds, both: a committed evaluation whose files were
+    # removed must stop the report, never shrink it
+    found = {(d.parent.name, d.name) for d in (home / "evaluations").glob("*/*") if d.is_dir()}
+    found |= {(e["kind"].removesuffix("-evaluation"), str(e["data"].get("arm"))) for e in entries
+              if e["kind"].endswith("-evaluation")}
+    for role, arm in sorted(found):
+        arm_dir = home / "evaluations" / role / arm
+        committed = {int(e["data"]["attempt"]): e for e in entries
+                     if e["kind"] == f"{role}-evaluation" and e["data"].get("arm") == arm}
+        dirs = attempts(arm_dir)
+        for n, e in committed.items():
+            if arm_dir / f"attempt-{n}" not in dirs:
+                raise EvidenceError(f"committed {role} attempt {n} of {arm} is missing: "
+                                    f"{arm_dir / f'attempt-{n}'} (log entry {e['seq']})")
+        model = (selection["candidates"].get(arm) if arm != selection["baseline"]
+                 else prepared["model"]["receipt_digest"])
+        checked = [_check_attempt(home, d, role, arm, cases, committed, log, model) for d in dirs]
+        if len([a for a in checked if a["complete"]]) > 1:
+            for a in checked[1:]:
+                if a["complete"] and not a["summary"].get("retry_reason"):
+                    raise EvidenceError(f"{arm_dir / a['attempt']}: a second attempt without a "
+                                        "recorded retry reason")
+        evaluations.setdefault(role, {})[arm] = checked
 
     def used(role: str, arm: str) -> dict[str, Any] | None:
         """The first complete attempt: retries are listed, never substituted for it."""
@@ -281,7 +306,7 @@ def build_report(home: str | Path) -> dict[str, Any]:
 
     report = {
         "format": "trial-report-v1", "experiment": exp["name"], "profile": prepared["experiment"]["profile_name"],
-        "commitments_head": entries[-1]["hash"], "selection": selection,
+        "commitments_head": entries[-1]["hash"], "anchors": anchors, "selection": selection,
         "selection_committed_at_seq": sel_entry["seq"],
         "arms": arms, "accuracy": accuracy, "comparisons": comparisons,
         "gates": gates, "failed_gates": [g["gate"] for g in gates if not g["passed"]],
@@ -319,6 +344,7 @@ def markdown(rep: dict[str, Any]) -> str:
     lines = [f"# {rep['experiment']} ({rep['profile']}) — trial report", "",
              f"Selection (committed at log entry {rep['selection_committed_at_seq']}, fixed by the rules): "
              f"primary **{rep['selection']['primary']}**, serving {rep['selection']['serving']}.", "",
+             _anchors_line(rep.get("anchors")), "",
              "## Gates", "", "| gate | value | result |", "|---|---|---|"]
     for g in rep["gates"]:
         lines.append(f"| {g['gate']} | {g['value']:.4g} | {'passed' if g['passed'] else '**FAILED**'} |")
@@ -346,6 +372,13 @@ def markdown(rep: dict[str, Any]) -> str:
         lines += ["## Recovery", ""] + [f"- {r['file']}: identical={r['identical']}, max |Δ| = {r['max_abs_diff']}"
                                         for r in rep["recovery_comparisons"]] + [""]
     return "\n".join(lines)
+
+
+def _anchors_line(a: dict[str, Any] | None) -> str:
+    if a is None:
+        return "Commitments log: hash chain checked; no evidence store was known, so its anchors were not."
+    return (f"Commitments log: {a['anchored']} of {a['entries']} entries match their anchors in {a['store']}"
+            + (f"; entries {a['not_anchored']} were not anchored." if a["not_anchored"] else "."))
 
 
 def _serving_markdown(sv: dict[str, Any] | None, attempts: list[str]) -> list[str]:
@@ -441,11 +474,19 @@ def plots(rep: dict[str, Any], out_dir: Path, stem: str) -> list[str]:
     return names
 
 
-def write_report(home: str | Path, output: str | Path) -> dict[str, Any]:
-    rep = build_report(home)
+def write_report(home: str | Path, output: str | Path, *, store: str | None = None,
+                 trial: str | None = None) -> dict[str, Any]:
+    """Build the report, render every file it makes, then write them — unless any would replace a
+    file of evidence (`evidence.covered`): then nothing is written."""
+    import tempfile
+
+    rep = build_report(home, store=store, trial=trial)
     output = Path(output)
-    write_json_atomic(output, rep)
-    figures = plots(rep, output.parent, output.stem)
+    with tempfile.TemporaryDirectory() as tmp:
+        figures = plots(rep, Path(tmp), output.stem)
+        writes = {output.parent / n: (Path(tmp) / n).read_bytes() for n in figures}
     md = markdown(rep) + "\n## Figures\n\n" + "".join(f"![{n}]({n})\n\n" for n in figures)
-    output.with_suffix(".md").write_text(md, encoding="utf-8")
+    writes = {output: json_bytes(rep), **writes, output.with_suffix(".md"): md.encode("utf-8")}
+    for path, data in guard_writes(home, writes).items():
+        write_bytes_atomic(path, data)
     return rep

@@ -16,15 +16,14 @@ from __future__ import annotations
 import base64
 import datetime as _dt
 import hashlib
-import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol
 from urllib.parse import urlparse
 
-from evidence.canonical import (bytes_sha256, canonical_bytes, file_sha256, fsync_file, write_bytes_atomic,
-                                write_json_atomic)
+from evidence.canonical import (EvidenceFileError, bytes_sha256, canonical_bytes, canonical_sha256, file_sha256,
+                                fsync_file, parse_json, read_json, write_bytes_atomic, write_json_atomic)
 
 CHUNK = 1 << 20
 PRESERVED = "preserved.json"  # in the home: where its evidence went, and the index's digest
@@ -40,6 +39,18 @@ def _hash_stream(chunks: Iterator[bytes]) -> tuple[str, int]:
         h.update(c)
         n += len(c)
     return h.hexdigest(), n
+
+
+class Store(Protocol):
+    """What preservation and anchoring need of a store: a new store implements these five."""
+
+    url: str
+
+    def put_file(self, key: str, path: Path, sha256: str) -> None: ...
+    def put_bytes(self, key: str, data: bytes) -> None: ...
+    def size(self, key: str) -> int | None: ...
+    def list(self, prefix: str) -> list[str]: ...
+    def read_chunks(self, key: str) -> Iterator[bytes]: ...
 
 
 class FileStore:
@@ -58,8 +69,17 @@ class FileStore:
     def put_bytes(self, key: str, data: bytes) -> None:
         write_bytes_atomic(self.root / key, data)
 
-    def exists(self, key: str) -> bool:
-        return (self.root / key).is_file()
+    def size(self, key: str) -> int | None:
+        p = self.root / key
+        return p.stat().st_size if p.is_file() else None
+
+    def list(self, prefix: str) -> list[str]:
+        """Every key under `prefix` (files being written, hidden or `.part`, left out)."""
+        top = self.root / prefix
+        base = top if prefix.endswith("/") or top.is_dir() else top.parent
+        return sorted(str(p.relative_to(self.root)) for p in base.rglob("*")
+                      if p.is_file() and not p.name.startswith(".") and not p.name.endswith(".part")
+                      and str(p.relative_to(self.root)).startswith(prefix))
 
     def read_chunks(self, key: str) -> Iterator[bytes]:
         with open(self.root / key, "rb") as f:
@@ -89,16 +109,19 @@ class S3Store:
         digest = base64.b64encode(hashlib.sha256(data).digest()).decode()
         self.s3.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, ChecksumSHA256=digest)
 
-    def exists(self, key: str) -> bool:
+    def size(self, key: str) -> int | None:
         from botocore.exceptions import ClientError
 
         try:
-            self.s3.head_object(Bucket=self.bucket, Key=self._key(key))
-            return True
+            return int(self.s3.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"])
         except ClientError as e:
             if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                return False
+                return None
             raise
+
+    def list(self, prefix: str) -> list[str]:
+        pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._key(prefix))
+        return sorted(o["Key"][len(self.prefix):] for page in pages for o in page.get("Contents", []))
 
     def read_chunks(self, key: str) -> Iterator[bytes]:
         body = self.s3.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
@@ -109,7 +132,7 @@ class S3Store:
             body.close()
 
 
-def open_store(url: str, session: Any = None, **s3_options: Any) -> FileStore | S3Store:
+def open_store(url: str, session: Any = None, **s3_options: Any) -> Store:
     u = urlparse(url)
     if u.scheme == "file":
         return FileStore(Path(u.netloc + u.path) if u.netloc else Path(u.path))
@@ -136,10 +159,13 @@ def _read_back(store: Any, key: str, sha256: str, size: int) -> None:
                                 f"({size} bytes): the store does not hold what was uploaded")
 
 
-def preserve(home: str | os.PathLike[str], url: str | FileStore | S3Store, *, trial: str, session: Any = None,
+def preserve(home: str | os.PathLike[str], url: str | Store, *, trial: str, session: Any = None,
+             anchors: dict[str, Any] | None = None,
              say: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """Upload every file of `home` (skipping objects the store already holds and that read back
-    right), verify each, then write and verify the index; record it in <home>/preserved.json."""
+    right), verify each, then write and verify the index; record it in <home>/preserved.json.
+    `anchors` ({"prefix", "count"}, `evidence.anchors.extent`): the log's anchors in this store,
+    recorded in the index so that `verify_index` misses any that disappear."""
     home = Path(home)
     store = open_store(url, session) if isinstance(url, str) else url
     files, total = {}, 0
@@ -148,7 +174,7 @@ def preserve(home: str | os.PathLike[str], url: str | FileStore | S3Store, *, tr
         digest, size = file_sha256(p), p.stat().st_size
         key = object_key(digest)
         uploaded = False
-        if not store.exists(key):
+        if store.size(key) is None:
             store.put_file(key, p, digest)
             uploaded = True
         _read_back(store, key, digest, size)  # uploaded now or earlier: either way it must read back
@@ -159,26 +185,67 @@ def preserve(home: str | os.PathLike[str], url: str | FileStore | S3Store, *, tr
     at = _dt.datetime.now(_dt.timezone.utc)
     index = {"format": "trial-evidence-index-v1", "trial": trial, "store": store.url,
              "at": at.isoformat(), "files": files, "bytes": sum(f["size"] for f in files.values())}
+    if anchors:
+        index["anchors"] = anchors
     body = canonical_bytes(index)
     digest = bytes_sha256(body)
     key = f"indexes/{trial}/{at.strftime('%Y%m%dT%H%M%S%fZ')}.json"
     store.put_bytes(key, body)
     _read_back(store, key, digest, len(body))
+    # the paths too: what the index covers is known without the store (`evidence.covered`)
     record = {"store": store.url, "index": key, "index_sha256": digest, "files": len(files),
-              "bytes": index["bytes"], "uploaded_bytes": total, "at": index["at"]}
+              "bytes": index["bytes"], "uploaded_bytes": total, "at": index["at"], "paths": sorted(files),
+              "anchors": anchors}
+    record["digest"] = canonical_sha256(record)  # the record is outside its own index: it seals itself
     write_json_atomic(home / PRESERVED, record)
     return record
 
 
+def read_preserved(home: str | os.PathLike[str]) -> dict[str, Any]:
+    """The home's preservation record, refused by name when missing, damaged or altered."""
+    path = Path(home) / PRESERVED
+    rec = read_json(path, keys=("store", "index", "index_sha256", "digest"))
+    if canonical_sha256({k: v for k, v in rec.items() if k != "digest"}) != rec["digest"]:
+        raise EvidenceFileError(f"{path}: damaged or altered, its contents differ from its own digest")
+    return rec
+
+
+def _parse_index(body: bytes, where: str) -> dict[str, Any]:
+    """An index, its file table checked entry by entry (a damaged index is refused by name)."""
+    index = parse_json(body, where)
+    files = index.get("files") if isinstance(index, dict) else None
+    if not isinstance(files, dict) or not all(
+            isinstance(f, dict) and isinstance(f.get("sha256"), str) and len(f["sha256"]) == 64
+            and type(f.get("size")) is int and f["size"] >= 0 for f in files.values()):
+        raise PreservationError(f"{where}: damaged, not a preservation index (its file table)")
+    return index
+
+
 def verify_index(url: str, key: str, sha256: str, *, session: Any = None,
                  say: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
-    """Re-read the index and every object it names from the store; raise on the first mismatch."""
+    """Re-read the index and every object it names from the store; raise on the first mismatch,
+    naming the home's file. Every object's presence and size are checked before any is hashed, so
+    a missing or cut object is found without reading gigabytes first."""
     store = open_store(url, session)
-    body = b"".join(store.read_chunks(key))
+    try:
+        body = b"".join(store.read_chunks(key))
+    except Exception as e:  # noqa: BLE001 — whatever the store says, the index cannot be read
+        raise PreservationError(f"{store.url}{key}: the index cannot be read: {e}") from None
     if bytes_sha256(body) != sha256:
         raise PreservationError(f"{store.url}{key}: the index differs from the one recorded ({sha256})")
-    index = json.loads(body)
-    for i, (rel, f) in enumerate(sorted(index["files"].items()), 1):
+    index = _parse_index(body, f"{store.url}{key}")
+    files, anchors = index["files"], index.get("anchors") or {}
+    for seq in range(int(anchors.get("count", 0))):  # the log's anchors, as many as were preserved
+        a = f"{anchors['prefix']}{seq:08d}.json"
+        if store.size(a) is None:
+            raise PreservationError(f"{store.url}{a}: the commitments log's anchor {seq} is missing")
+    items = sorted(files.items())
+    for rel, f in items:
+        size = store.size(object_key(f["sha256"]))
+        if size != f["size"]:
+            raise PreservationError(f"{rel}: object {object_key(f['sha256'])} is "
+                                    + ("missing" if size is None else f"{size} bytes, the index says {f['size']}"))
+    for i, (rel, f) in enumerate(items, 1):
         try:
             _read_back(store, object_key(f["sha256"]), f["sha256"], f["size"])
         except PreservationError as e:
@@ -186,5 +253,5 @@ def verify_index(url: str, key: str, sha256: str, *, session: Any = None,
         except Exception as e:  # noqa: BLE001 — a missing object is as bad as a wrong one
             raise PreservationError(f"{rel}: object {object_key(f['sha256'])} cannot be read: {e}") from None
         if i % 200 == 0:
-            say(f"verified {i}/{len(index['files'])} objects")
-    return {"index": key, "files": len(index["files"]), "bytes": index["bytes"]}
+            say(f"verified {i}/{len(items)} objects")
+    return {"index": key, "files": len(files), "bytes": sum(f["size"] for f in files.values())}

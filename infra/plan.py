@@ -20,7 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from evidence.schema import require_ranks
-from infra.prices import HOURS_PER_MONTH, INSTANCE_TYPES, price
+from infra.prices import HOURS_PER_MONTH, INSTANCE_TYPES, PRICES, price
 
 GB = 1e9
 
@@ -30,13 +30,22 @@ class BudgetError(ValueError):
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # an infinite budget or guard is a typo, never a plan
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class Host(Strict):
     rank: int = Field(ge=0)
     instance_type: str
     zone: str  # e.g. us-east-1c
+
+    @field_validator("instance_type")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in INSTANCE_TYPES or f"instance/{v}" not in PRICES:
+            raise ValueError(f"unknown instance type {v!r} (known: {', '.join(sorted(INSTANCE_TYPES))}); add its "
+                             "price and facts to infra/prices.py")
+        return v
 
 
 class Volume(Strict):
@@ -79,7 +88,7 @@ class TrialConfig(Strict):
     volume: Volume = Volume()
     operator_cidr: str
     allow_ssh_from_anywhere: bool = False
-    deadline: dt.datetime  # UTC; the cloud-side stop fires then
+    deadline: dt.datetime | None = None  # UTC; the cloud-side stop fires then (required: `deadline_problems`)
     hours: float = Field(gt=0)  # the compute the budget pays for; the deadline may not be later
     budget: Budget
     transfer_guard_bytes: float = Field(gt=0)  # per isolated-zone host, receive + transmit
@@ -91,6 +100,16 @@ class TrialConfig(Strict):
     ssh_user: str = "ubuntu"
     prices: dict[str, float] = {}
 
+    @field_validator("prices")
+    @classmethod
+    def _prices(cls, v: dict[str, float]) -> dict[str, float]:
+        for k, usd in v.items():
+            if k not in PRICES:
+                raise ValueError(f"prices: no price {k!r} to override (known: {', '.join(sorted(PRICES))})")
+            if usd < 0:
+                raise ValueError(f"prices: {k} = {usd} is negative")
+        return v
+
     @field_validator("operator_cidr")
     @classmethod
     def _cidr(cls, v: str) -> str:
@@ -99,7 +118,9 @@ class TrialConfig(Strict):
 
     @field_validator("deadline")
     @classmethod
-    def _utc(cls, v: dt.datetime) -> dt.datetime:
+    def _utc(cls, v: dt.datetime | None) -> dt.datetime | None:
+        if v is None:
+            return v
         if v.tzinfo is None:
             raise ValueError("give the deadline with a timezone, e.g. 2026-12-01T03:00:00Z")
         return v.astimezone(dt.timezone.utc)
@@ -152,8 +173,26 @@ def arm_traffic(cfg: TrialConfig, arm: Arm) -> dict[str, Any]:
             "cross_zone_links": crossing, "cross_zone_bytes": crossing * link}
 
 
-def estimate(cfg: TrialConfig) -> dict[str, Any]:
-    """The table: every line with quantity, unit price and source; totals per reservation."""
+def deadline_problems(cfg: TrialConfig, now: dt.datetime) -> list[str]:
+    """The cloud stop must be set, come in the future, and no later than the hours the budget pays for."""
+    if cfg.deadline is None:
+        example = (now + dt.timedelta(hours=cfg.hours)).replace(second=0, microsecond=0)
+        return [f"no deadline: set trials:cluster.deadline to the UTC time the cloud must stop the hosts, at most "
+                f"{cfg.hours:g} h (hours) after `pulumi up` — e.g. deadline: \"{example:%Y-%m-%dT%H:%M:00Z}\" for an "
+                "up now (`pulumi config set --path trials:cluster.deadline ...`)"]
+    left = (cfg.deadline - now).total_seconds() / 3600
+    if left <= 0:
+        return [f"the deadline {cfg.deadline.isoformat()} has passed: set trials:cluster.deadline to a time at most "
+                f"{cfg.hours:g} h from now"]
+    if left > cfg.hours + 1e-9:
+        return [f"the deadline is {left:.2f} h away but the budget pays for {cfg.hours:g} h of compute: move the "
+                "deadline earlier or raise hours (and the compute reservation)"]
+    return []
+
+
+def estimate(cfg: TrialConfig, now: dt.datetime) -> dict[str, Any]:
+    """The table: every line with quantity, unit price and source; totals per reservation; and every
+    problem that refuses the plan — the same list for `orchestrate plan`/`estimate` and `pulumi up`."""
     lines: list[dict[str, Any]] = []
 
     def line(category: str, item: str, qty: float, key: str, factor: float = 1.0) -> None:
@@ -185,8 +224,9 @@ def estimate(cfg: TrialConfig) -> dict[str, Any]:
                 "storage_other": cfg.budget.storage_other_usd}
     isolated = cfg.isolated_ranks()
     per_host = {r: sum(t["host_bytes_rx_plus_tx"] for t in traffic if r < t["world_size"]) for r in isolated}
-    problems = [f"{c}: ${totals[c]:.2f} estimated > ${reserved[c]:.2f} reserved" for c in totals
-                if totals[c] > reserved[c] + 1e-9]
+    problems = deadline_problems(cfg, now)
+    problems += [f"{c}: ${totals[c]:.2f} estimated > ${reserved[c]:.2f} reserved" for c in totals
+                 if totals[c] > reserved[c] + 1e-9]
     if sum(totals.values()) > cfg.budget.total_usd + 1e-9:
         problems.append(f"total: ${sum(totals.values()):.2f} estimated > ${cfg.budget.total_usd:.2f} budget")
     for r, b in per_host.items():
@@ -216,19 +256,9 @@ def table(est: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def require_within_budget(cfg: TrialConfig) -> dict[str, Any]:
-    est = estimate(cfg)
+def require_within_budget(cfg: TrialConfig, now: dt.datetime) -> dict[str, Any]:
+    est = estimate(cfg, now)
     if est["problems"]:
         raise BudgetError("refusing to create anything — the plan does not fit:\n  "
                           + "\n  ".join(est["problems"]) + "\n\n" + table(est))
     return est
-
-
-def check_deadline(cfg: TrialConfig, now: dt.datetime) -> None:
-    """The cloud stop must come in the future and no later than the hours the budget pays for."""
-    left = (cfg.deadline - now).total_seconds() / 3600
-    if left <= 0:
-        raise BudgetError(f"the deadline {cfg.deadline.isoformat()} has passed")
-    if left > cfg.hours + 1e-9:
-        raise BudgetError(f"the deadline is {left:.2f} h away but the budget pays for {cfg.hours:g} h of "
-                          "compute: move the deadline earlier or raise hours (and the compute reservation)")

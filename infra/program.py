@@ -28,7 +28,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.outputs import OUTPUTS_FORMAT
-from infra.plan import TrialConfig, check_deadline, require_within_budget
+from infra.plan import TrialConfig, require_within_budget
 from infra.prices import INSTANCE_TYPES
 from infra.userdata import user_data
 
@@ -36,9 +36,9 @@ ALARM_PERIOD_S = 3600
 
 
 def build(cfg: TrialConfig, now: dt.datetime | None = None) -> dict[str, Any]:
-    est = require_within_budget(cfg)  # raises with the whole table; nothing registered yet
     start = now or dt.datetime.now(dt.timezone.utc)
-    check_deadline(cfg, start)
+    est = require_within_budget(cfg, start)  # raises with the whole table; nothing registered yet
+    assert cfg.deadline is not None  # a missing one is among the problems above
     tags = {"trial": cfg.trial, "managed-by": "trials"}
 
     def name(*parts: Any) -> str:

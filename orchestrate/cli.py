@@ -9,11 +9,19 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Run budget-bounded training trials end to end.")
-# logs and CI are not terminals: give tables room instead of rich's 80-column default
-con = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
+# logs and CI are not terminals: give tables room instead of rich's 80-column default. No markup:
+# messages, paths and patterns hold brackets that rich would take for tags (`[a-z0-9]` once vanished
+# from an error); a styled label is a Text (`say`). No wrapping of text: a long path stays whole
+con = Console(stderr=True, width=None if sys.stderr.isatty() else 120, markup=False, soft_wrap=True)
+
+
+def say(label: str, text: str, style: str = "bold") -> None:
+    """One line: a styled label, then `text` exactly as given."""
+    con.print(Text.assemble((label, style), " ", text), highlight=False)
 
 
 @app.callback()
@@ -39,55 +47,64 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
     from orchestrate.cluster import ClusterError
     from orchestrate.remote import StagingError
     from orchestrate.transport import TransportError
+    from contextlib import ExitStack
+
     from training.errors import USER_ERRORS
+    from training.hold import hold
     from training.prepare import prepare_chain
     from training.seed import materialize
 
     started = time.monotonic()
     placement = None
+    held = ExitStack()
     try:
         desc = _load_cluster(cluster)
         store_url = store or (desc.store if desc else f"file://{trials.resolve() / 'store'}")
         name = arm_to_experiment(arm)
         cfg = resolve(name, profile)
         cfg.arm(arm)
+        chain = lineage(name, profile)
+        home_of = lambda s: trials / f"{s.experiment.name}-{profile}"  # noqa: E731
+        for step in chain:  # every home this run writes in, held until it ends: one run per home
+            held.enter_context(hold(home_of(step), f"trial home {home_of(step)}"))
         if cfg.profile.seed == "local":
             if model_dir is None:
                 raise typer.BadParameter(f"profile {profile} trains a local seed: pass --model-dir")
             md = model_dir
         else:
             md = seeds / cfg.profile.seed
-            con.print(f"[bold]seed[/] {cfg.profile.seed} → {md}")
+            say("seed", f"{cfg.profile.seed} → {md}")
             with con.status("materializing / verifying the seed…"):
-                materialize(cfg.profile.seed, md)
+                materialize(cfg.profile.seed, md, say=lambda m: say("seed", m))
         home: Optional[Path] = None  # the last experiment's: the one trained here
         with con.status(f"preparing {name}" + (" and the experiments before it…" if cfg.experiment.previous else "…")):
-            for step, home, res in prepare_chain(lineage(name, profile),
-                                                 lambda s: trials / f"{s.experiment.name}-{profile}", md):
+            for step, home, res in prepare_chain(chain, home_of, md):
+                anchor_home(home, store_url)
                 c = res["prepared"]["counts"]  # earlier experiments first: none of their tasks may recur
-                con.print(f"[bold]prepare[/] {step.experiment.name}/{profile} → {home}"
-                          + (f" (no task of {step.experiment.previous} recurs)" if step.experiment.previous else "")
-                          + f": {res['status']} in {res['record']['seconds']['total']:.1f} s: "
-                          f"{c['task']['documents']} task + {c['replay']['documents']} replay documents, "
-                          f"task share of targets {c['task_share_of_targets']:.1%} unweighted / "
-                          f"{c['task_share_of_weighted_targets']:.1%} weighted; committed")
+                say("prepare", f"{step.experiment.name}/{profile} → {home}"
+                    + (f" (no task of {step.experiment.previous} recurs)" if step.experiment.previous else "")
+                    + f": {res['status']} in {res['record']['seconds']['total']:.1f} s: "
+                    f"{c['task']['documents']} task + {c['replay']['documents']} replay documents, "
+                    f"task share of targets {c['task_share_of_targets']:.1%} unweighted / "
+                    f"{c['task_share_of_weighted_targets']:.1%} weighted; committed")
         placement = make_placement(desc, home, md, trials, wheelhouse)
         summaries = train_arms(cfg, home, placement)
+        anchor_home(home, store_url)  # the numerical profiles the ranks committed
         show_summaries(cfg, summaries)
-        report = select_evaluate_report(cfg, home, md, placement)
+        report = select_evaluate_report(cfg, home, md, placement, store_url=store_url)
         rec = preserve_home(home, store_url)
     except GuardStopped as stop:  # the deadline or the transfer guard is near: keep what there is, then stop
         raise typer.Exit(guard_stop(home, stop, cfg, store_url))
     except (*USER_ERRORS, ClusterError, StagingError, TransportError, ValueError, OSError) as e:
         # ValueError: data from a host that is not what it should be (JSON, numbers); OSError: the disk
-        con.print(f"[bold red]error:[/] {e}", highlight=False)
+        say("error:", str(e), style="bold red")
         raise typer.Exit(2)
     finally:
         if placement is not None:
             placement.close()
-    con.print(f"[bold]{arm}[/]: prepared, trained, selected, scored, served, reported and preserved in "
-              f"{time.monotonic() - started:.1f} s → {report}; evidence {rec['store']}{rec['index']}",
-              highlight=False)
+        held.close()
+    say(f"{arm}:", f"prepared, trained, selected, scored, served, reported and preserved in "
+        f"{time.monotonic() - started:.1f} s → {report}; evidence {rec['store']}{rec['index']}")
 
 
 def _load_cluster(path: Optional[Path]):
@@ -117,10 +134,10 @@ def _load_cluster(path: Optional[Path]):
         if b["actual_usd"] >= b["limit_usd"]:
             raise ClusterError(f"the trial's budget {desc.budget_name} is spent (${b['actual_usd']:.2f} of "
                                f"${b['limit_usd']:.2f}); nothing starts")
-        con.print(f"[bold]budget[/] {desc.budget_name}: ${b['actual_usd']:.2f} of ${b['limit_usd']:.2f} spent "
-                  f"(forecast ${b['forecast_usd']:.2f})", highlight=False)
-    con.print(f"[bold]cluster[/] {path}: {desc.source}, {len(desc.hosts)} host(s)"
-              + (f", deadline {desc.deadline.isoformat()}" if desc.deadline else ""), highlight=False)
+        say("budget", f"{desc.budget_name}: ${b['actual_usd']:.2f} of ${b['limit_usd']:.2f} spent "
+            f"(forecast ${b['forecast_usd']:.2f})")
+    say("cluster", f"{path}: {desc.source}, {len(desc.hosts)} host(s)"
+        + (f", deadline {desc.deadline.isoformat()}" if desc.deadline else ""))
     return desc
 
 
@@ -134,12 +151,22 @@ def make_placement(desc, home: Path, model_dir: Path, trials: Path, wheelhouse: 
     with con.status("building the wheelhouse…"):
         wheels = build_wheelhouse(trials / ".wheelhouse", wheelhouse)
     return RemotePlacement(desc, home, model_dir, wheel_dir=wheels,
-                           say=lambda m: con.print(f"  {m}", highlight=False, markup=False))
+                           say=lambda m: con.print(f"  {m}", highlight=False))
 
 
-def select_evaluate_report(cfg, home: Path, seed_dir: Path, placement=None) -> Path:
+def anchor_home(home: Path, url: str) -> None:
+    """Every commitment of the home's log not yet in the store, anchored there (`evidence.anchors`)."""
+    from evidence.anchors import anchor_log
+    from evidence.stores import open_store
+
+    n = anchor_log(home, open_store(url))
+    if n:
+        say("anchor", f"{n} commitment(s) of {home.name} anchored in {url}")
+
+
+def select_evaluate_report(cfg, home: Path, seed_dir: Path, placement=None, store_url: str | None = None) -> Path:
     """select (once) → test scoring of the seed and every candidate (once each) → the serving probe
-    (once) → the report."""
+    (once) → the report. With `store_url`, the log is anchored there before the report checks it."""
     from evidence.commitments import CommitmentLog
     from evidence.report import EvidenceError, write_report
     from training.errors import TrainError
@@ -150,28 +177,30 @@ def select_evaluate_report(cfg, home: Path, seed_dir: Path, placement=None) -> P
     placement = placement or LocalPlacement(seed_dir)
     if CommitmentLog(home).latest("selection") is None:
         sel = select(home, cfg)
-        con.print(f"[bold]select[/] committed: primary {sel['primary']} (fixed by the rules), "
-                  f"{len(sel['candidates'])} candidates acknowledged")
+        say("select", f"committed: primary {sel['primary']} (fixed by the rules), "
+            f"{len(sel['candidates'])} candidates acknowledged")
     for a in cfg.experiment.arms:
         if (attempts_dir(home, "test", a.name)).exists():
-            con.print(f"[bold]test[/] {a.name}: already scored, attempts kept")
+            say("test", f"{a.name}: already scored, attempts kept")
             continue
         with con.status(f"scoring {a.name} on the test cases…"):
             res = placement.evaluate(home, a.name, "test", seed_dir)
-        con.print(f"[bold]test[/] {a.name}: {res['correct']}/{res['cases']} exact, retention probe loss "
-                  f"{res['probe_mean_loss']:.4f} ({res['seconds']:.1f} s)")
+        say("test", f"{a.name}: {res['correct']}/{res['cases']} exact, retention probe loss "
+            f"{res['probe_mean_loss']:.4f} ({res['seconds']:.1f} s)")
     if CommitmentLog(home).latest("serving") is None:
         serve_probe(cfg, home)
     else:
-        con.print("[bold]serve[/] already probed, attempts kept")
+        say("serve", "already probed, attempts kept")
     out = home / "report.json"
+    if store_url:
+        anchor_home(home, store_url)
     try:
-        rep = write_report(home, out)
+        rep = write_report(home, out, store=store_url)
     except EvidenceError as e:
         raise TrainError(f"evidence is inconsistent, no report written: {e}") from None
     for g in rep["gates"]:
         con.print(f"  gate {g['gate']}: {g['value']:.4g} → {'passed' if g['passed'] else 'FAILED'}",
-                  highlight=False, markup=False)
+                  highlight=False)
     show_final(rep)
     return out
 
@@ -189,7 +218,7 @@ def show_final(rep: dict) -> None:
     con.print(t)
     failed = rep.get("failed_gates", [])
     con.print(f"gates: {len(rep['gates']) - len(failed)} of {len(rep['gates'])} passed"
-              + (f"; failed: {'; '.join(failed)}" if failed else ""), highlight=False, markup=False)
+              + (f"; failed: {'; '.join(failed)}" if failed else ""), highlight=False)
 
 
 def preserve_home(home: Path, url: str) -> dict:
@@ -197,13 +226,16 @@ def preserve_home(home: Path, url: str) -> dict:
     from evidence.stores import PreservationError, preserve as run_preserve
     from training.errors import TrainError
 
+    from evidence.anchors import extent
+
+    anchor_home(home, url)
     try:
         with con.status(f"preserving {home} → {url}…"):
-            rec = run_preserve(home, url, trial=home.resolve().name)
+            rec = run_preserve(home, url, trial=home.resolve().name, anchors=extent(home))
     except (PreservationError, OSError) as e:
         raise TrainError(f"preservation failed, nothing may be torn down: {e}") from None
-    con.print(f"[bold]preserve[/] {rec['files']} files, {rec['bytes'] / 1e6:,.1f} MB "
-              f"({rec['uploaded_bytes'] / 1e6:,.1f} MB uploaded now), every object read back", highlight=False)
+    say("preserve", f"{rec['files']} files, {rec['bytes'] / 1e6:,.1f} MB "
+        f"({rec['uploaded_bytes'] / 1e6:,.1f} MB uploaded now), every object read back")
     return rec
 
 
@@ -214,10 +246,10 @@ def serve_probe(cfg, home: Path, retry: str | None = None) -> dict:
 
     arm = cfg.arm(cfg.experiment.serving_arm)
     n = max(2, arm.world_size)  # one replica per rank, and at least two: the last phase stops one
-    con.print(f"[bold]serve[/] {arm.name}: {n} replicas on this machine, 1 → {n} → {n} with one stopped")
+    say("serve", f"{arm.name}: {n} replicas on this machine, 1 → {n} → {n} with one stopped")
     with con.status("serving probe…"):
         res = local_probe(home, arm.name, n, threads=threads_per_rank(n), retry=retry,
-                          say=lambda m: con.print(f"  {m}", highlight=False, markup=False))
+                          say=lambda m: con.print(f"  {m}", highlight=False))
     r = res.get("throughput_ratio_replicas_vs_single")
     con.print(f"  throughput {n} replicas / 1: {'—' if r is None else f'{r:.2f}'}; "
               f"tasks with differing tokens: {len(res['tasks_with_differing_tokens'])}; "
@@ -257,11 +289,11 @@ def guard_stop(home: Path, stop: GuardStopped, cfg, url: str) -> int:
         write_json_atomic(home / rel, {"format": "trial-stop-v1", "at": at.isoformat(), "stopped_by": "guard",
                                        "guard": stop.said, "arm": stop.arm, "finished_arms": done,
                                        "rank_logs": f"logs/{stop.arm}"})
-        con.print(f"[bold yellow]stopped[/] {stop.arm} by the controller's guard: {stop.said}", highlight=False)
+        say("stopped", f"{stop.arm} by the controller's guard: {stop.said}", style="bold yellow")
         con.print(f"  finished before it: {', '.join(done) or 'none'}; recorded in {home / rel}", highlight=False)
         rec = preserve_home(home, url)
     except (TrainError, OSError, ValueError) as e:  # the stop stands; what is on disk stays where it is
-        con.print(f"[bold red]error:[/] stopped by the guard ({stop.said}), and then: {e}", highlight=False)
+        say("error:", f"stopped by the guard ({stop.said}), and then: {e}", style="bold red")
         return 2
     con.print(f"the trial so far is preserved ({rec['store']}{rec['index']}): `orchestrate down --home {home}` "
               f"may proceed; `orchestrate run` again, with a later deadline, resumes where it stopped", highlight=False)
@@ -278,13 +310,13 @@ def train_arms(cfg, home: Path, placement) -> list[dict]:
         if a.kind == "seed":
             continue
         if finished(home, a.name, a.world_size):
-            con.print(f"[bold]train[/] {a.name}: already finished, results kept")
+            say("train", f"{a.name}: already finished, results kept")
         else:
-            con.print(f"[bold]train[/] {a.name} ({a.kind}, {a.world_size} rank"
-                      f"{'s' if a.world_size > 1 else ''}) → {home / 'runs' / a.name}")
+            say("train", f"{a.name} ({a.kind}, {a.world_size} rank"
+                f"{'s' if a.world_size > 1 else ''}) → {home / 'runs' / a.name}")
             # with group checkpoints, a failed group is restarted once from the common manifest
             attempts = placement.train(home, a, max_restarts=1 if cfg.profile.checkpoint_every else 0,
-                                       echo=lambda line: con.print(f"  {line}", highlight=False, markup=False))
+                                       echo=lambda line: con.print(f"  {line}", highlight=False))
             if attempts and not attempts[-1].ok:  # none: it had finished on the hosts and was collected
                 if attempts[-1].reason == "guard":
                     raise GuardStopped(a.name, attempts[-1].guard or "")
@@ -345,10 +377,9 @@ def up(local: bool = typer.Option(False, "--local", help="the embedded local clu
                                    "(an unknown host key is never accepted)")
         save(desc, out)
     except (ClusterError, ValueError, OSError) as e:  # ValueError: pydantic's refusal of a field
-        con.print(f"[bold red]error:[/] {e}", highlight=False)
+        say("error:", str(e), style="bold red")
         raise typer.Exit(2)
-    con.print(f"[bold]cluster[/] {desc.source}: {len(desc.hosts)} host(s), store {desc.store} → {out}",
-              highlight=False)
+    say("cluster", f"{desc.source}: {len(desc.hosts)} host(s), store {desc.store} → {out}")
 
 
 @app.command()
@@ -356,13 +387,15 @@ def probe(home: Path = typer.Option(..., help="a trial home with a committed sel
           retry: Optional[str] = typer.Option(None, help="run another probe; the reason is recorded")) -> None:
     """Run the serving probe on this machine (one replica per rank of the serving arm)."""
     from training.errors import USER_ERRORS
+    from training.hold import hold
     from training.prepare import require_prepared
     from training.train import resolved_from_prepared
 
     try:
-        serve_probe(resolved_from_prepared(require_prepared(home)), home, retry=retry)
+        with hold(home, f"trial home {home}"):
+            serve_probe(resolved_from_prepared(require_prepared(home)), home, retry=retry)
     except USER_ERRORS as e:
-        con.print(f"[bold red]error:[/] {e}", highlight=False)
+        say("error:", str(e), style="bold red")
         raise typer.Exit(2)
 
 
@@ -375,14 +408,20 @@ def estimate(stack: Path = typer.Option(Path("Pulumi.dev.yaml"), help="a Pulumi 
     from infra.plan import estimate as run_estimate, table
 
     cfg = _stack_config(stack)
-    est = run_estimate(cfg)
+    est = run_estimate(cfg, _now())
     if as_json:
         print(json.dumps(est, indent=1))
     else:
         print(table(est))
     for p in est["problems"]:
-        con.print(f"[bold red]over:[/] {p}", highlight=False)
+        say("does not fit:", p, style="bold red")
     raise typer.Exit(1 if est["problems"] else 0)
+
+
+def _now():
+    import datetime as dt
+
+    return dt.datetime.now(dt.timezone.utc)
 
 
 def _stack_config(stack: Path):
@@ -395,7 +434,7 @@ def _stack_config(stack: Path):
         conf = yaml.safe_load(stack.read_text())["config"]
         return TrialConfig.model_validate({**conf["trials:cluster"], "region": conf["aws:region"]})
     except (OSError, KeyError, TypeError, yaml.YAMLError, ValidationError) as e:
-        con.print(f"[bold red]error:[/] {stack}: {e}", highlight=False)
+        say("error:", f"{stack}: {e}", style="bold red")
         raise typer.Exit(2)
 
 
@@ -418,15 +457,15 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
     try:
         exp = resolve(arm_to_experiment(arm), "gpu").experiment
     except ConfigError as e:
-        con.print(f"[bold red]error:[/] {e}", highlight=False)
+        say("error:", str(e), style="bold red")
         raise typer.Exit(2)
     names = {a.name for a in exp.arms}
     arms = [a for a in cfg.arms if a.name in names]
     if arm not in {a.name for a in arms}:
-        con.print(f"[bold red]error:[/] {stack} plans no arm '{arm}' (it plans: "
-                  f"{', '.join(a.name for a in cfg.arms)})", highlight=False)
+        say("error:", f"{stack} plans no arm '{arm}' (it plans: "
+            f"{', '.join(a.name for a in cfg.arms)})", style="bold red")
         raise typer.Exit(2)
-    est = run_estimate(cfg.model_copy(update={"arms": arms}))
+    est = run_estimate(cfg.model_copy(update={"arms": arms}), _now())
     problems = list(est["problems"])
     need = sum(int(INSTANCE_TYPES.get(h.instance_type, {}).get("vcpus") or 0) for h in cfg.hosts)
     vcpu: dict = {"hosts_vcpus": need, "quota": None, "note": None}
@@ -448,10 +487,11 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
            for x in est["traffic"]}
     if as_json:
         print(json.dumps({**est, "arm": arm, "experiment": exp.name, "hours": cfg.hours,
-                          "deadline": cfg.deadline.isoformat(), "vcpu": vcpu, "problems": problems}, indent=1))
+                          "deadline": cfg.deadline and cfg.deadline.isoformat(), "vcpu": vcpu,
+                          "problems": problems}, indent=1))
         raise typer.Exit(1 if problems else 0)
     t = Table(title=f"{arm} ({exp.name}) on {len(cfg.hosts)} host(s) in {cfg.region}, {cfg.hours:g} h, "
-                    f"deadline {cfg.deadline.isoformat()}")
+                    f"deadline {cfg.deadline.isoformat() if cfg.deadline else 'not set'}")
     for col in ("arm", "ranks", "syncs", "payload/sync", "rx+tx per host", "cross-zone", "transfer USD"):
         t.add_column(col, justify="right")
     for x in est["traffic"]:
@@ -463,7 +503,7 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
     print(f"vCPUs: the hosts need {need}; G/VT quota "
           + (f"{vcpu['quota']:g}" if vcpu["quota"] is not None else f"unknown ({vcpu['note'] or 'not asked'})"))
     for p in problems:
-        con.print(f"[bold red]does not fit:[/] {p}", highlight=False)
+        say("does not fit:", p, style="bold red")
     raise typer.Exit(1 if problems else 0)
 
 
@@ -483,20 +523,20 @@ def status(cluster: Path = typer.Option(Path("cluster.json"), help="the trial's 
         desc = load(cluster)
         st = trial_status(desc, home)
     except (ClusterError, ValueError) as e:
-        con.print(f"[bold red]error:[/] {e}", highlight=False)
+        say("error:", str(e), style="bold red")
         raise typer.Exit(2)
     if as_json:
         print(json.dumps(st, indent=1))
         return
     left = st["seconds_to_deadline"]
     spend = st["spend"]
-    con.print(f"[bold]{desc.trial or desc.source}[/]: deadline "
-              + ("none" if left is None else f"{st['deadline']} ({left / 60:,.1f} min left)" if left > 0
-                 else f"{st['deadline']} (PASSED)")
-              + "; spend " + ("— (no AWS budget: embedded or test cluster)" if spend is None
-                              else f"unknown ({spend['error']})" if "error" in spend
-                              else f"${spend['actual_usd']:.2f} of ${spend['limit_usd']:.2f} "
-                                   f"(forecast ${spend['forecast_usd']:.2f})"), highlight=False)
+    say(f"{desc.trial or desc.source}:", "deadline "
+        + ("none" if left is None else f"{st['deadline']} ({left / 60:,.1f} min left)" if left > 0
+        else f"{st['deadline']} (PASSED)")
+        + "; spend " + ("— (no AWS budget: embedded or test cluster)" if spend is None
+        else f"unknown ({spend['error']})" if "error" in spend
+        else f"${spend['actual_usd']:.2f} of ${spend['limit_usd']:.2f} "
+        f"(forecast ${spend['forecast_usd']:.2f})"))
     tb = Table()
     for col in ("rank", "host", "zone", "state", "arm", "update", "heartbeat age", "rx+tx", "of guard"):
         tb.add_column(col, justify="right")
@@ -514,12 +554,14 @@ def preserve(home: Path = typer.Option(..., help="the trial home"),
              store: Optional[str] = typer.Option(None, help="file://DIR or s3://BUCKET/PREFIX "
                                                             "(default: file://<home's parent>/store)")) -> None:
     """Upload every file of the home, content-addressed, each object read back and re-hashed."""
-    from training.errors import TrainError
+    from training.errors import USER_ERRORS
+    from training.hold import hold
 
     try:
-        rec = preserve_home(home, store or f"file://{home.resolve().parent / 'store'}")
-    except TrainError as e:
-        con.print(f"[bold red]error:[/] {e}", highlight=False)
+        with hold(home, f"trial home {home}"):
+            rec = preserve_home(home, store or f"file://{home.resolve().parent / 'store'}")
+    except USER_ERRORS as e:
+        say("error:", str(e), style="bold red")
         raise typer.Exit(2)
     con.print(f"  → {rec['store']}{rec['index']}", highlight=False)
 
@@ -529,24 +571,22 @@ def down(home: Path = typer.Option(..., help="the trial home"),
          aws_trial: Optional[str] = typer.Option(None, help="stop and reconcile this trial's AWS hosts by tag"),
          region: Optional[str] = typer.Option(None, help="AWS region of --aws-trial")) -> None:
     """Tear down — only once the home's evidence index verifies in its store, object by object."""
-    import json
-
-    from evidence.stores import PRESERVED, PreservationError, verify_index
+    from evidence.canonical import EvidenceFileError
+    from evidence.stores import PRESERVED, PreservationError, read_preserved, verify_index
 
     rec_path = home / PRESERVED
     if not rec_path.is_file():
-        con.print(f"[bold red]refused:[/] {home} has not been preserved (no {PRESERVED}); run "
-                  f"`orchestrate preserve --home {home}` first — hosts stay up until the evidence is safe",
-                  highlight=False)
+        say("refused:", f"{home} has not been preserved (no {PRESERVED}); run `orchestrate preserve --home "
+            f"{home}` first — hosts stay up until the evidence is safe", style="bold red")
         raise typer.Exit(2)
-    rec = json.loads(rec_path.read_text())
     try:
+        rec = read_preserved(home)
         with con.status("re-reading every preserved object…"):
             v = verify_index(rec["store"], rec["index"], rec["index_sha256"])
-    except (PreservationError, OSError) as e:
-        con.print(f"[bold red]refused:[/] the evidence does not verify: {e}", highlight=False)
+    except (EvidenceFileError, PreservationError, OSError) as e:
+        say("refused:", f"the evidence {rec_path} records does not verify: {e}", style="bold red")
         raise typer.Exit(2)
-    con.print(f"[bold]verified[/] {v['files']} objects, {v['bytes'] / 1e6:,.1f} MB in {rec['store']}", highlight=False)
+    say("verified", f"{v['files']} objects, {v['bytes'] / 1e6:,.1f} MB in {rec['store']}")
     if aws_trial is None:
         con.print("embedded local cluster: no hosts to stop", highlight=False)
         return
@@ -560,7 +600,7 @@ def down(home: Path = typer.Option(..., help="the trial home"),
     left = reconcile(session, aws_trial)
     for f in left:
         con.print(f"  {f.kind} {f.id}: {f.state}{' — still billing' if f.billing else ''} {f.detail}",
-                  highlight=False, markup=False)
+                  highlight=False)
     if any(f.billing and f.kind == "instance" for f in left):
         raise typer.Exit(1)
 
@@ -591,9 +631,9 @@ def recovery_trial_cmd(
         materialize(chain[-1].profile.seed, md)
         rep = recovery_trial(out, experiment_chain=chain, arm=arm, model_dir=md, from_step=from_step,
                              kill_rank=kill_rank, kill_after=kill_after,
-                             say=lambda m: con.print(m, highlight=False, markup=False))
+                             say=lambda m: con.print(m, highlight=False))
     except (*USER_ERRORS, ValueError, RuntimeError) as e:
-        con.print(f"[bold red]error:[/] {e}", highlight=False)
+        say("error:", str(e), style="bold red")
         raise typer.Exit(2)
     f, c = rep["failure"], rep["comparison"]
     con.print(f"kill → failure observed {f['kill_to_observed_seconds']:.3f} s, → survivors stopped "

@@ -21,6 +21,10 @@ from typing import Any, Callable, Sequence
 from evidence.attempts import next_attempt
 from training.errors import PEER_FAILED_EXIT, USER_ERROR_EXIT
 
+PEER_EXIT_WAIT_S = 5.0
+"""How long the supervisor lets the other ranks exit on their own once the first to fail says it
+stopped because of another (`PEER_FAILED_EXIT`), before it stops them."""
+
 SUPERVISOR_STOPS = (-signal.SIGTERM, -signal.SIGKILL)
 """How a rank that the supervisor stopped ends (Popen's status for a death by that signal)."""
 
@@ -160,6 +164,7 @@ class _Supervision:
                     echo(line)
 
         seen: dict[int, tuple[float, float]] = {}  # rank -> (heartbeat mtime, when it last changed)
+        peers_since: float | None = None  # when a rank first exited PEER_FAILED_EXIT
         while True:
             drain()
             codes = [p.poll() for p in procs]
@@ -175,6 +180,14 @@ class _Supervision:
                 elif codes[r] is None and now - seen[r][1] > stale_s:
                     stale.append(r)
             said = guard() if guard and not failed and not stale else None
+            if failed and all(codes[r] == PEER_FAILED_EXIT for r in failed) and not stale:
+                # only ranks stopped by another's failure so far: that other rank is still on its way
+                # out and says why with its own exit status (a refusal is not restarted); give it a
+                # moment rather than stop it by signal and lose that status
+                peers_since = peers_since if peers_since is not None else now
+                if now - peers_since < PEER_EXIT_WAIT_S and any(c is None for c in codes):
+                    time.sleep(0.05)
+                    continue
             if failed or stale or said:
                 self.observed_at = time.time()
                 if failed:

@@ -42,6 +42,7 @@ for d in sorted(home.glob(f"runs/*/rank-{rank}")):
     hb = d / "heartbeat.json"
     try:
         beat = json.loads(hb.read_text())
+        beat = beat if isinstance(beat, dict) else None
     except (OSError, ValueError):
         beat = None
     alive = bool(beat) and isinstance(beat.get("pid"), int) and running(beat["pid"])

@@ -55,6 +55,41 @@ def trained(tmp_path_factory, smoke_home, tiny_seed) -> Path:
     return home
 
 
+@pytest.fixture(scope="session")
+def finished_trial(tmp_path_factory, tiny_seed):
+    """One `orchestrate run diloco-four --profile smoke` on the embedded local cluster, finished and
+    preserved (copy before altering), in a trials folder whose name holds brackets (printed verbatim
+    or not at all). While it trains, a second run is started in the same folder: the two-runs test
+    reads what each said (`first`, `second`)."""
+    from types import SimpleNamespace
+
+    from training.hold import lock_path
+
+    root = tmp_path_factory.mktemp("finished")
+    trials, seeds = root / "trials[a-z]", root / "seeds"
+    seeds.mkdir()
+    shutil.copytree(tiny_seed, seeds / "tiny")
+    args = [sys.executable, "-m", "orchestrate", "run", "diloco-four", "--profile", "smoke", "--trials", str(trials),
+            "--seeds", str(seeds)]
+    first = subprocess.Popen(args, cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"), text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        lock = lock_path(trials / "cooperative-learning-smoke")
+        deadline = time.monotonic() + 120
+        while not (lock.is_file() and f'"pid": {first.pid}' in lock.read_text()) and first.poll() is None:
+            assert time.monotonic() < deadline, "the first run never took its home"
+            time.sleep(0.1)
+        second = run_cli(*args[1:])  # the same trials folder, while the first one runs
+        out, err = first.communicate(timeout=1200)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    done = subprocess.CompletedProcess(args, first.returncode, out, err)
+    return SimpleNamespace(trials=trials, seeds=seeds, home=trials / "local-training-windows-smoke",
+                           store=trials / "store", first=done, first_pid=first.pid, second=second)
+
+
 @pytest.fixture
 def zombie():
     """The pid of an exited process that its parent never reaps (a zombie, which `kill -0` still
@@ -171,3 +206,19 @@ def aws(moto_url, monkeypatch):
     s.events.register("before-send", lambda request, **_: urls.append(request.url))
     yield s
     assert urls and all(u.startswith(moto_url) for u in urls)
+
+
+def example_stack(dst: Path, **changes) -> Path:
+    """The shipped example stack (Pulumi.dev.yaml) with what is the user's to set: a deadline 3 h
+    from now (the shipped file has none on purpose), plus `changes` to trials:cluster."""
+    import datetime as dt
+
+    import yaml
+
+    conf = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())
+    cl = conf["config"]["trials:cluster"]
+    cl["deadline"] = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=3)).isoformat()
+    cl.update(changes)
+    out = Path(dst) / "Pulumi.test.yaml"
+    out.write_text(yaml.safe_dump(conf))
+    return out

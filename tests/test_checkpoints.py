@@ -124,6 +124,26 @@ def test_corrupt_byte_stops_naming_rank_and_file(killed, tiny_seed):
     assert files(killed) == before  # nothing deleted or rewritten
 
 
+def test_a_torn_receipt_is_refused_by_name_and_not_restarted(killed, tiny_seed, tmp_path):
+    """A checkpoint receipt cut short (a torn write, a full disk) is damaged evidence: the rank that
+    meets it refuses naming the file (exit 2), and the supervisor does not restart the group into the
+    same refusal. Before, json's error killed the rank with exit 1 and the group was restarted."""
+    from orchestrate.local import local_launch, supervise
+
+    receipt = rank_dir(killed, 1) / "checkpoints" / "step-000008" / "receipt.json"
+    receipt.write_bytes(receipt.read_bytes()[:57])
+    before = files(killed)
+    said: list[str] = []
+    hb = [rank_dir(killed, r) / "heartbeat.json" for r in range(2)]
+    attempts = supervise(local_launch(argv(killed, tiny_seed, "--resume"), 2, heartbeats=hb),
+                         log_root=tmp_path / "logs", max_restarts=1, echo=said.append)
+    assert len(attempts) == 1 and attempts[0].refused == 1, said
+    assert attempts[0].codes[1] == 2  # its peer exits 3, or is stopped first if rank 1 is quicker
+    text = " ".join(attempts[0].logs[1].read_text().split())  # the refusing rank's own words
+    assert f"{receipt}: damaged, not valid JSON" in text and "Traceback" not in text, text
+    assert files(killed) == before  # nothing deleted or rewritten
+
+
 def test_manifest_missing_on_one_host_stops(killed, tiny_seed):
     (rank_dir(killed, 0) / "manifests" / "step-000008.json").unlink()
     before = files(killed)

@@ -51,21 +51,16 @@ def test_evidence_verify(smoke_home, home_copy):
     assert bad.returncode == 2 and "committed file changed" in bad.stderr
 
 
-def test_orchestrate_run_smoke(tmp_path, tiny_seed):
-    import shutil
-
-    seeds = tmp_path / "seeds"
-    seeds.mkdir()
-    shutil.copytree(tiny_seed, seeds / "tiny")
-    r = run_cli("-m", "orchestrate", "run", "diloco-four", "--profile", "smoke",
-                "--trials", str(tmp_path / "trials"), "--seeds", str(seeds))
+def test_orchestrate_run_smoke(finished_trial):
+    r = finished_trial.first
     assert r.returncode == 0, r.stderr
     err = " ".join(r.stderr.split())
     assert "no task of" in err and "scored, served, reported and preserved in" in err
+    assert str(finished_trial.trials) in err  # a path with brackets, printed as it is
     from evidence.canonical import read_json
     from training.prepare import require_prepared
 
-    home = tmp_path / "trials" / "local-training-windows-smoke"
+    home = finished_trial.home
     p = require_prepared(home)
     assert p["previous"]["experiment"] == "cooperative-learning"
     rep = read_json(home / "report.json")  # the whole trial: train → select → test → serve → report
@@ -79,7 +74,7 @@ def test_orchestrate_run_smoke(tmp_path, tiny_seed):
     assert gate["value"] == 0.25 and not gate["passed"] and gate["gate"] in rep["failed_gates"]
     # every file of the home is in the default store, and the index verifies object by object
     preserved = read_json(home / "preserved.json")
-    assert preserved["store"] == f"file://{tmp_path / 'trials' / 'store'}/"
+    assert preserved["store"] == f"file://{finished_trial.store}/"
     r = run_cli("-m", "orchestrate", "down", "--home", str(home))
     assert r.returncode == 0 and f"verified {preserved['files']} objects" in " ".join(r.stderr.split()), r.stderr
     r = run_cli("-m", "orchestrate", "run", "no-such-arm", "--profile", "smoke")

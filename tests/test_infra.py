@@ -284,7 +284,7 @@ def test_deadline_must_fit_the_paid_hours():
 
 def test_estimate_for_the_four_worker_study():
     cfg = TrialConfig.model_validate(study())
-    est = estimate(cfg)
+    est = estimate(cfg, NOW)
     assert est["problems"] == []
     assert est["totals_usd"]["compute"] == pytest.approx(4 * 3 * 1.861)
     ring = 2 * 3 / 4  # each link carries 2(N-1)/N of the payload per all-reduce
@@ -299,7 +299,7 @@ def test_estimate_for_the_four_worker_study():
     # the same hosts in one zone: no cross-zone bytes, no isolated host
     one_zone = TrialConfig.model_validate(study(hosts=[{"rank": r, "instance_type": "g6e.xlarge",
                                                         "zone": "us-east-1c"} for r in range(4)]))
-    assert estimate(one_zone)["totals_usd"]["transfer"] == 0 and one_zone.isolated_ranks() == []
+    assert estimate(one_zone, NOW)["totals_usd"]["transfer"] == 0 and one_zone.isolated_ranks() == []
     pair = TrialConfig.model_validate(study(hosts=[{"rank": 0, "instance_type": "g6e.xlarge", "zone": "us-east-1c"},
                                                    {"rank": 1, "instance_type": "g6e.xlarge", "zone": "us-east-1d"}],
                                             arms=[{"name": "p", "kind": "ddp", "world_size": 2, "updates": 10}]))
@@ -350,15 +350,13 @@ def test_on_host_transfer_guard_counts_across_reboots(tmp_path):
 
 
 def test_estimate_command(tmp_path):
-    from conftest import run_cli
+    from conftest import example_stack, run_cli
 
-    r = run_cli("-m", "orchestrate", "estimate", "--stack", str(ROOT / "Pulumi.dev.yaml"))
+    r = run_cli("-m", "orchestrate", "estimate", "--stack", str(example_stack(tmp_path)))
     assert r.returncode == 0, r.stderr
     assert "ddp-four: 2,628.7 GB cross-zone, out" in r.stdout and "isolated host 3: 2.793 TB" in r.stdout
-    conf = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())
-    conf["config"]["trials:cluster"]["prices"] = {"instance/g6e.xlarge": 2.5}
-    (tmp_path / "over.yaml").write_text(yaml.safe_dump(conf))
-    r = run_cli("-m", "orchestrate", "estimate", "--stack", str(tmp_path / "over.yaml"))
+    over = example_stack(tmp_path, prices={"instance/g6e.xlarge": 2.5})
+    r = run_cli("-m", "orchestrate", "estimate", "--stack", str(over))
     assert r.returncode == 1 and "compute: $30.00 estimated > $24.00 reserved" in r.stderr
     (tmp_path / "bad.yaml").write_text("config: {}\n")
     r = run_cli("-m", "orchestrate", "estimate", "--stack", str(tmp_path / "bad.yaml"))
@@ -387,3 +385,86 @@ def test_cluster_description_from_the_stack_outputs(program, tmp_path):
     hostile["hosts"][0]["public_ip"] = "$(reboot)"
     with pytest.raises(ClusterError, match="public_ip"):
         pulumi_cluster(hostile, key_file="/k")
+
+
+def run_entry(cluster: dict) -> str:
+    """The program as `pulumi up` runs it (infra/__main__.py, config from the stack), under mocks; the
+    refusal it ends with (a RunError: Pulumi prints the message alone), or '' when it built."""
+    import runpy
+
+    mocks = Recorder()
+    set_mocks(mocks)
+    conf = {k: v for k, v in cluster.items() if k != "region"}
+    pulumi.runtime.set_all_config({"trials:cluster": json.dumps(conf, default=str), "aws:region": cluster["region"]})
+    try:
+        runpy.run_module("infra.__main__", run_name="__main__")
+    except pulumi.RunError as e:
+        assert mocks.resources == []  # refused before anything was registered
+        return str(e)
+    return ""
+
+
+def stack_file(tmp_path: Path, cluster: dict) -> Path:
+    conf = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())
+    conf["config"]["trials:cluster"] = {k: v for k, v in cluster.items() if k != "region"}
+    out = tmp_path / "Pulumi.t.yaml"
+    out.write_text(yaml.safe_dump(conf))
+    return out
+
+
+def words(text: str) -> str:
+    return " ".join(text.split())
+
+
+@pytest.mark.parametrize("changes, refusal", [
+    ({"hosts": [{"rank": r, "instance_type": "g7.huge" if r == 3 else "g6e.xlarge", "zone": "us-east-1c"}
+                for r in range(4)]},
+     "unknown instance type 'g7.huge' (known: g6e.2xlarge, g6e.xlarge); add its price and facts to infra/prices.py"),
+    ({"deadline": "2020-01-01T00:00:00Z"}, "the deadline 2020-01-01T00:00:00+00:00 has passed"),
+    ({"deadline": "+5h"}, "h away but the budget pays for 3 h of compute"),
+    ({"budget": {"total_usd": float("inf"), "compute_usd": 24, "transfer_usd": 66, "storage_other_usd": 10}},
+     "Input should be a finite number"),
+    ({"transfer_guard_bytes": float("nan")}, "Input should be a finite number"),
+    ({"prices": {"transfer/cross-zone-out": -0.01}}, "prices: transfer/cross-zone-out = -0.01 is negative"),
+    ({"prices": {"instance/g7.huge": 1.0}}, "prices: no price 'instance/g7.huge' to override"),
+    ({"deadline": None}, "no deadline: set trials:cluster.deadline to the UTC time the cloud must stop the hosts"),
+])
+def test_plan_and_the_program_refuse_alike(tmp_path, changes, refusal):
+    """Whatever `pulumi up` refuses, `orchestrate plan` refuses, in the same words (one validation)."""
+    from typer.testing import CliRunner
+
+    from orchestrate.cli import app
+
+    now = dt.datetime.now(dt.timezone.utc)
+    cluster = study(deadline=(now + dt.timedelta(hours=3)).isoformat())
+    if changes.get("deadline") == "+5h":
+        changes = {"deadline": (now + dt.timedelta(hours=5)).isoformat()}
+    cluster.update(changes)
+    if cluster["deadline"] is None:
+        del cluster["deadline"]
+    said = words(run_entry(cluster))
+    assert refusal in said, said
+    r = CliRunner().invoke(app, ["plan", "diloco-four", "--stack", str(stack_file(tmp_path, cluster)), "--no-quota"])
+    assert r.exit_code in (1, 2) and r.exception is None or isinstance(r.exception, SystemExit), r.output
+    assert refusal in words(r.stdout + r.stderr), r.output
+
+
+def test_the_shipped_stack_asks_for_what_is_the_users(tmp_path):
+    """As shipped, the example stack is refused with the exact setting to add (by `plan` and by the
+    program alike); with only a deadline set, both accept it."""
+    from typer.testing import CliRunner
+
+    from orchestrate.cli import app
+
+    conf = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())["config"]
+    shipped = {**conf["trials:cluster"], "region": conf["aws:region"]}
+    assert "deadline" not in shipped
+    said = words(run_entry(shipped))
+    assert "no deadline: set trials:cluster.deadline" in said and "pulumi config set --path trials:cluster.deadline" in said
+    r = CliRunner().invoke(app, ["plan", "diloco-four", "--no-quota"])  # the default stack: Pulumi.dev.yaml
+    problem = said[said.index("no deadline"):].split(" e.g. ")[0]  # the example time: now, to the minute
+    assert r.exit_code == 1 and problem in words(r.stdout + r.stderr)
+    shipped["deadline"] = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=3)).isoformat()
+    assert run_entry(shipped) == ""
+    r = CliRunner().invoke(app, ["plan", "diloco-four", "--stack", str(stack_file(tmp_path, shipped)), "--no-quota"])
+    assert r.exit_code == 0, r.output

@@ -13,7 +13,7 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from conftest import proc_state, run_cli
+from conftest import example_stack, proc_state, run_cli
 from orchestrate.cli import app
 from orchestrate.cluster import local_cluster, save
 from orchestrate.status import trial_status
@@ -41,9 +41,9 @@ def test_vcpu_quota_is_read_from_service_quotas():
         assert read_vcpu_quota(Session()) == 64.0
 
 
-def test_plan_says_when_the_quota_cannot_be_read(aws):
+def test_plan_says_when_the_quota_cannot_be_read(aws, tmp_path):
     assert aws.client("sts").get_caller_identity()["Account"] == ACCOUNT
-    r = run_cli("-m", "orchestrate", "plan", "diloco-four", "--stack", "Pulumi.dev.yaml", "--json")
+    r = run_cli("-m", "orchestrate", "plan", "diloco-four", "--stack", str(example_stack(tmp_path)), "--json")
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
     assert [t["arm"] for t in got["traffic"]] == ["single", "ddp-four", "diloco-four"]
@@ -52,16 +52,17 @@ def test_plan_says_when_the_quota_cannot_be_read(aws):
     assert got["total_usd"] == pytest.approx(79.85, abs=0.01) and got["problems"] == []
 
 
-def test_plan_refuses_over_the_quota(monkeypatch):
+def test_plan_refuses_over_the_quota(monkeypatch, tmp_path):
     import orchestrate.cloud
 
+    stack = str(example_stack(tmp_path))
     monkeypatch.setattr(orchestrate.cloud, "read_vcpu_quota", lambda session: 8.0)
-    r = CliRunner().invoke(app, ["plan", "diloco-four", "--stack", "Pulumi.dev.yaml"])
+    r = CliRunner().invoke(app, ["plan", "diloco-four", "--stack", stack])
     assert r.exit_code == 1
     out = " ".join(r.output.split())
     assert "the hosts need 16 G/VT vCPUs; the account's quota in us-east-1 is 8" in out
     assert "ddp-four" in out and "52.57" in out  # the arm's transfer cost, in its row
-    r = CliRunner().invoke(app, ["plan", "clean-pair", "--stack", "Pulumi.dev.yaml", "--no-quota"])
+    r = CliRunner().invoke(app, ["plan", "clean-pair", "--stack", stack, "--no-quota"])
     assert r.exit_code == 2 and "plans no arm 'clean-pair'" in " ".join(r.output.split())
 
 

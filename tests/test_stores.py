@@ -40,8 +40,12 @@ def test_file_store_preserves_and_verifies(home, tmp_path):
     again = preserve(home, url, trial="coop-smoke")  # nothing new: every object re-verified, none re-sent
     assert again["uploaded_bytes"] == 0 and again["files"] == rec["files"]
     victim = tmp_path / "store" / object_key(file_sha256(home / "prepared.json"))
-    victim.write_bytes(victim.read_bytes() + b" ")
+    good = victim.read_bytes()
+    victim.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))  # same size, other bytes: found by hashing
     with pytest.raises(PreservationError, match="prepared.json: .* reads back as"):
+        verify_index(url, rec["index"], rec["index_sha256"])
+    victim.write_bytes(good + b" ")  # another size: found before any object is hashed
+    with pytest.raises(PreservationError, match=rf"prepared.json: .* is {len(good) + 1} bytes, the index says {len(good)}"):
         verify_index(url, rec["index"], rec["index_sha256"])
 
 

@@ -10,18 +10,20 @@ from typing import Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from training.config import ConfigError
 from training.errors import USER_ERROR_EXIT, USER_ERRORS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Host-side stages of a training trial.")
-err = Console(stderr=True)
-out = Console()
+# no markup: an error's text is printed as it is (brackets in paths and patterns included)
+err = Console(stderr=True, markup=False, soft_wrap=True)  # and no wrapping: a path stays whole in a log
+out = Console(markup=False)
 
 
 def _fail(e: Exception) -> None:
-    err.print(f"[bold red]error:[/] {e}", highlight=False)
+    err.print(Text.assemble(("error:", "bold red"), f" {e}"), highlight=False)
     raise typer.Exit(getattr(e, "exit_code", USER_ERROR_EXIT))
 
 
@@ -36,7 +38,7 @@ def seed(kind: str = typer.Option(..., help="smollm2-135m | tiny | local"),
     try:
         with err.status(f"materializing {kind} seed into {out_dir}…"):
             receipt = materialize(kind, out_dir, source=str(source) if source else None,
-                                  expect=expect)
+                                  expect=expect, say=lambda m: err.print(m, highlight=False))
     except USER_ERRORS as e:
         _fail(e)
     out.print_json(json.dumps({"out": str(out_dir), "kind": kind, "receipt_digest": receipt["digest"],

@@ -384,8 +384,14 @@ def common_step(rank_dir: Path, candidates: list[int], device: torch.device) -> 
 def load_rank_state(rank_dir: Path, step: int, rank: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """Verify this rank's checkpoint for `step` against the common manifest, then load it."""
     mpath = manifest_path(rank_dir, step)
-    manifest = read_json(mpath)
-    entries = {e["rank"]: e["receipt_digest"] for e in manifest["ranks"]}
+    manifest = read_json(mpath, keys=("format", "step", "world_size", "ranks"))
+    try:
+        entries = {e["rank"]: e["receipt_digest"] for e in manifest["ranks"]}
+    except (TypeError, KeyError):
+        raise CheckpointError(f"rank {rank}: {mpath} is damaged (its ranks table)") from None
+    if (manifest["format"], manifest["step"], manifest["world_size"]) != (FORMAT, step, len(entries)):
+        raise CheckpointError(f"rank {rank}: {mpath} is damaged: it says format {manifest['format']!r}, step "
+                              f"{manifest['step']!r}, {manifest['world_size']!r} ranks with {len(entries)} receipts")
     cdir = checkpoint_dir(rank_dir, step)
     rpath = cdir / "receipt.json"
     if not rpath.is_file():
@@ -402,6 +408,11 @@ def load_rank_state(rank_dir: Path, step: int, rank: int) -> tuple[dict[str, Any
     if receipt.get("digest") != entries.get(rank):
         raise CheckpointError(f"rank {rank}: {rpath} has digest {receipt.get('digest')}, but manifest "
                               f"{mpath} names {entries.get(rank)} for rank {rank}")
+    meta = receipt.get("meta", {})
+    differ = sorted(k for k, v in manifest.items() if k not in ("ranks", "world_size") and meta.get(k) != v)
+    if differ:  # the run's identity, once in the manifest and once in the receipt it names
+        raise CheckpointError(f"rank {rank}: {mpath} and {rpath} disagree on {', '.join(differ)}: one of them "
+                              "is damaged or from another run")
     try:  # state.bin's digest is checked as it is loaded: one read of ~20 GB, not two
         verify_receipt(cdir, receipt, what=f"rank {rank} checkpoint", exclude=["host.json"], defer=[STATE])
         state = load_state(cdir / STATE, expect=receipt["files"][STATE])

@@ -10,9 +10,13 @@ The training-stage errors are defined here rather than beside the code that rais
 importing this tuple (every CLI does) never imports torch.
 """
 
+from evidence.anchors import AnchorError
+from evidence.canonical import EvidenceFileError
 from evidence.commitments import CommitmentError
+from evidence.covered import CoveredFileError
 from evidence.receipts import ReceiptError
 from training.config import ConfigError
+from training.hold import HeldError
 from training.prepare import PrepareError
 from training.replay import ReplayFileError
 from training.seed import SeedError
@@ -46,5 +50,7 @@ class DeviceBusy(RuntimeSetupError):
 
     exit_code = DEVICE_BUSY_EXIT
 
-USER_ERRORS = (CommitmentError, ConfigError, DigestMismatch, PrepareError, ReceiptError, ReplayFileError,
-               RuntimeSetupError, SeedError, TrainError)
+
+# EvidenceFileError: a damaged file of evidence (a rank meeting one refuses, and is not restarted)
+USER_ERRORS = (AnchorError, CommitmentError, ConfigError, CoveredFileError, DigestMismatch, EvidenceFileError,
+               HeldError, PrepareError, ReceiptError, ReplayFileError, RuntimeSetupError, SeedError, TrainError)

@@ -33,7 +33,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from evidence.canonical import canonical_sha256, file_sha256, read_json, write_json_atomic
+from evidence.canonical import canonical_sha256, file_sha256, read_json, read_jsonl, write_json_atomic
 from evidence.commitments import CommitmentError, CommitmentLog
 from evidence.inputs import changed_input, load_cases  # noqa: F401 — load_cases: host stages import it here
 from training import corpus as corpus_mod
@@ -120,11 +120,9 @@ def _previous_proof(previous_home: Path, tasks: list[dict[str, Any]],
         raise PrepareError(f"--previous-home {previous_home}: inputs/tasks.jsonl is missing or "
                            "differs from its committed hash")
     prev_ids, prev_prompts = set(), set()
-    with open(tasks_file, encoding="utf-8") as f:
-        for line in f:
-            row = json.loads(line)
-            prev_ids.add(row["task_id"])
-            prev_prompts.add(_prompt_hash(row["prompt"]))
+    for row in read_jsonl(tasks_file):
+        prev_ids.add(row["task_id"])
+        prev_prompts.add(_prompt_hash(row["prompt"]))
     ids = {t["task_id"] for t in tasks}
     prompts = {_prompt_hash(t["prompt"]) for t in tasks}
     overlap_ids, overlap_prompts = ids & prev_ids, prompts & prev_prompts
@@ -409,7 +407,8 @@ def _prepare_locked(cfg: Resolved, home: Path, model_dir: Path, replay_file: str
     timer["total"] = time.monotonic() - started
     record = {"status": status, "experiment": cfg.experiment.name, "profile": cfg.profile_name,
               "seconds": {k: round(v, 3) for k, v in timer.items()}}
-    write_json_atomic(home / "prepare-record.json", record)
+    if status == "prepared":  # a later run that finds the inputs unchanged keeps the original record
+        write_json_atomic(home / "prepare-record.json", record)
     return {"prepared": prepared, "record": record, "status": status}
 
 

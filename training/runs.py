@@ -38,12 +38,31 @@ def set_aside_unfinished(home: Path, arm: str, world: int) -> bool:
         return False
     rd = run_dir(home, arm)
     dirs = [rd / f"rank-{r}" for r in range(world)]
+    for d in dirs:
+        pid = live_rank(d)
+        if pid is not None:
+            from training.errors import TrainError
+
+            raise TrainError(f"{d} belongs to a rank that is still running (pid {pid}): a live attempt is "
+                             "never set aside — wait for it to end or stop it")
     moved = False
     for d in [*dirs, rd / "model"]:
         if d.exists():
             _set_aside(d)
             moved = True
     return moved
+
+
+def live_rank(rank_dir: Path) -> int | None:
+    """The pid of the training process still writing `rank_dir`'s heartbeat on this machine, if any
+    (a heartbeat that cannot be read, or whose pid is gone or now runs something else: None)."""
+    try:
+        pid = read_json(rank_dir / "heartbeat.json", keys=("pid",))["pid"]
+        argv = Path(f"/proc/{int(pid)}/cmdline").read_bytes().split(b"\0")
+        state = Path(f"/proc/{int(pid)}/stat").read_text().rsplit(") ", 1)[1][:1]
+    except (ValueError, TypeError, OSError, IndexError):
+        return None
+    return int(pid) if b"training" in argv and b"train" in argv and state != "Z" else None
 
 
 def local_manifests(rank_dir: Path) -> dict[int, str]:

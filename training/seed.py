@@ -146,13 +146,23 @@ def _import_local(tmp: Path, source: Path) -> dict[str, Any]:
 
 
 def materialize(kind: str, out: str | os.PathLike[str], *, source: str | None = None,
-                expect: str | None = None) -> dict[str, Any]:
+                expect: str | None = None, say: Any = lambda m: None) -> dict[str, Any]:
     """Create the seed directory `out` (atomically) and return its receipt.
 
     An existing `out` that verifies against its own receipt and has the same kind is reused;
-    anything else already at `out` is refused rather than overwritten.
+    anything else already at `out` is refused rather than overwritten. One process materializes a
+    given `out` at a time: another one waits for it, then verifies what it made.
     """
+    from training.hold import hold
+
     out = Path(out)
+    if out.exists() and not os.access(out.parent, os.W_OK):  # a read-only copy: verified, never made here
+        return _materialize(kind, out, source, expect)
+    with hold(out, f"seed {out}", wait=True, say=say):
+        return _materialize(kind, out, source, expect)
+
+
+def _materialize(kind: str, out: Path, source: str | None, expect: str | None) -> dict[str, Any]:
     if out.exists():
         receipt = verify_seed(out)
         if receipt["meta"].get("kind") != kind:

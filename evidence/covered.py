@@ -1,0 +1,72 @@
+"""The files of a trial home that are evidence: what the commitments log, a receipt or the
+preservation record covers. A command that writes into a home at a path its user chose (the report's
+`--output`) must never replace one of them with other bytes; writing the same bytes again is
+harmless (re-running a finished trial recomputes an identical report).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from evidence.canonical import EvidenceFileError, read_json
+from evidence.commitments import LOG_NAME, CommitmentError, CommitmentLog
+
+
+class CoveredFileError(RuntimeError):
+    """A write that would replace a file of evidence; nothing was written."""
+
+
+def covered(home: str | Path) -> dict[Path, str]:
+    """Every covered file of `home` (resolved path) → what covers it. A cover that cannot be read is
+    skipped here: whoever reads evidence refuses it by name, and this only guards writes."""
+    home = Path(home).resolve()
+    out: dict[Path, str] = {home / LOG_NAME: "the commitments log"}
+    try:
+        entries = CommitmentLog(home).entries()
+    except CommitmentError:
+        entries = []
+    for e in entries:
+        out.setdefault(home / e["subject"], f"commitment {e['seq']} ({e['kind']})")
+    for name, what in (("prepared.json", "prepared.json's input hashes"),
+                       ("candidates.json", "candidates.json's result hashes")):
+        try:
+            doc = read_json(home / name)
+        except EvidenceFileError:
+            continue
+        paths = ([f"inputs/{n}" for n in doc.get("inputs", {})] if name == "prepared.json"
+                 else [r.get("result", "") for c in doc.get("candidates", []) for r in c.get("ranks", [])])
+        for rel in paths:
+            out.setdefault(home / rel, what)
+    for receipt in sorted(home.rglob("receipt.json")):
+        try:
+            files = read_json(receipt, keys=("files",))["files"]
+        except EvidenceFileError:
+            continue
+        out.setdefault(receipt, "a receipt (itself)")
+        for rel in files:
+            out.setdefault(receipt.parent / rel, f"the receipt {receipt.relative_to(home)}")
+    try:
+        from evidence.stores import read_preserved
+
+        rec = read_preserved(home)
+        for rel in rec.get("paths", []):
+            out.setdefault(home / rel, f"the preservation index {rec.get('index')}")
+    except EvidenceFileError:
+        pass
+    return out
+
+
+def guard_writes(home: str | Path, writes: dict[Path, bytes]) -> dict[Path, bytes]:
+    """The writes that would change something (identical rewrites dropped); raises, writing
+    nothing, when any of them would replace a covered file with other bytes."""
+    cover = covered(home)
+    todo = {}
+    for path, data in writes.items():
+        p = Path(path).resolve()
+        if p.is_file() and p.read_bytes() == data:
+            continue
+        if p in cover:
+            raise CoveredFileError(f"{path} is evidence covered by {cover[p]}: it is never written over "
+                                   "(choose another --output; nothing was written)")
+        todo[path] = data
+    return todo

@@ -1,0 +1,127 @@
+"""The commitments log anchored in the evidence store (file:// and moto's S3): a log rewritten with
+every hash recomputed verifies as a chain, and is refused against its anchors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import run_cli
+from evidence.anchors import AnchorError, anchor_log, check_anchors
+from evidence.canonical import canonical_bytes
+from evidence.commitments import CommitmentLog, _entry_hash
+from evidence.stores import open_store
+
+
+def make_home(home):
+    home.mkdir(parents=True)
+    log = CommitmentLog(home)
+    (home / "prepared.json").write_text('{"inputs": {}}')
+    log.append("prepare", "prepared.json")
+    for i in range(3):
+        (home / f"profile-{i}.json").write_text(json.dumps({"arm": i}))
+        log.append("numerical-profile", f"profile-{i}.json", {"arm": i})
+    return log
+
+
+def rehash_from(log: CommitmentLog, seq: int, edit) -> None:
+    """Edit entry `seq` and recompute every hash and link from it on: the chain verifies again."""
+    entries = [json.loads(x) for x in log.path.read_text().splitlines()]
+    edit(entries[seq])
+    for i in range(seq, len(entries)):
+        entries[i]["prev"] = entries[i - 1]["hash"] if i else "0" * 64
+        entries[i]["hash"] = _entry_hash(entries[i])
+    log.path.write_bytes(b"".join(canonical_bytes(e) + b"\n" for e in entries))
+    assert len(log.entries()) == len(entries)  # the rewritten chain is internally consistent
+
+
+@pytest.fixture(params=["file", "s3"])
+def store_url(request, tmp_path):
+    if request.param == "file":
+        return f"file://{tmp_path / 'store'}"
+    aws = request.getfixturevalue("aws")
+    aws.client("s3").create_bucket(Bucket="evidence-anchors")
+    return "s3://evidence-anchors/trials"
+
+
+def test_a_fully_rehashed_rewrite_is_refused(tmp_path, store_url):
+    home = tmp_path / "trial-a"
+    log = make_home(home)
+    store = open_store(store_url)
+    assert anchor_log(home, store) == 4
+    assert anchor_log(home, store) == 0  # already there: nothing written twice
+    got = check_anchors(log.entries(), store, "trial-a")
+    assert (got["anchored"], got["not_anchored"]) == (4, [])
+
+    # entry 2 rewritten, its file changed to match, every later hash recomputed
+    (home / "profile-1.json").write_text(json.dumps({"arm": "forged"}))
+    from evidence.canonical import file_sha256
+
+    rehash_from(log, 2, lambda e: e.update(sha256=file_sha256(home / "profile-1.json")))
+    for e in log.entries():
+        log.verify_subject(e)  # every committed file matches the rewritten log
+    with pytest.raises(AnchorError, match="commitment 2 .* differs from its anchor .*: the log was rewritten"):
+        check_anchors(log.entries(), store, "trial-a")
+    with pytest.raises(AnchorError, match="commitment 2 .* differs from its anchor"):
+        anchor_log(home, store)  # nor can the rewrite be anchored over the original
+    r = run_cli("-m", "evidence", "verify", "--home", str(home), "--store", store_url)
+    assert r.returncode == 2 and "commitment 2" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+    # the first entry rewritten too: the log now starts a namespace the store never saw
+    rehash_from(log, 0, lambda e: e.update(at="2026-01-01T00:00:00.000000+00:00"))
+    with pytest.raises(AnchorError, match="its first entry .* was never anchored"):
+        check_anchors(log.entries(), store, "trial-a")
+
+
+def test_a_cut_log_and_an_unanchored_tail(tmp_path, store_url):
+    home = tmp_path / "trial-b"
+    log = make_home(home)
+    store = open_store(store_url)
+    anchor_log(home, store)
+    (home / "profile-9.json").write_text("{}")
+    log.append("numerical-profile", "profile-9.json")  # made after the last anchoring: shown, not refused
+    assert check_anchors(log.entries(), store, "trial-b")["not_anchored"] == [4]
+    lines = log.path.read_text().splitlines(keepends=True)
+    log.path.write_text("".join(lines[:3]))  # the last anchored entry and the tail cut off
+    with pytest.raises(AnchorError, match="commitment 3 .* is anchored .* but the log holds only 3 entries"):
+        check_anchors(log.entries(), store, "trial-b")
+    with pytest.raises(AnchorError, match="holds no anchors for trial other"):
+        check_anchors(log.entries(), store, "other")
+
+
+def test_a_reused_trial_name_starts_its_own_anchors(tmp_path, store_url):
+    """A fresh trial under an old name (a deleted home run again) anchors beside the old one; each
+    checks against its own."""
+    store = open_store(store_url)
+    first = make_home(tmp_path / "one" / "trial-c")
+    anchor_log(first.home, store)
+    (first.home / "profile-0.json").write_text("{}")  # make the second log differ from its first entry
+    second = CommitmentLog(tmp_path / "two" / "trial-c")
+    (second.home).mkdir(parents=True)
+    (second.home / "prepared.json").write_text('{"inputs": {"x": 1}}')
+    second.append("prepare", "prepared.json")
+    assert anchor_log(second.home, store) == 1
+    assert check_anchors(second.entries(), store, "trial-c")["anchored"] == 1
+    assert check_anchors(first.entries(), store, "trial-c")["anchored"] == 4
+
+
+def test_a_deleted_or_altered_anchor_is_refused(tmp_path):
+    home = tmp_path / "trial-d"
+    log = make_home(home)
+    store = open_store(f"file://{tmp_path / 'store'}")
+    anchor_log(home, store)
+    keys = store.list("anchors/trial-d/")
+    one = tmp_path / "store" / keys[1]
+    body = one.read_bytes()
+    one.unlink()
+    with pytest.raises(AnchorError, match=f"{keys[1]}: missing"):
+        check_anchors(log.entries(), store, "trial-d")
+    one.write_bytes(body.replace(b'"kind":"numerical-profile"', b'"kind":"numerical-profilf"'))
+    with pytest.raises(AnchorError, match=f"{keys[1]}: damaged, it differs from commitment 1"):
+        check_anchors(log.entries(), store, "trial-d")
+    one.write_bytes(body)
+    (tmp_path / "store" / keys[-1]).unlink()  # the last one gone: it looks like an entry not yet anchored...
+    assert check_anchors(log.entries(), store, "trial-d")["not_anchored"] == [3]
+    with pytest.raises(AnchorError, match=f"{keys[-1]}: missing"):  # ...unless a preservation counted it
+        check_anchors(log.entries(), store, "trial-d", at_least=4)

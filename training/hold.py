@@ -1,0 +1,68 @@
+"""One process at a time: an OS lock (flock) on a small file beside what it guards, which also says
+who holds it, so a second run is refused — or waits — naming the first.
+
+A trial home is held by one `orchestrate run` for its whole life: two runs in one home took each
+other's live attempt for an abandoned one and collided on checkpoints. A seed directory is held while
+it is materialized: a second run waits, then verifies what the first made, instead of racing it.
+The kernel drops the lock when its process ends, however it ends, so a crashed run never leaves a
+stale hold behind; the descriptor is not inherited by child processes (ranks never hold it).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import json
+import os
+import socket
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+
+class HeldError(RuntimeError):
+    """What the caller needs is held by another live process; the message names it."""
+
+
+def lock_path(target: Path) -> Path:
+    """The lock file guarding `target`: beside it, hidden, so it is never part of what it guards."""
+    target = Path(target).absolute()
+    return target.parent / f".{target.name}.lock"
+
+
+def _holder(fd: int) -> str:
+    try:
+        h = json.loads(os.pread(fd, 4096, 0) or b"{}")
+        return f"pid {h['pid']} on {h['host']} ({h['command']}) since {h['since']}"
+    except (ValueError, KeyError, TypeError, OSError):
+        return "another process (it has not said which yet)"
+
+
+@contextmanager
+def hold(target: Path, what: str, *, wait: bool = False,
+         say: Callable[[str], None] = lambda m: None) -> Iterator[None]:
+    """Hold `target` for the block. Held elsewhere: raise `HeldError` naming the holder, or with
+    `wait`, say so and wait for it to end."""
+    path = lock_path(target)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            if not wait:
+                raise HeldError(f"{what} is held by {holder}: one run at a time — wait for it to end, or "
+                                f"stop it (its lock: {path})") from None
+            say(f"waiting: {what} is held by {holder}")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        prog = Path(sys.argv[0])  # `python -m orchestrate` runs .../orchestrate/__main__.py: say "orchestrate"
+        cmd = " ".join([prog.parent.name if prog.name == "__main__.py" else prog.name, *sys.argv[1:]])
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "command": cmd[:200],
+              "since": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(me).encode(), 0)
+        yield
+    finally:
+        os.close(fd)
