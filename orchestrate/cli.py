@@ -227,12 +227,11 @@ def place_arms(cfg, home: Path, placement) -> dict[str, str]:
     if rec is None:
         return {}
     skipped = not_run(rec)
-    gpus = ("GPUs not needed (CPU profile)" if rec["device"] != "cuda" else
-            f"{d.gpus_per_host[0]} GPU(s) on this machine" if not d.one_rank_per_host else
-            f"GPUs per host {list(d.gpus_per_host)}")
-    con.print(f"[bold]place[/] {cfg.experiment.name}/{cfg.profile_name} on the {d.source} cluster, {gpus} "
-              f"({d.gpus_from}): " + ("committed" if now else "as committed at this home's first run"),
-              highlight=False)
+    gpus = ("a CPU profile, no GPU needed" if pl.trial_device(cfg) != "cuda" else
+            f"{d.gpus_per_host[0]} GPU(s) on this machine ({d.gpus_from})" if not d.one_rank_per_host else
+            f"GPUs per host {list(d.gpus_per_host)} ({d.gpus_from})")
+    con.print(f"[bold]place[/] {cfg.experiment.name}/{cfg.profile_name} on the {d.source} cluster, {gpus}: "
+              + ("committed" if now else "as committed at this home's first run"), highlight=False)
     for what, why in skipped.items():
         con.print(f"  {what}: {why}", highlight=False, markup=False)
     if skipped:

@@ -215,7 +215,8 @@ def evaluate(home: str | os.PathLike[str], arm: str, role: str, *, seed_dir: Pat
                "max_new_tokens": max_new, "seconds": time.perf_counter() - t0,
                # how it was scored, and how fast: generated tokens count each answer up to and including
                # its end token (padding after a row's end is not counted); probes are scored in FP32
-               "scoring": {"device": str(device), "batch": batch, "generation_dtype": score_dtype if cast else "float32",
+               "scoring": {"device": str(device), "batch": batch,
+                           "generation_dtype": score_dtype if cast else "float32",
                            "generation_seconds": gen_s, "generated_tokens": tokens,
                            "cases_per_second": len(rows) / gen_s if gen_s > 0 else None,
                            "generated_tokens_per_second": tokens / gen_s if gen_s > 0 else None,
