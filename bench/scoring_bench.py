@@ -88,11 +88,12 @@ def main() -> None:
                                      c["answer"]).correct for c, a in zip(cases, got))
             ref = answers.get((dt, batches[0]))
             ref32 = answers.get(("float32", batches[0]))
+            same = lambda ref: None if ref is None else sum(x == y for x, y in zip(got, ref))  # noqa: E731
             rows.append({"dtype": dt, "batch": b, "cases": len(cases), "seconds": s, "cases_per_second": len(cases) / s,
                          "generated_tokens": tokens, "generated_tokens_per_second": tokens / s, "exact": exact,
-                         "identical_to_batch1_same_dtype": sum(x == y for x, y in zip(got, ref)),
+                         "identical_to_batch1_same_dtype": same(ref),
                          "first_difference_same_dtype": first_difference(got, ref),
-                         "identical_to_batch1_float32": None if ref32 is None else sum(x == y for x, y in zip(got, ref32)),
+                         "identical_to_batch1_float32": same(ref32),
                          "first_difference_float32": None if ref32 is None else first_difference(got, ref32)})
             r = rows[-1]
             print(f"{dt:>9} batch {b:>4}: {s:8.2f} s  {r['cases_per_second']:8.2f} cases/s  "

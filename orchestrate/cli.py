@@ -547,7 +547,6 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
     import json
 
     from rich.table import Table
-    from rich.text import Text
 
     from infra.plan import GB, estimate as run_estimate, table
     from infra.prices import INSTANCE_TYPES
@@ -599,13 +598,17 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
     for x in est["traffic"]:
         r = fits.get(x["arm"])
         t.add_row(x["arm"], str(x["world_size"]),
-                  "—" if r is None else Text("fits" if r["runs"] else r["reason"]), str(x["synchronizations"]),
+                  "—" if r is None else "not run" if r["reason"] else "fits" if r["gpus_known"] else "unknown",
+                  str(x["synchronizations"]),
                   f"{x['payload_bytes_per_sync'] / GB:,.2f} GB", f"{x['host_bytes_rx_plus_tx'] / 1e12:,.3f} TB",
                   f"{x['cross_zone_bytes'] / 1e12:,.3f} TB", f"{usd[x['arm']]:,.2f}")
     con.print(t)
     if placed is not None:
         print(f"GPUs: {placed['cluster']['gpus_per_host']} per host ({placed['cluster']['gpus_from']}), one rank per "
               f"host; an arm that does not fit is not run (`orchestrate run` trains the others)")
+        for r in placed["arms"]:
+            if r["reason"]:
+                print(f"  {r['arm']}: {r['reason']}")
     print(table(est))
     print(f"vCPUs: the hosts need {need}; G/VT quota "
           + (f"{vcpu['quota']:g}" if vcpu["quota"] is not None else f"unknown ({vcpu['note'] or 'not asked'})"))
@@ -616,8 +619,9 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
 
 def _plan_placement(exp, cfg, planned: set[str], problems: list[str]) -> dict | None:
     """Whether each planned arm's ranks get a GPU each on the stack's hosts (one rank per host; GPUs per
-    instance type from infra/prices.py, None where unknown). A host 0 without a GPU is a problem: nothing
-    could train or score; an arm that does not fit is listed as not run, as `run` would."""
+    instance type from infra/prices.py, None where unknown: the arm is then listed as "unknown"). A host 0
+    without a GPU is a problem: nothing could train or score; an arm that does not fit is listed as not
+    run, as `run` would."""
     from infra.prices import INSTANCE_TYPES
     from orchestrate.cluster import ClusterError
     from orchestrate.placement import hosts_devices, place
@@ -629,7 +633,8 @@ def _plan_placement(exp, cfg, planned: set[str], problems: list[str]) -> dict | 
     except ClusterError as e:
         problems.append(str(e))
         return None
-    placed["arms"] = [r for r in placed["arms"] if r["arm"] in planned]
+    placed["arms"] = [{**r, "gpus_known": None not in gpus[:r["world_size"]]} for r in placed["arms"]
+                      if r["arm"] in planned]
     return placed
 
 

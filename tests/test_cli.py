@@ -172,8 +172,8 @@ def test_run_reports_an_arm_the_gpus_cannot_place_and_runs_the_rest(tmp_path, ti
                                                                                  "seed"]
     assert not (home / "serving").exists()
     rep = read_json(home / "report.json")
-    assert rep["not_run"] == {"clean-pair": why,
-                              "serving probe": "not run: its arm clean-pair is not run (needs 2 GPUs, the cluster has 1)"}
+    assert rep["not_run"] == {"clean-pair": why, "serving probe": "not run: its arm clean-pair is not run "
+                                                                  "(needs 2 GPUs, the cluster has 1)"}
     serving = [g for g in rep["gates"] if g["gate"].startswith("serving")]
     assert len(serving) == 3 and all(g["passed"] is None for g in serving)
     assert rep["not_evaluated_gates"] == [g["gate"] for g in serving]
