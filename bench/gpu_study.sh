@@ -53,17 +53,21 @@ home_files() {  # the evidence of a trial home worth reading here (models, input
   idx=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r['store'].removeprefix('file://') + r['index'])" "$h/preserved.json" 2>/dev/null)
   [[ -n "$idx" && -f "$idx" ]] && echo "$idx"
 }
-run_trial() {  # run_trial TAG EXPERIMENT PROFILE TRIALS SEEDS
-  local tag=$1 exp=$2 profile=$3 trials=$4 seeds=$5 t0=$SECONDS
-  timeout "${RUN_TIMEOUT:-480}" python3 -m orchestrate run "$exp" --profile "$profile" --trials "$trials" \
+run_trial() {  # run_trial TAG ARM-OR-EXPERIMENT PROFILE TRIALS SEEDS
+  local tag=$1 what=$2 profile=$3 trials=$4 seeds=$5 t0=$SECONDS
+  timeout "${RUN_TIMEOUT:-480}" python3 -m orchestrate run "$what" --profile "$profile" --trials "$trials" \
     --seeds "$seeds" --record "$STUDY/$tag-record.json" > "$STUDY/$tag-run.log" 2>&1
   local rc=$?
   grep -vE "^  update [0-9]+/|^\s*$" "$STUDY/$tag-run.log" | tail -60
-  echo "orchestrate run $exp --profile $profile: exit $rc in $((SECONDS - t0)) s (wall, this script)"
+  echo "orchestrate run $what --profile $profile: exit $rc in $((SECONDS - t0)) s (wall, this script)"
   cp "$STUDY/$tag-record.json" "$OUT/$tag-record.json" 2>/dev/null
-  cp "$trials/$exp-$profile/report.md" "$OUT/$tag-report.md" 2>/dev/null
-  cp "$trials/$exp-$profile/report.json" "$OUT/$tag-report.json" 2>/dev/null
-  cp "$trials/$exp-$profile/commitments.jsonl" "$OUT/$tag-commitments.jsonl" 2>/dev/null
+  local home  # the trial home, as the run's record names it
+  home=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['home'])" "$STUDY/$tag-record.json" 2>/dev/null)
+  if [[ -n "$home" ]]; then
+    cp "$home/report.md" "$OUT/$tag-report.md" 2>/dev/null
+    cp "$home/report.json" "$OUT/$tag-report.json" 2>/dev/null
+    cp "$home/commitments.jsonl" "$OUT/$tag-commitments.jsonl" 2>/dev/null
+  fi
   return $rc
 }
 scoring_bench() {  # scoring_bench TAG HOME CASES ONE_CASES BATCHES
