@@ -37,6 +37,7 @@ class Rule:
 # The trial's sequence. Kinds not listed here are refused: a typo must not slip past the rules.
 RULES: dict[str, Rule] = {
     "prepare": Rule(once=True),
+    "placement": Rule(requires=("prepare",), not_after=("candidates",), once=True),  # arms the cluster runs
     "numerical-profile": Rule(requires=("prepare",)),
     "candidates": Rule(requires=("prepare",), not_after=("selection",)),
     "selection": Rule(requires=("candidates",), not_after=("test-evaluation",), once=True),

@@ -32,8 +32,10 @@ from evidence.checker import check_answer
 from evidence.commitments import CommitmentLog
 from evidence.covered import guard_writes
 from evidence.inputs import changed_input, global_losses, load_cases
+from evidence.placement import SERVING_PROBE, committed_placement, not_evaluated, not_run, unevaluated_gates
 from evidence.receipts import verify_receipt
 from evidence.serving import ServingEvidenceError, check_probe
+from evidence.serving import GATES as SERVING_GATES
 from evidence.serving import gates as serving_gates
 from evidence.stats import mcnemar_exact_greater, paired_bounds
 
@@ -166,6 +168,7 @@ def build_report(home: str | Path, *, store: str | None = None, trial: str | Non
     acc = exp["acceptance"]
     selection = read_json(home / "selection.json")
     cands = {c["arm"]: c for c in read_json(home / "candidates.json")["candidates"]}
+    skipped = _not_run(home, exp, cands)
     schedule = read_json(home / "inputs" / "schedule.json")["updates"]
     cases = load_cases(home)
 
@@ -293,6 +296,8 @@ def build_report(home: str | Path, *, store: str | None = None, trial: str | Non
             gates.append({"gate": f"{k.split('_')[0]} speedup ≥ {acc['min_speedup']}", "value": sp,
                           "passed": sp >= acc["min_speedup"]})
 
+    gates += unevaluated_gates(acc, primary, base, skipped, {g["gate"] for g in gates})
+
     recoveries = []
     for f in sorted(home.rglob("recovery-comparison.json")):
         rep = read_json(f)
@@ -302,20 +307,37 @@ def build_report(home: str | Path, *, store: str | None = None, trial: str | Non
                            "max_abs_diff": rep["comparison"]["max_abs_diff"]})
 
     serving, serving_attempts = _serving(home, entries, selection, cases)
-    gates += serving_gates(serving)
+    gates += ([not_evaluated(g, f"{SERVING_PROBE} {skipped[SERVING_PROBE]}") for g in SERVING_GATES]
+              if serving is None and SERVING_PROBE in skipped else serving_gates(serving))
 
     report = {
         "format": "trial-report-v1", "experiment": exp["name"], "profile": prepared["experiment"]["profile_name"],
         "commitments_head": entries[-1]["hash"], "anchors": anchors, "selection": selection,
         "selection_committed_at_seq": sel_entry["seq"],
         "arms": arms, "accuracy": accuracy, "comparisons": comparisons,
-        "gates": gates, "failed_gates": [g["gate"] for g in gates if not g["passed"]],
+        "gates": gates, "failed_gates": [g["gate"] for g in gates if g["passed"] is False],
+        "not_evaluated_gates": [g["gate"] for g in gates if g["passed"] is None], "not_run": skipped,
         "evaluation_attempts": {role: {arm: [a["attempt"] for a in v] for arm, v in d.items()}
                                 for role, d in evaluations.items()},
         "recovery_comparisons": recoveries,
         "serving": serving, "serving_attempts": serving_attempts,
     }
     return report
+
+
+def _not_run(home: Path, exp: dict[str, Any], cands: dict[str, Any]) -> dict[str, str]:
+    """What the committed placement did not run (evidence/placement.py); every other trained arm of
+    the experiment must be a candidate."""
+    try:
+        skipped = not_run(committed_placement(home))
+    except Exception as e:  # noqa: BLE001 — the placement file changed since it was committed
+        raise EvidenceError(f"placement: {e}") from None
+    placed = set(cands) | set(skipped)
+    missing = [a["name"] for a in exp["arms"] if a["kind"] != "seed" and a["name"] not in placed]
+    if missing:
+        raise EvidenceError(f"arm(s) {', '.join(missing)} are neither candidates nor not run by the "
+                            "committed placement")
+    return skipped
 
 
 def _serving(home: Path, entries: list[dict], selection: dict, cases: dict[str, dict]
@@ -347,7 +369,12 @@ def markdown(rep: dict[str, Any]) -> str:
              _anchors_line(rep.get("anchors")), "",
              "## Gates", "", "| gate | value | result |", "|---|---|---|"]
     for g in rep["gates"]:
-        lines.append(f"| {g['gate']} | {g['value']:.4g} | {'passed' if g['passed'] else '**FAILED**'} |")
+        lines.append(f"| {g['gate']} | — | not evaluated: {g['reason']} |" if g["passed"] is None else
+                     f"| {g['gate']} | {g['value']:.4g} | {'passed' if g['passed'] else '**FAILED**'} |")
+    if rep.get("not_run"):
+        lines += ["", "## Not run", "", "Decided from the cluster before anything trained (placement.json, committed): "
+                  "never launched, never a candidate, never scored; the gates that need them are not evaluated.", ""]
+        lines += [f"- {what}: {why}" for what, why in rep["not_run"].items()]
     lines += ["", "## Test accuracy", "", "| arm | correct / cases | accuracy | attempts |", "|---|---|---|---|"]
     for arm, a in rep["accuracy"].items():
         lines.append(f"| {arm} | {a['correct']} / {a['cases']} | {a['accuracy']:.3f} | {a['attempts']} |")

@@ -178,11 +178,16 @@ def gates(comp: dict[str, Any] | None) -> list[dict[str, Any]]:
     if comp is None:
         return [{"gate": "serving probe committed", "value": 0, "passed": False}]
     done = min(f["completed"] for f in comp["phases"].values())
+    answered, identical, identity = GATES
     return [
-        {"gate": f"serving: all {REQUESTS} requests answered in every phase (≤ {MAX_ATTEMPTS} attempts)",
-         "value": done, "passed": done == REQUESTS},
-        {"gate": "serving: identical greedy tokens per task across phases and replicas",
-         "value": len(comp["tasks_with_differing_tokens"]), "passed": not comp["tasks_with_differing_tokens"]},
-        {"gate": "serving: one model identity, the selected serving model",
-         "value": len(comp["model_identities"]), "passed": comp["model_matches_selection"]},
+        {"gate": answered, "value": done, "passed": done == REQUESTS},
+        {"gate": identical, "value": len(comp["tasks_with_differing_tokens"]),
+         "passed": not comp["tasks_with_differing_tokens"]},
+        {"gate": identity, "value": len(comp["model_identities"]), "passed": comp["model_matches_selection"]},
     ]
+
+
+GATES = (f"serving: all {REQUESTS} requests answered in every phase (≤ {MAX_ATTEMPTS} attempts)",
+         "serving: identical greedy tokens per task across phases and replicas",
+         "serving: one model identity, the selected serving model")
+"""The serving gates' names (a probe the placement could not run lists them as not evaluated)."""

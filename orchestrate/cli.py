@@ -30,7 +30,8 @@ def _root() -> None:
 
 
 @app.command()
-def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-four"),
+def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-four, or an experiment's name "
+                                             "(its primary arm)"),
         profile: str = typer.Option("cpu", help="smoke | cpu | gpu"),
         trials: Path = typer.Option(Path("trials"), help="where trial homes are created"),
         seeds: Path = typer.Option(Path(".seeds"), help="where seed models are materialized"),
@@ -40,10 +41,15 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
         cluster: Optional[Path] = typer.Option(None, help="cluster.json from `orchestrate up` (default: the "
                                                          "embedded local cluster)"),
         wheelhouse: Optional[Path] = typer.Option(None, help="SSH hosts: wheels of every dependency for the "
-                                                            "hosts' Python (the project's own wheel is built)")) -> None:
-    """Run ARM's experiment: seed → prepare → commit → train every arm → select → score → serve →
-    report → preserve, on the embedded local cluster or a cluster's SSH hosts."""
-    from training.config import arm_to_experiment, lineage, resolve
+                                                            "hosts' Python (the project's own wheel is built)"),
+        record: Optional[Path] = typer.Option(None, help="the run's record (stage seconds, arms not run, scoring "
+                                                        "speed) as JSON; default "
+                                                        "<trials>/run-records/<home>-<time>.json")
+        ) -> None:
+    """Run ARM's experiment: seed → prepare → commit → place → train every arm the cluster can place →
+    select → score → serve → report → preserve, on the embedded local cluster or a cluster's SSH hosts.
+    An arm whose ranks cannot each get their own GPU (or host) is reported as not run, never launched."""
+    from training.config import arm_to_experiment, experiment_names, lineage, resolve
     from orchestrate.cluster import ClusterError
     from orchestrate.remote import StagingError
     from orchestrate.transport import TransportError
@@ -57,12 +63,16 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
     started = time.monotonic()
     placement = None
     held = ExitStack()
+    clock = StageClock()
+    home: Optional[Path] = None  # the last experiment's: the one trained here
     try:
         desc = _load_cluster(cluster)
         store_url = store or (desc.store if desc else f"file://{trials.resolve() / 'store'}")
-        name = arm_to_experiment(arm)
+        name = arm if arm in experiment_names() else arm_to_experiment(arm)
         cfg = resolve(name, profile)
+        arm = arm if arm != name else cfg.experiment.acceptance.primary
         cfg.arm(arm)
+        clock.about = {"experiment": name, "profile": profile, "arm": arm}
         chain = lineage(name, profile)
         home_of = lambda s: trials / f"{s.experiment.name}-{profile}"  # noqa: E731
         for step in chain:  # every home this run writes in, held until it ends: one run per home
@@ -74,10 +84,10 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
         else:
             md = seeds / cfg.profile.seed
             say("seed", f"{cfg.profile.seed} → {md}")
-            with con.status("materializing / verifying the seed…"):
+            with con.status("materializing / verifying the seed…"), clock("seed"):
                 materialize(cfg.profile.seed, md, say=lambda m: say("seed", m))
-        home: Optional[Path] = None  # the last experiment's: the one trained here
-        with con.status(f"preparing {name}" + (" and the experiments before it…" if cfg.experiment.previous else "…")):
+        doing = f"preparing {name}" + (" and the experiments before it…" if cfg.experiment.previous else "…")
+        with con.status(doing), clock("prepare"):
             for step, home, res in prepare_chain(chain, home_of, md):
                 anchor_home(home, store_url)
                 c = res["prepared"]["counts"]  # earlier experiments first: none of their tasks may recur
@@ -87,24 +97,89 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
                     f"{c['task']['documents']} task + {c['replay']['documents']} replay documents, "
                     f"task share of targets {c['task_share_of_targets']:.1%} unweighted / "
                     f"{c['task_share_of_weighted_targets']:.1%} weighted; committed")
+        clock.about["home"] = str(home)
         placement = make_placement(desc, home, md, trials, wheelhouse)
-        summaries = train_arms(cfg, home, placement)
+        with clock("placement"):
+            skipped = place_arms(cfg, home, placement)
+        clock.about["not_run"] = skipped
+        with clock("train"):
+            summaries = train_arms(cfg, home, placement, not_run=skipped)
         anchor_home(home, store_url)  # the numerical profiles the ranks committed
         show_summaries(cfg, summaries)
-        report = select_evaluate_report(cfg, home, md, placement, store_url=store_url)
-        rec = preserve_home(home, store_url)
+        report = select_evaluate_report(cfg, home, md, placement, clock=clock, store_url=store_url)
+        with clock("preserve"):
+            rec = preserve_home(home, store_url)
+        clock.about |= {"report": str(report), "preserved": f"{rec['store']}{rec['index']}"}
     except GuardStopped as stop:  # the deadline or the transfer guard is near: keep what there is, then stop
-        raise typer.Exit(guard_stop(home, stop, cfg, store_url))
+        clock.exit = guard_stop(home, stop, cfg, store_url)
+        raise typer.Exit(clock.exit)
     except (*USER_ERRORS, ClusterError, StagingError, TransportError, ValueError, OSError) as e:
         # ValueError: data from a host that is not what it should be (JSON, numbers); OSError: the disk
+        clock.exit, clock.about["error"] = 2, str(e)
         say("error:", str(e), style="bold red")
         raise typer.Exit(2)
+    except Exception as e:  # a bad option (typer's own message and exit), or a bug: recorded as it ends
+        clock.exit, clock.about["error"] = None, repr(e)
+        raise
     finally:
         if placement is not None:
             placement.close()
+        clock.write(record, trials, home, started)
         held.close()
-    say(f"{arm}:", f"prepared, trained, selected, scored, served, reported and preserved in "
-        f"{time.monotonic() - started:.1f} s → {report}; evidence {rec['store']}{rec['index']}")
+    from evidence.placement import SERVING_PROBE
+
+    say(f"{arm}:", f"prepared, trained, selected, scored, {'' if SERVING_PROBE in skipped else 'served, '}"
+        f"reported and preserved in {time.monotonic() - started:.1f} s → {report}; evidence "
+        f"{rec['store']}{rec['index']}")
+    if skipped:
+        con.print("not run: " + "; ".join(f"{a} ({why.removeprefix('not run: ')})" for a, why in skipped.items())
+                  + " — see the README's \"Placement\" for running them where the GPUs are",
+                  highlight=False)
+    con.print("stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in clock.seconds.items())
+              + f"; record {clock.path}", highlight=False)
+
+
+class StageClock:
+    """Seconds per stage of one `orchestrate run` (a stage entered twice adds up), and the run's
+    machine-readable record, written however the run ends (once anything was prepared, or when
+    `--record` names the file)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.about: dict = {}
+        self.scoring: dict[str, dict] = {}
+        self.exit = 0
+        self.path: Optional[Path] = None
+
+    def __call__(self, stage: str):
+        import contextlib
+
+        @contextlib.contextmanager
+        def timed():
+            t = time.monotonic()
+            try:
+                yield
+            finally:
+                self.seconds[stage] = self.seconds.get(stage, 0.0) + time.monotonic() - t
+        return timed()
+
+    def write(self, path: Optional[Path], trials: Path, home: Optional[Path], started: float) -> None:
+        import datetime as dt
+
+        from evidence.canonical import write_json_atomic
+
+        now = dt.datetime.now(dt.timezone.utc)
+        if path is None:
+            if home is None:  # refused before anything was prepared: nothing is written unless asked for
+                return
+            path = trials / "run-records" / f"{home.name}-{now.strftime('%Y%m%dT%H%M%SZ')}.json"
+        try:
+            write_json_atomic(path, {"format": "trial-run-record-v1", "command": sys.argv, "ended_at": now.isoformat(),
+                                     "exit": self.exit, **self.about, "stages_seconds": self.seconds,
+                                     "total_seconds": time.monotonic() - started, "scoring": self.scoring})
+            self.path = path
+        except OSError as e:  # the run's own outcome stands; only its record is missing
+            con.print(f"could not write the run record {path}: {e}", highlight=False)
 
 
 def _load_cluster(path: Optional[Path]):
@@ -164,50 +239,108 @@ def anchor_home(home: Path, url: str) -> None:
         say("anchor", f"{n} commitment(s) of {home.name} anchored in {url}")
 
 
-def select_evaluate_report(cfg, home: Path, seed_dir: Path, placement=None, store_url: str | None = None) -> Path:
-    """select (once) → test scoring of the seed and every candidate (once each) → the serving probe
-    (once) → the report. With `store_url`, the log is anchored there before the report checks it."""
+def place_arms(cfg, home: Path, placement) -> dict[str, str]:
+    """Where this cluster can run the experiment's arms, decided before anything launches and
+    committed (or, on a later run, the home's committed placement); prints what is not run.
+    Returns what is not run: arm (or the serving probe) → reason."""
     from evidence.commitments import CommitmentLog
+    from evidence.placement import SERVING_PROBE, not_run
+    from orchestrate import placement as pl
+    from training.results import finished
+
+    d = placement.devices(pl.trial_device(cfg))
+    done = {a.name for a in cfg.experiment.arms if a.kind != "seed" and finished(home, a.name, a.world_size)}
+    rec, now = pl.commit_placement(cfg, home, d, finished=done,
+                                   probed=CommitmentLog(home).latest("serving") is not None)
+    if rec is None:
+        return {}
+    skipped = not_run(rec)
+    gpus = ("a CPU profile, no GPU needed" if pl.trial_device(cfg) != "cuda" else
+            f"{d.gpus_per_host[0]} GPU(s) on this machine ({d.gpus_from})" if not d.one_rank_per_host else
+            f"GPUs per host {list(d.gpus_per_host)} ({d.gpus_from})")
+    say("place", f"{cfg.experiment.name}/{cfg.profile_name} on the {d.source} cluster, {gpus}: "
+        + ("committed" if now else "as committed at this home's first run"))
+    for what, why in skipped.items():
+        con.print(f"  {what}: {why}", highlight=False)
+    if skipped:
+        runs = [r["arm"] for r in rec["arms"] if r["runs"]]
+        acc = cfg.experiment.acceptance
+        con.print(f"  trained: {', '.join(runs) or 'none'}; gates that need what is not run are shown as not "
+                  "evaluated, the selection rules unchanged"
+                  + (f"; the primary arm {acc.primary} is not run: its gates are not evaluated"
+                     if acc.primary in skipped else "")
+                  + ("; no serving probe" if SERVING_PROBE in skipped else ""), highlight=False)
+    return skipped
+
+
+def select_evaluate_report(cfg, home: Path, seed_dir: Path, placement=None, clock=None,
+                           store_url: str | None = None) -> Path:
+    """select (once) → test scoring of the seed and every candidate (once each) → the serving probe
+    (once) → the report. What the committed placement did not run is neither scored nor probed. With
+    `store_url`, the log is anchored there before the report checks it."""
+    from evidence.commitments import CommitmentLog
+    from evidence.placement import SERVING_PROBE, committed_placement, not_run
     from evidence.report import EvidenceError, write_report
     from training.errors import TrainError
     from orchestrate.trial import LocalPlacement
     from training.evaluate import attempts_dir
     from training.select import select
 
+    clock = clock or StageClock()
     placement = placement or LocalPlacement(seed_dir)
-    if CommitmentLog(home).latest("selection") is None:
-        sel = select(home, cfg)
-        say("select", f"committed: primary {sel['primary']} (fixed by the rules), "
-            f"{len(sel['candidates'])} candidates acknowledged")
-    for a in cfg.experiment.arms:
-        if (attempts_dir(home, "test", a.name)).exists():
-            say("test", f"{a.name}: already scored, attempts kept")
-            continue
-        with con.status(f"scoring {a.name} on the test cases…"):
-            res = placement.evaluate(home, a.name, "test", seed_dir)
-        say("test", f"{a.name}: {res['correct']}/{res['cases']} exact, retention probe loss "
-            f"{res['probe_mean_loss']:.4f} ({res['seconds']:.1f} s)")
-    if CommitmentLog(home).latest("serving") is None:
-        serve_probe(cfg, home)
-    else:
-        say("serve", "already probed, attempts kept")
+    skipped = not_run(committed_placement(home))
+    with clock("select"):
+        if CommitmentLog(home).latest("selection") is None:
+            sel = select(home, cfg)
+            say("select", f"committed: primary {sel['primary']} (fixed by the rules), "
+                f"{len(sel['candidates'])} candidates acknowledged"
+                + (f"; not run: {', '.join(a for a in sel['not_run'])}" if sel.get("not_run") else ""))
+    with clock("score"):
+        for a in cfg.experiment.arms:
+            if a.name in skipped:
+                con.print(f"test {a.name}: not scored, {skipped[a.name]}", highlight=False)
+                continue
+            if (attempts_dir(home, "test", a.name)).exists():
+                say("test", f"{a.name}: already scored, attempts kept")
+                continue
+            with con.status(f"scoring {a.name} on the test cases…"):
+                res = placement.evaluate(home, a.name, "test", seed_dir)
+            sc = res.get("scoring") or {}
+            clock.scoring[a.name] = {k: res[k] for k in ("cases", "correct", "accuracy", "probe_mean_loss", "seconds",
+                                                         "max_new_tokens")} | {"scoring": sc}
+            say("test", f"{a.name}: {res['correct']}/{res['cases']} exact, retention probe loss "
+                f"{res['probe_mean_loss']:.4f} ({res['seconds']:.1f} s"
+                + (f"; generation {sc['generation_seconds']:.1f} s in batches of {sc['batch']} on {sc['device']}"
+                   f" ({sc['generation_dtype']}): {sc['cases_per_second']:.2f} cases/s, "
+                   f"{sc['generated_tokens_per_second']:,.0f} generated tokens/s" if sc.get("cases_per_second")
+                   else "") + ")")
+    with clock("serve"):
+        if SERVING_PROBE in skipped:
+            con.print(f"serve {cfg.experiment.serving_arm}: {skipped[SERVING_PROBE]}", highlight=False)
+        elif CommitmentLog(home).latest("serving") is None:
+            serve_probe(cfg, home)
+        else:
+            say("serve", "already probed, attempts kept")
     out = home / "report.json"
-    if store_url:
-        anchor_home(home, store_url)
-    try:
-        rep = write_report(home, out, store=store_url)
-    except EvidenceError as e:
-        raise TrainError(f"evidence is inconsistent, no report written: {e}") from None
+    with clock("report"):
+        if store_url:
+            anchor_home(home, store_url)
+        try:
+            rep = write_report(home, out, store=store_url)
+        except EvidenceError as e:
+            raise TrainError(f"evidence is inconsistent, no report written: {e}") from None
     for g in rep["gates"]:
-        con.print(f"  gate {g['gate']}: {g['value']:.4g} → {'passed' if g['passed'] else 'FAILED'}",
+        con.print(f"  gate {g['gate']}: " + (f"not evaluated ({g['reason']})" if g["passed"] is None else
+                                             f"{g['value']:.4g} → {'passed' if g['passed'] else 'FAILED'}"),
                   highlight=False)
     show_final(rep)
     return out
 
 
 def show_final(rep: dict) -> None:
-    """The trial in one table: test accuracy per arm, payload per update, and the gates."""
+    """The trial in one table: test accuracy per arm (and what was not run), payload per update, and the gates."""
     from rich.table import Table
+    from rich.text import Text
 
     t = Table(title=f"{rep['experiment']}/{rep['profile']}: result (primary {rep['selection']['primary']})")
     for col in ("arm", "test exact", "accuracy", "MB/update"):
@@ -215,10 +348,13 @@ def show_final(rep: dict) -> None:
     for arm, a in rep["accuracy"].items():
         mb = rep["arms"].get(arm, {}).get("payload_bytes_per_update")
         t.add_row(arm, f"{a['correct']}/{a['cases']}", f"{a['accuracy']:.1%}", "—" if mb is None else f"{mb / 1e6:,.2f}")
+    for what, why in rep.get("not_run", {}).items():
+        t.add_row(Text(what), Text(why), "—", "—")
     con.print(t)
-    failed = rep.get("failed_gates", [])
-    con.print(f"gates: {len(rep['gates']) - len(failed)} of {len(rep['gates'])} passed"
-              + (f"; failed: {'; '.join(failed)}" if failed else ""), highlight=False)
+    failed, unevaluated = rep.get("failed_gates", []), rep.get("not_evaluated_gates", [])
+    con.print(f"gates: {len(rep['gates']) - len(failed) - len(unevaluated)} of {len(rep['gates'])} passed"
+              + (f"; failed: {'; '.join(failed)}" if failed else "")
+              + (f"; not evaluated: {'; '.join(unevaluated)}" if unevaluated else ""), highlight=False)
 
 
 def preserve_home(home: Path, url: str) -> dict:
@@ -300,14 +436,18 @@ def guard_stop(home: Path, stop: GuardStopped, cfg, url: str) -> int:
     return GUARD_STOP_EXIT
 
 
-def train_arms(cfg, home: Path, placement) -> list[dict]:
-    """Train every arm of the experiment, one after another (never two jobs on one device)."""
+def train_arms(cfg, home: Path, placement, not_run: dict[str, str] | None = None) -> list[dict]:
+    """Train every arm of the experiment the placement runs, one after another (never two jobs on
+    one device); an arm in `not_run` is never launched."""
     from training.errors import TrainError
     from training.results import finished, load_results, summarize
 
     out = []
     for a in cfg.experiment.arms:
         if a.kind == "seed":
+            continue
+        if a.name in (not_run or {}):
+            con.print(f"train {a.name}: {not_run[a.name]}", highlight=False)
             continue
         if finished(home, a.name, a.world_size):
             say("train", f"{a.name}: already finished, results kept")
@@ -485,26 +625,58 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
     usd = {x["arm"]: sum(ln["usd"] for ln in est["lines"]  # the estimate's own priced lines, per arm
                          if ln["category"] == "transfer" and ln["item"].startswith(f"{x['arm']}:"))
            for x in est["traffic"]}
+    placed = _plan_placement(exp, cfg, {a.name for a in arms}, problems)
     if as_json:
         print(json.dumps({**est, "arm": arm, "experiment": exp.name, "hours": cfg.hours,
                           "deadline": cfg.deadline and cfg.deadline.isoformat(), "vcpu": vcpu,
-                          "problems": problems}, indent=1))
+                          "placement": placed, "problems": problems}, indent=1))
         raise typer.Exit(1 if problems else 0)
     t = Table(title=f"{arm} ({exp.name}) on {len(cfg.hosts)} host(s) in {cfg.region}, {cfg.hours:g} h, "
                     f"deadline {cfg.deadline.isoformat() if cfg.deadline else 'not set'}")
-    for col in ("arm", "ranks", "syncs", "payload/sync", "rx+tx per host", "cross-zone", "transfer USD"):
+    for col in ("arm", "ranks", "GPUs", "syncs", "payload/sync", "rx+tx per host", "cross-zone", "transfer USD"):
         t.add_column(col, justify="right")
+    fits = {r["arm"]: r for r in (placed or {}).get("arms", [])}
     for x in est["traffic"]:
-        t.add_row(x["arm"], str(x["world_size"]), str(x["synchronizations"]),
+        r = fits.get(x["arm"])
+        t.add_row(x["arm"], str(x["world_size"]),
+                  "—" if r is None else "not run" if r["reason"] else "fits" if r["gpus_known"] else "unknown",
+                  str(x["synchronizations"]),
                   f"{x['payload_bytes_per_sync'] / GB:,.2f} GB", f"{x['host_bytes_rx_plus_tx'] / 1e12:,.3f} TB",
                   f"{x['cross_zone_bytes'] / 1e12:,.3f} TB", f"{usd[x['arm']]:,.2f}")
     con.print(t)
+    if placed is not None:
+        print(f"GPUs: {placed['cluster']['gpus_per_host']} per host ({placed['cluster']['gpus_from']}), one rank per "
+              f"host; an arm that does not fit is not run (`orchestrate run` trains the others)")
+        for r in placed["arms"]:
+            if r["reason"]:
+                print(f"  {r['arm']}: {r['reason']}")
     print(table(est))
     print(f"vCPUs: the hosts need {need}; G/VT quota "
           + (f"{vcpu['quota']:g}" if vcpu["quota"] is not None else f"unknown ({vcpu['note'] or 'not asked'})"))
     for p in problems:
         say("does not fit:", p, style="bold red")
     raise typer.Exit(1 if problems else 0)
+
+
+def _plan_placement(exp, cfg, planned: set[str], problems: list[str]) -> dict | None:
+    """Whether each planned arm's ranks get a GPU each on the stack's hosts (one rank per host; GPUs per
+    instance type from infra/prices.py, None where unknown: the arm is then listed as "unknown"). A host 0
+    without a GPU is a problem: nothing could train or score; an arm that does not fit is listed as not
+    run, as `run` would."""
+    from infra.prices import INSTANCE_TYPES
+    from orchestrate.cluster import ClusterError
+    from orchestrate.placement import hosts_devices, place
+
+    gpus = [INSTANCE_TYPES.get(h.instance_type, {}).get("gpus") for h in cfg.by_rank]
+    d = hosts_devices("stack", gpus, None, "infra/prices.py, per instance type")
+    try:
+        placed = {"cluster": d.as_dict(), **place(exp.arms, exp.serving_arm, "cuda", d)}
+    except ClusterError as e:
+        problems.append(str(e))
+        return None
+    placed["arms"] = [{**r, "gpus_known": None not in gpus[:r["world_size"]]} for r in placed["arms"]
+                      if r["arm"] in planned]
+    return placed
 
 
 @app.command()

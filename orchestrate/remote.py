@@ -38,7 +38,8 @@ dists = sorted((d.metadata["Name"].lower(), d.version) for d in m.distributions(
 files = sorted(p for p in pathlib.Path(sys.argv[1]).rglob("*.py") if "__pycache__" not in p.parts)
 own = hashlib.sha256(b"".join(p.relative_to(sys.argv[1]).as_posix().encode() + b"\0" + p.read_bytes()
                               for p in files)).hexdigest()
-print(json.dumps({"python": sys.version, "dists": dists, "project_files": own}))
+print(json.dumps({"python": sys.version, "dists": dists, "project_files": own,
+                  "gpus": torch.cuda.device_count()}))
 """
 
 
@@ -82,25 +83,32 @@ def stage_host(t: Transport, host: Host, *, python: str, wheel_dir: Path, lock: 
         t.put(local, f"{root}/{rel}")
     r = host_python(t, host, ENV_DIGEST, f"{root}/site", python=python)
     env = json.loads(r.check(f"{host.name}: environment report").stdout)
-    return {"host": host.name, "environment": env,
-            "digest": canonical_sha256(env)}
+    gpus = env.pop("gpus")  # what the host offers ranks, not part of its environment's identity
+    return {"host": host.name, "environment": env, "digest": canonical_sha256(env), "gpus": gpus}
 
 
 def stage(cluster: Cluster, transports: list[Transport], *, wheel_dir: Path,
           files: dict[str, Path], say: Callable[[str], None] = lambda m: None) -> str:
     """Stage every host; return the one environment digest they all report, or refuse."""
+    return stage_reports(cluster, transports, wheel_dir=wheel_dir, files=files, say=say)[0]
+
+
+def stage_reports(cluster: Cluster, transports: list[Transport], *, wheel_dir: Path,
+                  files: dict[str, Path], say: Callable[[str], None] = lambda m: None) -> tuple[str, list[dict]]:
+    """`stage`, also returning every host's report in rank order (its GPU count under "gpus")."""
     lock = wheelhouse_lock(wheel_dir)
     if not lock:
         raise StagingError(f"{wheel_dir} holds no wheels")
     reports = []
     for h, t in zip(cluster.by_rank, transports):
         reports.append(stage_host(t, h, python=h.python, wheel_dir=wheel_dir, lock=lock, files=files))
-        say(f"staged {h.name}: {len(lock)} wheels, {len(files)} files, environment {reports[-1]['digest'][:12]}…")
+        say(f"staged {h.name}: {len(lock)} wheels, {len(files)} files, environment {reports[-1]['digest'][:12]}…, "
+            f"{reports[-1]['gpus']} GPU(s)")
     digests = {r["digest"] for r in reports}
     if len(digests) != 1:
         raise StagingError("hosts report different environments, nothing trains: "
                            + ", ".join(f"{r['host']} {r['digest'][:16]}" for r in reports))
-    return digests.pop()
+    return digests.pop(), reports
 
 
 def liveness_probe(pidfile: str, heartbeat: str | None = None) -> str:

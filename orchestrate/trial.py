@@ -32,7 +32,8 @@ from orchestrate.guard import Guard, Polled, host_bytes
 from orchestrate.local import GroupResult, local_launch, supervise, threads_per_rank, train_argv
 from evidence.attempts import attempts
 from evidence.canonical import read_json
-from orchestrate.remote import collect, host_python, launch_remote_group, python_command, stage
+from orchestrate.remote import collect, host_python, launch_remote_group, python_command, stage_reports
+from orchestrate.placement import Devices, hosts_devices, local_devices, visible_gpus
 from orchestrate.transport import Transport, TransportError
 
 AWS_NCCL = {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple", "NCCL_IB_DISABLE": "1"}
@@ -48,6 +49,7 @@ class Placement(Protocol):
 
     def train(self, home: Path, arm: Any, *, max_restarts: int, echo: Callable[[str], None]) -> list[GroupResult]: ...
     def evaluate(self, home: Path, arm: str, role: str, seed_dir: Path) -> dict[str, Any]: ...
+    def devices(self, device: str) -> Devices: ...
     def close(self) -> None: ...
 
 
@@ -81,6 +83,10 @@ class LocalPlacement:
 
         return evaluate(home, arm, role, seed_dir=seed_dir)
 
+    def devices(self, device: str) -> Devices:
+        """This machine's GPUs, shared by every rank (orchestrate/placement.py)."""
+        return local_devices(self.hosts, device)
+
     def close(self) -> None:
         pass
 
@@ -100,6 +106,7 @@ class RemotePlacement:
         self.polled: list[Polled] = []
         self.guard = guard if guard is not None else self._guard()
         self.digest: str | None = None
+        self.reports: list[dict[str, Any]] = []  # each host's staging report, in rank order
 
     def _guard(self) -> Guard:
         c = self.cluster
@@ -119,7 +126,16 @@ class RemotePlacement:
                   if p.is_file()}
         files |= {f"seed/{p.relative_to(self.model_dir)}": p for p in sorted(self.model_dir.rglob("*"))
                   if p.is_file()}
-        self.digest = stage(self.cluster, self.ts, wheel_dir=self.wheel_dir, files=files, say=self.say)
+        self.digest, self.reports = stage_reports(self.cluster, self.ts, wheel_dir=self.wheel_dir, files=files,
+                                                  say=self.say)
+
+    def devices(self, device: str) -> Devices:
+        """Each host's GPUs as its staging report counted them (staging the hosts if not yet done);
+        the serving probe's replicas run on this machine."""
+        self._stage()
+        here = visible_gpus()[0] if device == "cuda" else None
+        return hosts_devices(self.cluster.source, [r["gpus"] for r in self.reports], here,
+                             "each host's environment report (torch.cuda.device_count())")
 
     def _push_log(self, ranks: range) -> None:
         """Every host of the next stage starts from the controller's log (rank 0 appends to it)."""

@@ -69,6 +69,13 @@ def test_orchestrate_run_smoke(finished_trial):
     assert rep["serving"]["replicas"] == 4 and rep["serving"]["stopped"]["replica"] == "replica-3"
     assert [g["passed"] for g in rep["gates"] if g["gate"].startswith("serving")] == [True, True, True]
     assert set(rep["accuracy"]) == {"seed", "single", "ddp-four", "diloco-four"}
+    assert rep["not_run"] == {} and rep["not_evaluated_gates"] == []  # one CPU machine places every arm
+    # the gates a not-run arm would leave unevaluated carry the names the report gives them
+    from evidence.placement import rule_gates
+
+    acc = p["experiment"]["experiment"]["acceptance"]
+    named = {g for g, _ in rule_gates(acc, rep["selection"]["primary"], rep["selection"]["baseline"])}
+    assert len(named) == 6 and named <= {g["gate"] for g in rep["gates"]}
     # smoke's H = 4 gives 1/4 of DDP's bytes: the 1/8 gate fails, is listed, and changes nothing
     gate = next(g for g in rep["gates"] if g["gate"].startswith("bytes"))
     assert gate["value"] == 0.25 and not gate["passed"] and gate["gate"] in rep["failed_gates"]
@@ -121,3 +128,59 @@ def test_a_guard_stop_preserves_the_trial_so_far(tmp_path, tiny_seed, monkeypatc
     assert "runs/single/rank-0/heartbeat.json" in index["files"]
     r = run_cli("-m", "orchestrate", "down", "--home", str(home))
     assert r.returncode == 0 and f"verified {preserved['files']} objects" in " ".join(r.stderr.split()), r.stderr
+
+
+def test_run_reports_an_arm_the_gpus_cannot_place_and_runs_the_rest(tmp_path, tiny_seed, monkeypatch):
+    """One GPU (TRIAL_GPUS=1) for cooperative-learning: clean-pair's two ranks cannot each get their
+    own GPU, so it is not run — reported before anything launches, never launched, never restarted —
+    while the single arms train, are selected and scored; the serving probe (of clean-pair) is not run
+    and its gates are not evaluated; the report and the evidence store hold it all. CI has no GPU: the
+    smoke profile's ranks run on CPU while placement treats the profile as a CUDA one (in-process)."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from evidence.canonical import read_json
+    from evidence.commitments import CommitmentLog
+    from orchestrate.cli import app
+
+    seeds = tmp_path / "seeds"
+    seeds.mkdir()
+    shutil.copytree(tiny_seed, seeds / "tiny")
+    monkeypatch.setenv("TRIAL_GPUS", "1")
+    monkeypatch.setattr("orchestrate.placement.trial_device", lambda cfg: "cuda")
+    record = tmp_path / "record.json"
+    r = CliRunner().invoke(app, ["run", "cooperative-learning", "--profile", "smoke", "--trials",
+                                 str(tmp_path / "trials"), "--seeds", str(seeds), "--record", str(record)])
+    out = " ".join(r.output.split())
+    assert r.exit_code == 0, r.output
+    why = "not run: needs 2 GPUs, the cluster has 1"
+    assert f"clean-pair: {why}" in out and "1 GPU(s) on this machine (TRIAL_GPUS)" in out
+    assert out.index(f"clean-pair: {why}") < out.index("train clean-single")  # said up front
+    home = tmp_path / "trials" / "cooperative-learning-smoke"
+    assert not (home / "runs" / "clean-pair").exists() and not (home / "logs" / "clean-pair").exists()
+    kinds = [e["kind"] for e in CommitmentLog(home).entries()]
+    assert kinds[:2] == ["prepare", "placement"] and "numerical-profile" in kinds  # placed before training
+    assert read_json(home / "selection.json")["not_run"] == {"clean-pair": why}
+    assert read_json(home / "selection.json")["serving"] == "clean-pair"  # the rules, unchanged
+    assert sorted(p.name for p in (home / "evaluations" / "test").iterdir()) == ["clean-single", "damaged-single",
+                                                                                 "seed"]
+    assert not (home / "serving").exists()
+    rep = read_json(home / "report.json")
+    assert rep["not_run"] == {"clean-pair": why, "serving probe": "not run: its arm clean-pair is not run "
+                                                                  "(needs 2 GPUs, the cluster has 1)"}
+    serving = [g for g in rep["gates"] if g["gate"].startswith("serving")]
+    assert len(serving) == 3 and all(g["passed"] is None for g in serving)
+    assert rep["not_evaluated_gates"] == [g["gate"] for g in serving]
+    assert {g["gate"] for g in rep["gates"] if g["passed"] is not None} >= {"gain ≥ 5.0 pp", "McNemar p ≤ 0.01"}
+    assert set(rep["accuracy"]) == {"seed", "clean-single", "damaged-single"}
+    assert "not evaluated: serving probe not run" in (home / "report.md").read_text()
+    index = read_json(tmp_path / "trials" / "store" / read_json(home / "preserved.json")["index"])
+    assert "placement.json" in index["files"]
+    rec = read_json(record)
+    assert rec["exit"] == 0 and rec["not_run"] == rep["not_run"] and rec["arm"] == "clean-single"
+    assert set(rec["stages_seconds"]) == {"seed", "prepare", "placement", "train", "select", "score", "serve",
+                                          "report", "preserve"}
+    assert set(rec["scoring"]) == {"seed", "clean-single", "damaged-single"}
+    assert all(s["scoring"]["generated_tokens"] > 0 for s in rec["scoring"].values())
+    assert "stages: seed" in out and f"record {record}" in out

@@ -92,3 +92,25 @@ def test_profile_base_expands_to_the_written_out_profile(tmp_path, monkeypatch):
     f.write_text(text + '\n[profiles.a]\nbase = "b"\n\n[profiles.b]\nbase = "a"\n')
     with pytest.raises(ConfigError, match="profile bases form a cycle: a → b → a"):
         load_experiment("cooperative-learning")
+
+
+def test_gpu_135m_is_the_gpu_scale_with_the_real_seed():
+    """gpu-135m: the gpu profile's data scale and the experiment's rules, with the SmolLM2-135M seed;
+    only the seed, the speed switches and the scoring batch differ, and every rule still resolves."""
+    data = ("tasks", "replay", "dev", "test", "probes", "updates", "max_context", "records", "replay_steps",
+            "replay_parts", "global_batch", "sync_every", "dense_warmup", "checkpoint_every", "device", "dtype")
+    for name in experiment_names():
+        small, full = resolve(name, "gpu-135m"), resolve(name, "gpu")
+        assert small.as_dict()["experiment"] == full.as_dict()["experiment"]
+        assert {k: getattr(small.profile, k) for k in data} == {k: getattr(full.profile, k) for k in data}
+        assert (small.profile.seed, full.profile.seed) == ("smollm2-135m", "local")
+        assert (small.profile.device, small.profile.dtype) == ("cuda", "bfloat16")
+        changed = {k for k, v in small.profile.model_dump().items() if v != getattr(full.profile, k)}
+        assert changed <= {"seed", "compile", "fused_optimizer", "pack", "pack_tokens", "score_batch", "score_dtype"}
+        assert small.profile.updates * small.global_batch % small.documents == 0
+    batched = resolve("batched-learning", "gpu-135m")
+    assert (batched.documents, batched.global_batch, batched.epochs) == (8192, 256, 4)
+    assert batched.profile.pack and batched.profile.compile  # packing on CUDA needs the compiled decoder
+    from training.config import lineage
+
+    assert [r.profile_name for r in lineage("batched-learning", "gpu-135m")] == ["gpu-135m"] * 3

@@ -118,3 +118,33 @@ def test_a_spent_budget_starts_nothing(aws, tmp_path):
                 "--cluster", str(tmp_path / "cluster.json"))
     assert r.returncode == 2 and "is spent ($100.50 of $100.00); nothing starts" in " ".join(r.stderr.split())
     assert not (tmp_path / "t").exists()  # refused before anything was prepared
+
+
+def test_plan_shows_which_arms_the_hosts_gpus_fit(tmp_path, monkeypatch):
+    """One rank per host on its GPU: with a GPU-less host among four, the four-rank arms are listed as
+    not run (and `run` would train the others); the plan itself still fits. An instance type whose
+    GPU count is not known says so."""
+    import yaml
+
+    import infra.prices
+
+    monkeypatch.setitem(infra.prices.INSTANCE_TYPES, "c7i.xlarge", {"vcpus": 4, "gpus": 0, "ebs_baseline_mb_s": None})
+    stack = yaml.safe_load(open("Pulumi.dev.yaml"))
+    conf = stack["config"]["trials:cluster"]
+    conf["hosts"][3]["instance_type"] = "c7i.xlarge"
+    conf["prices"] = {"instance/c7i.xlarge": 0.2, "instance/x9.unknown": 1.0}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(stack))
+    r = CliRunner().invoke(app, ["plan", "diloco-four", "--stack", str(tmp_path / "s.yaml"), "--no-quota", "--json"])
+    assert r.exit_code == 0, r.output
+    placed = json.loads(r.stdout)["placement"]
+    assert placed["cluster"]["gpus_per_host"] == [1, 1, 1, 0]
+    assert {a["arm"]: a["reason"] for a in placed["arms"]} == {
+        "single": None, "ddp-four": "not run: needs 4 GPUs, the cluster has 3",
+        "diloco-four": "not run: needs 4 GPUs, the cluster has 3"}
+    r = CliRunner().invoke(app, ["plan", "diloco-four", "--stack", str(tmp_path / "s.yaml"), "--no-quota"])
+    assert r.exit_code == 0 and "not run: needs 4 GPUs, the cluster has 3" in " ".join(r.output.split())
+    conf["hosts"][0]["instance_type"] = "x9.unknown"
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(stack))
+    r = CliRunner().invoke(app, ["plan", "diloco-four", "--stack", str(tmp_path / "s.yaml"), "--no-quota", "--json"])
+    arms = {a["arm"]: a for a in json.loads(r.stdout)["placement"]["arms"]}
+    assert arms["single"]["runs"] and not arms["single"]["gpus_known"]

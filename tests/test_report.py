@@ -52,6 +52,11 @@ def test_full_trial_report(copy, tmp_path):
     # the gates are listed with their values; failures are reported, the selection is unchanged
     assert {g["gate"] for g in rep["gates"]} >= {"gain ≥ 5.0 pp", "McNemar p ≤ 0.01"}
     assert rep["failed_gates"] == [g["gate"] for g in rep["gates"] if not g["passed"]]
+    from evidence.placement import rule_gates  # what a not-run primary would leave unevaluated: these names
+
+    acc = read_json(copy / "prepared.json")["experiment"]["experiment"]["acceptance"]
+    named = [g for g, _ in rule_gates(acc, "clean-single", "seed")]
+    assert named == [g["gate"] for g in rep["gates"]][:3]
     # recomputed from raw answers: the accuracy equals the answers file's verdicts
     answers = [json.loads(x) for x in (copy / "evaluations" / "test" / "clean-single" / "attempt-1"
                                        / "answers.jsonl").read_text().splitlines()]

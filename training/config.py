@@ -92,6 +92,8 @@ class Profile(_Strict):
     fused_optimizer: bool = False  # AdamW's fused CUDA kernel instead of the foreach one
     pack: bool = False  # a microbatch's documents in one row (no padding); FlexAttention on CUDA
     pack_tokens: int | None = None  # packed rows of exactly this many tokens, filled first-fit (one shape)
+    score_batch: int = 16  # test/dev cases generated together (left-padded greedy decoding)
+    score_dtype: Literal["float32", "bfloat16"] = "float32"  # generation's autocast on CUDA (probes stay FP32)
 
     @model_validator(mode="after")
     def _ranges(self) -> "Profile":
@@ -102,7 +104,7 @@ class Profile(_Strict):
             lo, hi = getattr(self, name)
             if not 1 <= lo <= hi:
                 raise ValueError(f"{name} must be [lo, hi] with 1 <= lo <= hi")
-        for name in ("tasks", "replay", "dev", "test", "probes", "updates", "max_context"):
+        for name in ("tasks", "replay", "dev", "test", "probes", "updates", "max_context", "score_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.pack_tokens is not None and (not self.pack or self.pack_tokens < self.max_context):

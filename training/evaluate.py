@@ -68,9 +68,68 @@ def generation_budget(tok: Any, cases: Any) -> int:
                    for c in cases) + 8
 
 
+def eos_ids(model: Any, tok: Any) -> set[int]:
+    """Every token that ends an answer: the generation config's (one or a list) and the tokenizer's."""
+    ids = model.generation_config.eos_token_id
+    ids = set(ids if isinstance(ids, (list, tuple)) else [] if ids is None else [ids])
+    return ids | ({tok.eos_token_id} if tok.eos_token_id is not None else set())
+
+
+def answer_tokens(seq: Any, eos: set[int]) -> list[int]:
+    """A generated row up to and including its first end token: what one-at-a-time generation returns
+    (a batched row continues with padding once it has ended)."""
+    out = []
+    for t in (int(x) for x in seq):
+        out.append(t)
+        if t in eos:
+            break
+    return out
+
+
+def generate_answers(model: Any, tok: Any, cases: list[dict[str, Any]], *, batch: int, max_new_tokens: int,
+                     device: Any, autocast_dtype: Any = None, after: Any = None) -> list[list[int]]:
+    """Greedy answers to `cases`, `batch` prompts at a time, in the cases' order.
+
+    Prompts are left-padded and masked; `generate` derives each row's positions from the mask
+    (cumulative sum − 1), so a padded row sees the positions and keys its prompt has alone: in exact
+    arithmetic batching changes nothing. What can differ is rounding, since another batch shape may
+    pick other kernels; tests/test_scoring.py checks token-for-token equality with one-at-a-time
+    generation on CPU in FP32, and bench/scoring_bench.py measures it on the GPU for each dtype.
+    `autocast_dtype` (CUDA only) runs generation's matmuls in that dtype. `after(done)` is called
+    after each batch with the number of cases answered."""
+    import contextlib
+
+    import torch
+
+    tok.padding_side = "left"
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    eos = eos_ids(model, tok)
+    cast = (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None and device.type == "cuda"
+            else contextlib.nullcontext())
+    out: list[list[int]] = []
+    for i in range(0, len(cases), batch):
+        chunk = cases[i:i + batch]
+        enc = tok([prompt_text(tok, c) for c in chunk], add_special_tokens=False, return_tensors="pt",
+                  padding=True).to(device)
+        with torch.no_grad(), cast:
+            gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
+        out += [answer_tokens(seq, eos) for seq in gen[:, enc["input_ids"].shape[1]:].tolist()]
+        if after is not None:
+            after(len(out))
+    return out
+
+
+def scoring_settings(prepared: dict[str, Any]) -> tuple[int, str]:
+    """(cases per generation batch, generation dtype) as the committed profile says; homes prepared
+    before these settings existed score as they did then (16, FP32)."""
+    prof = prepared["experiment"]["profile"]
+    return int(prof.get("score_batch", 16)), str(prof.get("score_dtype", "float32"))
+
+
 def evaluate(home: str | os.PathLike[str], arm: str, role: str, *, seed_dir: Path | None = None,
-             retry_reason: str | None = None, batch: int = 16,
+             retry_reason: str | None = None, batch: int | None = None,
              say=lambda m: None) -> dict[str, Any]:
+    """Score `arm` on every case of `role`; `batch` overrides the profile's `score_batch` (benchmarks)."""
     import torch
 
     from training.corpus import Corpus
@@ -110,27 +169,31 @@ def evaluate(home: str | os.PathLike[str], arm: str, role: str, *, seed_dir: Pat
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     tok = load_tokenizer(model_dir, verified=True)
     model.to(device)
+    score_batch, score_dtype = scoring_settings(prepared)
+    batch = batch or score_batch
+    cast = getattr(torch, score_dtype) if device.type == "cuda" and score_dtype != "float32" else None
     cases = [c for c in load_cases(home).values() if c["split"] == role]
     max_new = generation_budget(tok, cases)
-    tok.padding_side = "left"
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    t_gen = time.perf_counter()
+    answers = generate_answers(model, tok, cases, batch=batch, max_new_tokens=max_new, device=device,
+                               autocast_dtype=cast,
+                               after=lambda k: say(f"{role} {arm}: {k}/{len(cases)} answered"))
+    sync()
+    gen_s = time.perf_counter() - t_gen
     rows = []
-    for i in range(0, len(cases), batch):
-        chunk = cases[i:i + batch]
-        texts = [prompt_text(tok, c) for c in chunk]
-        enc = tok(texts, add_special_tokens=False, return_tensors="pt", padding=True).to(device)
-        with torch.no_grad():
-            gen = model.generate(**enc, max_new_tokens=max_new, do_sample=False, pad_token_id=pad)
-        for c, seq in zip(chunk, gen[:, enc["input_ids"].shape[1]:]):
-            text = tok.decode(seq, skip_special_tokens=True).strip()
-            v = check_answer(text, c["schema"], c["answer"])
-            rows.append({"case_id": c["case_id"], "family": c["family"],
-                         "heldout_variant": c["heldout_variant"], "text": text, **v.as_dict()})
-        say(f"{role} {arm}: {min(i + batch, len(cases))}/{len(cases)} answered")
+    for c, ids in zip(cases, answers):
+        text = tok.decode(ids, skip_special_tokens=True).strip()
+        v = check_answer(text, c["schema"], c["answer"])
+        rows.append({"case_id": c["case_id"], "family": c["family"], "heldout_variant": c["heldout_variant"],
+                     "text": text, "token_ids": ids, **v.as_dict()})
     with open(out / "answers.jsonl", "w", encoding="utf-8") as f:
         for r in rows:
             f.write(json.dumps(r, sort_keys=True) + "\n")
 
+    t_probe = time.perf_counter()
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     probes = Corpus.load(home / "inputs" / "probes.safetensors")
     probes.weights[:] = 1
     loss_fn = WeightedResponseLoss(model)
@@ -143,11 +206,21 @@ def evaluate(home: str | os.PathLike[str], arm: str, role: str, *, seed_dir: Pat
     with open(out / "probes.jsonl", "w", encoding="utf-8") as f:
         for r in probe_rows:
             f.write(json.dumps(r, sort_keys=True) + "\n")
+    probe_s = time.perf_counter() - t_probe
     correct = sum(r["correct"] for r in rows)
+    tokens = sum(len(r["token_ids"]) for r in rows)
     summary = {"arm": arm, "role": role, "attempt": n, "model_receipt": receipt_digest,
                "cases": len(rows), "correct": correct, "accuracy": correct / max(1, len(rows)),
                "probe_mean_loss": sum(r["loss"] for r in probe_rows) / max(1, len(probe_rows)),
                "max_new_tokens": max_new, "seconds": time.perf_counter() - t0,
+               # how it was scored, and how fast: generated tokens count each answer up to and including
+               # its end token (padding after a row's end is not counted); probes are scored in FP32
+               "scoring": {"device": str(device), "batch": batch,
+                           "generation_dtype": score_dtype if cast else "float32",
+                           "generation_seconds": gen_s, "generated_tokens": tokens,
+                           "cases_per_second": len(rows) / gen_s if gen_s > 0 else None,
+                           "generated_tokens_per_second": tokens / gen_s if gen_s > 0 else None,
+                           "probe_seconds": probe_s, "load_seconds": t_gen - t0},
                "retry_reason": retry_reason}
     write_json_atomic(out / "summary.json", summary)
     receipt = make_receipt(out, meta={"arm": arm, "role": role, "attempt": n}, exclude=["started.json"])

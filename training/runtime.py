@@ -63,7 +63,12 @@ def pick_device(kind: str, local_rank: int) -> torch.device:
         if not torch.cuda.is_available():
             raise RuntimeSetupError("this profile trains on CUDA but no CUDA device is visible "
                                     "(use the cpu or smoke profile on this machine)")
-        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+        n = torch.cuda.device_count()
+        if not 0 <= local_rank < n:  # sharing a GPU would only meet the other rank's device lock
+            raise RuntimeSetupError(f"LOCAL_RANK={local_rank} has no GPU of its own: {n} visible; every rank "
+                                    f"on a host needs its own GPU (orchestrate run reports an arm that needs "
+                                    f"more GPUs than the cluster has as not run, before anything launches)")
+        torch.cuda.set_device(local_rank)
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 

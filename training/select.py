@@ -7,6 +7,11 @@ and (when the profile checkpoints) each rank's last manifest; all are verified f
 the final parameters, each result belongs to its rank, the model's files match its receipt, and the
 receipt vouches for the agreed parameters. The selection names the experiment's primary arm and
 serving arm as written in its rules.
+
+An arm the committed placement did not run (the cluster could not give each of its ranks a GPU,
+evidence/placement.py) is no candidate; it is listed with its reason under `not_run`, decided before
+any training and so independent of any result. The rules stay as written even when the primary or
+serving arm is among them: the report then shows the gates that need it as not evaluated.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any
 
 from evidence.canonical import file_sha256, read_json, write_json_atomic
 from evidence.commitments import CommitmentLog
+from evidence.placement import committed_placement, not_run
 from evidence.receipts import verify_receipt
 from training.errors import TrainError
 
@@ -62,9 +68,12 @@ def select(home: str | os.PathLike[str], cfg: Any) -> dict[str, Any]:
     log = CommitmentLog(home)
     if log.latest("selection") is not None:
         raise TrainError(f"{home} already has a committed selection ({SELECTION}); it is made once")
-    arms = [a for a in cfg.experiment.arms if a.kind != "seed"]
+    skipped = {a: why for a, why in not_run(committed_placement(home)).items()
+               if a in {x.name for x in cfg.experiment.arms}}
+    arms = [a for a in cfg.experiment.arms if a.kind != "seed" and a.name not in skipped]
     acks = [acknowledge(home, a) for a in arms]
-    write_json_atomic(home / CANDIDATES, {"experiment": cfg.experiment.name, "candidates": acks})
+    write_json_atomic(home / CANDIDATES, {"experiment": cfg.experiment.name, "candidates": acks,
+                                          **({"not_run": skipped} if skipped else {})})
     log.append("candidates", CANDIDATES, {"arms": [a.name for a in arms]})
     acc = cfg.experiment.acceptance
     selection = {
@@ -74,6 +83,7 @@ def select(home: str | os.PathLike[str], cfg: Any) -> dict[str, Any]:
         "candidates": {a["arm"]: a["model"]["receipt_digest"] for a in acks},
         "candidates_sha256": file_sha256(home / CANDIDATES),
         "rule": "the primary arm is fixed by the experiment's acceptance rules, never by a score",
+        **({"not_run": skipped} if skipped else {}),  # by the committed placement, before any training
     }
     write_json_atomic(home / SELECTION, selection)
     log.append("selection", SELECTION, {"primary": acc.primary})

