@@ -79,10 +79,15 @@ def not_evaluated(gate: str, reason: str) -> dict[str, Any]:
 
 def unevaluated_gates(acc: dict[str, Any], primary: str, baseline: str, skipped: dict[str, str],
                       present: set[str]) -> list[dict[str, Any]]:
-    """The rule gates that need an arm the placement did not run (and that were not evaluated)."""
+    """Every rule gate the report could not evaluate, so none disappears: one that needs an arm the
+    placement did not run says so; any other says what it lacks (before, a seed whose only test
+    attempt had not finished silently took the primary gates out of the report)."""
     out = []
     for gate, arms in rule_gates(acc, primary, baseline):
+        if gate in present:
+            continue
         missing = [a for a in arms if a in skipped]
-        if missing and gate not in present:
-            out.append(not_evaluated(gate, "; ".join(f"{a} {skipped[a]}" for a in missing)))
+        out.append(not_evaluated(gate, "; ".join(f"{a} {skipped[a]}" for a in missing) if missing else
+                                 f"what it needs of {' and '.join(arms)} is not in the home (a finished test "
+                                 "evaluation, its probes, a training result)"))
     return out

@@ -118,6 +118,9 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
         clock.exit, clock.about["error"] = 2, str(e)
         say("error:", str(e), style="bold red")
         raise typer.Exit(2)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (`main`): ranks are stopped below, the record says so
+        clock.exit, clock.about["error"] = 130, str(e) or "interrupted"
+        raise
     except Exception as e:  # a bad option (typer's own message and exit), or a bug: recorded as it ends
         clock.exit, clock.about["error"] = None, repr(e)
         raise
@@ -283,6 +286,8 @@ def select_evaluate_report(cfg, home: Path, seed_dir: Path, placement=None, cloc
     from evidence.report import EvidenceError, write_report
     from training.errors import TrainError
     from orchestrate.trial import LocalPlacement
+    from evidence.attempts import attempts
+    from evidence.covered import CoveredFileError
     from training.evaluate import attempts_dir
     from training.select import select
 
@@ -300,11 +305,13 @@ def select_evaluate_report(cfg, home: Path, seed_dir: Path, placement=None, cloc
             if a.name in skipped:
                 con.print(f"test {a.name}: not scored, {skipped[a.name]}", highlight=False)
                 continue
-            if (attempts_dir(home, "test", a.name)).exists():
+            tried = attempts(attempts_dir(home, "test", a.name))
+            if any((d / "receipt.json").is_file() for d in tried):
                 say("test", f"{a.name}: already scored, attempts kept")
                 continue
+            retry = f"attempt(s) {', '.join(d.name for d in tried)} did not finish" if tried else None
             with con.status(f"scoring {a.name} on the test cases…"):
-                res = placement.evaluate(home, a.name, "test", seed_dir)
+                res = placement.evaluate(home, a.name, "test", seed_dir, retry=retry)
             sc = res.get("scoring") or {}
             clock.scoring[a.name] = {k: res[k] for k in ("cases", "correct", "accuracy", "probe_mean_loss", "seconds",
                                                          "max_new_tokens")} | {"scoring": sc}
@@ -321,14 +328,21 @@ def select_evaluate_report(cfg, home: Path, seed_dir: Path, placement=None, cloc
             serve_probe(cfg, home)
         else:
             say("serve", "already probed, attempts kept")
-    out = home / "report.json"
     with clock("report"):
         if store_url:
             anchor_home(home, store_url)
-        try:
-            rep = write_report(home, out, store=store_url)
-        except EvidenceError as e:
-            raise TrainError(f"evidence is inconsistent, no report written: {e}") from None
+        for n in range(1, 1000):  # a preserved report that new evidence changes is kept: the next one
+            out = home / ("report.json" if n == 1 else f"report-{n}.json")  # gets the next free name
+            try:
+                rep = write_report(home, out, store=store_url)
+                break
+            except CoveredFileError:
+                continue
+            except EvidenceError as e:
+                raise TrainError(f"evidence is inconsistent, no report written: {e}") from None
+        if out.name != "report.json":
+            say("report", f"{home / 'report.json'} is preserved evidence and the evidence has grown since: this "
+                          f"report is {out.name}")
     for g in rep["gates"]:
         con.print(f"  gate {g['gate']}: " + (f"not evaluated ({g['reason']})" if g["passed"] is None else
                                              f"{g['value']:.4g} → {'passed' if g['passed'] else 'FAILED'}"),
@@ -821,4 +835,12 @@ def recovery_trial_cmd(
 
 
 def main() -> None:
+    import signal
+
+    def terminated(signum: int, frame) -> None:
+        raise KeyboardInterrupt("terminated (SIGTERM)")
+
+    # `timeout`, a scheduler or `kill` ends a run with SIGTERM, which Python would obey at once, skipping
+    # every `finally`: ranks left running, holds and records not written. As Ctrl-C, it unwinds instead.
+    signal.signal(signal.SIGTERM, terminated)
     app()

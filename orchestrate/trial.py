@@ -48,7 +48,7 @@ class Placement(Protocol):
     at most `max_restarts` times) and scores one; the results end up in the controller's home."""
 
     def train(self, home: Path, arm: Any, *, max_restarts: int, echo: Callable[[str], None]) -> list[GroupResult]: ...
-    def evaluate(self, home: Path, arm: str, role: str, seed_dir: Path) -> dict[str, Any]: ...
+    def evaluate(self, home: Path, arm: str, role: str, seed_dir: Path, retry: str | None = None) -> dict[str, Any]: ...
     def devices(self, device: str) -> Devices: ...
     def close(self) -> None: ...
 
@@ -78,10 +78,10 @@ class LocalPlacement:
         return supervise(launch, log_root=home / "logs" / arm.name, max_restarts=max_restarts,
                          resume_first=first, can_resume=can, echo=echo)
 
-    def evaluate(self, home: Path, arm: str, role: str, seed_dir: Path) -> dict[str, Any]:
+    def evaluate(self, home: Path, arm: str, role: str, seed_dir: Path, retry: str | None = None) -> dict[str, Any]:
         from training.evaluate import evaluate
 
-        return evaluate(home, arm, role, seed_dir=seed_dir)
+        return evaluate(home, arm, role, seed_dir=seed_dir, retry_reason=retry)
 
     def devices(self, device: str) -> Devices:
         """This machine's GPUs, shared by every rank (orchestrate/placement.py)."""
@@ -252,7 +252,7 @@ class RemotePlacement:
                  f"{added} commitment(s) taken")
 
     # -- scoring -------------------------------------------------------------------------------
-    def evaluate(self, home: Path, arm: str, role: str, seed_dir: Path) -> dict[str, Any]:
+    def evaluate(self, home: Path, arm: str, role: str, seed_dir: Path, retry: str | None = None) -> dict[str, Any]:
         """`python -m training evaluate` on rank 0's host (where every arm's model already is)."""
         self._stage()
         h, t = self.hosts[0], self.ts[0]
@@ -273,7 +273,7 @@ class RemotePlacement:
                         t.put(p, f"{h.root}/home/{p.relative_to(home)}")
         cmd = f"cd {shlex.quote(h.root)} && " + python_command(
             h, "-m", "training", "evaluate", "--home", f"{h.root}/home", "--arm", arm, "--role", role,
-            "--model-dir", f"{h.root}/seed")
+            "--model-dir", f"{h.root}/seed", *(["--retry", retry] if retry else []))
         env = {"OMP_NUM_THREADS": str(os.cpu_count() or 1)} if self.shared_cores else {}
         r = t.run(cmd, env=env, timeout=6 * 3600)
         if r.status != 0:

@@ -188,5 +188,5 @@ def test_an_edited_placement_stops_the_report(primary_not_run, tmp_path):
     p.write_text(json.dumps(rec))
     out = tmp_path / "r.json"
     r = run_cli("-m", "evidence", "report", "--home", str(home), "--output", str(out))
-    assert r.returncode == 2 and "placement: committed file changed" in " ".join(r.stderr.split())
+    assert r.returncode == 2 and "(placement): committed file changed" in " ".join(r.stderr.split())
     assert not out.exists()

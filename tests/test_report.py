@@ -163,3 +163,29 @@ def test_another_arms_attempt_copied_over_is_caught(copy, tmp_path):
     shutil.rmtree(dst)
     shutil.copytree(copy / "evaluations" / "test" / "clean-pair" / "attempt-1", dst)
     refused(copy, tmp_path, "committed file changed")
+
+
+def test_a_gate_without_its_evidence_is_shown_not_dropped(trained, tmp_path, tiny_seed):
+    """The seed's only test attempt never finished (a crash mid-scoring, as the first GPU study's
+    scoring did): the primary gates are listed as not evaluated, saying why, instead of vanishing;
+    once another attempt is scored (its retry reason recorded), they are evaluated."""
+    home = tmp_path / "home"
+    shutil.copytree(trained, home)
+    assert run_cli("-m", "training", "select", "--home", str(home)).returncode == 0
+    for arm in ARMS:
+        assert evaluate(home, arm, tiny_seed).returncode == 0
+    started = home / "evaluations" / "test" / "seed" / "attempt-1"
+    started.mkdir(parents=True)
+    (started / "started.json").write_text(json.dumps({"arm": "seed", "role": "test", "attempt": 1}))
+    r = report(home, tmp_path / "r.json")
+    assert r.returncode == 0, r.stderr
+    rep = read_json(tmp_path / "r.json")
+    gates = {g["gate"]: g for g in rep["gates"]}
+    for name in ("gain ≥ 5.0 pp", "McNemar p ≤ 0.01", "retention upper bound ≤ +0.02 nats"):
+        assert gates[name]["passed"] is None and "clean-single and seed is not in the home" in gates[name]["reason"]
+        assert name in rep["not_evaluated_gates"] and name not in rep["failed_gates"]
+    assert evaluate(home, "seed", tiny_seed, "--retry", "attempt-1 did not finish").returncode == 0
+    assert report(home, tmp_path / "r2.json").returncode == 0
+    rep = read_json(tmp_path / "r2.json")
+    assert rep["accuracy"]["seed"]["attempts"] == 2
+    assert {g["gate"] for g in rep["gates"] if g["passed"] is not None} >= {"gain ≥ 5.0 pp", "McNemar p ≤ 0.01"}

@@ -66,3 +66,24 @@ def test_answer_tokens_stop_at_the_first_end_token():
     assert answer_tokens([5, 6, 2, 2, 2], {2}) == [5, 6, 2]
     assert answer_tokens([5, 6, 7], {2}) == [5, 6, 7]
     assert answer_tokens([9, 3, 4], {3, 4}) == [9, 3]
+
+
+def test_a_tokenizer_without_a_pad_token_still_batches(model_and_cases):
+    """A seed saved by transformers 5.17 (the H200's) has no pad token: scoring then pads with the end
+    token (masked), and the answers are the ones a tokenizer with a pad token gives (before, the first
+    GPU study's scoring stopped at 'Asking to pad but the tokenizer does not have a padding token')."""
+    import copy
+
+    import torch
+
+    from training.evaluate import generate_answers, generation_budget
+
+    model, tok, cases = model_and_cases
+    sample = cases[:6]
+    budget = generation_budget(tok, sample)
+    cpu = torch.device("cpu")
+    want = generate_answers(model, tok, sample, batch=3, max_new_tokens=budget, device=cpu)
+    bare = copy.deepcopy(tok)
+    bare.pad_token = None
+    assert bare.pad_token_id is None
+    assert generate_answers(model, bare, sample, batch=3, max_new_tokens=budget, device=cpu) == want

@@ -102,7 +102,9 @@ def generate_answers(model: Any, tok: Any, cases: list[dict[str, Any]], *, batch
     import torch
 
     tok.padding_side = "left"
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    if tok.pad_token_id is None:  # a tokenizer saved without one (transformers 5.17 drops it): pad with
+        tok.pad_token = tok.eos_token  # the end token; the mask hides padding, so the answers do not change
+    pad = tok.pad_token_id
     eos = eos_ids(model, tok)
     cast = (torch.autocast(device.type, dtype=autocast_dtype) if autocast_dtype is not None and device.type == "cuda"
             else contextlib.nullcontext())
@@ -112,7 +114,10 @@ def generate_answers(model: Any, tok: Any, cases: list[dict[str, Any]], *, batch
         enc = tok([prompt_text(tok, c) for c in chunk], add_special_tokens=False, return_tensors="pt",
                   padding=True).to(device)
         with torch.no_grad(), cast:
-            gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
+            # stop at any end token the answer would stop at: a seed saved without <|im_end|> in its
+            # generation config otherwise runs every row to max_new_tokens (the answers are the same)
+            gen = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad,
+                                 eos_token_id=sorted(eos))
         out += [answer_tokens(seq, eos) for seq in gen[:, enc["input_ids"].shape[1]:].tolist()]
         if after is not None:
             after(len(out))
