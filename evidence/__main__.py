@@ -14,9 +14,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Evidence tools.")
 
 
-STORE_HELP = ("evidence store holding the log's anchors (default: the one preserved.json names; without "
-              "either, only the hash chain is checked)")
-TRIAL_HELP = "the trial's name in the store (default: the home's folder name)"
+STORE_HELP = ("evidence store holding the log's anchors (default: the one preserved.json names, else "
+              "<home's parent>/store if it holds the trial's anchors; without one, only the hash chain is checked)")
+TRIAL_HELP = "the trial's name in the store (default: the one its preservation recorded, else the home's folder name)"
 
 
 def _anchors(home: Path, entries: list, store: str | None, trial: str | None) -> dict | None:

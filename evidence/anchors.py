@@ -1,4 +1,4 @@
-"""The commitments log anchored outside the home: every entry's hash also kept in the evidence store.
+"""The commitments log anchored outside the home: every entry also kept in the evidence store.
 
 The log is a keyless hash chain, so a log rewritten with every hash recomputed cannot be told from
 the home alone. Each entry is therefore also written to the store once, under a key of its own
@@ -7,11 +7,13 @@ it):
 
     <store>/anchors/<trial>/<hash of entry 0>/<seq, 8 digits>.json
 
-The first entry's hash names the log, so a fresh trial that reuses a trial name in the same store
-starts its own anchors instead of colliding with the old ones; a rewritten first entry therefore
-finds no anchors of its own beside the original's, and that is refused too. What was anchored must
-still be in the log with the same hash; entries made after the last anchoring are reported as not
-anchored (visible, not refused: anchoring follows the trial's stages).
+One trial name holds one log in a store: anchoring refuses to start a second chain beside the first
+(a log rewritten from its first entry would otherwise anchor itself anew and pass), and checking
+refuses a store that holds two. A new trial under an old name takes another name or another store.
+What was anchored must still be in the log, field for field, without a gap from entry 0; every
+preservation index of the trial in the store records how many entries were anchored then, so a
+deleted anchor is missed even when it was the last. Entries made after the last anchoring are
+reported as not anchored (visible, not refused: anchoring follows the trial's stages).
 """
 
 from __future__ import annotations
@@ -52,42 +54,56 @@ def _read(store: Any, key: str) -> dict[str, Any]:
     return doc
 
 
-def anchor_log(home: str | Path, store: Any, trial: str | None = None) -> int:
-    """Anchor every entry of the home's log that the store does not hold yet (each read back);
-    returns how many were added. An entry whose anchor already holds another hash is refused: the
-    log was rewritten since it was anchored."""
+def _chains(store: Any, trial: str) -> dict[str, list[str]]:
+    """The store's anchor chains of `trial`: first entry's hash → its keys."""
+    out: dict[str, list[str]] = {}
+    for k in store.list(_prefix(trial)):
+        out.setdefault(k[len(_prefix(trial)):].split("/", 1)[0], []).append(k)
+    return out
+
+
+def _one_chain(chains: dict[str, list[str]], first: str, store: Any, trial: str, log: str) -> None:
+    others = sorted(set(chains) - {first})
+    if others:
+        raise AnchorError(f"{log}: the store {store.url} already holds the anchors of another log for trial {trial} "
+                          f"(first entry {others[0][:16]}…; this log's is {first[:16]}…): this log was rewritten, "
+                          "or it is a new trial under an old name — give a new trial another name (another "
+                          "trials folder) or another store")
+
+
+def anchor_log(home: str | Path, store: Any, trial: str | None = None) -> dict[str, Any] | None:
+    """Anchor every entry of the home's log that the store does not hold yet (each read back).
+    Returns the log's anchors in the store ({"prefix", "count", "added"}; None for an empty log):
+    what a preservation index records. Refused: an entry whose anchor differs (the log was rewritten
+    since), or another log's anchors under the same trial name."""
     home = Path(home)
     trial = trial or home.resolve().name
-    entries = CommitmentLog(home).entries()
-    if not entries:
-        return 0
-    first = entries[0]["hash"]
-    have = set(store.list(f"{_prefix(trial)}{first}/"))
-    added = 0
-    for e in entries:
-        key = _key(trial, first, e["seq"])
-        body = _body(trial, e)
-        if key in have:
-            if _read(store, key)["hash"] != e["hash"]:
-                raise AnchorError(f"commitment {e['seq']} of {home / 'commitments.jsonl'} differs from its anchor "
-                                  f"{store.url}{key}: the log was rewritten after it was anchored")
-            continue
-        store.put_bytes(key, body)
-        got = b"".join(store.read_chunks(key))
-        if bytes_sha256(got) != bytes_sha256(body):
-            raise AnchorError(f"{store.url}{key}: the anchor does not read back as written")
-        added += 1
-    return added
-
-
-def extent(home: str | Path, trial: str | None = None) -> dict[str, Any] | None:
-    """Where the home's anchors are and how many its log has: what a preservation index records, so
-    that anchors deleted from the store later are missed (`check_anchors`' `at_least`, `verify_index`)."""
-    home = Path(home)
+    log = str(home / "commitments.jsonl")
     entries = CommitmentLog(home).entries()
     if not entries:
         return None
-    return {"prefix": f"{_prefix(trial or home.resolve().name)}{entries[0]['hash']}/", "count": len(entries)}
+    first = entries[0]["hash"]
+    added = 0
+    try:
+        chains = _chains(store, trial)
+        _one_chain(chains, first, store, trial, log)
+        have = set(chains.get(first, []))
+        for e in entries:
+            key, body = _key(trial, first, e["seq"]), _body(trial, e)
+            if key in have:
+                if b"".join(store.read_chunks(key)) != body:
+                    raise AnchorError(f"commitment {e['seq']} of {log} differs from its anchor {store.url}{key}: "
+                                      "the log was rewritten after it was anchored, or the anchor was damaged")
+                continue
+            store.put_bytes(key, body)
+            if bytes_sha256(b"".join(store.read_chunks(key))) != bytes_sha256(body):
+                raise AnchorError(f"{store.url}{key}: the anchor does not read back as written")
+            added += 1
+    except AnchorError:
+        raise
+    except Exception as e:  # noqa: BLE001 — an unreachable or unusable store: nothing is anchored
+        raise AnchorError(f"cannot anchor {log} in {store.url}: {e}") from None
+    return {"prefix": f"{_prefix(trial)}{first}/", "count": len(entries), "added": added}
 
 
 def check_anchors(entries: list[dict[str, Any]], store: Any, trial: str, log: str = "the log",
@@ -96,25 +112,20 @@ def check_anchors(entries: list[dict[str, Any]], store: Any, trial: str, log: st
     first disagreement. Anchors are written in order, so they run from entry 0 without a gap, and
     each must equal its entry field for field; `at_least`: how many a preservation found there.
     Returns what was checked (anchored and not yet anchored entries)."""
-    keys = store.list(_prefix(trial))
-    logs = sorted({k[len(_prefix(trial)):].split("/", 1)[0] for k in keys})
+    chains = _chains(store, trial)
     if not entries:
         raise AnchorError(f"{log} is empty, but the store {store.url} holds anchors for trial {trial}"
-                          if logs else f"{log} is empty")
+                          if chains else f"{log} is empty")
     first = entries[0]["hash"]
-    if first not in logs:
-        if logs:
-            raise AnchorError(f"{log}: its first entry ({first[:16]}…) was never anchored in {store.url} for trial "
-                              f"{trial}, whose anchors belong to a log starting {', '.join(x[:16] + '…' for x in logs)}: "
-                              "the log was rewritten, or is not this store's trial")
+    _one_chain(chains, first, store, trial, log)
+    if first not in chains:
         raise AnchorError(f"{log}: the store {store.url} holds no anchors for trial {trial}: it was never anchored there")
     anchored = {}
-    for k in keys:
-        if k.startswith(f"{_prefix(trial)}{first}/"):
-            a = _read(store, k)
-            if k != _key(trial, first, a["seq"]) or a["trial"] != trial:
-                raise AnchorError(f"{store.url}{k}: damaged, its content names entry {a['seq']} of {a['trial']}")
-            anchored[a["seq"]] = a
+    for k in chains[first]:
+        a = _read(store, k)
+        if k != _key(trial, first, a["seq"]) or a["trial"] != trial:
+            raise AnchorError(f"{store.url}{k}: damaged, its content names entry {a['seq']} of {a['trial']}")
+        anchored[a["seq"]] = a
     for seq, a in sorted(anchored.items()):
         key = f"{store.url}{_key(trial, first, seq)}"
         if seq >= len(entries):
@@ -128,37 +139,54 @@ def check_anchors(entries: list[dict[str, Any]], store: Any, trial: str, log: st
     gaps = sorted(set(range(max(len(anchored), at_least))) - set(anchored))
     if gaps:
         raise AnchorError(f"{store.url}{_key(trial, first, gaps[0])}: missing — anchors run from entry 0 without a "
-                          f"gap{f' and the preservation found {at_least}' if at_least else ''}; this one was deleted")
+                          f"gap{f' and a preservation found {at_least}' if at_least else ''}; this one was deleted")
     return {"store": store.url, "trial": trial, "anchored": len(anchored), "entries": len(entries),
             "not_anchored": [e["seq"] for e in entries if e["seq"] not in anchored]}
 
 
-def known_store(home: str | Path, url: str | None = None) -> str | None:
-    """The store to check a home's anchors against: the one given, else the one its evidence was
-    preserved to (preserved.json), else none (the chain alone is then all that can be checked)."""
-    if url:
-        return url
-    from evidence.stores import PRESERVED, read_preserved
+def _preserved_counts(store: Any, trial: str, first: str) -> int:
+    """The most anchors any preservation index of `trial` in the store recorded for this log (the
+    indexes are never overwritten, so a home's own record cannot lower it); an index that records
+    another log's anchors is refused."""
+    from evidence.stores import PreservationError, parse_index
 
-    return read_preserved(home)["store"] if (Path(home) / PRESERVED).is_file() else None
+    most = 0
+    for key in store.list(f"indexes/{trial}/"):
+        try:
+            a = parse_index(b"".join(store.read_chunks(key)), f"{store.url}{key}").get("anchors") or {}
+        except PreservationError as e:
+            raise AnchorError(str(e)) from None
+        if a and a.get("prefix") != f"{_prefix(trial)}{first}/":
+            raise AnchorError(f"{store.url}{key}: this preservation of trial {trial} anchored another log "
+                              f"({a.get('prefix')}): the home's log was rewritten since")
+        most = max(most, int(a.get("count", 0)))
+    return most
 
 
 def verify_anchors(home: str | Path, entries: list[dict[str, Any]], url: str | None,
                    trial: str | None = None) -> dict[str, Any] | None:
-    """`check_anchors` against the known store (None when no store is known)."""
-    from evidence.stores import open_store
+    """`check_anchors` against the store the home's evidence lives in: `url` if given, else the one
+    its preservation record names, else `file://<home's folder's parent>/store` when that holds
+    anchors of the trial (None when no store is known). The trial's name: given, else the one its
+    preservation recorded, else the home's folder name."""
+    from evidence.stores import PRESERVED, open_store, read_preserved
 
-    from evidence.stores import PRESERVED, read_preserved
-
-    url = known_store(home, url)
-    if url is None:
-        return None
-    rec = read_preserved(home) if (Path(home) / PRESERVED).is_file() else {}
-    at_least = (rec.get("anchors") or {}).get("count", 0) if rec.get("store") == url else 0
+    home = Path(home)
+    rec = read_preserved(home) if (home / PRESERVED).is_file() else {}
+    prefix = (rec.get("anchors") or {}).get("prefix", "")
+    trial = trial or (prefix.split("/")[1] if prefix.count("/") >= 2 else home.resolve().name)
     try:
-        return check_anchors(entries, open_store(url), trial or Path(home).resolve().name,
-                             log=str(Path(home) / "commitments.jsonl"), at_least=at_least)
+        url = url or rec.get("store")
+        if url is None:
+            default = home.resolve().parent / "store"
+            if not (default / _prefix(trial)).is_dir():
+                return None
+            url = f"file://{default}"
+        store = open_store(url)
+        got = check_anchors(entries, store, trial, log=str(home / "commitments.jsonl"),
+                            at_least=_preserved_counts(store, trial, entries[0]["hash"]) if entries else 0)
     except AnchorError:
         raise
     except Exception as e:  # noqa: BLE001 — an unreachable or unusable store: the anchors are unknown
         raise AnchorError(f"the anchors in {url} cannot be read: {e}") from None
+    return got

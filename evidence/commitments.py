@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import datetime as _dt
 import fcntl
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from evidence.canonical import canonical_bytes, canonical_sha256, file_sha256
+from evidence.canonical import EvidenceFileError, canonical_bytes, canonical_sha256, file_sha256, parse_json
 
 LOG_NAME = "commitments.jsonl"
 GENESIS = "0" * 64
@@ -94,32 +93,40 @@ class CommitmentLog:
             return []
         entries = []
         prev = GENESIS
-        with open(self.path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    raise CommitmentError(f"{self.path}:{lineno}: blank line in commitments log")
-                try:
-                    entry = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise CommitmentError(f"{self.path}:{lineno}: not JSON ({e})") from None
-                if not isinstance(entry, dict) or set(entry) != set(_FIELDS) or not all(
-                        type(entry[k]) is t for k, t in _FIELDS.items()):
-                    raise CommitmentError(f"{self.path}:{lineno}: not a commitment entry")
-                if entry.get("seq") != lineno - 1:
-                    raise CommitmentError(f"{self.path}:{lineno}: sequence number out of order")
-                if entry.get("prev") != prev:
-                    raise CommitmentError(
-                        f"{self.path}:{lineno}: chain broken (entry does not link to line "
-                        f"{lineno - 1}); the log was edited"
-                    )
-                if entry.get("hash") != _entry_hash(entry):
-                    raise CommitmentError(f"{self.path}:{lineno}: entry hash mismatch; edited")
-                try:
-                    _check_rule(entry["kind"], {e["kind"] for e in entries})
-                except CommitmentError as e:
-                    raise CommitmentError(f"{self.path}:{lineno}: out of sequence: {e}") from None
-                prev = entry["hash"]
-                entries.append(entry)
+        try:
+            raw = self.path.read_bytes()
+        except OSError as e:
+            raise CommitmentError(f"{self.path}: cannot be read ({e.strerror or e})") from None
+        lines = raw.split(b"\n")
+        if lines[-1]:
+            raise CommitmentError(f"{self.path}:{len(lines)}: the last entry is cut short (no end of line)")
+        for lineno, line in enumerate(lines[:-1], 1):
+            if not line.strip():
+                raise CommitmentError(f"{self.path}:{lineno}: blank line in commitments log")
+            try:  # the strict reader: no NaN, no duplicate key, valid UTF-8
+                entry = parse_json(line, f"{self.path}:{lineno}")
+            except EvidenceFileError as e:
+                raise CommitmentError(str(e)) from None
+            if not isinstance(entry, dict) or set(entry) != set(_FIELDS) or not all(
+                    type(entry[k]) is t for k, t in _FIELDS.items()):
+                raise CommitmentError(f"{self.path}:{lineno}: not a commitment entry")
+            if canonical_bytes(entry) != line:  # each line is written canonical: any other form was edited
+                raise CommitmentError(f"{self.path}:{lineno}: not written as the log writes entries; edited")
+            if entry.get("seq") != lineno - 1:
+                raise CommitmentError(f"{self.path}:{lineno}: sequence number out of order")
+            if entry.get("prev") != prev:
+                raise CommitmentError(
+                    f"{self.path}:{lineno}: chain broken (entry does not link to line "
+                    f"{lineno - 1}); the log was edited"
+                )
+            if entry.get("hash") != _entry_hash(entry):
+                raise CommitmentError(f"{self.path}:{lineno}: entry hash mismatch; edited")
+            try:
+                _check_rule(entry["kind"], {e["kind"] for e in entries})
+            except CommitmentError as e:
+                raise CommitmentError(f"{self.path}:{lineno}: out of sequence: {e}") from None
+            prev = entry["hash"]
+            entries.append(entry)
         return entries
 
     def head(self) -> str:

@@ -56,17 +56,37 @@ def covered(home: str | Path) -> dict[Path, str]:
     return out
 
 
-def guard_writes(home: str | Path, writes: dict[Path, bytes]) -> dict[Path, bytes]:
-    """The writes that would change something (identical rewrites dropped); raises, writing
-    nothing, when any of them would replace a covered file with other bytes."""
-    cover = covered(home)
+def home_of(path: str | Path) -> Path | None:
+    """The trial home `path` is in (the nearest folder above it holding a commitments log or a
+    preservation record), if any."""
+    from evidence.stores import PRESERVED
+
+    for d in Path(path).resolve().parents:
+        if (d / LOG_NAME).is_file() or (d / PRESERVED).is_file():
+            return d
+    return None
+
+
+def guard_writes(writes: dict[Path, bytes]) -> dict[Path, bytes]:
+    """The writes that would change something (identical rewrites dropped); raises, writing nothing,
+    when any would replace, in whichever trial home it lies, a covered file, the preservation record,
+    or any other file that is not an earlier output of the same kind (`report*`)."""
+    from evidence.stores import PRESERVED
+
+    covers: dict[Path, dict[Path, str]] = {}
     todo = {}
     for path, data in writes.items():
         p = Path(path).resolve()
         if p.is_file() and p.read_bytes() == data:
             continue
-        if p in cover:
-            raise CoveredFileError(f"{path} is evidence covered by {cover[p]}: it is never written over "
-                                   "(choose another --output; nothing was written)")
+        home = home_of(p)
+        if home is not None:
+            cover = covers.setdefault(home, {**covered(home), home / PRESERVED: "itself (the preservation record)"})
+            if p in cover:
+                raise CoveredFileError(f"{path} is evidence covered by {cover[p]}: it is never written over "
+                                       "(choose another output; nothing was written)")
+            if p.exists() and not p.name.startswith("report"):
+                raise CoveredFileError(f"{path} is a file of the trial home {home}: only new files or an earlier "
+                                       "report may be written there (choose another output; nothing was written)")
         todo[path] = data
     return todo

@@ -501,19 +501,40 @@ def plots(rep: dict[str, Any], out_dir: Path, stem: str) -> list[str]:
     return names
 
 
-def write_report(home: str | Path, output: str | Path, *, store: str | None = None,
-                 trial: str | None = None) -> dict[str, Any]:
-    """Build the report, render every file it makes, then write them — unless any would replace a
-    file of evidence (`evidence.covered`): then nothing is written."""
+def _write(rep: dict[str, Any], output: Path) -> None:
+    """Render every file the report makes, then write them — unless any would replace a file of
+    evidence (`evidence.covered`): then nothing is written."""
     import tempfile
 
-    rep = build_report(home, store=store, trial=trial)
-    output = Path(output)
     with tempfile.TemporaryDirectory() as tmp:
         figures = plots(rep, Path(tmp), output.stem)
         writes = {output.parent / n: (Path(tmp) / n).read_bytes() for n in figures}
     md = markdown(rep) + "\n## Figures\n\n" + "".join(f"![{n}]({n})\n\n" for n in figures)
     writes = {output: json_bytes(rep), **writes, output.with_suffix(".md"): md.encode("utf-8")}
-    for path, data in guard_writes(home, writes).items():
+    for path, data in guard_writes(writes).items():
         write_bytes_atomic(path, data)
+
+
+def write_report(home: str | Path, output: str | Path, *, store: str | None = None,
+                 trial: str | None = None) -> dict[str, Any]:
+    """Build the report and write it to `output` (with report.md and the figures beside it)."""
+    rep = build_report(home, store=store, trial=trial)
+    _write(rep, Path(output))
     return rep
+
+
+def write_report_numbered(home: str | Path, output: str | Path, *, store: str | None = None,
+                          trial: str | None = None) -> tuple[dict[str, Any], Path]:
+    """As `write_report`, but when `output` is evidence that this report would change (a report.json
+    preserved before the evidence grew), to the next free `<stem>-<n>`: built once, written once."""
+    from evidence.covered import CoveredFileError
+
+    rep, output = build_report(home, store=store, trial=trial), Path(output)
+    for n in range(1, 1000):
+        out = output if n == 1 else output.with_name(f"{output.stem}-{n}{output.suffix}")
+        try:
+            _write(rep, out)
+            return rep, out
+        except CoveredFileError:
+            continue
+    raise EvidenceError(f"{output}: no free report name beside it")

@@ -164,7 +164,7 @@ def preserve(home: str | os.PathLike[str], url: str | Store, *, trial: str, sess
              say: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """Upload every file of `home` (skipping objects the store already holds and that read back
     right), verify each, then write and verify the index; record it in <home>/preserved.json.
-    `anchors` ({"prefix", "count"}, `evidence.anchors.extent`): the log's anchors in this store,
+    `anchors` ({"prefix", "count"}, from `evidence.anchors.anchor_log`): the log's anchors in this store,
     recorded in the index so that `verify_index` misses any that disappear."""
     home = Path(home)
     store = open_store(url, session) if isinstance(url, str) else url
@@ -204,13 +204,15 @@ def preserve(home: str | os.PathLike[str], url: str | Store, *, trial: str, sess
 def read_preserved(home: str | os.PathLike[str]) -> dict[str, Any]:
     """The home's preservation record, refused by name when missing, damaged or altered."""
     path = Path(home) / PRESERVED
-    rec = read_json(path, keys=("store", "index", "index_sha256", "digest"))
+    rec = read_json(path, keys=("store", "index", "index_sha256"))
+    if "digest" not in rec:
+        raise EvidenceFileError(f"{path}: written by an older version (no digest): run `orchestrate preserve` again")
     if canonical_sha256({k: v for k, v in rec.items() if k != "digest"}) != rec["digest"]:
         raise EvidenceFileError(f"{path}: damaged or altered, its contents differ from its own digest")
     return rec
 
 
-def _parse_index(body: bytes, where: str) -> dict[str, Any]:
+def parse_index(body: bytes, where: str) -> dict[str, Any]:
     """An index, its file table checked entry by entry (a damaged index is refused by name)."""
     index = parse_json(body, where)
     files = index.get("files") if isinstance(index, dict) else None
@@ -233,18 +235,23 @@ def verify_index(url: str, key: str, sha256: str, *, session: Any = None,
         raise PreservationError(f"{store.url}{key}: the index cannot be read: {e}") from None
     if bytes_sha256(body) != sha256:
         raise PreservationError(f"{store.url}{key}: the index differs from the one recorded ({sha256})")
-    index = _parse_index(body, f"{store.url}{key}")
+    index = parse_index(body, f"{store.url}{key}")
     files, anchors = index["files"], index.get("anchors") or {}
-    for seq in range(int(anchors.get("count", 0))):  # the log's anchors, as many as were preserved
-        a = f"{anchors['prefix']}{seq:08d}.json"
-        if store.size(a) is None:
-            raise PreservationError(f"{store.url}{a}: the commitments log's anchor {seq} is missing")
     items = sorted(files.items())
-    for rel, f in items:
-        size = store.size(object_key(f["sha256"]))
-        if size != f["size"]:
-            raise PreservationError(f"{rel}: object {object_key(f['sha256'])} is "
-                                    + ("missing" if size is None else f"{size} bytes, the index says {f['size']}"))
+    try:
+        for seq in range(int(anchors.get("count", 0))):  # the log's anchors, as many as were preserved
+            a = f"{anchors['prefix']}{seq:08d}.json"
+            if store.size(a) is None:
+                raise PreservationError(f"{store.url}{a}: the commitments log's anchor {seq} is missing")
+        for rel, f in items:
+            size = store.size(object_key(f["sha256"]))
+            if size != f["size"]:
+                raise PreservationError(f"{rel}: object {object_key(f['sha256'])} is "
+                                        + ("missing" if size is None else f"{size} bytes, the index says {f['size']}"))
+    except PreservationError:
+        raise
+    except Exception as e:  # noqa: BLE001 — the store refused to say (permissions, network): not verified
+        raise PreservationError(f"{store.url}: the preserved objects cannot be listed: {e}") from None
     for i, (rel, f) in enumerate(items, 1):
         try:
             _read_back(store, object_key(f["sha256"]), f["sha256"], f["size"])

@@ -169,20 +169,23 @@ class StageClock:
     def write(self, path: Optional[Path], trials: Path, home: Optional[Path], started: float) -> None:
         import datetime as dt
 
-        from evidence.canonical import write_json_atomic
+        from evidence.canonical import json_bytes, write_bytes_atomic
+        from evidence.covered import CoveredFileError, guard_writes
 
         now = dt.datetime.now(dt.timezone.utc)
         if path is None:
             if home is None:  # refused before anything was prepared: nothing is written unless asked for
                 return
             path = trials / "run-records" / f"{home.name}-{now.strftime('%Y%m%dT%H%M%SZ')}.json"
-        try:
-            write_json_atomic(path, {"format": "trial-run-record-v1", "command": sys.argv, "ended_at": now.isoformat(),
-                                     "exit": self.exit, **self.about, "stages_seconds": self.seconds,
-                                     "total_seconds": time.monotonic() - started, "scoring": self.scoring})
+        data = json_bytes({"format": "trial-run-record-v1", "command": sys.argv, "ended_at": now.isoformat(),
+                           "exit": self.exit, **self.about, "stages_seconds": self.seconds,
+                           "total_seconds": time.monotonic() - started, "scoring": self.scoring})
+        try:  # --record is the user's choice of path: never a trial home's evidence
+            for p, d in guard_writes({path: data}).items():
+                write_bytes_atomic(p, d)
             self.path = path
-        except OSError as e:  # the run's own outcome stands; only its record is missing
-            con.print(f"could not write the run record {path}: {e}", highlight=False)
+        except (CoveredFileError, OSError) as e:  # the run's own outcome stands; only its record is missing
+            con.print(f"the run record is not written: {e}", highlight=False)
 
 
 def _load_cluster(path: Optional[Path]):
@@ -232,14 +235,16 @@ def make_placement(desc, home: Path, model_dir: Path, trials: Path, wheelhouse: 
                            say=lambda m: con.print(f"  {m}", highlight=False))
 
 
-def anchor_home(home: Path, url: str) -> None:
-    """Every commitment of the home's log not yet in the store, anchored there (`evidence.anchors`)."""
+def anchor_home(home: Path, url: str) -> dict | None:
+    """Every commitment of the home's log not yet in the store, anchored there (`evidence.anchors`);
+    returns the log's anchors in the store (what preservation records)."""
     from evidence.anchors import anchor_log
     from evidence.stores import open_store
 
-    n = anchor_log(home, open_store(url))
-    if n:
-        say("anchor", f"{n} commitment(s) of {home.name} anchored in {url}")
+    got = anchor_log(home, open_store(url))
+    if got and got["added"]:
+        say("anchor", f"{got['added']} commitment(s) of {home.name} anchored in {url}")
+    return got
 
 
 def place_arms(cfg, home: Path, placement) -> dict[str, str]:
@@ -283,11 +288,10 @@ def select_evaluate_report(cfg, home: Path, seed_dir: Path, placement=None, cloc
     `store_url`, the log is anchored there before the report checks it."""
     from evidence.commitments import CommitmentLog
     from evidence.placement import SERVING_PROBE, committed_placement, not_run
-    from evidence.report import EvidenceError, write_report
+    from evidence.report import EvidenceError, write_report_numbered
     from training.errors import TrainError
     from orchestrate.trial import LocalPlacement
     from evidence.attempts import attempts
-    from evidence.covered import CoveredFileError
     from training.evaluate import attempts_dir
     from training.select import select
 
@@ -306,7 +310,8 @@ def select_evaluate_report(cfg, home: Path, seed_dir: Path, placement=None, cloc
                 con.print(f"test {a.name}: not scored, {skipped[a.name]}", highlight=False)
                 continue
             tried = attempts(attempts_dir(home, "test", a.name))
-            if any((d / "receipt.json").is_file() for d in tried):
+            if any(e["kind"] == "test-evaluation" and e["data"].get("arm") == a.name
+                   for e in CommitmentLog(home).entries()):  # scored: an attempt committed
                 say("test", f"{a.name}: already scored, attempts kept")
                 continue
             retry = f"attempt(s) {', '.join(d.name for d in tried)} did not finish" if tried else None
@@ -331,15 +336,10 @@ def select_evaluate_report(cfg, home: Path, seed_dir: Path, placement=None, cloc
     with clock("report"):
         if store_url:
             anchor_home(home, store_url)
-        for n in range(1, 1000):  # a preserved report that new evidence changes is kept: the next one
-            out = home / ("report.json" if n == 1 else f"report-{n}.json")  # gets the next free name
-            try:
-                rep = write_report(home, out, store=store_url)
-                break
-            except CoveredFileError:
-                continue
-            except EvidenceError as e:
-                raise TrainError(f"evidence is inconsistent, no report written: {e}") from None
+        try:  # a preserved report that the grown evidence changes is kept: this one takes the next name
+            rep, out = write_report_numbered(home, home / "report.json", store=store_url)
+        except EvidenceError as e:
+            raise TrainError(f"evidence is inconsistent, no report written: {e}") from None
         if out.name != "report.json":
             say("report", f"{home / 'report.json'} is preserved evidence and the evidence has grown since: this "
                           f"report is {out.name}")
@@ -376,12 +376,11 @@ def preserve_home(home: Path, url: str) -> dict:
     from evidence.stores import PreservationError, preserve as run_preserve
     from training.errors import TrainError
 
-    from evidence.anchors import extent
-
-    anchor_home(home, url)
+    anchors = anchor_home(home, url)
     try:
         with con.status(f"preserving {home} → {url}…"):
-            rec = run_preserve(home, url, trial=home.resolve().name, anchors=extent(home))
+            rec = run_preserve(home, url, trial=home.resolve().name,
+                               anchors=anchors and {k: anchors[k] for k in ("prefix", "count")})
     except (PreservationError, OSError) as e:
         raise TrainError(f"preservation failed, nothing may be torn down: {e}") from None
     say("preserve", f"{rec['files']} files, {rec['bytes'] / 1e6:,.1f} MB "
@@ -429,7 +428,7 @@ def guard_stop(home: Path, stop: GuardStopped, cfg, url: str) -> int:
     import datetime as dt
 
     from evidence.canonical import write_json_atomic
-    from training.errors import TrainError
+    from training.errors import USER_ERRORS
     from training.results import finished
 
     try:
@@ -442,7 +441,7 @@ def guard_stop(home: Path, stop: GuardStopped, cfg, url: str) -> int:
         say("stopped", f"{stop.arm} by the controller's guard: {stop.said}", style="bold yellow")
         con.print(f"  finished before it: {', '.join(done) or 'none'}; recorded in {home / rel}", highlight=False)
         rec = preserve_home(home, url)
-    except (TrainError, OSError, ValueError) as e:  # the stop stands; what is on disk stays where it is
+    except (*USER_ERRORS, OSError, ValueError) as e:  # the stop stands; what is on disk stays where it is
         say("error:", f"stopped by the guard ({stop.said}), and then: {e}", style="bold red")
         return 2
     con.print(f"the trial so far is preserved ({rec['store']}{rec['index']}): `orchestrate down --home {home}` "
@@ -509,6 +508,7 @@ def up(local: bool = typer.Option(False, "--local", help="the embedded local clu
     (`pulumi up` creates them; this only describes them, and checks every field)."""
     import json
 
+    from evidence.covered import CoveredFileError, guard_writes
     from orchestrate.cluster import ClusterError, local_cluster, pulumi_cluster, save
 
     try:
@@ -529,8 +529,9 @@ def up(local: bool = typer.Option(False, "--local", help="the embedded local clu
             if missing:
                 raise ClusterError(f"no pinned host key for rank(s) {missing}: pass --host-keys "
                                    "(an unknown host key is never accepted)")
+        guard_writes({out: b""})  # --out is the user's choice of path: never a trial home's evidence
         save(desc, out)
-    except (ClusterError, ValueError, OSError) as e:  # ValueError: pydantic's refusal of a field
+    except (ClusterError, CoveredFileError, ValueError, OSError) as e:  # ValueError: pydantic's refusal of a field
         say("error:", str(e), style="bold red")
         raise typer.Exit(2)
     say("cluster", f"{desc.source}: {len(desc.hosts)} host(s), store {desc.store} → {out}")
@@ -759,6 +760,7 @@ def down(home: Path = typer.Option(..., help="the trial home"),
     """Tear down — only once the home's evidence index verifies in its store, object by object."""
     from evidence.canonical import EvidenceFileError
     from evidence.stores import PRESERVED, PreservationError, read_preserved, verify_index
+    from training.hold import HeldError, hold
 
     rec_path = home / PRESERVED
     if not rec_path.is_file():
@@ -766,9 +768,13 @@ def down(home: Path = typer.Option(..., help="the trial home"),
             f"{home}` first — hosts stay up until the evidence is safe", style="bold red")
         raise typer.Exit(2)
     try:
-        rec = read_preserved(home)
-        with con.status("re-reading every preserved object…"):
-            v = verify_index(rec["store"], rec["index"], rec["index_sha256"])
+        with hold(home, f"trial home {home}"):  # not while a run writes in it
+            rec = read_preserved(home)
+            with con.status("re-reading every preserved object…"):
+                v = verify_index(rec["store"], rec["index"], rec["index_sha256"])
+    except HeldError as e:
+        say("refused:", str(e), style="bold red")
+        raise typer.Exit(2)
     except (EvidenceFileError, PreservationError, OSError) as e:
         say("refused:", f"the evidence {rec_path} records does not verify: {e}", style="bold red")
         raise typer.Exit(2)

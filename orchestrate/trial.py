@@ -257,11 +257,14 @@ class RemotePlacement:
         self._stage()
         h, t = self.hosts[0], self.ts[0]
         where = f"evaluations/{role}/{arm}"
-        if self._remote_files(0, f"{shlex.quote(where)}/attempt-*/summary.json"):
+        if self._remote_files(0, f"{shlex.quote(where)}/attempt-*/receipt.json"):
             self.say(f"{role} scoring of {arm} already ran on {h.name}; collecting it")
             self._collect_verified({0: where})
-            done = [a for a in attempts(home / where) if (a / "summary.json").is_file()]
+            done = [a for a in attempts(home / where) if (a / "receipt.json").is_file()]
             return read_json(done[-1] / "summary.json")
+        unfinished = self._remote_files(0, f"{shlex.quote(where)}/attempt-*")  # they stay on the host
+        if unfinished and not retry:
+            retry = f"attempt(s) {', '.join(Path(u).name for u in unfinished)} on {h.name} did not finish"
         for rel in ("candidates.json", "selection.json", LOG_NAME):
             if (home / rel).is_file():
                 t.put(home / rel, f"{h.root}/home/{rel}")

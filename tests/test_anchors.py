@@ -49,8 +49,8 @@ def test_a_fully_rehashed_rewrite_is_refused(tmp_path, store_url):
     home = tmp_path / "trial-a"
     log = make_home(home)
     store = open_store(store_url)
-    assert anchor_log(home, store) == 4
-    assert anchor_log(home, store) == 0  # already there: nothing written twice
+    assert anchor_log(home, store)["added"] == 4
+    assert anchor_log(home, store)["added"] == 0  # already there: nothing written twice
     got = check_anchors(log.entries(), store, "trial-a")
     assert (got["anchored"], got["not_anchored"]) == (4, [])
 
@@ -70,7 +70,7 @@ def test_a_fully_rehashed_rewrite_is_refused(tmp_path, store_url):
 
     # the first entry rewritten too: the log now starts a namespace the store never saw
     rehash_from(log, 0, lambda e: e.update(at="2026-01-01T00:00:00.000000+00:00"))
-    with pytest.raises(AnchorError, match="its first entry .* was never anchored"):
+    with pytest.raises(AnchorError, match="already holds the anchors of another log"):
         check_anchors(log.entries(), store, "trial-a")
 
 
@@ -90,20 +90,20 @@ def test_a_cut_log_and_an_unanchored_tail(tmp_path, store_url):
         check_anchors(log.entries(), store, "other")
 
 
-def test_a_reused_trial_name_starts_its_own_anchors(tmp_path, store_url):
-    """A fresh trial under an old name (a deleted home run again) anchors beside the old one; each
-    checks against its own."""
+def test_a_log_rewritten_from_its_first_entry_cannot_anchor_itself_anew(tmp_path, store_url):
+    """A log rewritten from entry 0 names a chain the store never saw; anchoring it (any later stage,
+    `orchestrate preserve`) would start a second chain beside the original and pass from then on: it
+    is refused, and so is a store that holds two. A new trial under an old name takes another name."""
     store = open_store(store_url)
-    first = make_home(tmp_path / "one" / "trial-c")
-    anchor_log(first.home, store)
-    (first.home / "profile-0.json").write_text("{}")  # make the second log differ from its first entry
-    second = CommitmentLog(tmp_path / "two" / "trial-c")
-    (second.home).mkdir(parents=True)
-    (second.home / "prepared.json").write_text('{"inputs": {"x": 1}}')
-    second.append("prepare", "prepared.json")
-    assert anchor_log(second.home, store) == 1
-    assert check_anchors(second.entries(), store, "trial-c")["anchored"] == 1
-    assert check_anchors(first.entries(), store, "trial-c")["anchored"] == 4
+    log = make_home(tmp_path / "one" / "trial-c")
+    anchor_log(log.home, store)
+    rehash_from(log, 0, lambda e: e.update(at="2026-01-01T00:00:00.000000+00:00"))
+    with pytest.raises(AnchorError, match="already holds the anchors of another log for trial trial-c"):
+        anchor_log(log.home, store)
+    fresh = make_home(tmp_path / "two" / "trial-c")  # a new trial under the old name
+    with pytest.raises(AnchorError, match="give a new trial another name"):
+        anchor_log(fresh.home, store)
+    assert anchor_log(fresh.home, store, trial="trial-c2")["added"] == 4
 
 
 def test_a_deleted_or_altered_anchor_is_refused(tmp_path):
@@ -125,3 +125,26 @@ def test_a_deleted_or_altered_anchor_is_refused(tmp_path):
     assert check_anchors(log.entries(), store, "trial-d")["not_anchored"] == [3]
     with pytest.raises(AnchorError, match=f"{keys[-1]}: missing"):  # ...unless a preservation counted it
         check_anchors(log.entries(), store, "trial-d", at_least=4)
+
+
+def test_the_preserved_count_lives_in_the_store(tmp_path):
+    """How many anchors a preservation found is read from the store's own indexes: a deleted last
+    anchor is refused however the store is named (with or without its final slash), and with the
+    home's preservation record gone (the store beside the trials folder is then found by itself)."""
+    from evidence.anchors import verify_anchors
+    from evidence.stores import preserve
+
+    home = tmp_path / "trials" / "trial-e"
+    log = make_home(home)
+    url = f"file://{tmp_path / 'trials' / 'store'}"
+    store = open_store(url)
+    got = anchor_log(home, store)
+    preserve(home, url, trial="trial-e", anchors={k: got[k] for k in ("prefix", "count")})
+    last = tmp_path / "trials" / "store" / store.list("anchors/trial-e/")[-1]
+    last.unlink()
+    for given in (url, url + "/", None):
+        with pytest.raises(AnchorError, match="missing .* a preservation found 4"):
+            verify_anchors(home, log.entries(), given)
+    (home / "preserved.json").unlink()
+    with pytest.raises(AnchorError, match="missing"):
+        verify_anchors(home, log.entries(), None)

@@ -1,7 +1,7 @@
 """The damage sweep: every file of a finished smoke trial's home, and of its preserved copy in the file
-store, deleted, cut to half its size, and with one byte flipped — each on an otherwise pristine
-trial — then whichever of `evidence verify`, `evidence report`, `orchestrate down` and a resume reads
-it. Each damage must be refused (exit 2) by at least one of them, naming the damaged file, with no
+store, deleted, cut to half its size, with one byte flipped, and (JSON files) with a byte no UTF-8
+text holds — each on an otherwise pristine trial — then whichever of `evidence verify`, `evidence
+report`, `orchestrate down` and a resume reads it. Each damage must be refused (exit 2) by at least one of them, naming the damaged file, with no
 traceback from any and nothing else in the home changed; or the file is listed below as harmless by
 design, with the reason, and the report's verdicts are then shown unchanged.
 
@@ -36,12 +36,14 @@ DAMAGES = {
     "delete": lambda p: p.unlink(),
     "truncate": lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]),
     "flip": lambda p: p.write_bytes(_flipped(p.read_bytes())),
+    "not-utf8": lambda p: p.write_bytes(_flipped(p.read_bytes(), to=0xFF)),  # JSON files only
 }
 
 
-def _flipped(b: bytes) -> bytes:
+def _flipped(b: bytes, to: int | None = None) -> bytes:
+    """One byte changed, in the middle: its lowest bit flipped, or set to `to`."""
     i = len(b) // 2
-    return b[:i] + bytes([b[i] ^ 0x01]) + b[i + 1:]
+    return b[:i] + bytes([b[i] ^ 0x01 if to is None else to]) + b[i + 1:]
 
 
 def harmless(rel: str) -> str | None:
@@ -139,6 +141,8 @@ def test_damage_sweep(sweep_trial, finished_trial):
         for kind, damage in DAMAGES.items():
             if kind != "delete" and src.stat().st_size == 0:
                 continue  # nothing to cut or flip
+            if kind == "not-utf8" and not rel.endswith((".json", ".jsonl")):
+                continue  # a byte no UTF-8 text holds: for the files read as JSON
             tally["tried"] += 1
             before = snapshot(work / "home")
             damage(dst)
@@ -174,8 +178,9 @@ def test_damage_sweep(sweep_trial, finished_trial):
             finally:
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(src, dst)
-    print(f"\ndamage sweep: {tally['tried']} damages tried ({len(targets)} files x delete/truncate/flip, empty files "
-          f"not cut or flipped): {tally['refused']} refused by name, {tally['harmless']} harmless by design")
+    print(f"\ndamage sweep: {tally['tried']} damages tried ({len(targets)} files x delete/truncate/flip, and a "
+          f"byte that is not UTF-8 in each JSON file; empty files not cut or flipped): {tally['refused']} refused "
+          f"by name, {tally['harmless']} harmless by design")
     for why, n in sorted(harmless_seen.items()):
         print(f"  harmless ({n}): {why}")
     assert not problems, "\n".join(problems[:40]) + f"\n({len(problems)} in all)"

@@ -74,6 +74,21 @@ def test_the_report_never_writes_over_evidence(trial, target, cover):
     assert snapshot(trial) == before
 
 
+def test_no_output_may_replace_a_homes_evidence(trial, tmp_path):
+    """2, wherever the user points an output: at another home's log, at the preservation record, at a
+    checkpoint manifest (not covered by a receipt, but part of the home), or `run --record` at the log."""
+    other = tmp_path / "other"
+    shutil.copytree(trial, other, ignore=shutil.ignore_patterns("runs", "inputs", "evaluations", "logs", "serving"))
+    manifest = next(trial.glob("runs/single/rank-0/manifests/*.json"))
+    before, before_other = snapshot(trial), snapshot(other)
+    for target in (other / "commitments.jsonl", trial / "preserved.json", manifest):
+        r = report(trial, target)
+        assert r.returncode == 2 and "nothing was written" in words(r.stderr), (target, r.stderr)
+    r = run_cli("-m", "orchestrate", "run", "no-such-arm", "--record", str(trial / "commitments.jsonl"))
+    assert r.returncode == 2
+    assert snapshot(trial) == before and snapshot(other) == before_other
+
+
 @pytest.mark.parametrize("damage, words_", [
     (lambda b: b[: len(b) // 2], "damaged, not valid JSON"),
     (lambda b: json.dumps({k: v for k, v in json.loads(b).items() if k != "index"}).encode(), "damaged, no 'index'"),
@@ -122,6 +137,7 @@ def test_two_seed_materializations_at_once(tmp_path):
     assert [p.returncode for p in procs] == [0, 0], res
     digests = {json.loads(o)["receipt_digest"] for o, _ in res}
     assert len(digests) == 1
+    assert sum("waiting: seed" in e for _, e in res) == 1, res  # they did overlap: one waited for the other
     assert not [p for p in out.parent.iterdir() if p.name.startswith(".tiny.tmp")]
 
 
@@ -132,14 +148,23 @@ def test_a_live_rank_is_never_set_aside(tmp_path):
 
     rank = tmp_path / "runs" / "single" / "rank-0"
     rank.mkdir(parents=True)
-    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "training", "train"])
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "training", "train",
+                             "--home", str(tmp_path)])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "training", "train",
+                              "--home", str(tmp_path / "another-home")])
     try:
         (rank / "heartbeat.json").write_text(json.dumps({"pid": live.pid, "update": 3, "time": time.time()}))
         with pytest.raises(TrainError, match=f"still running \\(pid {live.pid}\\)"):
             set_aside_unfinished(tmp_path, "single", 1)
         assert rank.is_dir()
+        from training.runs import live_rank
+
+        (rank / "heartbeat.json").write_text(json.dumps({"pid": other.pid, "update": 3, "time": time.time()}))
+        assert live_rank(rank) is None  # a rank of another home at that pid is not this one's
+        (rank / "heartbeat.json").write_text(json.dumps({"pid": live.pid, "update": 3, "time": time.time()}))
     finally:
-        live.kill()
-        live.wait()
+        for p in (live, other):
+            p.kill()
+            p.wait()
     assert set_aside_unfinished(tmp_path, "single", 1)  # gone: its files are set aside, not deleted
     assert (tmp_path / "runs" / "single" / "attempts" / "rank-0.1" / "heartbeat.json").is_file()

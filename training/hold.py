@@ -27,7 +27,7 @@ class HeldError(RuntimeError):
 
 def lock_path(target: Path) -> Path:
     """The lock file guarding `target`: beside it, hidden, so it is never part of what it guards."""
-    target = Path(target).absolute()
+    target = Path(target).resolve()  # one lock however the home is reached (a symlink, a relative path)
     return target.parent / f".{target.name}.lock"
 
 

@@ -7,6 +7,7 @@ directories. `training.checkpoint` writes and loads the states these names point
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from evidence.canonical import canonical_sha256, read_json
@@ -55,14 +56,20 @@ def set_aside_unfinished(home: Path, arm: str, world: int) -> bool:
 
 def live_rank(rank_dir: Path) -> int | None:
     """The pid of the training process still writing `rank_dir`'s heartbeat on this machine, if any
-    (a heartbeat that cannot be read, or whose pid is gone or now runs something else: None)."""
+    (a heartbeat that cannot be read, or whose pid is gone or now trains another home: None)."""
     try:
         pid = read_json(rank_dir / "heartbeat.json", keys=("pid",))["pid"]
         argv = Path(f"/proc/{int(pid)}/cmdline").read_bytes().split(b"\0")
         state = Path(f"/proc/{int(pid)}/stat").read_text().rsplit(") ", 1)[1][:1]
     except (ValueError, TypeError, OSError, IndexError):
         return None
-    return int(pid) if b"training" in argv and b"train" in argv and state != "Z" else None
+    try:  # its --home, taken from its own working directory
+        at = argv.index(b"--home") + 1
+        ours = (Path(os.readlink(f"/proc/{int(pid)}/cwd")) / os.fsdecode(argv[at])).resolve() == \
+            rank_dir.resolve().parents[2]
+    except (ValueError, IndexError, OSError):
+        ours = False
+    return int(pid) if b"training" in argv and b"train" in argv and ours and state != "Z" else None
 
 
 def local_manifests(rank_dir: Path) -> dict[int, str]:
