@@ -47,7 +47,8 @@ HOURS_PER_MONTH = 730.0  # AWS's convention for prorating monthly prices
 
 def price(key: str, overrides: dict[str, float] | None = None) -> Price:
     if overrides and key in overrides:
-        return Price(float(overrides[key]), PRICES[key].unit if key in PRICES else "?", "stack config override", "-")
+        unit = PRICES[key].unit if key in PRICES else "hour" if key.startswith("instance/") else "?"
+        return Price(float(overrides[key]), unit, "stack config override", "-")
     if key not in PRICES:
         raise KeyError(f"no price for '{key}' in infra/prices.py; add it there or set prices.{key} in the stack config")
     return PRICES[key]

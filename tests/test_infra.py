@@ -419,14 +419,15 @@ def words(text: str) -> str:
 @pytest.mark.parametrize("changes, refusal", [
     ({"hosts": [{"rank": r, "instance_type": "g7.huge" if r == 3 else "g6e.xlarge", "zone": "us-east-1c"}
                 for r in range(4)]},
-     "unknown instance type 'g7.huge' (known: g6e.2xlarge, g6e.xlarge); add its price and facts to infra/prices.py"),
+     "unknown instance type 'g7.huge' (known: g6e.2xlarge, g6e.xlarge): add its price and facts to infra/prices.py, "
+     "or give its hourly price in the stack (prices: {instance/g7.huge: USD})"),
     ({"deadline": "2020-01-01T00:00:00Z"}, "the deadline 2020-01-01T00:00:00+00:00 has passed"),
     ({"deadline": "+5h"}, "h away but the budget pays for 3 h of compute"),
     ({"budget": {"total_usd": float("inf"), "compute_usd": 24, "transfer_usd": 66, "storage_other_usd": 10}},
      "Input should be a finite number"),
     ({"transfer_guard_bytes": float("nan")}, "Input should be a finite number"),
     ({"prices": {"transfer/cross-zone-out": -0.01}}, "prices: transfer/cross-zone-out = -0.01 is negative"),
-    ({"prices": {"instance/g7.huge": 1.0}}, "prices: no price 'instance/g7.huge' to override"),
+    ({"prices": {"transfer/to-the-moon": 1.0}}, "prices: no price 'transfer/to-the-moon' to override"),
     ({"deadline": None}, "no deadline: set trials:cluster.deadline to the UTC time the cloud must stop the hosts"),
 ])
 def test_plan_and_the_program_refuse_alike(tmp_path, changes, refusal):

@@ -129,7 +129,7 @@ def test_plan_shows_which_arms_the_hosts_gpus_fit(tmp_path, monkeypatch):
     import infra.prices
 
     monkeypatch.setitem(infra.prices.INSTANCE_TYPES, "c7i.xlarge", {"vcpus": 4, "gpus": 0, "ebs_baseline_mb_s": None})
-    stack = yaml.safe_load(open("Pulumi.dev.yaml"))
+    stack = yaml.safe_load(example_stack(tmp_path).read_text())
     conf = stack["config"]["trials:cluster"]
     conf["hosts"][3]["instance_type"] = "c7i.xlarge"
     conf["prices"] = {"instance/c7i.xlarge": 0.2, "instance/x9.unknown": 1.0}
