@@ -9,11 +9,21 @@ security group: every port is open to member hosts only, SSH also to the operato
 refused with a reset. Everything made here is removed on exit: sshd processes by their own pids,
 then the namespaces and the bridge. Namespaces share the filesystem, so each host works under its
 own root directory.
+
+Links and namespaces outlive the process that made them: a test run killed mid-way (a session that
+ends, a CI job cancelled) leaves its bridge holding 198.18.0.1/24, and every later set would route
+into it and time out. So each bridge carries its owner (pid and start time) in its alias, set before
+it takes an address, and a new set first reclaims any test bridge in the subnet whose owner is gone
+(its namespaces' processes ended by pid, then the namespaces and links). Two sets cannot share the
+subnet, so one whose owner still runs (another test suite on the machine) is waited for, bounded by
+`wait_s`, then refused by name; an address in the subnet that is not a test bridge is refused at once.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -24,10 +34,34 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SUBNET = "198.18.0"
+_BRIDGE = re.compile(r"tb([0-9a-f]{4})")
+_OWNER = re.compile(r"trials-netns owner=(\d+):(\d+)")
 
 
 class NetnsError(RuntimeError):
     """The test hosts could not be built (not root, no sshd, no iproute2)."""
+
+
+class SubnetBusy(NetnsError):
+    """Another live set of test hosts holds the subnet."""
+
+
+def _start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (field 22 of /proc/pid/stat): with the pid,
+    it names one process, whatever later reuses the number."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _owner_alive(alias: str | None) -> int | None:
+    """The pid that owns a bridge whose alias is `alias`, if that very process still runs."""
+    m = _OWNER.fullmatch(alias or "")
+    if m and _start_time(int(m[1])) == int(m[2]):
+        return int(m[1])
+    return None
 
 
 def _sh(*argv: str) -> str:
@@ -61,6 +95,7 @@ class NetnsHosts:
     tag: str = field(default_factory=lambda: secrets.token_hex(2))
     client_key: Path | None = None
     user: str = "root"
+    wait_s: float = 1800.0  # for another live set to end (another suite's SSH module lasts minutes)
 
     @property
     def bridge(self) -> str:
@@ -85,10 +120,20 @@ class NetnsHosts:
 
     def _build(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege-separation directory
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
         self.client_key = self.workdir / "client_ed25519"
         _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"trials-{self.tag}", "-f", str(self.client_key))
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            try:
+                self.reclaim_stale()
+                break
+            except SubnetBusy:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(1.0)
         _sh("ip", "link", "add", self.bridge, "type", "bridge")
+        _sh("ip", "link", "set", self.bridge, "alias", f"trials-netns owner={os.getpid()}:{_start_time(os.getpid())}")
         _sh("ip", "addr", "add", f"{self.operator}/24", "dev", self.bridge)
         _sh("ip", "link", "set", self.bridge, "up")
         members = set(range(self.count) if self.members is None else self.members)
@@ -108,7 +153,35 @@ class NetnsHosts:
             self._firewall(h, member_addrs if h.member else [h.address])
             self._sshd(h)
         for h in self.hosts:
-            self._wait_port(h.address, 22)
+            self._wait_sshd(h)
+
+    @staticmethod
+    def reclaim_stale() -> list[str]:
+        """Remove the test bridges in the subnet whose owner is gone, with their namespaces; refuse
+        anything else there by name. Returns the bridges removed."""
+        links = {l["ifname"]: l for l in json.loads(_sh("ip", "-j", "link", "show") or "[]")}
+        holders = [a["ifname"] for a in json.loads(_sh("ip", "-j", "-4", "addr", "show") or "[]")
+                   if any(i.get("local", "").startswith(f"{SUBNET}.") for i in a.get("addr_info", []))]
+        namespaces = [line.split()[0] for line in _sh("ip", "netns", "list").splitlines() if line.strip()]
+        removed = []
+        for name in holders:
+            m = _BRIDGE.fullmatch(name)
+            if m is None:
+                raise NetnsError(f"{name} holds an address in {SUBNET}.0/24, which the test hosts need; "
+                                 f"it is not a test bridge (tb<tag>), so it is left alone: remove it or free the subnet")
+            owner = _owner_alive(links.get(name, {}).get("ifalias"))
+            if owner is not None:
+                who = "this process (a set still open)" if owner == os.getpid() else f"pid {owner}, which still runs"
+                raise SubnetBusy(f"{name} holds {SUBNET}.0/24 for the test hosts of {who}: two sets of test hosts "
+                                 f"cannot share the subnet; wait for it or end it")
+            tag = m[1]
+            for ns in (n for n in namespaces if re.fullmatch(rf"tn{tag}-\d+", n)):
+                NetnsHosts._end_namespace(ns)
+            for leftover in (n for n in links if re.fullmatch(rf"tv{tag}\d+", n)):
+                subprocess.run(["ip", "link", "del", leftover], capture_output=True)
+            _sh("ip", "link", "del", name)
+            removed.append(name)
+        return removed
 
     def _firewall(self, h: NetnsHost, allowed: list[str]) -> None:
         ipt = h.exec_argv("iptables")
@@ -136,20 +209,33 @@ class NetnsHosts:
                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
 
-    def _wait_port(self, address: str, port: int, timeout: float = 20) -> None:
+    def _wait_sshd(self, h: NetnsHost, timeout: float = 20) -> None:
+        """Until sshd answers on the host's port 22; if it does not, say why: sshd's exit and log, or
+        where the kernel routes the address (a bridge other than ours means the subnet is shared)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if h.sshd is not None and h.sshd.poll() is not None:
+                log = (h.root / "sshd.log").read_text(errors="replace").strip()[-2000:]
+                raise NetnsError(f"sshd on {h.address} exited with {h.sshd.returncode}: {log or '(no output)'}")
             try:
-                with socket.create_connection((address, port), timeout=0.5):
+                with socket.create_connection((h.address, 22), timeout=0.5):
                     return
             except OSError:
                 time.sleep(0.05)
-        raise NetnsError(f"sshd on {address}:{port} did not come up within {timeout:.0f} s")
+        route = subprocess.run(["ip", "route", "get", h.address], capture_output=True, text=True).stdout.strip()
+        raise NetnsError(f"sshd on {h.address}:22 did not answer within {timeout:.0f} s (sshd runs; the route "
+                         f"from here: {route or 'none'}; the test hosts' bridge is {self.bridge})")
 
     @staticmethod
-    def _end_pids(h: NetnsHost) -> None:
+    def _end_namespace(ns: str) -> None:
+        """End what runs in namespace `ns` by pid, then delete it."""
+        NetnsHosts._end_pids(ns)
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+    @staticmethod
+    def _end_pids(namespace: str) -> None:
         def pids() -> list[int]:
-            p = subprocess.run(["ip", "netns", "pids", h.namespace], capture_output=True, text=True)
+            p = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True)
             return [int(x) for x in p.stdout.split() if x.isdigit()]
 
         for sig, pause in ((signal.SIGTERM, 2.0), (signal.SIGKILL, 2.0)):
@@ -183,8 +269,7 @@ class NetnsHosts:
                     h.sshd.kill()
                     h.sshd.wait()
         for h in self.hosts:  # whatever still runs inside our namespaces (sshd's session children,
-            self._end_pids(h)  # a rank a test left behind) is ours: end it by pid before the namespace
-            subprocess.run(["ip", "netns", "del", h.namespace], capture_output=True)
+            self._end_namespace(h.namespace)  # a rank a test left behind) is ours: ended by pid first
             # the root side of the pair goes with the namespace, unless the kernel still holds it
             subprocess.run(["ip", "link", "del", f"tv{self.tag}{h.index}"], capture_output=True)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)

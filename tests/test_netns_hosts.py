@@ -1,0 +1,121 @@
+"""The network-namespace test hosts themselves (root only): a set left behind by a killed run (its
+bridge still holding 198.18.0.1/24, its sshd still running) is reclaimed by the next set, which then
+answers; a set whose owner still runs, and an address in the subnet on a link that is not a test
+bridge, are refused by name and left as they were. Without this a run killed mid-way makes every
+later SSH test time out, which is how a CI run once failed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrate.netns import NetnsError, NetnsHosts
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("/usr/sbin/sshd") is None,
+                                reason="needs root and openssh-server (CI installs both)")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A child that opens one set of test hosts, prints its bridge, namespace and sshd pid, then waits.
+HOLDER = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from orchestrate.netns import NetnsHosts
+    with NetnsHosts(1, Path(sys.argv[1])) as hs:
+        print(hs.bridge, hs.hosts[0].namespace, hs.hosts[0].sshd.pid, flush=True)
+        sys.stdin.readline()
+""")
+
+
+def holder(workdir: Path) -> tuple[subprocess.Popen, str, str, int]:
+    p = subprocess.Popen([sys.executable, "-c", HOLDER, str(workdir)], cwd=ROOT, text=True,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    line = p.stdout.readline()
+    assert line, p.stderr.read()
+    bridge, ns, sshd = line.split()
+    return p, bridge, ns, int(sshd)
+
+
+def links() -> set[str]:
+    return {l.split()[0].split("@")[0] for l in subprocess.run(["ip", "-br", "link"], capture_output=True,
+                                                              text=True).stdout.splitlines()}
+
+
+def namespaces() -> set[str]:
+    return {l.split()[0] for l in subprocess.run(["ip", "netns", "list"], capture_output=True,
+                                                 text=True).stdout.splitlines() if l.strip()}
+
+
+def answers(address: str) -> bool:
+    try:
+        with socket.create_connection((address, 22), timeout=2) as s:
+            return s.recv(64).startswith(b"SSH-2.0-")
+    except OSError:
+        return False
+
+
+def test_a_set_left_by_a_killed_run_is_reclaimed(tmp_path):
+    p, bridge, ns, sshd = holder(tmp_path / "killed")
+    p.kill()  # no cleanup runs: the bridge, the namespace and sshd (its own session) stay behind
+    p.wait()
+    try:
+        assert bridge in links() and ns in namespaces() and os.path.exists(f"/proc/{sshd}")
+        with NetnsHosts(1, tmp_path / "next") as hs:
+            assert answers(hs.hosts[0].address)
+            assert bridge not in links() and ns not in namespaces()
+            assert not os.path.exists(f"/proc/{sshd}") or "Z" in Path(f"/proc/{sshd}/stat").read_text().split(")")[1][:3]
+    finally:  # if the reclaim failed, leave nothing behind for the next test
+        if ns in namespaces():
+            NetnsHosts._end_namespace(ns)
+        subprocess.run(["ip", "link", "del", bridge], capture_output=True)
+
+
+def test_a_set_whose_owner_runs_is_waited_for_then_refused_by_name(tmp_path):
+    p, bridge, ns, _ = holder(tmp_path / "live")
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(NetnsError, match=rf"{bridge} holds 198\.18\.0\.0/24 .*pid {p.pid}, which still runs"):
+            with NetnsHosts(1, tmp_path / "second", wait_s=2):
+                pass
+        assert time.monotonic() - t0 >= 2
+        assert bridge in links() and ns in namespaces()  # the live set is untouched
+        assert answers("198.18.0.10")
+    finally:
+        p.communicate("\n", timeout=30)
+    assert p.returncode == 0 and bridge not in links() and ns not in namespaces()
+
+
+def test_a_second_suite_waits_for_the_subnet_then_comes_up(tmp_path):
+    p, bridge, ns, _ = holder(tmp_path / "first")
+    try:
+        threading.Timer(2.0, lambda: p.stdin.write("\n") or p.stdin.flush()).start()  # the first set ends
+        t0 = time.monotonic()
+        with NetnsHosts(1, tmp_path / "second", wait_s=60) as hs:
+            assert time.monotonic() - t0 >= 2 and answers(hs.hosts[0].address)
+            assert bridge not in links() and hs.bridge in links()
+    finally:
+        p.communicate(timeout=30)
+    assert p.returncode == 0
+
+
+def test_a_foreign_address_in_the_subnet_is_refused_and_left_alone(tmp_path):
+    name = f"td{os.getpid() % 0xffff:04x}"
+    subprocess.run(["ip", "link", "add", name, "type", "veth", "peer", "name", f"{name}p"], check=True)
+    try:
+        subprocess.run(["ip", "addr", "add", "198.18.0.250/24", "dev", name], check=True)
+        before = links()
+        with pytest.raises(NetnsError, match=rf"{name} holds an address in 198\.18\.0\.0/24.*not a test bridge"):
+            with NetnsHosts(1, tmp_path / "blocked"):
+                pass
+        assert links() == before
+    finally:
+        subprocess.run(["ip", "link", "del", name], capture_output=True)
