@@ -163,12 +163,13 @@ class NetnsHosts:
         holders = [a["ifname"] for a in json.loads(_sh("ip", "-j", "-4", "addr", "show") or "[]")
                    if any(i.get("local", "").startswith(f"{SUBNET}.") for i in a.get("addr_info", []))]
         namespaces = [line.split()[0] for line in _sh("ip", "netns", "list").splitlines() if line.strip()]
+        for name in holders:  # first, so that it is refused at once rather than after a wait
+            if _BRIDGE.fullmatch(name) is None:
+                raise NetnsError(f"{name} holds an address in {SUBNET}.0/24, which the test hosts need; "
+                                 f"it is not a test bridge (tb<tag>), so it is left alone: remove it or free the subnet")
         removed = []
         for name in holders:
             m = _BRIDGE.fullmatch(name)
-            if m is None:
-                raise NetnsError(f"{name} holds an address in {SUBNET}.0/24, which the test hosts need; "
-                                 f"it is not a test bridge (tb<tag>), so it is left alone: remove it or free the subnet")
             owner = _owner_alive(links.get(name, {}).get("ifalias"))
             if owner is not None:
                 who = "this process (a set still open)" if owner == os.getpid() else f"pid {owner}, which still runs"

@@ -97,7 +97,11 @@ def test_a_set_whose_owner_runs_is_waited_for_then_refused_by_name(tmp_path):
 def test_a_second_suite_waits_for_the_subnet_then_comes_up(tmp_path):
     p, bridge, ns, _ = holder(tmp_path / "first")
     try:
-        threading.Timer(2.0, lambda: p.stdin.write("\n") or p.stdin.flush()).start()  # the first set ends
+        def release() -> None:  # the first set ends
+            p.stdin.write("\n")
+            p.stdin.flush()
+
+        threading.Timer(2.0, release).start()
         t0 = time.monotonic()
         with NetnsHosts(1, tmp_path / "second", wait_s=60) as hs:
             assert time.monotonic() - t0 >= 2 and answers(hs.hosts[0].address)
