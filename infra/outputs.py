@@ -87,3 +87,20 @@ def parse_outputs(text: str | dict[str, Any]) -> StackOutputs:
         raise OutputsError(f"stack outputs are not JSON: {e}") from None
     except ValidationError as e:
         raise OutputsError(f"stack outputs refused: {explain(e, 'outputs')}") from None
+
+
+def read_stack_outputs(stack: str, work_dir: str | Path = ".") -> dict[str, Any]:
+    """A stack's outputs through Pulumi's Automation API, which drives the `pulumi` CLI: without the
+    CLI on PATH, say how to save them where it is, for `--pulumi-outputs`."""
+    import shutil
+
+    if shutil.which("pulumi") is None:
+        raise OutputsError(f"reading stack {stack!r} needs the pulumi CLI on PATH (Pulumi's Automation API drives "
+                           f"it); without it, save the outputs where the CLI is — `pulumi stack output --json "
+                           f"--stack {stack} > outputs.json` — and pass --pulumi-outputs outputs.json")
+    from pulumi import automation as auto
+
+    try:
+        return {k: v.value for k, v in auto.select_stack(stack_name=stack, work_dir=str(work_dir)).outputs().items()}
+    except auto.errors.CommandError as e:
+        raise OutputsError(f"pulumi could not read stack {stack!r}: {str(e).strip()[-600:]}") from None

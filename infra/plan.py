@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from infra.keys import operator_public_key
+
 from evidence.schema import require_ranks
 from infra.prices import HOURS_PER_MONTH, INSTANCE_TYPES, PRICES, price
 
@@ -91,7 +93,13 @@ class TrialConfig(Strict):
     object_lock_days: int | None = Field(None, ge=1)
     ami_name: str = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)*"
     ssh_user: str = "ubuntu"
+    ssh_public_key: str | None = None  # the operator's OpenSSH public key, text or path (required: `key_problems`)
     prices: dict[str, float] = {}
+
+    @field_validator("ssh_public_key")
+    @classmethod
+    def _ssh_key(cls, v: str | None) -> str | None:
+        return None if v is None else operator_public_key(v)
 
     @field_validator("prices")
     @classmethod
@@ -173,6 +181,15 @@ def arm_traffic(cfg: TrialConfig, arm: Arm) -> dict[str, Any]:
             "cross_zone_links": crossing, "cross_zone_bytes": crossing * link}
 
 
+def key_problems(cfg: TrialConfig) -> list[str]:
+    """Without the operator's key the hosts are created and nobody can log in to them."""
+    if cfg.ssh_public_key is None:
+        return ["no ssh_public_key: set trials:cluster.ssh_public_key to your OpenSSH public key, its text or the "
+                "path of the .pub file (`pulumi config set --path trials:cluster.ssh_public_key ~/.ssh/id_ed25519.pub`); "
+                "every host accepts that key for its login user"]
+    return []
+
+
 def deadline_problems(cfg: TrialConfig, now: dt.datetime) -> list[str]:
     """The cloud stop must be set, come in the future, and no later than the hours the budget pays for."""
     if cfg.deadline is None:
@@ -224,7 +241,7 @@ def estimate(cfg: TrialConfig, now: dt.datetime) -> dict[str, Any]:
                 "storage_other": cfg.budget.storage_other_usd}
     isolated = cfg.isolated_ranks()
     per_host = {r: sum(t["host_bytes_rx_plus_tx"] for t in traffic if r < t["world_size"]) for r in isolated}
-    problems = deadline_problems(cfg, now)
+    problems = deadline_problems(cfg, now) + key_problems(cfg)
     problems += [f"{c}: ${totals[c]:.2f} estimated > ${reserved[c]:.2f} reserved" for c in totals
                  if totals[c] > reserved[c] + 1e-9]
     if sum(totals.values()) > cfg.budget.total_usd + 1e-9:

@@ -4,7 +4,8 @@ before registering anything, then creates, all tagged `trial=<name>`:
   network   a VPC, one public subnet per chosen zone, an internet gateway; a security group whose
             every port accepts only its own members (NCCL, rendezvous) and SSH only from the
             operator's CIDR
-  hosts     one g6e instance per rank in its zone: deep-learning AMI looked up by filter, IMDSv2
+  hosts     one g6e instance per rank in its zone, logged in to with the operator's key (a key
+            pair from the stack's ssh_public_key): deep-learning AMI looked up by filter, IMDSv2
             required, shutdown = stop, a 300 GiB encrypted gp3 root volume with the same throughput,
             IOPS and read-ahead everywhere, an instance role that may write only the trial's prefix
   guards    an EventBridge Scheduler one-time schedule at the deadline that stops every instance
@@ -114,19 +115,21 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None) -> dict[str, Any]:
                           filters=[aws.ec2.GetAmiFilterArgs(name="name", values=[cfg.ami_name]),
                                    aws.ec2.GetAmiFilterArgs(name="architecture", values=["x86_64"])])
     isolated = set(cfg.isolated_ranks())
+    assert cfg.ssh_public_key is not None  # a missing one is among the problems above
+    key = aws.ec2.KeyPair(name("operator"), key_name=name("operator"), public_key=cfg.ssh_public_key, tags=tags)
     hosts = []
     for h in cfg.by_rank:
         inst = aws.ec2.Instance(
             name("rank", h.rank), ami=ami.id, instance_type=h.instance_type, subnet_id=subnets[h.zone].id,
             availability_zone=h.zone, vpc_security_group_ids=[sg.id], iam_instance_profile=profile.name,
-            instance_initiated_shutdown_behavior="stop",
+            key_name=key.key_name, instance_initiated_shutdown_behavior="stop",
             metadata_options=aws.ec2.InstanceMetadataOptionsArgs(http_tokens="required", http_endpoint="enabled",
                                                                  http_put_response_hop_limit=1),
             root_block_device=aws.ec2.InstanceRootBlockDeviceArgs(
                 volume_type="gp3", volume_size=cfg.volume.size_gib, encrypted=True, iops=cfg.volume.iops,
                 throughput=cfg.volume.throughput_mb_s, delete_on_termination=True, tags={**tags, "rank": str(h.rank)}),
             user_data=user_data(trial=cfg.trial, rank=h.rank, deadline=cfg.deadline,
-                                read_ahead_kib=cfg.volume.read_ahead_kib,
+                                read_ahead_kib=cfg.volume.read_ahead_kib, login_user=cfg.ssh_user,
                                 transfer_guard_bytes=cfg.transfer_guard_bytes if h.rank in isolated else None),
             # a changed boot script must never replace a host: its disk holds unpreserved evidence
             user_data_replace_on_change=False,

@@ -44,7 +44,7 @@ fi
 
 
 def user_data(*, trial: str, rank: int, deadline: dt.datetime, read_ahead_kib: int,
-              transfer_guard_bytes: float | None) -> str:
+              transfer_guard_bytes: float | None, login_user: str = "ubuntu", workdir: str = "/opt/trial") -> str:
     when = deadline.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     sectors = read_ahead_kib * 2  # blockdev counts 512-byte sectors
     lines = [
@@ -53,6 +53,8 @@ def user_data(*, trial: str, rank: int, deadline: dt.datetime, read_ahead_kib: i
         f"# trial {shlex.quote(trial)}, rank {rank}",
         "mkdir -p /var/lib/trial-guard",
         f"echo {rank} > /var/lib/trial-guard/rank",
+        "# the trial's working directory, on the root (large) volume, the login user's own: staging writes there",
+        f"install -d -m 0755 -o {shlex.quote(login_user)} -g {shlex.quote(login_user)} {shlex.quote(workdir)}",
         "# the same read-ahead for every arm, on every block device",
         "for dev in /sys/block/nvme*n1 /sys/block/xvd*; do",
         "  [ -e \"$dev\" ] || continue",

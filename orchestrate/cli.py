@@ -498,42 +498,75 @@ def show_summaries(cfg, summaries: list[dict]) -> None:
 @app.command()
 def up(local: bool = typer.Option(False, "--local", help="the embedded local cluster on this machine"),
        hosts: int = typer.Option(4, help="--local: how many ranks"),
+       stack: Optional[str] = typer.Option(None, help="a Pulumi stack's name: its outputs read through Pulumi's "
+                                                      "Automation API (needs the pulumi CLI)"),
        pulumi_outputs: Optional[Path] = typer.Option(None, help="a stack's `pulumi stack output --json`, saved"),
-       key_file: Optional[Path] = typer.Option(None, help="--pulumi-outputs: the SSH key for every host"),
-       host_keys: Optional[Path] = typer.Option(None, help="--pulumi-outputs: JSON {rank: 'ssh-ed25519 AAAA…'}, "
-                                                           "read from each instance's console output"),
+       key_file: Optional[Path] = typer.Option(None, help="--stack/--pulumi-outputs: the private half of the "
+                                                          "stack's ssh_public_key"),
+       host_keys: Optional[Path] = typer.Option(None, help="--pulumi-outputs: JSON {rank: 'ssh-ed25519 AAAA…'} you "
+                                                           "checked yourself (default: read from each instance's "
+                                                           "console output)"),
+       boot_wait: float = typer.Option(900, help="--pulumi-outputs: seconds to wait for booting instances to "
+                                                 "print their host keys"),
        store: Optional[str] = typer.Option(None, help="--local: evidence store (default file://trials/store)"),
        out: Path = typer.Option(Path("cluster.json"), help="where to write the description")) -> None:
     """Write cluster.json: the embedded local cluster, or a Pulumi stack's hosts from its outputs
     (`pulumi up` creates them; this only describes them, and checks every field)."""
     import json
 
+    from botocore.exceptions import BotoCoreError, ClientError
+
     from evidence.covered import CoveredFileError, guard_writes
+    from orchestrate.cloud import HostKeysMissing
     from orchestrate.cluster import ClusterError, local_cluster, pulumi_cluster, save
 
+    aws_errors = (BotoCoreError, ClientError)
+
     try:
-        if local == (pulumi_outputs is not None):
-            raise ClusterError("pass exactly one of --local and --pulumi-outputs")
+        if [local, pulumi_outputs is not None, stack is not None].count(True) != 1:
+            raise ClusterError("pass exactly one of --local, --stack and --pulumi-outputs")
         if local:
             desc = local_cluster(hosts, Path.cwd(), store or f"file://{(Path('trials') / 'store').resolve()}")
         else:
+            from infra.outputs import OutputsError, parse_outputs, read_stack_outputs
+
             if key_file is None:
-                raise ClusterError("--pulumi-outputs needs --key-file (the hosts' SSH key)")
+                raise ClusterError("--stack/--pulumi-outputs need --key-file (the private half of the stack's "
+                                   "ssh_public_key)")
             try:
                 keys = {int(k): v for k, v in json.loads(host_keys.read_text()).items()} if host_keys else None
-                text = pulumi_outputs.read_text()
+                text = json.dumps(read_stack_outputs(stack)) if stack else pulumi_outputs.read_text()
+            except OutputsError as e:
+                raise ClusterError(str(e)) from None
             except (OSError, ValueError, AttributeError) as e:
                 raise ClusterError(f"cannot read {host_keys or pulumi_outputs}: {e}") from None
+            if keys is None:  # from the consoles, where cloud-init printed them at first boot
+                import boto3
+
+                from orchestrate.cloud import console_output, pin_host_keys
+
+                try:
+                    parsed = parse_outputs(text)
+                except OutputsError as e:
+                    raise ClusterError(str(e)) from None
+                session = boto3.Session(region_name=parsed.region)
+                say("cluster", f"reading {len(parsed.hosts)} instance console(s) for their SSH host keys")
+                keys = pin_host_keys({h.rank: h.instance_id for h in parsed.hosts},
+                                     lambda iid: console_output(session, iid), wait_s=boot_wait,
+                                     say=lambda m: say("cluster", m))
             desc = pulumi_cluster(text, key_file=str(key_file.resolve()), host_keys=keys)
             missing = [h.rank for h in desc.hosts if h.host_key is None]
             if missing:
-                raise ClusterError(f"no pinned host key for rank(s) {missing}: pass --host-keys "
+                raise ClusterError(f"no pinned host key for rank(s) {missing}: --host-keys names none for them "
                                    "(an unknown host key is never accepted)")
         guard_writes({out: b""})  # --out is the user's choice of path: never a trial home's evidence
         save(desc, out)
-    except (ClusterError, CoveredFileError, ValueError, OSError) as e:  # ValueError: pydantic's refusal of a field
-        say("error:", str(e), style="bold red")
+    except (ClusterError, CoveredFileError, ValueError, OSError, HostKeysMissing) as e:  # ValueError: pydantic's
+        say("error:", str(e), style="bold red")                                           # or a key's refusal
         raise typer.Exit(2)
+    except aws_errors as e:
+        say("error:", f"reading the instances' consoles failed: {e}", style="bold red")
+        raise typer.Exit(1)
     say("cluster", f"{desc.source}: {len(desc.hosts)} host(s), store {desc.store} → {out}")
 
 

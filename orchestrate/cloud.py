@@ -7,7 +7,7 @@ profile; nothing here creates infrastructure.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 LIVE_STATES = ("pending", "running", "stopping", "shutting-down")
 
@@ -54,6 +54,53 @@ def stop_trial(session: Any, trial: str, *, wait: bool = True, delay_s: int = 5,
         ec2.get_waiter("instance_stopped").wait(InstanceIds=ids,
                                                 WaiterConfig={"Delay": delay_s, "MaxAttempts": attempts})
     return ids
+
+
+def console_output(session: Any, instance_id: str) -> str:
+    """What the instance has printed on its serial console (the newest buffer), as text; empty while
+    it has printed nothing. The API returns it base64-encoded."""
+    import base64
+
+    out = session.client("ec2").get_console_output(InstanceId=instance_id, Latest=True).get("Output") or ""
+    try:
+        return base64.b64decode(out, validate=True).decode("utf-8", errors="replace")
+    except ValueError:
+        return out  # some endpoints hand it back already decoded
+
+
+def pin_host_keys(instances: dict[int, str], read: Callable[[str], str], *, wait_s: float = 900.0,
+                  poll_s: float = 10.0, say: Callable[[str], None] = lambda m: None) -> dict[int, str]:
+    """Each rank's host key, from what its instance printed at first boot (`infra.keys`), reading the
+    consoles again while any instance is still booting, at most `wait_s`; then refuses naming every
+    instance that has printed none. A console that shows two different keys is refused at once."""
+    import time
+
+    from infra.keys import pinned_host_key
+
+    keys: dict[int, str] = {}
+    deadline = time.monotonic() + wait_s
+    while True:
+        for rank, iid in sorted(instances.items()):
+            if rank not in keys:
+                key = pinned_host_key(read(iid), f"rank {rank} ({iid})")
+                if key is not None:
+                    keys[rank] = key
+                    say(f"rank {rank} ({iid}): pinned {key.split()[0]} host key from its console")
+        waiting = [f"rank {r} ({i})" for r, i in sorted(instances.items()) if r not in keys]
+        if not waiting:
+            return keys
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise HostKeysMissing(f"no SSH host keys on the console of {', '.join(waiting)} after {wait_s:.0f} s: "
+                                  "still booting (try again in a minute), or an AMI whose cloud-init does not print "
+                                  "them; an unknown host key is never accepted (pass --host-keys with keys you "
+                                  "checked yourself)")
+        say(f"waiting for {', '.join(waiting)} to print its host keys ({left:.0f} s left)")
+        time.sleep(min(poll_s, max(left, 0.0)))
+
+
+class HostKeysMissing(RuntimeError):
+    """An instance printed no host keys within the wait."""
 
 
 def read_budget(session: Any, account_id: str, name: str) -> dict[str, Any]:

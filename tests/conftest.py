@@ -208,9 +208,18 @@ def aws(moto_url, monkeypatch):
     assert urls and all(u.startswith(moto_url) for u in urls)
 
 
+def public_key() -> str:
+    """A fresh ed25519 public key in OpenSSH form ('ssh-ed25519 AAAA…'), as an operator's .pub holds."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    return Ed25519PrivateKey.generate().public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()
+
+
 def example_stack(dst: Path, **changes) -> Path:
     """The shipped example stack (Pulumi.dev.yaml) with what is the user's to set: a deadline 3 h
-    from now (the shipped file has none on purpose), plus `changes` to trials:cluster."""
+    from now and the operator's public key (the shipped file has neither on purpose), plus `changes`
+    to trials:cluster."""
     import datetime as dt
 
     import yaml
@@ -218,6 +227,7 @@ def example_stack(dst: Path, **changes) -> Path:
     conf = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())
     cl = conf["config"]["trials:cluster"]
     cl["deadline"] = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=3)).isoformat()
+    cl["ssh_public_key"] = public_key()
     cl.update(changes)
     out = Path(dst) / "Pulumi.test.yaml"
     out.write_text(yaml.safe_dump(conf))

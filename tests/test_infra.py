@@ -19,17 +19,20 @@ import yaml
 from infra.outputs import OutputsError, parse_outputs
 from infra.plan import BudgetError, TrialConfig, arm_traffic, estimate
 from infra.userdata import GUARD_SCRIPT
+from conftest import public_key
 
 ROOT = Path(__file__).resolve().parents[1]
 NOW = dt.datetime(2026, 11, 30, 0, 0, tzinfo=dt.timezone.utc)
 PARAMS = 1_711_376_384
+OPERATOR_KEY = public_key()
 
 
 def study(**changes) -> dict:
-    """The example stack (Pulumi.dev.yaml), its deadline 3 h after NOW."""
+    """The example stack (Pulumi.dev.yaml), its deadline 3 h after NOW, an operator key set."""
     cfg = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())["config"]
     c = copy.deepcopy(cfg["trials:cluster"]) | {"region": cfg["aws:region"]}
     c["deadline"] = (NOW + dt.timedelta(hours=3)).isoformat()
+    c["ssh_public_key"] = OPERATOR_KEY
     c.update(changes)
     return c
 
@@ -104,6 +107,8 @@ def test_hosts(program):
         assert i["metadataOptions"]["httpTokens"] == "required"
         assert i["instanceInitiatedShutdownBehavior"] == "stop"
         assert i["userDataReplaceOnChange"] is False  # a new boot script never replaces a host with evidence
+        assert i["keyName"] == "ltw-four-operator"  # the operator logs in with the stack's key
+        assert "install -d -m 0755 -o ubuntu -g ubuntu /opt/trial" in i["userData"]  # staging's own directory
         d = i["rootBlockDevice"]
         assert (d["volumeType"], d["volumeSize"], d["encrypted"]) == ("gp3", 300, True)
         assert (d["throughput"], d["iops"]) == (250, 3000)  # the same for every host, so every arm
@@ -111,6 +116,8 @@ def test_hosts(program):
         assert "OnCalendar=2026-11-30 03:00:00 UTC" in i["userData"]
         # only the isolated-zone host carries the cumulative transfer guard
         assert ("LIMIT=${TRIAL_GUARD_LIMIT:-3100000000000}" in i["userData"]) == (i["availabilityZone"] == "us-east-1d")
+    (kp,) = mocks.of("aws:ec2/keyPair:KeyPair")
+    assert (kp.inputs["keyName"], kp.inputs["publicKey"]) == ("ltw-four-operator", OPERATOR_KEY)
     (ami,) = [c for c in mocks.calls if c.token == "aws:ec2/getAmi:getAmi"]  # looked up, not pinned
     assert ami.args["owners"] == ["amazon"] and ami.args["mostRecent"] is True
     assert {"name": "name", "values": ["Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)*"]} \
@@ -452,20 +459,23 @@ def test_plan_and_the_program_refuse_alike(tmp_path, changes, refusal):
 
 def test_the_shipped_stack_asks_for_what_is_the_users(tmp_path):
     """As shipped, the example stack is refused with the exact setting to add (by `plan` and by the
-    program alike); with only a deadline set, both accept it."""
+    program alike), and the operator key; with both set, both accept it."""
     from typer.testing import CliRunner
 
     from orchestrate.cli import app
 
     conf = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())["config"]
     shipped = {**conf["trials:cluster"], "region": conf["aws:region"]}
-    assert "deadline" not in shipped
+    assert "deadline" not in shipped and "ssh_public_key" not in shipped
     said = words(run_entry(shipped))
     assert "no deadline: set trials:cluster.deadline" in said and "pulumi config set --path trials:cluster.deadline" in said
+    assert "no ssh_public_key: set trials:cluster.ssh_public_key" in said
     r = CliRunner().invoke(app, ["plan", "diloco-four", "--no-quota"])  # the default stack: Pulumi.dev.yaml
     problem = said[said.index("no deadline"):].split(" e.g. ")[0]  # the example time: now, to the minute
-    assert r.exit_code == 1 and problem in words(r.stdout + r.stderr)
+    assert r.exit_code == 1 and problem in words(r.stdout + r.stderr) and "no ssh_public_key" in words(r.stdout + r.stderr)
     shipped["deadline"] = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=3)).isoformat()
+    assert "no deadline" not in words(run_entry(shipped))
+    shipped["ssh_public_key"] = OPERATOR_KEY
     assert run_entry(shipped) == ""
     r = CliRunner().invoke(app, ["plan", "diloco-four", "--stack", str(stack_file(tmp_path, shipped)), "--no-quota"])
     assert r.exit_code == 0, r.output

@@ -1,0 +1,195 @@
+"""The first log-in to a stack's hosts, with no hand work and no blind trust: the operator's public key
+checked before the stack creates anything (a private key pasted by mistake refused by name), the
+hosts' keys pinned from what cloud-init printed on each console (real-format text: noise around the
+block, a boot still printing, two boots), `orchestrate up` reading the consoles through boto3 (moto's
+server: a console with no keys is waited for, then refused naming the instance), and a cluster pinned
+that way logging in to real sshd hosts — and refusing a host whose key is not the printed one."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
+
+from conftest import public_key, run_cli
+from infra.keys import SSHKeyError, host_key_blocks, operator_public_key, pinned_host_key
+from infra.outputs import OUTPUTS_FORMAT
+from orchestrate.cloud import HostKeysMissing, console_output, pin_host_keys
+
+
+def pub(key) -> str:
+    return key.public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()
+
+
+ED, ECDSA, RSA = (pub(ed25519.Ed25519PrivateKey.generate()), pub(ec.generate_private_key(ec.SECP256R1())),
+                  pub(rsa.generate_private_key(public_exponent=65537, key_size=2048)))
+
+
+def console(*keys: str, host: str = "ip-10-42-0-5", tail: bool = True) -> str:
+    """What an Ubuntu instance's console shows around cloud-init's key block (the shape seen on EC2:
+    syslog-prefixed fingerprints, then the keys unprefixed, kernel and cloud-init lines around)."""
+    lines = ["[    0.000000] Linux version 6.8.0-1021-aws (buildd@lcy02-amd64-092) #23~22.04.1-Ubuntu SMP",
+             "[   12.104311] cloud-init[1092]: Cloud-init v. 24.4.1-0ubuntu0~22.04.1 running 'modules:final'",
+             "<14>Dec  1 20:00:01 ec2: ",
+             "<14>Dec  1 20:00:01 ec2: #############################################################",
+             "<14>Dec  1 20:00:01 ec2: -----BEGIN SSH HOST KEY FINGERPRINTS-----",
+             f"<14>Dec  1 20:00:01 ec2: 256 SHA256:3dhQ6ZcA0uZsXy8wq1Ek root@{host} (ED25519)",
+             "<14>Dec  1 20:00:01 ec2: -----END SSH HOST KEY FINGERPRINTS-----",
+             "<14>Dec  1 20:00:01 ec2: #############################################################",
+             "-----BEGIN SSH HOST KEY KEYS-----", *(f"{k} root@{host}" for k in keys)]
+    if tail:
+        lines += ["-----END SSH HOST KEY KEYS-----",
+                  "[   12.530012] cloud-init[1092]: Cloud-init v. 24.4.1 finished at Tue, 01 Dec 2026 20:00:01 +0000."]
+    return "\r\n".join(lines) + "\r\n"
+
+
+def test_the_operator_key_is_checked_before_anything_exists(tmp_path):
+    assert operator_public_key(f"  {ED} me@laptop \n") == ED
+    (tmp_path / "id.pub").write_text(f"{RSA} me@laptop\n")
+    assert operator_public_key(str(tmp_path / "id.pub")) == RSA
+    private = ed25519.Ed25519PrivateKey.generate().private_bytes(Encoding.PEM, PrivateFormat.OpenSSH,
+                                                                 NoEncryption()).decode()
+    with pytest.raises(SSHKeyError, match="that is a private key: give the public half"):
+        operator_public_key(private)
+    (tmp_path / "id").write_text(private)
+    with pytest.raises(SSHKeyError, match=rf"{tmp_path / 'id'} is a private key: give its public half \({tmp_path / 'id'}.pub\)"):
+        operator_public_key(str(tmp_path / "id"))
+    with pytest.raises(SSHKeyError, match="neither an OpenSSH public key nor a file"):
+        operator_public_key(str(tmp_path / "missing.pub"))
+    kind, blob = ED.split()
+    with pytest.raises(SSHKeyError, match="the key says ssh-rsa but its data is a 'ssh-ed25519' key"):
+        operator_public_key(f"ssh-rsa {blob}")
+    with pytest.raises(SSHKeyError, match="base64 part is damaged"):
+        operator_public_key(f"{kind} {blob[:-7]}")
+
+
+def test_the_stack_refuses_a_private_key_by_name(tmp_path):
+    from conftest import example_stack
+
+    private = tmp_path / "id_ed25519"
+    private.write_text(ed25519.Ed25519PrivateKey.generate().private_bytes(
+        Encoding.PEM, PrivateFormat.OpenSSH, NoEncryption()).decode())
+    r = run_cli("-m", "orchestrate", "plan", "diloco-four", "--no-quota", "--stack",
+                str(example_stack(tmp_path, ssh_public_key=str(private))))
+    said = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode == 2 and f"{private} is a private key: give its public half ({private}.pub)" in said, said
+    assert "Traceback" not in said
+
+
+def test_host_keys_are_read_from_real_format_console_text():
+    assert pinned_host_key(console(ECDSA, ED, RSA), "rank 0") == ED  # ed25519 first, whatever the order
+    assert pinned_host_key(console(RSA, ECDSA), "rank 0") == ECDSA
+    assert host_key_blocks(console(ECDSA, ED, RSA)) == [{k.split()[0]: k for k in (ECDSA, ED, RSA)}]
+    booting = "[    0.000000] Linux version 6.8.0-1021-aws\r\n[    3.2] systemd[1]: Starting cloud-init...\r\n"
+    assert pinned_host_key(booting, "rank 0") is None  # nothing printed yet
+    assert pinned_host_key(console(ECDSA, ED, tail=False), "rank 0") is None  # the block is still printing
+    assert pinned_host_key(console(ED) + console(ED, ECDSA), "rank 0") == ED  # a stop/start: the same keys
+    other = pub(ed25519.Ed25519PrivateKey.generate())
+    with pytest.raises(SSHKeyError, match="rank 0 printed 2 different ssh-ed25519 host keys"):
+        pinned_host_key(console(ED) + console(other), "rank 0")
+    damaged = console(ED.replace(ED.split()[1][10:14], "AAAA"))
+    with pytest.raises(SSHKeyError, match="ssh-ed25519"):
+        pinned_host_key(damaged, "rank 0")
+
+
+def test_pinning_waits_for_a_booting_instance_then_refuses_by_name():
+    calls: dict[str, int] = {"i-0aaaaaaaaaaaaaaa0": 0, "i-0bbbbbbbbbbbbbbb1": 0}
+
+    def read(iid: str) -> str:  # rank 0 prints on its third read; rank 1 never does
+        calls[iid] += 1
+        return console(ED) if iid.startswith("i-0a") and calls[iid] >= 3 else "[    1.0] booting\r\n"
+
+    said: list[str] = []
+    t0 = time.monotonic()
+    with pytest.raises(HostKeysMissing, match=r"no SSH host keys on the console of rank 1 \(i-0bbbbbbbbbbbbbbb1\) "
+                                              r"after 1 s"):
+        pin_host_keys({0: "i-0aaaaaaaaaaaaaaa0", 1: "i-0bbbbbbbbbbbbbbb1"}, read, wait_s=1.0, poll_s=0.2,
+                      say=said.append)
+    assert 1.0 <= time.monotonic() - t0 < 5
+    assert any("rank 0 (i-0aaaaaaaaaaaaaaa0): pinned ssh-ed25519" in m for m in said)
+    assert calls["i-0aaaaaaaaaaaaaaa0"] == 3  # read until it printed, then no more
+    assert pin_host_keys({0: "i-0aaaaaaaaaaaaaaa0"}, lambda i: console(ECDSA, ED), wait_s=0) == {0: ED}
+
+
+def outputs(hosts: list[dict], trial: str = "keys-test") -> dict:
+    return {"format": OUTPUTS_FORMAT, "trial": trial, "region": "us-east-1",
+            "deadline": "2030-01-01T00:00:00+00:00", "hours": 3, "ssh_user": "root",
+            "bucket": "trials-evidence-test", "prefix": f"trials/{trial}/", "alert_topic": "arn:aws:sns:x",
+            "transfer_guard_bytes": 1e12, "isolated_ranks": [], "hosts": hosts}
+
+
+def test_up_reads_the_consoles_through_boto3_and_refuses_a_silent_one(aws, tmp_path):
+    ec2 = aws.client("ec2")
+    ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    ids = [ec2.run_instances(ImageId=ami, InstanceType="g6e.xlarge", MinCount=1, MaxCount=1)["Instances"][0]
+           ["InstanceId"] for _ in range(2)]
+    assert "Linux version" in console_output(aws, ids[0])  # moto's fixed console: a kernel, no keys
+    out = tmp_path / "outputs.json"
+    out.write_text(json.dumps(outputs([{"rank": r, "instance_id": i, "instance_type": "g6e.xlarge",
+                                        "zone": "us-east-1c", "private_ip": f"10.42.0.{10 + r}"}
+                                       for r, i in enumerate(ids)])))
+    (tmp_path / "key").write_text("unused")
+    r = run_cli("-m", "orchestrate", "up", "--pulumi-outputs", str(out), "--key-file", str(tmp_path / "key"),
+                "--boot-wait", "1", "--out", str(tmp_path / "cluster.json"))
+    said = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode == 2, said
+    assert f"no SSH host keys on the console of rank 0 ({ids[0]}), rank 1 ({ids[1]}) after 1 s" in said
+    assert not (tmp_path / "cluster.json").exists() and "Traceback" not in said
+    # keys the operator checked some other way are pinned as given, and the consoles are not read
+    (tmp_path / "keys.json").write_text(json.dumps({"0": ED, "1": ECDSA}))
+    r = run_cli("-m", "orchestrate", "up", "--pulumi-outputs", str(out), "--key-file", str(tmp_path / "key"),
+                "--host-keys", str(tmp_path / "keys.json"), "--out", str(tmp_path / "cluster.json"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    pinned = json.loads((tmp_path / "cluster.json").read_text())["hosts"]
+    assert [h["host_key"] for h in pinned] == [ED, ECDSA] and "console" not in r.stdout
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("/usr/sbin/sshd") is None,
+                    reason="needs root and openssh-server (CI installs both)")
+def test_a_cluster_pinned_from_the_consoles_logs_in_and_refuses_another_key(tmp_path):
+    from orchestrate.cluster import pulumi_cluster
+    from orchestrate.netns import NetnsHosts
+    from orchestrate.transport import TransportError
+
+    with NetnsHosts(2, tmp_path / "netns") as hs:
+        ids = {h.index: f"i-0{h.index:016x}" for h in hs.hosts}
+        consoles = {ids[h.index]: console(ECDSA, h.host_key, RSA, host=f"ip-{h.index}") for h in hs.hosts}
+        keys = pin_host_keys(ids, consoles.__getitem__, wait_s=0)
+        assert keys == {h.index: h.host_key for h in hs.hosts}
+        desc = outputs([{"rank": h.index, "instance_id": ids[h.index], "instance_type": "g6e.xlarge",
+                         "zone": "us-east-1c", "private_ip": h.address} for h in hs.hosts])
+        cluster = pulumi_cluster(desc, key_file=str(hs.client_key), host_keys=keys, root=str(hs.hosts[0].root))
+        for h in cluster.hosts:
+            t = cluster.transport(h)
+            try:
+                r = t.run("ip -4 -o addr show eth0 | awk '{print $4}'")
+                assert r.status == 0 and r.stdout.strip() == f"{h.address}/24"
+            finally:
+                t.close()
+        # a console whose key is not the host's (another instance's text, a replaced host): no log-in
+        swapped = pulumi_cluster(desc, key_file=str(hs.client_key), host_keys={0: keys[1], 1: keys[0]})
+        t = swapped.transport(swapped.hosts[0])
+        try:
+            with pytest.raises(TransportError, match="(?i)host key"):
+                t.run("true")
+        finally:
+            t.close()
+
+
+@pytest.mark.skipif(shutil.which("pulumi") is not None, reason="the pulumi CLI is on PATH here")
+def test_up_from_a_stack_name_without_the_pulumi_cli_says_how_to_go_on(tmp_path):
+    (tmp_path / "key").write_text("unused")
+    r = run_cli("-m", "orchestrate", "up", "--stack", "dev", "--key-file", str(tmp_path / "key"),
+                "--out", str(tmp_path / "cluster.json"))
+    said = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode == 2 and "reading stack 'dev' needs the pulumi CLI on PATH" in said, said
+    assert "`pulumi stack output --json --stack dev > outputs.json` — and pass --pulumi-outputs outputs.json" in said
+    r = run_cli("-m", "orchestrate", "up", "--stack", "dev", "--local", "--out", str(tmp_path / "cluster.json"))
+    assert r.returncode == 2 and "pass exactly one of --local, --stack and --pulumi-outputs" in " ".join(r.stderr.split())
+    assert not (tmp_path / "cluster.json").exists()
