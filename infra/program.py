@@ -11,8 +11,9 @@ before registering anything, then creates, all tagged `trial=<name>`:
   guards    an EventBridge Scheduler one-time schedule at the deadline that stops every instance
             (role allowed ec2:StopInstances on exactly those), the on-host deadline timer; an AWS
             Budgets budget on the trial's tag notifying an SNS topic at 50/80/100 % actual and 100 %
-            forecast; per isolated-zone host, a CloudWatch alarm on NetworkIn + NetworkOut that
-            notifies and stops it, and the on-host cumulative guard (why both: infra/userdata.py)
+            forecast, and a budget action that stops every instance at 100 % actual (its own role);
+            per isolated-zone host, a CloudWatch alarm on NetworkIn + NetworkOut that notifies and
+            stops it, and the on-host cumulative guard (why both: infra/userdata.py)
   evidence  an S3 bucket: versioning, default encryption, public access blocked, owner-enforced,
             TLS only, optional object lock
 
@@ -170,7 +171,7 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None) -> dict[str, Any]:
     aws.costexplorer.CostAllocationTag(name("tag"), tag_key="trial", status="Active",
                                        opts=pulumi.ResourceOptions(retain_on_delete=True))
     notes = [("ACTUAL", 50), ("ACTUAL", 80), ("ACTUAL", 100), ("FORECASTED", 100)]
-    aws.budgets.Budget(
+    budget = aws.budgets.Budget(
         # a monthly budget would reset if the trial crossed a month boundary (the example does): one
         # period from the day of `pulumi up`, long enough that it never resets during a trial
         name("budget"), name=name("budget"), budget_type="COST", limit_amount=f"{cfg.budget.total_usd:.2f}", limit_unit="USD",
@@ -181,6 +182,28 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None) -> dict[str, Any]:
             subscriber_sns_topic_arns=[topic.arn],
             subscriber_email_addresses=[cfg.budget.alert_email] if cfg.budget.alert_email else None)
             for kind, pct in notes])
+    # the spend stop: at 100 % of actual spend, Budgets runs SSM's stop document on every host, approved
+    # automatically, with a role that may start that one document and stop only these instances. Budgets
+    # sees costs hours late, so the deadline schedule stays the first bound; this one catches the rest
+    spender = aws.iam.Role(name("spend-stop"), tags=tags, assume_role_policy=json.dumps({
+        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
+                                                "Principal": {"Service": "budgets.amazonaws.com"}}]}))
+    aws.iam.RolePolicy(name("spend-stop"), role=spender.id, policy=arns.apply(lambda a: json.dumps({
+        "Version": "2012-10-17", "Statement": [
+            {"Sid": "StopDocument", "Effect": "Allow", "Action": "ssm:StartAutomationExecution",
+             "Resource": f"arn:aws:ssm:{cfg.region}:*:automation-definition/AWS-StopEC2Instance:*"},
+            {"Sid": "StopTheseHostsThroughSsm", "Effect": "Allow", "Action": "ec2:StopInstances", "Resource": list(a),
+             "Condition": {"ForAnyValue:StringEquals": {"aws:CalledVia": ["ssm.amazonaws.com"]}}},
+            {"Sid": "ReadState", "Effect": "Allow", "Action": "ec2:DescribeInstanceStatus", "Resource": "*"}]})))
+    aws.budgets.BudgetAction(
+        name("spend-stop"), budget_name=budget.name, action_type="RUN_SSM_DOCUMENTS", approval_model="AUTOMATIC",
+        notification_type="ACTUAL", execution_role_arn=spender.arn, tags=tags,
+        action_threshold=aws.budgets.BudgetActionActionThresholdArgs(action_threshold_type="PERCENTAGE",
+                                                                     action_threshold_value=100),
+        definition=aws.budgets.BudgetActionDefinitionArgs(
+            ssm_action_definition=aws.budgets.BudgetActionDefinitionSsmActionDefinitionArgs(
+                action_sub_type="STOP_EC2_INSTANCES", instance_ids=ids, region=cfg.region)),
+        subscribers=[aws.budgets.BudgetActionSubscriberArgs(address=topic.arn, subscription_type="SNS")])
 
     # transfer guard, cloud side: isolated-zone hosts
     region = cfg.region

@@ -701,6 +701,8 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
     print(table(est))
     print(f"vCPUs: the hosts need {need}; G/VT quota "
           + (f"{vcpu['quota']:g}" if vcpu["quota"] is not None else f"unknown ({vcpu['note'] or 'not asked'})"))
+    print(f"stops: the cloud schedule at the deadline (first bound); the budget action at 100 % of "
+          f"${cfg.budget.total_usd:g} actual spend, which AWS Budgets sees hours late (a backstop, not a bound)")
     for p in problems:
         say("does not fit:", p, style="bold red")
     raise typer.Exit(1 if problems else 0)

@@ -199,6 +199,35 @@ def test_budget_and_notifications(program):
     assert (tag.inputs["tagKey"], tag.inputs["status"]) == ("trial", "Active")
 
 
+def test_the_budget_stops_the_hosts_at_its_limit(program):
+    """Spending has a stop in the cloud, not only notifications: at 100 % of actual spend, SSM's stop
+    document on every host, approved automatically, by a role that may do only that."""
+    mocks, _ = program
+    (action,) = mocks.of("aws:budgets/budgetAction:BudgetAction")
+    a = action.inputs
+    assert (a["budgetName"], a["actionType"], a["approvalModel"], a["notificationType"]) == \
+        ("ltw-four-budget", "RUN_SSM_DOCUMENTS", "AUTOMATIC", "ACTUAL")
+    assert a["actionThreshold"] == {"actionThresholdType": "PERCENTAGE", "actionThresholdValue": 100}
+    ssm = a["definition"]["ssmActionDefinition"]
+    ids = sorted(f"i-{n:017x}" for n in range(1, 5))  # every host (the mocks' instance ids)
+    assert (ssm["actionSubType"], sorted(ssm["instanceIds"]), ssm["region"]) == ("STOP_EC2_INSTANCES", ids, "us-east-1")
+    (topic,) = mocks.of("aws:sns/topic:Topic")
+    assert a["subscribers"] == [{"address": f"arn:aws:mock:::{topic.name}", "subscriptionType": "SNS"}]
+    (role,) = [r for r in mocks.of("aws:iam/role:Role") if r.name == "ltw-four-spend-stop"]
+    assert a["executionRoleArn"] == f"arn:aws:mock:::{role.name}"
+    trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"]
+    assert [s["Principal"] for s in trust] == [{"Service": "budgets.amazonaws.com"}]
+    (policy,) = [r for r in mocks.of("aws:iam/rolePolicy:RolePolicy") if r.name == "ltw-four-spend-stop"]
+    st = {s["Sid"]: s for s in json.loads(policy.inputs["policy"])["Statement"]}
+    assert st["StopDocument"]["Action"] == "ssm:StartAutomationExecution"
+    assert st["StopDocument"]["Resource"] == "arn:aws:ssm:us-east-1:*:automation-definition/AWS-StopEC2Instance:*"
+    assert st["StopTheseHostsThroughSsm"]["Action"] == "ec2:StopInstances"
+    assert sorted(st["StopTheseHostsThroughSsm"]["Resource"]) == \
+        sorted(f"arn:aws:ec2:us-east-1:123456789012:instance/{i}" for i in ids)
+    assert {s["Action"] for s in st.values()} == {"ssm:StartAutomationExecution", "ec2:StopInstances",
+                                                  "ec2:DescribeInstanceStatus"}  # nothing else
+
+
 def test_transfer_alarm_on_isolated_host(program):
     mocks, _ = program
     (alarm,) = mocks.of("aws:cloudwatch/metricAlarm:MetricAlarm")

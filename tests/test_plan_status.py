@@ -62,6 +62,7 @@ def test_plan_refuses_over_the_quota(monkeypatch, tmp_path):
     out = " ".join(r.output.split())
     assert "the hosts need 16 G/VT vCPUs; the account's quota in us-east-1 is 8" in out
     assert "ddp-four" in out and "52.57" in out  # the arm's transfer cost, in its row
+    assert "the budget action at 100 % of $100 actual spend, which AWS Budgets sees hours late" in out
     r = CliRunner().invoke(app, ["plan", "clean-pair", "--stack", stack, "--no-quota"])
     assert r.exit_code == 2 and "plans no arm 'clean-pair'" in " ".join(r.output.split())
 
