@@ -24,6 +24,12 @@ from evidence.schema import explain, require_ranks
 OUTPUTS_FORMAT = "trial-stack-v1"
 
 
+def transfer_alarm_prefix(trial: str) -> str:
+    """Every transfer alarm of a trial is named `<trial>-transfer-<rank>`: `orchestrate` finds them by
+    this prefix (the program names them so, rather than letting Pulumi add a random suffix)."""
+    return f"{trial}-transfer-"
+
+
 class OutputsError(ValueError):
     """The stack's outputs are incomplete or hostile; the message names the field."""
 

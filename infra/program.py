@@ -29,7 +29,7 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
-from infra.outputs import OUTPUTS_FORMAT
+from infra.outputs import OUTPUTS_FORMAT, transfer_alarm_prefix
 from infra.plan import TrialConfig, require_within_budget
 from infra.prices import INSTANCE_TYPES
 from infra.userdata import user_data
@@ -218,7 +218,8 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None) -> dict[str, Any]:
                 dimensions={"InstanceId": inst.id}))
 
         aws.cloudwatch.MetricAlarm(
-            name("transfer", h.rank), comparison_operator="GreaterThanThreshold", evaluation_periods=1,
+            name("transfer", h.rank), name=f"{transfer_alarm_prefix(cfg.trial)}{h.rank}",
+            comparison_operator="GreaterThanThreshold", evaluation_periods=1,
             threshold=cfg.transfer_guard_bytes, treat_missing_data="notBreaching", tags=tags,
             alarm_description=f"rank {h.rank} (isolated zone {h.zone}): NetworkIn + NetworkOut over one hour "
                               f"exceeds the whole {cfg.transfer_guard_bytes:.3g}-byte guard",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import typer
 from rich.console import Console
@@ -103,7 +103,7 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
             skipped = place_arms(cfg, home, placement)
         clock.about["not_run"] = skipped
         with clock("train"):
-            summaries = train_arms(cfg, home, placement, not_run=skipped)
+            summaries = train_arms(cfg, home, placement, not_run=skipped, stop_check=alarm_check(desc))
         anchor_home(home, store_url)  # the numerical profiles the ranks committed
         show_summaries(cfg, summaries)
         report = select_evaluate_report(cfg, home, md, placement, clock=clock, store_url=store_url)
@@ -220,6 +220,28 @@ def _load_cluster(path: Optional[Path]):
     say("cluster", f"{path}: {desc.source}, {len(desc.hosts)} host(s)"
         + (f", deadline {desc.deadline.isoformat()}" if desc.deadline else ""))
     return desc
+
+
+def alarm_check(desc) -> Callable[[], str | None] | None:
+    """For a cluster in the cloud with transfer alarms: a check that names any alarm in ALARM. A failed
+    read is said and not a stop (the alarm's own action stops its host either way)."""
+    if desc is None or not desc.trial or not desc.guarded_ranks:
+        return None
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from orchestrate.cloud import raised_alarm
+
+    session = boto3.Session(region_name=desc.region)
+
+    def check() -> str | None:
+        try:
+            return raised_alarm(session, desc.trial)
+        except (BotoCoreError, ClientError) as e:
+            say("warning:", f"could not read the transfer alarms: {e}", style="bold yellow")
+            return None
+
+    return check
 
 
 def make_placement(desc, home: Path, model_dir: Path, trials: Path, wheelhouse: Optional[Path]):
@@ -449,9 +471,12 @@ def guard_stop(home: Path, stop: GuardStopped, cfg, url: str) -> int:
     return GUARD_STOP_EXIT
 
 
-def train_arms(cfg, home: Path, placement, not_run: dict[str, str] | None = None) -> list[dict]:
+def train_arms(cfg, home: Path, placement, not_run: dict[str, str] | None = None,
+               stop_check: Callable[[], str | None] | None = None) -> list[dict]:
     """Train every arm of the experiment the placement runs, one after another (never two jobs on
-    one device); an arm in `not_run` is never launched."""
+    one device); an arm in `not_run` is never launched. Before each arm it would launch,
+    `stop_check` may name a reason to stop (a raised cloud alarm): the trial then stops as when the
+    controller's guard stops it."""
     from training.errors import TrainError
     from training.results import finished, load_results, summarize
 
@@ -465,6 +490,9 @@ def train_arms(cfg, home: Path, placement, not_run: dict[str, str] | None = None
         if finished(home, a.name, a.world_size):
             say("train", f"{a.name}: already finished, results kept")
         else:
+            reason = stop_check() if stop_check else None
+            if reason:
+                raise GuardStopped(a.name, reason)
             say("train", f"{a.name} ({a.kind}, {a.world_size} rank"
                 f"{'s' if a.world_size > 1 else ''}) → {home / 'runs' / a.name}")
             # with group checkpoints, a failed group is restarted once from the common manifest
@@ -769,6 +797,15 @@ def status(cluster: Path = typer.Option(Path("cluster.json"), help="the trial's 
                    "—" if h.get("bytes_rx_tx") is None else f"{h['bytes_rx_tx'] / 1e9:,.3f} GB",
                    f"{h['guard_fraction']:.1%}" if "guard_fraction" in h else "—")
     con.print(tb)
+    alerts = st.get("alerts")
+    if alerts is not None and "error" in alerts:
+        say("alerts:", f"unknown ({alerts['error']})", style="bold yellow")
+    elif alerts is not None:
+        say("alerts:", "transfer alarms " + (", ".join(f"{a['name']} {a['state']}" for a in alerts["alarms"]) or "none")
+            + "; topic reaches " + (", ".join(f"{s['endpoint']} ({s['protocol']}, {s['state']})"
+                                              for s in alerts["subscriptions"]) or "no one"))
+        for w in alerts["warnings"]:
+            say("warning:", w, style="bold yellow")
 
 
 @app.command()

@@ -134,6 +134,47 @@ def read_alarms(session: Any, prefix: str) -> list[dict[str, Any]]:
     return out
 
 
+def read_subscriptions(session: Any, topic_arn: str) -> list[dict[str, Any]]:
+    """Who the alert topic reaches. An e-mail subscription stays `PendingConfirmation` until its
+    link is clicked, and until then that address hears nothing."""
+    sns = session.client("sns")
+    out = []
+    for page in sns.get_paginator("list_subscriptions_by_topic").paginate(TopicArn=topic_arn):
+        for sub in page["Subscriptions"]:
+            pending = sub["SubscriptionArn"] in ("PendingConfirmation", "pending confirmation")
+            out.append({"protocol": sub["Protocol"], "endpoint": sub["Endpoint"],
+                        "state": "pending confirmation" if pending else "confirmed"})
+    return out
+
+
+def trial_alerts(session: Any, cluster: Any) -> dict[str, Any]:
+    """The trial's transfer alarms and the alert topic's subscriptions, with a warning for each way an
+    alert would go unheard or a raised alarm would go unseen."""
+    from infra.outputs import transfer_alarm_prefix
+
+    alarms = read_alarms(session, transfer_alarm_prefix(cluster.trial)) if cluster.trial else []
+    subs = read_subscriptions(session, cluster.alert_topic) if cluster.alert_topic else []
+    warnings = [f"transfer alarm {a['name']} is in ALARM (it stops its host)" for a in alarms if a["state"] == "ALARM"]
+    if cluster.alert_topic and not subs:
+        warnings.append("nobody subscribes to the alert topic: budget and transfer alerts reach no one (set "
+                        "trials:cluster.budget.alert_email, or subscribe to the topic yourself)")
+    warnings += [f"the {s['protocol']} subscription for {s['endpoint']} is pending confirmation: it hears nothing "
+                 "until its confirmation link is followed" for s in subs if s["state"] != "confirmed"]
+    if cluster.guarded_ranks and cluster.trial and len(alarms) < len(cluster.guarded_ranks):
+        warnings.append(f"{len(cluster.guarded_ranks)} guarded host(s) but {len(alarms)} transfer alarm(s) named "
+                        f"{transfer_alarm_prefix(cluster.trial)}<rank> found")
+    return {"alarms": alarms, "subscriptions": subs, "warnings": warnings}
+
+
+def raised_alarm(session: Any, trial: str) -> str | None:
+    """What `run` checks between arms: a transfer alarm in ALARM stops the trial as the controller's
+    guard does (its host is being stopped by the alarm's own action)."""
+    from infra.outputs import transfer_alarm_prefix
+
+    up = [a["name"] for a in read_alarms(session, transfer_alarm_prefix(trial)) if a["state"] == "ALARM"]
+    return f"transfer alarm {', '.join(up)} in ALARM" if up else None
+
+
 def reconcile(session: Any, trial: str) -> list[Finding]:
     """What of the trial still exists, by tag: instances (running ones bill compute), volumes (bill
     storage), alarms on its hosts. An empty list of billing findings is what teardown must reach."""

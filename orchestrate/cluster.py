@@ -64,6 +64,7 @@ class Cluster(BaseModel):
     transfer_guard_bytes: float | None = Field(None, gt=0)  # per guarded host, rx + tx (the cloud alarm's)
     guarded_ranks: list[int] = []  # hosts in an isolated zone, whose traffic is billed and guarded
     budget_name: str | None = None  # the AWS Budgets budget that tracks the trial's spend
+    alert_topic: str | None = None  # the SNS topic the budget and the transfer alarms notify
 
     @model_validator(mode="after")
     def _consistent(self) -> "Cluster":
@@ -137,6 +138,7 @@ def pulumi_cluster(outputs: str | dict, *, key_file: str, host_keys: dict[int, s
                        deadline=out.deadline, region=out.region, trial=out.trial,
                        transfer_guard_bytes=out.transfer_guard_bytes, guarded_ranks=out.isolated_ranks,
                        budget_name=out.budget_name, budget_usd=out.budget.get("total_usd") if out.budget else None,
+                       alert_topic=out.alert_topic,
                        hosts=[
                            Host(rank=h.rank, name=f"{out.trial}-{h.rank}", transport="ssh",
                                 address=h.public_ip or h.private_ip, private_address=h.private_ip, zone=h.zone,

@@ -111,4 +111,16 @@ def trial_status(cluster: Cluster, home: Path | None, *, session: Any = None,
             out["spend"] = cluster_budget(cluster, session)
         except Exception as e:  # noqa: BLE001 — spend is reported as unknown, never guessed
             out["spend"] = {"error": str(e)[:300]}
+    out["alerts"] = None
+    if cluster.alert_topic or (cluster.trial and cluster.guarded_ranks):
+        from orchestrate.cloud import trial_alerts
+
+        try:
+            if session is None:
+                import boto3
+
+                session = boto3.Session(region_name=cluster.region)
+            out["alerts"] = trial_alerts(session, cluster)
+        except Exception as e:  # noqa: BLE001 — whether anyone hears the alerts is unknown, never assumed
+            out["alerts"] = {"error": str(e)[:300]}
     return out

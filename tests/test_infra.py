@@ -233,6 +233,7 @@ def test_transfer_alarm_on_isolated_host(program):
     (alarm,) = mocks.of("aws:cloudwatch/metricAlarm:MetricAlarm")
     a = alarm.inputs
     assert alarm.name == "ltw-four-transfer-3" and a["threshold"] == 3.1e12
+    assert a["name"] == "ltw-four-transfer-3"  # its name in CloudWatch too (no random suffix): status and run find it
     metrics = {q["id"]: q for q in a["metricQueries"]}
     assert {m["metric"]["metricName"] for k, m in metrics.items() if k != "total"} == {"NetworkIn", "NetworkOut"}
     assert all(m["metric"]["dimensions"] == {"InstanceId": "i-00000000000000004"}
