@@ -94,6 +94,7 @@ class TrialConfig(Strict):
     ami_name: str = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)*"
     ssh_user: str = "ubuntu"
     ssh_public_key: str | None = None  # the operator's OpenSSH public key, text or path (required: `key_problems`)
+    abandon_unpreserved: bool = False  # let `pulumi destroy` delete hosts whose trial is not preserved (recorded)
     prices: dict[str, float] = {}
 
     @field_validator("ssh_public_key")

@@ -32,6 +32,7 @@ import pulumi_aws as aws
 from infra.outputs import OUTPUTS_FORMAT, transfer_alarm_prefix
 from infra.plan import TrialConfig, require_within_budget
 from infra.prices import INSTANCE_TYPES
+from infra.teardown import BUCKET_TAG, before_host_delete
 from infra.userdata import user_data
 
 ALARM_PERIOD_S = 3600
@@ -118,6 +119,9 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None) -> dict[str, Any]:
     isolated = set(cfg.isolated_ranks())
     assert cfg.ssh_public_key is not None  # a missing one is among the problems above
     key = aws.ec2.KeyPair(name("operator"), key_name=name("operator"), public_key=cfg.ssh_public_key, tags=tags)
+    # `pulumi destroy` deletes a host's volume with it: the hook refuses until the trial is preserved
+    refuse_unpreserved = pulumi.ResourceHook(name("refuse-unpreserved"), before_host_delete(
+        cfg.trial, cfg.region, cfg.abandon_unpreserved))
     hosts = []
     for h in cfg.by_rank:
         inst = aws.ec2.Instance(
@@ -134,8 +138,9 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None) -> dict[str, Any]:
                                 transfer_guard_bytes=cfg.transfer_guard_bytes if h.rank in isolated else None),
             # a changed boot script must never replace a host: its disk holds unpreserved evidence
             user_data_replace_on_change=False,
-            tags={**tags, "rank": str(h.rank), "Name": name("rank", h.rank)},
-            opts=pulumi.ResourceOptions(ignore_changes=["userData"]))
+            tags={**tags, "rank": str(h.rank), "Name": name("rank", h.rank), BUCKET_TAG: bucket.bucket},
+            opts=pulumi.ResourceOptions(ignore_changes=["userData"],
+                                        hooks=pulumi.ResourceHookBinding(before_delete=[refuse_unpreserved])))
         hosts.append((h, inst))
 
     # alerts

@@ -509,3 +509,40 @@ def test_the_shipped_stack_asks_for_what_is_the_users(tmp_path):
     assert run_entry(shipped) == ""
     r = CliRunner().invoke(app, ["plan", "diloco-four", "--stack", str(stack_file(tmp_path, shipped)), "--no-quota"])
     assert r.exit_code == 0, r.output
+
+
+def test_destroy_is_refused_by_a_hook_on_every_host():
+    """Each instance registers the `before_delete` hook that refuses an unpreserved trial (infra/teardown.py;
+    what the hook does is tested against moto's S3 in tests/test_teardown.py), and carries the bucket it reads."""
+    from pulumi.runtime.mocks import MockMonitor
+
+    class Monitor(MockMonitor):
+        def __init__(self, mocks):
+            super().__init__(mocks)
+            self.hooks: dict[str, list[str]] = {}
+            self.registered: list[str] = []
+
+        def RegisterResource(self, request):
+            if request.HasField("hooks") and request.hooks.before_delete:
+                self.hooks[request.name] = list(request.hooks.before_delete)
+            return super().RegisterResource(request)
+
+        def RegisterResourceHook(self, request):
+            self.registered.append(request.name)
+            return super().RegisterResourceHook(request)
+
+    mocks = Recorder()
+    asyncio.set_event_loop(asyncio.new_event_loop())
+    monitor = Monitor(mocks)
+    pulumi.runtime.set_mocks(mocks, project="trials", stack="test", preview=False, monitor=monitor)
+    from infra.program import build
+
+    @pulumi.runtime.test
+    def go():
+        return pulumi.Output.from_input(build(TrialConfig.model_validate(study()), NOW)).apply(lambda _: None)
+
+    go()
+    assert monitor.registered == ["ltw-four-refuse-unpreserved"]
+    assert monitor.hooks == {f"ltw-four-rank-{r}": ["ltw-four-refuse-unpreserved"] for r in range(4)}
+    for inst in mocks.of("aws:ec2/instance:Instance"):
+        assert inst.inputs["tags"]["evidence-bucket"] == "ltw-four-evidence-0001"

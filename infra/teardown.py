@@ -1,0 +1,100 @@
+"""`pulumi destroy` refuses to delete a host before its trial is preserved.
+
+Each host's root volume is deleted with the instance and holds whatever the controller has not
+preserved yet, so "destroy after preservation" is made a rule rather than a habit: a `before_delete`
+resource hook on every instance reads the trial's evidence store (the bucket named in the instance's
+own `evidence-bucket` tag, so the hook needs nothing but the resource being deleted), requires at
+least one preservation index there, re-reads each home's newest index and every object it names
+(`evidence.stores.verify_index`), and raises naming what is missing — which stops the destroy before
+anything is deleted. With `abandon_unpreserved: true` in the stack the operator gives the trial up on
+purpose: the hook then writes that choice, with what was found, to the bucket, and lets the delete go on.
+
+What this does not cover yet: checkpoint payloads that stay on the hosts (they are not in the
+controller's home, so not in its index).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from typing import Any, Callable
+
+from evidence.canonical import bytes_sha256
+
+BUCKET_TAG = "evidence-bucket"
+
+
+class NotPreserved(RuntimeError):
+    """The trial's evidence is not preserved in its store; the message names what is missing."""
+
+
+def trial_prefix(trial: str) -> str:
+    return f"trials/{trial}/"
+
+
+def verify_preserved(bucket: str, trial: str, *, session: Any = None,
+                     say: Callable[[str], None] = lambda m: None) -> dict[str, str]:
+    """Each preserved home of the trial → its newest index key, every one re-read and verified.
+    Raises NotPreserved when the store holds no index, or one that does not verify."""
+    from evidence.stores import PreservationError, open_store, verify_index
+
+    url = f"s3://{bucket}/{trial_prefix(trial)}"
+    store = open_store(url, session)
+    try:
+        keys = sorted(k for k in store.list("indexes/") if k.endswith(".json"))
+    except Exception as e:  # noqa: BLE001 — a store that cannot be listed has verified nothing
+        raise NotPreserved(f"{url}: the preservation indexes cannot be listed: {e}") from None
+    newest: dict[str, str] = {}
+    for k in keys:  # indexes/<home>/<UTC time>.json: the names sort by time
+        parts = k.split("/")
+        if len(parts) == 3:
+            newest[parts[1]] = k
+    if not newest:
+        raise NotPreserved(f"{url} holds no preservation index: nothing of trial {trial} is preserved "
+                           "(`orchestrate preserve --home H` for each trial home, or `orchestrate run` to its end)")
+    for home, key in sorted(newest.items()):
+        body = b"".join(store.read_chunks(key))
+        try:
+            verify_index(url, key, bytes_sha256(body), session=session, say=say)
+        except PreservationError as e:
+            raise NotPreserved(f"{home}: its preservation does not verify: {e}") from None
+    return newest
+
+
+def abandon(bucket: str, trial: str, instance: str, found: str, *, session: Any = None) -> str:
+    """Write the operator's choice to give the trial up, beside its evidence; returns the key."""
+    from evidence.stores import open_store
+
+    at = dt.datetime.now(dt.timezone.utc)
+    key = f"abandoned/{at.strftime('%Y%m%dT%H%M%S%fZ')}-{instance}.json"
+    body = json.dumps({"format": "trial-abandoned-v1", "trial": trial, "instance": instance, "at": at.isoformat(),
+                       "setting": "abandon_unpreserved: true", "found": found}, sort_keys=True).encode()
+    open_store(f"s3://{bucket}/{trial_prefix(trial)}", session).put_bytes(key, body)
+    return key
+
+
+def before_host_delete(trial: str, region: str, abandon_unpreserved: bool,
+                       session_for: Callable[[str], Any] | None = None) -> Callable[[Any], None]:
+    """The hook function: refuses the delete of an instance whose trial is not preserved."""
+
+    def hook(args: Any) -> None:
+        tags = (args.old_inputs or {}).get("tags") or (args.old_outputs or {}).get("tags") or {}
+        bucket = tags.get(BUCKET_TAG)
+        if not bucket:
+            raise NotPreserved(f"{args.name}: no {BUCKET_TAG} tag, so its trial's evidence cannot be checked; "
+                               "refusing to delete it (set abandon_unpreserved: true to give the trial up)")
+        session = session_for(region) if session_for else None
+        if session is None:
+            import boto3
+
+            session = boto3.Session(region_name=region)
+        try:
+            verify_preserved(bucket, trial, session=session)
+        except NotPreserved as e:
+            if not abandon_unpreserved:
+                raise NotPreserved(f"refusing to delete {args.name} ({args.id}): {e}. Preserve the trial first, "
+                                   "or set trials:cluster.abandon_unpreserved: true to give it up on purpose "
+                                   "(that choice is written to the bucket)") from None
+            abandon(bucket, trial, args.id or args.name, str(e), session=session)
+
+    return hook

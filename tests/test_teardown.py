@@ -1,0 +1,63 @@
+"""`pulumi destroy`'s hook on every host (infra/teardown.py) against moto's S3: with nothing preserved
+it refuses naming the store; a trial home preserved into the trial's prefix lets the delete go on; a
+preserved object altered afterwards is refused naming the home's file; `abandon_unpreserved` lets an
+unpreserved delete go on and leaves that choice in the bucket. (That the program registers the hook on
+every instance: tests/test_infra.py.)"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from evidence.stores import object_key, preserve
+from infra.teardown import NotPreserved, before_host_delete
+
+
+def host(bucket: str | None) -> SimpleNamespace:
+    """What Pulumi hands a before_delete hook for an instance (its old inputs, tags among them)."""
+    tags = {"trial": "td-trial", "rank": "0"} | ({"evidence-bucket": bucket} if bucket else {})
+    return SimpleNamespace(name="td-trial-rank-0", id="i-0123456789abcdef0", type="aws:ec2/instance:Instance",
+                           urn="urn:pulumi:test::trials::aws:ec2/instance:Instance::td-trial-rank-0",
+                           old_inputs={"tags": tags}, old_outputs=None, new_inputs=None, new_outputs=None)
+
+
+def hook(aws, abandon: bool = False):
+    return before_host_delete("td-trial", "us-east-1", abandon, session_for=lambda region: aws)
+
+
+def test_destroy_waits_for_preservation_then_verifies_it(aws, tmp_path):
+    s3 = aws.client("s3")
+    s3.create_bucket(Bucket="td-evidence")
+    with pytest.raises(NotPreserved, match=r"refusing to delete td-trial-rank-0 \(i-0123456789abcdef0\): "
+                                           r"s3://td-evidence/trials/td-trial/ holds no preservation index"):
+        hook(aws)(host("td-evidence"))
+    with pytest.raises(NotPreserved, match="no evidence-bucket tag"):
+        hook(aws)(host(None))
+
+    home = tmp_path / "cooperative-learning-gpu"
+    (home / "runs").mkdir(parents=True)
+    (home / "commitments.jsonl").write_text('{"entry": 0}\n')
+    (home / "runs" / "result.json").write_text('{"loss": 1.5}\n')
+    preserve(home, "s3://td-evidence/trials/td-trial/", trial=home.name, session=aws)
+    hook(aws)(host("td-evidence"))  # preserved and verified: the delete may go on
+
+    # an object changed after preservation: the store no longer holds what the index names
+    key = "trials/td-trial/" + object_key(hashlib.sha256((home / "runs" / "result.json").read_bytes()).hexdigest())
+    s3.put_object(Bucket="td-evidence", Key=key, Body=b'{"loss": 9.9}\n')
+    with pytest.raises(NotPreserved, match=r"cooperative-learning-gpu: its preservation does not verify: "
+                                           r"runs/result.json"):
+        hook(aws)(host("td-evidence"))
+
+
+def test_abandoning_is_a_choice_written_to_the_bucket(aws):
+    s3 = aws.client("s3")
+    s3.create_bucket(Bucket="td-abandon")
+    hook(aws, abandon=True)(host("td-abandon"))
+    (obj,) = s3.list_objects_v2(Bucket="td-abandon", Prefix="trials/td-trial/abandoned/")["Contents"]
+    rec = json.loads(s3.get_object(Bucket="td-abandon", Key=obj["Key"])["Body"].read())
+    assert (rec["trial"], rec["instance"], rec["setting"]) == ("td-trial", "i-0123456789abcdef0",
+                                                               "abandon_unpreserved: true")
+    assert "holds no preservation index" in rec["found"]
