@@ -1,6 +1,6 @@
 """The stack outputs `orchestrate` reads (`pulumi stack output --json`), as a checked shape.
 
-    {"format": "trial-stack-v1", "trial", "region", "deadline" (ISO, UTC), "hours", "ssh_user",
+    {"format": "trial-stack-v1", "trial", "region", "deadline" (ISO, UTC), "hours", "ssh_user", "host_python",
      "bucket", "prefix" ("trials/<trial>/"), "alert_topic", "security_group",
      "transfer_guard_bytes", "isolated_ranks": [r, ...], "budget": {...}, "budget_name", "estimate": {...},
      "hosts": [{"rank", "instance_id", "instance_type", "zone", "private_ip", "public_ip",
@@ -62,6 +62,7 @@ class StackOutputs(BaseModel):
     deadline: dt.datetime
     hours: float
     ssh_user: str = Field(pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
+    host_python: str = Field("python3", pattern=r"^[A-Za-z0-9._/+-]+$")  # the hosts' interpreter
     bucket: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
     prefix: str
     alert_topic: str

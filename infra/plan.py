@@ -91,7 +91,11 @@ class TrialConfig(Strict):
     arms: list[Arm] = Field(min_length=1)
     evidence_gb: float = Field(50, ge=0)  # what the evidence bucket is expected to hold
     object_lock_days: int | None = Field(None, ge=1)
-    ami_name: str = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04)*"
+    # the PyTorch deep-learning AMI: its own environment's Python is recent enough for the project (the
+    # Base AMI's python3 is Ubuntu 22.04's 3.10); staging installs the pinned torch beside it and
+    # refuses, naming the host, an interpreter that is missing or too old before uploading anything
+    ami_name: str = "Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.* (Ubuntu 22.04)*"
+    host_python: str = Field("/opt/pytorch/bin/python3", pattern=r"^[A-Za-z0-9._/+-]+$")
     ssh_user: str = "ubuntu"
     ssh_public_key: str | None = None  # the operator's OpenSSH public key, text or path (required: `key_problems`)
     abandon_unpreserved: bool = False  # let `pulumi destroy` delete hosts whose trial is not preserved (recorded)

@@ -236,6 +236,7 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None) -> dict[str, Any]:
     outputs = {
         "format": OUTPUTS_FORMAT, "trial": cfg.trial, "region": region,
         "deadline": cfg.deadline.isoformat(), "hours": cfg.hours, "ssh_user": cfg.ssh_user,
+        "host_python": cfg.host_python,
         "bucket": bucket.bucket, "prefix": prefix, "alert_topic": topic.arn,
         "security_group": sg.id,
         "transfer_guard_bytes": cfg.transfer_guard_bytes, "isolated_ranks": sorted(isolated),

@@ -142,7 +142,8 @@ def pulumi_cluster(outputs: str | dict, *, key_file: str, host_keys: dict[int, s
                        hosts=[
                            Host(rank=h.rank, name=f"{out.trial}-{h.rank}", transport="ssh",
                                 address=h.public_ip or h.private_ip, private_address=h.private_ip, zone=h.zone,
-                                user=out.ssh_user, host_key=(host_keys or {}).get(h.rank), root=root)
+                                user=out.ssh_user, host_key=(host_keys or {}).get(h.rank), root=root,
+                                python=out.host_python)
                            for h in out.hosts])
     except ValidationError as e:
         raise ClusterError(explain(e, "cluster")) from None

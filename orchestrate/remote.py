@@ -38,9 +38,35 @@ dists = sorted((d.metadata["Name"].lower(), d.version) for d in m.distributions(
 files = sorted(p for p in pathlib.Path(sys.argv[1]).rglob("*.py") if "__pycache__" not in p.parts)
 own = hashlib.sha256(b"".join(p.relative_to(sys.argv[1]).as_posix().encode() + b"\0" + p.read_bytes()
                               for p in files)).hexdigest()
+try:
+    nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None
+except Exception:  # a build without NCCL
+    nccl = None
 print(json.dumps({"python": sys.version, "dists": dists, "project_files": own,
+                  "torch": {"version": torch.__version__, "cuda": torch.version.cuda, "nccl": nccl},
                   "gpus": torch.cuda.device_count()}))
 """
+
+MIN_PYTHON = (3, 11)
+"""pyproject.toml's requires-python: a host interpreter below it is refused before any upload."""
+
+PYTHON_VERSION = 'import sys; print("%d.%d.%d" % sys.version_info[:3])'
+
+
+def check_host_python(t: Transport, host: Host) -> str:
+    """The host's interpreter version, refused by name when it is missing or older than MIN_PYTHON —
+    before anything is uploaded, since the project could not run there."""
+    r = t.run(f"{shlex.quote(host.python)} -I -c {shlex.quote(PYTHON_VERSION)}", timeout=60)
+    if r.status != 0:
+        raise StagingError(f"{host.name}: its interpreter {host.python} does not run (exit {r.status}: "
+                           f"{r.stderr.strip()[-200:]}); set the host's python in the cluster description")
+    version = r.stdout.strip()
+    if tuple(int(x) for x in version.split(".")[:2]) < MIN_PYTHON:
+        need = ".".join(map(str, MIN_PYTHON))
+        raise StagingError(f"{host.name}: {host.python} is Python {version}, the project needs >= {need}; nothing "
+                           f"was uploaded (name an interpreter >= {need} as the host's python in the cluster "
+                           "description, e.g. the AMI's own PyTorch environment)")
+    return version
 
 
 def python_command(host: Host, *argv: str, python: str | None = None, replace_shell: bool = False) -> str:
@@ -99,6 +125,8 @@ def stage_reports(cluster: Cluster, transports: list[Transport], *, wheel_dir: P
     lock = wheelhouse_lock(wheel_dir)
     if not lock:
         raise StagingError(f"{wheel_dir} holds no wheels")
+    for h, t in zip(cluster.by_rank, transports):  # every host first: a refusal uploads nothing anywhere
+        say(f"{h.name}: Python {check_host_python(t, h)} ({h.python})")
     reports = []
     for h, t in zip(cluster.by_rank, transports):
         reports.append(stage_host(t, h, python=h.python, wheel_dir=wheel_dir, lock=lock, files=files))

@@ -97,6 +97,33 @@ def test_a_host_without_torch_is_refused_by_name(hosts, wheels, smoke_home):
         stage_with_host1_python(hosts, bare, wheels, smoke_home)
 
 
+OLD_PYTHON = "/root/.pyenv/versions/3.10.13/bin/python3.10"  # as old as Ubuntu 22.04's python3
+
+
+@pytest.mark.skipif(not os.path.exists(OLD_PYTHON), reason=f"no Python 3.10 at {OLD_PYTHON} on this machine")
+def test_a_host_whose_python_is_too_old_is_refused_before_any_upload(hosts, wheels, smoke_home):
+    def uploaded() -> dict[str, float]:
+        return {str(p): p.stat().st_mtime for h in hosts.hosts for p in h.root.rglob("*")
+                if p.is_file() and ("wheels" in p.parts or "site" in p.parts or p.name == "prepared.json")}
+
+    before = uploaded()
+    with pytest.raises(StagingError, match=r"ns-1: .*python3\.10 is Python 3\.10\.\d+, the project needs >= 3\.11; "
+                                           r"nothing was uploaded"):
+        stage_with_host1_python(hosts, OLD_PYTHON, wheels, smoke_home)
+    assert uploaded() == before  # not even to host 0, whose Python is fine
+    with pytest.raises(StagingError, match=r"ns-1: its interpreter /nonexistent/python3 does not run \(exit 127"):
+        stage_with_host1_python(hosts, "/nonexistent/python3", wheels, smoke_home)
+
+
+def test_the_minimum_python_is_pyprojects():
+    import tomllib
+
+    from orchestrate.remote import MIN_PYTHON
+
+    req = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert req == ">=" + ".".join(map(str, MIN_PYTHON))
+
+
 def stage_with_host1_python(hosts, python: str, wheels, smoke_home) -> str:
     odd = netns_cluster(hosts, "file:///unused", python=sys.executable)
     odd.hosts[1].python = python
