@@ -658,9 +658,12 @@ def _stack_config(stack: Path):
 def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-four"),
          stack: Path = typer.Option(Path("Pulumi.dev.yaml"), help="a Pulumi stack config file"),
          quota: bool = typer.Option(True, help="read the account's G/VT vCPU quota (needs AWS credentials)"),
+         wheelhouse: Optional[Path] = typer.Option(None, help="the wheelhouse staging will upload (its size counts)"),
+         uplink_mbps: float = typer.Option(100.0, help="this machine's upload rate, Mbit/s, for the staging time"),
          as_json: bool = typer.Option(False, "--json")) -> None:
     """Cost, hours and bytes of ARM's experiment (the arm and its controls) against the budget split,
-    and the hosts' vCPUs against the account's G-instance quota. Exit 1 when anything does not fit."""
+    the hosts' vCPUs against the account's G-instance quota, and what staging sends from this machine.
+    Exit 1 when anything does not fit."""
     import json
 
     from rich.table import Table
@@ -683,6 +686,7 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
         raise typer.Exit(2)
     est = run_estimate(cfg.model_copy(update={"arms": arms}), _now())
     problems = list(est["problems"])
+    staging = staging_upload(cfg, wheelhouse, uplink_mbps)
     need = sum(int(INSTANCE_TYPES.get(h.instance_type, {}).get("vcpus") or 0) for h in cfg.hosts)
     vcpu: dict = {"hosts_vcpus": need, "quota": None, "note": None}
     if quota:
@@ -705,7 +709,7 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
     if as_json:
         print(json.dumps({**est, "arm": arm, "experiment": exp.name, "hours": cfg.hours,
                           "deadline": cfg.deadline and cfg.deadline.isoformat(), "vcpu": vcpu,
-                          "placement": placed, "problems": problems}, indent=1))
+                          "placement": placed, "staging": staging, "problems": problems}, indent=1))
         raise typer.Exit(1 if problems else 0)
     t = Table(title=f"{arm} ({exp.name}) on {len(cfg.hosts)} host(s) in {cfg.region}, {cfg.hours:g} h, "
                     f"deadline {cfg.deadline.isoformat() if cfg.deadline else 'not set'}")
@@ -729,11 +733,26 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
     print(table(est))
     print(f"vCPUs: the hosts need {need}; G/VT quota "
           + (f"{vcpu['quota']:g}" if vcpu["quota"] is not None else f"unknown ({vcpu['note'] or 'not asked'})"))
+    print(f"staging: {staging['hosts']} host(s) × ({staging['seed_bytes'] / 1e9:,.2f} GB seed, 4 bytes × "
+          f"{cfg.parameters:,} parameters + {staging['wheelhouse_bytes'] / 1e9:,.2f} GB wheelhouse"
+          + ("" if wheelhouse else " (not given: --wheelhouse)") + f") = {staging['bytes'] / 1e9:,.2f} GB leave this "
+          f"machine: {staging['hours']:.2f} h at {uplink_mbps:g} Mbit/s (--uplink-mbps), "
+          f"{staging['hours'] / cfg.hours:.0%} of the {cfg.hours:g} h paid for")
     print(f"stops: the cloud schedule at the deadline (first bound); the budget action at 100 % of "
           f"${cfg.budget.total_usd:g} actual spend, which AWS Budgets sees hours late (a backstop, not a bound)")
     for p in problems:
         say("does not fit:", p, style="bold red")
     raise typer.Exit(1 if problems else 0)
+
+
+def staging_upload(cfg, wheelhouse: Optional[Path], uplink_mbps: float) -> dict:
+    """What staging sends from the operator's machine: the seed (FP32 safetensors, 4 bytes a parameter)
+    and the wheelhouse, once to every host, over the operator's uplink."""
+    wheels = sum(p.stat().st_size for p in wheelhouse.glob("*.whl")) if wheelhouse and wheelhouse.is_dir() else 0
+    seed = 4 * cfg.parameters
+    total = len(cfg.hosts) * (seed + wheels)
+    return {"hosts": len(cfg.hosts), "seed_bytes": seed, "wheelhouse_bytes": wheels, "bytes": total,
+            "uplink_mbps": uplink_mbps, "hours": total * 8 / (uplink_mbps * 1e6) / 3600}
 
 
 def _plan_placement(exp, cfg, planned: set[str], problems: list[str]) -> dict | None:

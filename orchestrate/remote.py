@@ -120,18 +120,29 @@ def stage(cluster: Cluster, transports: list[Transport], *, wheel_dir: Path,
 
 
 def stage_reports(cluster: Cluster, transports: list[Transport], *, wheel_dir: Path,
-                  files: dict[str, Path], say: Callable[[str], None] = lambda m: None) -> tuple[str, list[dict]]:
-    """`stage`, also returning every host's report in rank order (its GPU count under "gpus")."""
+                  files: dict[str, Path], say: Callable[[str], None] = lambda m: None,
+                  workers: int | None = None) -> tuple[str, list[dict]]:
+    """`stage`, also returning every host's report in rank order (its GPU count under "gpus").
+    `workers`: hosts staged at once (all by default; 1 is one after another, for comparison)."""
     lock = wheelhouse_lock(wheel_dir)
     if not lock:
         raise StagingError(f"{wheel_dir} holds no wheels")
     for h, t in zip(cluster.by_rank, transports):  # every host first: a refusal uploads nothing anywhere
         say(f"{h.name}: Python {check_host_python(t, h)} ({h.python})")
-    reports = []
-    for h, t in zip(cluster.by_rank, transports):
-        reports.append(stage_host(t, h, python=h.python, wheel_dir=wheel_dir, lock=lock, files=files))
-        say(f"staged {h.name}: {len(lock)} wheels, {len(files)} files, environment {reports[-1]['digest'][:12]}…, "
-            f"{reports[-1]['gpus']} GPU(s)")
+    # every host at once, each over its own connection: the wall time is the slowest host's, not the sum
+    # (the bytes leaving this machine are the same either way)
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(ht: tuple[Host, Transport]) -> dict[str, Any]:
+        h, t = ht
+        t0 = time.monotonic()
+        rep = stage_host(t, h, python=h.python, wheel_dir=wheel_dir, lock=lock, files=files)
+        say(f"staged {h.name}: {len(lock)} wheels, {len(files)} files, environment {rep['digest'][:12]}…, "
+            f"{rep['gpus']} GPU(s) in {time.monotonic() - t0:.1f} s")
+        return rep
+
+    with ThreadPoolExecutor(max_workers=workers or len(transports), thread_name_prefix="stage") as pool:
+        reports = list(pool.map(one, zip(cluster.by_rank, transports)))  # the first host's error is raised
     digests = {r["digest"] for r in reports}
     if len(digests) != 1:
         raise StagingError("hosts report different environments, nothing trains: "

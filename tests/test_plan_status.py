@@ -63,6 +63,9 @@ def test_plan_refuses_over_the_quota(monkeypatch, tmp_path):
     assert "the hosts need 16 G/VT vCPUs; the account's quota in us-east-1 is 8" in out
     assert "ddp-four" in out and "52.57" in out  # the arm's transfer cost, in its row
     assert "the budget action at 100 % of $100 actual spend, which AWS Budgets sees hours late" in out
+    # four copies of the 1.7B model's 6.85 GB seed leave this machine: 0.61 h at 100 Mbit/s
+    assert ("staging: 4 host(s) × (6.85 GB seed, 4 bytes × 1,711,376,384 parameters + 0.00 GB wheelhouse (not "
+            "given: --wheelhouse)) = 27.38 GB leave this machine: 0.61 h at 100 Mbit/s") in out
     r = CliRunner().invoke(app, ["plan", "clean-pair", "--stack", stack, "--no-quota"])
     assert r.exit_code == 2 and "plans no arm 'clean-pair'" in " ".join(r.output.split())
 
