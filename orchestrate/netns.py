@@ -96,6 +96,7 @@ class NetnsHosts:
     client_key: Path | None = None
     user: str = "root"
     wait_s: float = 1800.0  # for another live set to end (another suite's SSH module lasts minutes)
+    env: dict[str, str] = field(default_factory=dict)  # set in every session (sshd's SetEnv), as a host's own
 
     @property
     def bridge(self) -> str:
@@ -204,7 +205,8 @@ class NetnsHosts:
             f"ListenAddress {h.address}", "Port 22", f"HostKey {key}",
             f"AuthorizedKeysFile {h.root / 'authorized_keys'}", f"PidFile {h.root / 'sshd.pid'}",
             "PasswordAuthentication no", "KbdInteractiveAuthentication no", "PermitRootLogin prohibit-password",
-            "StrictModes no", "UsePAM no", "Subsystem sftp internal-sftp", "LogLevel ERROR", ""]))
+            "StrictModes no", "UsePAM no", "Subsystem sftp internal-sftp", "LogLevel ERROR",
+            *([f"SetEnv {' '.join(f'{k}={v}' for k, v in self.env.items())}"] if self.env else []), ""]))
         log = open(h.root / "sshd.log", "ab")
         h.sshd = subprocess.Popen(h.exec_argv("/usr/sbin/sshd", "-D", "-e", "-f", str(cfg)),
                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
