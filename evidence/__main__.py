@@ -79,6 +79,21 @@ def report(home: Path = typer.Option(..., help="the trial home"),
                       "failed_gates": rep["failed_gates"]}))
 
 
+@app.command("preserve-part")
+def preserve_part_cmd(home: Path = typer.Option(..., help="this host's copy of the trial home"),
+                      store: str = typer.Option(..., help="the trial's evidence store")) -> None:
+    """On an SSH host: preserve the checkpoint payloads that stay here, from here (uploaded, read back
+    and hashed in region); print {path: {sha256, size}} as JSON for the controller's index."""
+    from evidence.canonical import EvidenceFileError
+    from evidence.stores import PreservationError, preserve_part
+
+    try:
+        print(json.dumps(preserve_part(home, store), sort_keys=True))
+    except (PreservationError, EvidenceFileError, OSError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+
+
 @app.command()
 def canonical(path: Path) -> None:
     """Print the canonical sha256 of a JSON file (what receipts and commitments hash)."""

@@ -9,6 +9,12 @@ with s3transfer: multipart above 64 MiB, a SHA-256 checksum sent with every uplo
 of a checksum is not trusted — moto, for one, accepts and echoes a wrong one — so preservation
 streams every object back and hashes what it reads. An index is written only after every object
 verified, and is itself read back. `verify_index` repeats the whole read-back later (teardown does).
+
+Checkpoint payloads of ranks on SSH hosts stay on the hosts (tens of GB per rank at 1.7B), so each
+host preserves its own part from where the bytes are (`preserve_part`, run on the host: uploaded, read
+back and hashed in region) and the controller's index lists them as `hosts/<host>/<path>` with the host
+that verified them. The controller checks that each is present at its size but does not pull the
+bytes through its own link; `verify_index` does the same for them and reads back everything else.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import base64
 import datetime as _dt
 import hashlib
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Callable, Iterator, Protocol
@@ -31,6 +38,11 @@ PRESERVED = "preserved.json"  # in the home: where its evidence went, and the in
 
 class PreservationError(RuntimeError):
     """An object or index that does not read back as written, or a store that cannot be used."""
+
+
+HOST_PAYLOAD = re.compile(r"(^|/)checkpoints/step-[^/]+/(?!receipt\.json$|host\.json$)[^/]+$")
+"""Checkpoint payloads: what stays on an SSH host's volume when a rank's files are collected (their
+receipts, the manifests and everything else come back), and what the host then preserves itself."""
 
 
 def _hash_stream(chunks: Iterator[bytes]) -> tuple[str, int]:
@@ -159,16 +171,67 @@ def _read_back(store: Any, key: str, sha256: str, size: int) -> None:
                                 f"({size} bytes): the store does not hold what was uploaded")
 
 
+def preserve_part(home: str | os.PathLike[str], url: str, *, session: Any = None) -> dict[str, dict[str, Any]]:
+    """On an SSH host: every checkpoint payload under `home` into the store (skipping objects it already
+    holds), each read back and hashed here, in region. Returns {relative path: {"sha256", "size"}} for
+    the controller's index."""
+    home = Path(home)
+    store = open_store(url, session)
+    out = {}
+    for p in _files(home):
+        rel = str(p.relative_to(home))
+        if not HOST_PAYLOAD.search(rel):
+            continue
+        digest, size = file_sha256(p), p.stat().st_size
+        key = object_key(digest)
+        if store.size(key) != size:
+            store.put_file(key, p, digest)
+        _read_back(store, key, digest, size)
+        out[rel] = {"sha256": digest, "size": size}
+    return out
+
+
+def remote_payloads(home: str | os.PathLike[str]) -> list[str]:
+    """Checkpoint payloads the home's receipts name but the home does not hold: they stayed on the
+    hosts that wrote them, and only those hosts can preserve them."""
+    home = Path(home)
+    missing = []
+    for receipt in sorted(home.glob("runs/*/rank-*/checkpoints/step-*/receipt.json")):
+        for name in read_json(receipt, keys=("files",))["files"]:
+            if not (receipt.parent / name).is_file():
+                missing.append(str((receipt.parent / name).relative_to(home)))
+    return missing
+
+
 def preserve(home: str | os.PathLike[str], url: str | Store, *, trial: str, session: Any = None,
-             anchors: dict[str, Any] | None = None,
+             anchors: dict[str, Any] | None = None, host_parts: dict[str, dict[str, dict[str, Any]]] | None = None,
+             leave_host_payloads: str | None = None,
              say: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """Upload every file of `home` (skipping objects the store already holds and that read back
     right), verify each, then write and verify the index; record it in <home>/preserved.json.
     `anchors` ({"prefix", "count"}, from `evidence.anchors.anchor_log`): the log's anchors in this store,
-    recorded in the index so that `verify_index` misses any that disappear."""
+    recorded in the index so that `verify_index` misses any that disappear. `host_parts` ({host: what
+    `preserve_part` returned there}): checked present in the store and listed as hosts/<host>/<path>.
+    A checkpoint payload the home's receipts name that neither the home nor a host part holds is refused,
+    unless `leave_host_payloads` gives the reason it is left behind (recorded in the index)."""
     home = Path(home)
     store = open_store(url, session) if isinstance(url, str) else url
     files, total = {}, 0
+    left = set(remote_payloads(home))
+    for host, part in sorted((host_parts or {}).items()):  # preserved by the host itself, read back there
+        for rel, f in sorted(part.items()):
+            if not HOST_PAYLOAD.search(rel):
+                raise PreservationError(f"{host}: {rel} is not a checkpoint payload; a host preserves only those")
+            size = store.size(object_key(f["sha256"]))
+            if size != f["size"]:
+                raise PreservationError(f"{host}: {rel} is " + ("not in the store" if size is None else
+                                        f"{size} bytes in the store, the host says {f['size']}"))
+            files[f"hosts/{host}/{rel}"] = {"sha256": f["sha256"], "size": f["size"], "verified_by": host}
+            left.discard(rel)
+    if left and not leave_host_payloads:
+        raise PreservationError(f"{len(left)} checkpoint payload(s) the home's receipts name are on the hosts and "
+                                f"not preserved (e.g. {sorted(left)[0]}): preserve with the cluster (`orchestrate "
+                                "preserve --cluster cluster.json`), so that each host preserves its own")
     paths = _files(home)
     for i, p in enumerate(paths, 1):
         digest, size = file_sha256(p), p.stat().st_size
@@ -187,6 +250,8 @@ def preserve(home: str | os.PathLike[str], url: str | Store, *, trial: str, sess
              "at": at.isoformat(), "files": files, "bytes": sum(f["size"] for f in files.values())}
     if anchors:
         index["anchors"] = anchors
+    if left:  # given up on purpose (a host that is gone, say): the reason and what is missing, recorded
+        index["host_payloads_left"] = {"reason": leave_host_payloads, "paths": sorted(left)}
     body = canonical_bytes(index)
     digest = bytes_sha256(body)
     key = f"indexes/{trial}/{at.strftime('%Y%m%dT%H%M%S%fZ')}.json"
@@ -253,6 +318,8 @@ def verify_index(url: str, key: str, sha256: str, *, session: Any = None,
     except Exception as e:  # noqa: BLE001 — the store refused to say (permissions, network): not verified
         raise PreservationError(f"{store.url}: the preserved objects cannot be listed: {e}") from None
     for i, (rel, f) in enumerate(items, 1):
+        if f.get("verified_by"):  # a host's payload: hashed where it lies when preserved; present, right size
+            continue
         try:
             _read_back(store, object_key(f["sha256"]), f["sha256"], f["size"])
         except PreservationError as e:

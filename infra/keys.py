@@ -50,25 +50,42 @@ def check_public_key(line: str) -> str:
     if inner != kind:
         raise SSHKeyError(f"the key says {kind} but its data is a {inner!r} key")
     try:
-        paramiko.PKey.from_type_string(kind, raw)
+        key = paramiko.PKey.from_type_string(kind, raw)
     except Exception as e:  # paramiko raises several types for a malformed blob
         raise SSHKeyError(f"the {kind} key does not load: {e}") from None
+    if key.asbytes() != raw:  # a cut blob loads (missing bytes read as zeros) but is not the key
+        raise SSHKeyError(f"the {kind} key is cut short or has bytes to spare: its data is not one whole key")
     return f"{kind} {blob}"
+
+
+OPERATOR_TYPES = ("ssh-ed25519", "ssh-rsa")
+"""What EC2 imports as a key pair."""
 
 
 def operator_public_key(value: str) -> str:
     """The stack's `ssh_public_key`: the key's text, or a path to it (`~` allowed). A path to a
-    private key is refused naming the .pub beside it."""
+    private key is refused naming the .pub beside it; a file's contents are never echoed."""
     text = value.strip()
-    if not text.startswith(PUBLIC_TYPES) and "PRIVATE KEY" not in text and "\n" not in text:
+    if not text.startswith(PUBLIC_TYPES) and "PRIVATE KEY" not in text and "\n" not in text \
+            and not re.match(r"^[\w-]+=|^[\w-]+,", text):
         path = Path(text).expanduser()
         if not path.is_file():
-            raise SSHKeyError(f"ssh_public_key {text!r} is neither an OpenSSH public key nor a file")
+            raise SSHKeyError(f"ssh_public_key {text[:80]!r} is neither an OpenSSH public key nor a file")
         body = path.read_text(errors="replace")
         if "PRIVATE KEY" in body:
             raise SSHKeyError(f"{path} is a private key: give its public half ({path}.pub)")
-        text = body
-    return check_public_key(text)
+        try:
+            text = check_public_key(body)
+        except SSHKeyError as e:
+            raise SSHKeyError(f"{path}: {str(e).split(':', 1)[0]}") from None
+    elif re.match(r"^[\w-]+(=|,)", text):
+        raise SSHKeyError("that key line starts with options (from=, no-pty, …), as in authorized_keys: give the "
+                          "key alone, '<type> <base64> [comment]'")
+    key = check_public_key(text)
+    if not key.startswith(OPERATOR_TYPES):
+        raise SSHKeyError(f"EC2 key pairs are ed25519 or RSA; this is {key.split()[0]}: give an ed25519 key "
+                          "(ssh-keygen -t ed25519)")
+    return key
 
 
 def host_key_blocks(console: str) -> list[dict[str, str]]:

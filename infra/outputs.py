@@ -109,5 +109,7 @@ def read_stack_outputs(stack: str, work_dir: str | Path = ".") -> dict[str, Any]
 
     try:
         return {k: v.value for k, v in auto.select_stack(stack_name=stack, work_dir=str(work_dir)).outputs().items()}
-    except auto.errors.CommandError as e:
-        raise OutputsError(f"pulumi could not read stack {stack!r}: {str(e).strip()[-600:]}") from None
+    except Exception as e:  # noqa: BLE001 — the CLI's refusal, a version it cannot use, a workspace it cannot read
+        raise OutputsError(f"pulumi could not read stack {stack!r} ({type(e).__name__}): {str(e).strip()[-600:]}; "
+                           f"`pulumi stack output --json --stack {stack} > outputs.json` and --pulumi-outputs "
+                           "outputs.json read the same outputs") from None

@@ -30,7 +30,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.outputs import OUTPUTS_FORMAT, transfer_alarm_prefix
-from infra.plan import TrialConfig, require_within_budget
+from infra.plan import TrialConfig, estimate, require_within_budget
 from infra.prices import INSTANCE_TYPES
 from infra.teardown import BUCKET_TAG, before_host_delete
 from infra.userdata import user_data
@@ -38,9 +38,14 @@ from infra.userdata import user_data
 ALARM_PERIOD_S = 3600
 
 
-def build(cfg: TrialConfig, now: dt.datetime | None = None) -> dict[str, Any]:
+def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = False) -> dict[str, Any]:
+    """`teardown`: the program runs for `pulumi destroy --run-program` (infra/__main__.py), to register
+    the hooks; the plan is not refused then (its deadline has passed by design), nothing is created."""
     start = now or dt.datetime.now(dt.timezone.utc)
-    est = require_within_budget(cfg, start)  # raises with the whole table; nothing registered yet
+    # raises with the whole table; nothing registered yet
+    est = estimate(cfg, start) if teardown else require_within_budget(cfg, start)
+    if teardown and cfg.deadline is None:
+        raise ValueError("teardown: the stack has no deadline; it was never created by this program")
     assert cfg.deadline is not None  # a missing one is among the problems above
     tags = {"trial": cfg.trial, "managed-by": "trials"}
 
@@ -105,10 +110,13 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None) -> dict[str, Any]:
                                                 "Principal": {"Service": "ec2.amazonaws.com"}}]}))
     aws.iam.RolePolicy(name("host-evidence"), role=role.id, policy=bucket.arn.apply(lambda arn: json.dumps({
         "Version": "2012-10-17", "Statement": [
+            # a host writes only content-addressed objects (its checkpoint payloads, named by their
+            # sha256): the indexes and the log's anchors, which the destroy hook trusts, are the
+            # operator's alone
             {"Sid": "TrialPrefixObjects", "Effect": "Allow",
              "Action": ["s3:PutObject", "s3:GetObject", "s3:GetObjectAttributes", "s3:AbortMultipartUpload",
                         "s3:ListMultipartUploadParts"],
-             "Resource": f"{arn}/{prefix}*"},
+             "Resource": f"{arn}/{prefix}objects/*"},
             {"Sid": "TrialPrefixList", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": arn,
              "Condition": {"StringLike": {"s3:prefix": [f"{prefix}*"]}}}]})))
     profile = aws.iam.InstanceProfile(name("host"), role=role.name, tags=tags)
@@ -117,8 +125,9 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None) -> dict[str, Any]:
                           filters=[aws.ec2.GetAmiFilterArgs(name="name", values=[cfg.ami_name]),
                                    aws.ec2.GetAmiFilterArgs(name="architecture", values=["x86_64"])])
     isolated = set(cfg.isolated_ranks())
-    assert cfg.ssh_public_key is not None  # a missing one is among the problems above
-    key = aws.ec2.KeyPair(name("operator"), key_name=name("operator"), public_key=cfg.ssh_public_key, tags=tags)
+    assert cfg.ssh_public_key is not None or teardown  # a missing one is among the problems above
+    key = aws.ec2.KeyPair(name("operator"), key_name=name("operator"), public_key=cfg.ssh_public_key or "", tags=tags,
+                          opts=pulumi.ResourceOptions(ignore_changes=["publicKey"]) if teardown else None)
     # `pulumi destroy` deletes a host's volume with it: the hook refuses until the trial is preserved
     refuse_unpreserved = pulumi.ResourceHook(name("refuse-unpreserved"), before_host_delete(
         cfg.trial, cfg.region, cfg.abandon_unpreserved))

@@ -9,8 +9,8 @@ least one preservation index there, re-reads each home's newest index and every 
 anything is deleted. With `abandon_unpreserved: true` in the stack the operator gives the trial up on
 purpose: the hook then writes that choice, with what was found, to the bucket, and lets the delete go on.
 
-What this does not cover yet: checkpoint payloads that stay on the hosts (they are not in the
-controller's home, so not in its index).
+The hosts' checkpoint payloads are in those indexes (each host preserves its own), so they are
+covered as well: present at their recorded size.
 """
 
 from __future__ import annotations
@@ -35,8 +35,11 @@ def trial_prefix(trial: str) -> str:
 def verify_preserved(bucket: str, trial: str, *, session: Any = None,
                      say: Callable[[str], None] = lambda m: None) -> dict[str, str]:
     """Each preserved home of the trial → its newest index key, every one re-read and verified.
-    Raises NotPreserved when the store holds no index, or one that does not verify."""
-    from evidence.stores import PreservationError, open_store, verify_index
+    Raises NotPreserved when the store holds no index; when a home anchored commitments (every home
+    `orchestrate run` prepares does) but has no index, or made commitments after its newest one; when
+    an index lists nothing; or when one does not verify. Indexes and anchors are written by the
+    operator alone (the hosts' role may write only content-addressed objects)."""
+    from evidence.stores import PreservationError, open_store, parse_index, verify_index
 
     url = f"s3://{bucket}/{trial_prefix(trial)}"
     store = open_store(url, session)
@@ -52,9 +55,30 @@ def verify_preserved(bucket: str, trial: str, *, session: Any = None,
     if not newest:
         raise NotPreserved(f"{url} holds no preservation index: nothing of trial {trial} is preserved "
                            "(`orchestrate preserve --home H` for each trial home, or `orchestrate run` to its end)")
+    try:
+        anchored: dict[str, set[str]] = {}  # home → every anchor key its logs left in the store
+        for k in store.list("anchors/"):
+            parts = k.split("/")
+            if len(parts) == 4:
+                anchored.setdefault(parts[1], set()).add(k)
+    except Exception as e:  # noqa: BLE001 — unlisted anchors could hide an unpreserved home
+        raise NotPreserved(f"{url}: the commitments' anchors cannot be listed: {e}") from None
+    never = sorted(set(anchored) - set(newest))
+    if never:
+        raise NotPreserved(f"home(s) {', '.join(never)} made commitments but were never preserved "
+                           "(`orchestrate preserve --home H`)")
     for home, key in sorted(newest.items()):
         body = b"".join(store.read_chunks(key))
         try:
+            index = parse_index(body, f"{url}{key}")
+            if not index["files"]:
+                raise PreservationError(f"{url}{key} lists no files")
+            covered = {f"{index.get('anchors', {}).get('prefix', '')}{seq:08d}.json"
+                       for seq in range(int((index.get("anchors") or {}).get("count", 0)))}
+            later = sorted(anchored.get(home, set()) - covered)
+            if later:
+                raise PreservationError(f"{len(later)} commitment(s) were anchored after its newest preservation "
+                                        f"(e.g. {later[0]}): preserve it again")
             verify_index(url, key, bytes_sha256(body), session=session, say=say)
         except PreservationError as e:
             raise NotPreserved(f"{home}: its preservation does not verify: {e}") from None

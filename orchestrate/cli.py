@@ -108,10 +108,10 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
         show_summaries(cfg, summaries)
         report = select_evaluate_report(cfg, home, md, placement, clock=clock, store_url=store_url)
         with clock("preserve"):
-            rec = preserve_home(home, store_url)
+            rec = preserve_home(home, store_url, placement)
         clock.about |= {"report": str(report), "preserved": f"{rec['store']}{rec['index']}"}
     except GuardStopped as stop:  # the deadline or the transfer guard is near: keep what there is, then stop
-        clock.exit = guard_stop(home, stop, cfg, store_url)
+        clock.exit = guard_stop(home, stop, cfg, store_url, placement)
         raise typer.Exit(clock.exit)
     except (*USER_ERRORS, ClusterError, StagingError, TransportError, ValueError, OSError) as e:
         # ValueError: data from a host that is not what it should be (JSON, numbers); OSError: the disk
@@ -393,17 +393,21 @@ def show_final(rep: dict) -> None:
               + (f"; not evaluated: {'; '.join(unevaluated)}" if unevaluated else ""), highlight=False)
 
 
-def preserve_home(home: Path, url: str) -> dict:
-    """Every file of the home into the evidence store, each object read back; raises TrainError."""
+def preserve_home(home: Path, url: str, placement=None, leave_host_payloads: str | None = None) -> dict:
+    """Every file of the home into the evidence store, each object read back, and — with the placement
+    the ranks ran on — every host's checkpoint payloads from that host; raises TrainError."""
     from evidence.stores import PreservationError, preserve as run_preserve
+    from orchestrate.transport import TransportError
     from training.errors import TrainError
 
     anchors = anchor_home(home, url)
     try:
         with con.status(f"preserving {home} → {url}…"):
-            rec = run_preserve(home, url, trial=home.resolve().name,
+            parts = placement.host_parts(url) if placement is not None else None
+            rec = run_preserve(home, url, trial=home.resolve().name, host_parts=parts,
+                               leave_host_payloads=leave_host_payloads,
                                anchors=anchors and {k: anchors[k] for k in ("prefix", "count")})
-    except (PreservationError, OSError) as e:
+    except (PreservationError, TransportError, OSError) as e:
         raise TrainError(f"preservation failed, nothing may be torn down: {e}") from None
     say("preserve", f"{rec['files']} files, {rec['bytes'] / 1e6:,.1f} MB "
         f"({rec['uploaded_bytes'] / 1e6:,.1f} MB uploaded now), every object read back")
@@ -441,7 +445,7 @@ class GuardStopped(Exception):
         self.arm, self.said = arm, said
 
 
-def guard_stop(home: Path, stop: GuardStopped, cfg, url: str) -> int:
+def guard_stop(home: Path, stop: GuardStopped, cfg, url: str, placement=None) -> int:
     """Record what the guard stopped in the home (`stops/<time>.json`) and preserve every file the
     controller holds, so the hosts can be taken down without losing the trial: the finished arms, the
     stopped arm's rank logs, the commitments. The stopped arm's checkpoints stay where its ranks wrote
@@ -462,7 +466,7 @@ def guard_stop(home: Path, stop: GuardStopped, cfg, url: str) -> int:
                                        "rank_logs": f"logs/{stop.arm}"})
         say("stopped", f"{stop.arm} by the controller's guard: {stop.said}", style="bold yellow")
         con.print(f"  finished before it: {', '.join(done) or 'none'}; recorded in {home / rel}", highlight=False)
-        rec = preserve_home(home, url)
+        rec = preserve_home(home, url, placement)
     except (*USER_ERRORS, OSError, ValueError) as e:  # the stop stands; what is on disk stays where it is
         say("error:", f"stopped by the guard ({stop.said}), and then: {e}", style="bold red")
         return 2
@@ -531,10 +535,10 @@ def up(local: bool = typer.Option(False, "--local", help="the embedded local clu
        pulumi_outputs: Optional[Path] = typer.Option(None, help="a stack's `pulumi stack output --json`, saved"),
        key_file: Optional[Path] = typer.Option(None, help="--stack/--pulumi-outputs: the private half of the "
                                                           "stack's ssh_public_key"),
-       host_keys: Optional[Path] = typer.Option(None, help="--pulumi-outputs: JSON {rank: 'ssh-ed25519 AAAA…'} you "
+       host_keys: Optional[Path] = typer.Option(None, help="--stack/--pulumi-outputs: JSON {rank: 'ssh-ed25519 AAAA…'} you "
                                                            "checked yourself (default: read from each instance's "
                                                            "console output)"),
-       boot_wait: float = typer.Option(900, help="--pulumi-outputs: seconds to wait for booting instances to "
+       boot_wait: float = typer.Option(900, help="--stack/--pulumi-outputs: seconds to wait for booting instances to "
                                                  "print their host keys"),
        store: Optional[str] = typer.Option(None, help="--local: evidence store (default file://trials/store)"),
        out: Path = typer.Option(Path("cluster.json"), help="where to write the description")) -> None:
@@ -659,7 +663,8 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
          stack: Path = typer.Option(Path("Pulumi.dev.yaml"), help="a Pulumi stack config file"),
          quota: bool = typer.Option(True, help="read the account's G/VT vCPU quota (needs AWS credentials)"),
          wheelhouse: Optional[Path] = typer.Option(None, help="the wheelhouse staging will upload (its size counts)"),
-         uplink_mbps: float = typer.Option(100.0, help="this machine's upload rate, Mbit/s, for the staging time"),
+         uplink_mbps: float = typer.Option(100.0, min=0.001, max=1e6,
+                                           help="this machine's upload rate, Mbit/s, for the staging time"),
          as_json: bool = typer.Option(False, "--json")) -> None:
     """Cost, hours and bytes of ARM's experiment (the arm and its controls) against the budget split,
     the hosts' vCPUs against the account's G-instance quota, and what staging sends from this machine.
@@ -686,7 +691,13 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
         raise typer.Exit(2)
     est = run_estimate(cfg.model_copy(update={"arms": arms}), _now())
     problems = list(est["problems"])
+    if wheelhouse is not None and not wheelhouse.is_dir():
+        say("error:", f"--wheelhouse {wheelhouse} is not a directory", style="bold red")
+        raise typer.Exit(2)
     staging = staging_upload(cfg, wheelhouse, uplink_mbps)
+    if staging["hours"] > cfg.hours:
+        problems.append(f"staging sends {staging['bytes'] / 1e9:,.2f} GB from this machine: {staging['hours']:.2f} h at "
+                        f"{uplink_mbps:g} Mbit/s, more than the {cfg.hours:g} h paid for")
     need = sum(int(INSTANCE_TYPES.get(h.instance_type, {}).get("vcpus") or 0) for h in cfg.hosts)
     vcpu: dict = {"hosts_vcpus": need, "quota": None, "note": None}
     if quota:
@@ -830,17 +841,42 @@ def status(cluster: Path = typer.Option(Path("cluster.json"), help="the trial's 
 @app.command()
 def preserve(home: Path = typer.Option(..., help="the trial home"),
              store: Optional[str] = typer.Option(None, help="file://DIR or s3://BUCKET/PREFIX "
-                                                            "(default: file://<home's parent>/store)")) -> None:
-    """Upload every file of the home, content-addressed, each object read back and re-hashed."""
+                                                            "(default: the cluster's, else file://<home's parent>/store)"),
+             cluster: Optional[Path] = typer.Option(None, help="the cluster the ranks ran on: each SSH host "
+                                                               "preserves the checkpoint payloads that stayed on it"),
+             leave_host_payloads: Optional[str] = typer.Option(None, help="REASON: preserve without the payloads "
+                                                               "that stayed on the hosts (recorded in the index)")) -> None:
+    """Upload every file of the home, content-addressed, each object read back and re-hashed; with
+    --cluster, every SSH host preserves its own checkpoint payloads from where they are."""
+    from orchestrate.cluster import ClusterError, load
+    from orchestrate.remote import host_parts
     from training.errors import USER_ERRORS
     from training.hold import hold
 
+    class Hosts:  # the one thing preserve_home asks of a placement
+        def __init__(self, desc):
+            self.desc, self.ts = desc, [desc.transport(h) for h in desc.by_rank]
+
+        def host_parts(self, url: str):
+            return host_parts(self.desc, self.ts, url, say=lambda m: say("preserve", m))
+
+        def close(self) -> None:
+            for t in self.ts:
+                t.close()
+
+    hosts = None
     try:
+        desc = load(cluster) if cluster else None
+        hosts = Hosts(desc) if desc is not None and any(h.transport == "ssh" for h in desc.hosts) else None
+        url = store or (desc.store if desc else f"file://{home.resolve().parent / 'store'}")
         with hold(home, f"trial home {home}"):
-            rec = preserve_home(home, store or f"file://{home.resolve().parent / 'store'}")
-    except USER_ERRORS as e:
+            rec = preserve_home(home, url, hosts, leave_host_payloads)
+    except (*USER_ERRORS, ClusterError) as e:
         say("error:", str(e), style="bold red")
         raise typer.Exit(2)
+    finally:
+        if hosts is not None:
+            hosts.close()
     con.print(f"  → {rec['store']}{rec['index']}", highlight=False)
 
 

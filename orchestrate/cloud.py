@@ -92,9 +92,10 @@ def pin_host_keys(instances: dict[int, str], read: Callable[[str], str], *, wait
         left = deadline - time.monotonic()
         if left <= 0:
             raise HostKeysMissing(f"no SSH host keys on the console of {', '.join(waiting)} after {wait_s:.0f} s: "
-                                  "still booting (try again in a minute), or an AMI whose cloud-init does not print "
-                                  "them; an unknown host key is never accepted (pass --host-keys with keys you "
-                                  "checked yourself)")
+                                  "still booting (try again in a minute); or restarted since its first boot, whose "
+                                  "key block cloud-init prints once and the console keeps only its newest 64 KB of "
+                                  "(pass --host-keys with the keys pinned before, from the earlier cluster.json); or "
+                                  "an AMI whose cloud-init does not print them. An unknown host key is never accepted")
         say(f"waiting for {', '.join(waiting)} to print its host keys ({left:.0f} s left)")
         time.sleep(min(poll_s, max(left, 0.0)))
 

@@ -38,7 +38,7 @@ class Host(BaseModel):
     zone: str | None = None
     user: str = Field("root", pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
     port: int = Field(22, ge=1, le=65535)
-    host_key: str | None = Field(None, pattern=r"^(ssh-ed25519|ecdsa-sha2-nistp256|ssh-rsa) [A-Za-z0-9+/=]+$")
+    host_key: str | None = Field(None, pattern=r"^(ssh-ed25519|ecdsa-sha2-nistp(256|384|521)|ssh-rsa) [A-Za-z0-9+/=]+$")
     root: str = Field(pattern=r"^/[A-Za-z0-9._/-]+$")  # the host's working directory
     interface: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,15}$")  # for GLOO/NCCL_SOCKET_IFNAME
     python: str = Field("python3", pattern=r"^[A-Za-z0-9._/+-]+$")  # the host's interpreter

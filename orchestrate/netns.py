@@ -12,11 +12,13 @@ own root directory.
 
 Links and namespaces outlive the process that made them: a test run killed mid-way (a session that
 ends, a CI job cancelled) leaves its bridge holding 198.18.0.1/24, and every later set would route
-into it and time out. So each bridge carries its owner (pid and start time) in its alias, set before
-it takes an address, and a new set first reclaims any test bridge in the subnet whose owner is gone
-(its namespaces' processes ended by pid, then the namespaces and links). Two sets cannot share the
-subnet, so one whose owner still runs (another test suite on the machine) is waited for, bounded by
-`wait_s`, then refused by name; an address in the subnet that is not a test bridge is refused at once.
+into it and time out. Two sets cannot share the subnet either. So a live set holds a machine-wide
+lock (/run/trials-netns.lock, flock: the kernel drops it with its process) for its whole life; the
+next set waits for it, bounded by `wait_s`, and once it holds it, any test bridge still in the subnet
+was left by a set that is gone: it is reclaimed (its namespaces' processes ended by pid, then the
+namespaces and links). Each bridge also names its owner (pid and start time) in its alias, for the
+one case the lock cannot see: a set from code older than the lock, still running, is refused by name.
+An address in the subnet that is not a test bridge is refused at once, and left alone.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SUBNET = "198.18.0"
+LOCK = Path("/run/trials-netns.lock")
+_OPEN_HERE = 0  # sets open in this process (a second would wait on its own lock)
 _BRIDGE = re.compile(r"tb([0-9a-f]{4})")
 _OWNER = re.compile(r"trials-netns owner=(\d+):(\d+)")
 
@@ -107,11 +111,17 @@ class NetnsHosts:
         return f"{SUBNET}.1"
 
     def __enter__(self) -> "NetnsHosts":
+        global _OPEN_HERE
         if os.geteuid() != 0:
             raise NetnsError("network-namespace test hosts need root")
         for tool in ("ip", "iptables", "ssh-keygen", "/usr/sbin/sshd"):
             if shutil.which(tool) is None:
                 raise NetnsError(f"{tool} is missing: apt-get install -y openssh-server iproute2 iptables")
+        if _OPEN_HERE:
+            raise NetnsError("a set of test hosts is already open in this process: two cannot share the subnet; "
+                             "close it first")
+        self._take_subnet()
+        _OPEN_HERE += 1
         try:
             self._build()
         except BaseException:
@@ -119,20 +129,37 @@ class NetnsHosts:
             raise
         return self
 
+    def _take_subnet(self) -> None:
+        """The machine-wide lock that one live set holds for its whole life: a second set waits for it
+        (bounded), so no two build at once, and whatever a set finds in the subnet once it holds the
+        lock was left by a set that is gone."""
+        import fcntl
+
+        self._lock = open(LOCK, "a+")
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            try:
+                fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    self._lock.seek(0)
+                    holder = self._lock.read().strip() or "unknown"
+                    self._lock.close()
+                    self._lock = None
+                    raise SubnetBusy(f"{LOCK} is held by another set of test hosts ({holder}) after {self.wait_s:.0f} s: "
+                                     "two sets cannot share the subnet; wait for it or end it") from None
+                time.sleep(0.5)
+        self._lock.truncate(0)
+        self._lock.write(f"pid {os.getpid()}\n")
+        self._lock.flush()
+
     def _build(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
         self.client_key = self.workdir / "client_ed25519"
         _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"trials-{self.tag}", "-f", str(self.client_key))
-        deadline = time.monotonic() + self.wait_s
-        while True:
-            try:
-                self.reclaim_stale()
-                break
-            except SubnetBusy:
-                if time.monotonic() >= deadline:
-                    raise
-                time.sleep(1.0)
+        self.reclaim_stale()  # under the lock: any test bridge still here is a dead set's
         _sh("ip", "link", "add", self.bridge, "type", "bridge")
         _sh("ip", "link", "set", self.bridge, "alias", f"trials-netns owner={os.getpid()}:{_start_time(os.getpid())}")
         _sh("ip", "addr", "add", f"{self.operator}/24", "dev", self.bridge)
@@ -172,10 +199,9 @@ class NetnsHosts:
         for name in holders:
             m = _BRIDGE.fullmatch(name)
             owner = _owner_alive(links.get(name, {}).get("ifalias"))
-            if owner is not None:
-                who = "this process (a set still open)" if owner == os.getpid() else f"pid {owner}, which still runs"
-                raise SubnetBusy(f"{name} holds {SUBNET}.0/24 for the test hosts of {who}: two sets of test hosts "
-                                 f"cannot share the subnet; wait for it or end it")
+            if owner is not None and owner != os.getpid():  # a set that runs without the lock (older code)
+                raise NetnsError(f"{name} holds {SUBNET}.0/24 for the test hosts of pid {owner}, which still runs "
+                                 "without the test hosts' lock: end it")
             tag = m[1]
             for ns in (n for n in namespaces if re.fullmatch(rf"tn{tag}-\d+", n)):
                 NetnsHosts._end_namespace(ns)
@@ -276,3 +302,12 @@ class NetnsHosts:
             # the root side of the pair goes with the namespace, unless the kernel still holds it
             subprocess.run(["ip", "link", "del", f"tv{self.tag}{h.index}"], capture_output=True)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+        self._release()
+
+    def _release(self) -> None:
+        global _OPEN_HERE
+        lock = getattr(self, "_lock", None)
+        if lock is not None:
+            lock.close()  # the flock goes with the descriptor
+            self._lock = None
+            _OPEN_HERE -= 1

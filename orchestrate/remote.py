@@ -27,6 +27,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Sequence
 
 from evidence.canonical import canonical_sha256, file_sha256
+from evidence.stores import HOST_PAYLOAD
 from orchestrate.cluster import Cluster, Host
 from orchestrate.local import GroupResult, free_port, run_group
 from orchestrate.transport import SSHTransport, Transport, TransportError
@@ -53,6 +54,36 @@ MIN_PYTHON = (3, 11)
 PYTHON_VERSION = 'import sys; print("%d.%d.%d" % sys.version_info[:3])'
 
 
+def run_on_hosts(fn: Callable[[Any], Any], items: list[Any], transports: list[Transport], *,
+                 workers: int | None = None) -> list[Any]:
+    """`fn` on every item at once (one per host), results in order. The first failure, or Ctrl-C/SIGTERM,
+    ends the rest at once rather than after their transfers: every transport is closed, which aborts
+    what runs on it, and the failure is raised."""
+    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+
+    pool = ThreadPoolExecutor(max_workers=workers or len(items) or 1, thread_name_prefix="hosts")
+    futures = [pool.submit(fn, it) for it in items]
+    try:
+        pending = set(futures)
+        while pending:  # in slices, so that a signal reaches this thread promptly
+            done, pending = wait(pending, timeout=0.5, return_when=FIRST_EXCEPTION)
+            for f in done:
+                if f.exception() is not None:
+                    raise f.exception()
+        return [f.result() for f in futures]
+    except BaseException:
+        for f in futures:
+            f.cancel()
+        for t in transports:  # what still runs on a host stops with its connection
+            try:
+                t.close()
+            except Exception:  # noqa: BLE001 — closing is best effort; the first failure is what counts
+                pass
+        raise
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+
+
 def check_host_python(t: Transport, host: Host) -> str:
     """The host's interpreter version, refused by name when it is missing or older than MIN_PYTHON —
     before anything is uploaded, since the project could not run there."""
@@ -60,7 +91,9 @@ def check_host_python(t: Transport, host: Host) -> str:
     if r.status != 0:
         raise StagingError(f"{host.name}: its interpreter {host.python} does not run (exit {r.status}: "
                            f"{r.stderr.strip()[-200:]}); set the host's python in the cluster description")
-    version = r.stdout.strip()
+    version = (r.stdout.strip().splitlines() or [""])[-1].strip()  # a login shell may print before it
+    if not re.fullmatch(r"\d+\.\d+\.\d+", version):
+        raise StagingError(f"{host.name}: {host.python} did not say its version (it printed {r.stdout.strip()[-120:]!r})")
     if tuple(int(x) for x in version.split(".")[:2]) < MIN_PYTHON:
         need = ".".join(map(str, MIN_PYTHON))
         raise StagingError(f"{host.name}: {host.python} is Python {version}, the project needs >= {need}; nothing "
@@ -131,8 +164,6 @@ def stage_reports(cluster: Cluster, transports: list[Transport], *, wheel_dir: P
         say(f"{h.name}: Python {check_host_python(t, h)} ({h.python})")
     # every host at once, each over its own connection: the wall time is the slowest host's, not the sum
     # (the bytes leaving this machine are the same either way)
-    from concurrent.futures import ThreadPoolExecutor
-
     def one(ht: tuple[Host, Transport]) -> dict[str, Any]:
         h, t = ht
         t0 = time.monotonic()
@@ -141,8 +172,7 @@ def stage_reports(cluster: Cluster, transports: list[Transport], *, wheel_dir: P
             f"{rep['gpus']} GPU(s) in {time.monotonic() - t0:.1f} s")
         return rep
 
-    with ThreadPoolExecutor(max_workers=workers or len(transports), thread_name_prefix="stage") as pool:
-        reports = list(pool.map(one, zip(cluster.by_rank, transports)))  # the first host's error is raised
+    reports = run_on_hosts(one, list(zip(cluster.by_rank, transports)), transports, workers=workers)
     digests = {r["digest"] for r in reports}
     if len(digests) != 1:
         raise StagingError("hosts report different environments, nothing trains: "
@@ -352,9 +382,30 @@ def launch_remote_group(cluster: Cluster, argv_for: Callable[[Host], Sequence[st
             p.t.close()
 
 
-KEEP_ON_HOST = re.compile(r"(^|/)checkpoints/step-[^/]+/(?!receipt\.json$|host\.json$)[^/]+$")
+KEEP_ON_HOST = HOST_PAYLOAD
 """Checkpoint payloads stay on the hosts' volumes (tens of GB per rank at 1.7B); their receipts,
-the manifests and everything else come back."""
+the manifests and everything else come back. Each host preserves its own (`host_parts`)."""
+
+
+def host_parts(cluster: Cluster, transports: list[Transport], url: str,
+               say: Callable[[str], None] = lambda m: None) -> dict[str, dict[str, dict[str, Any]]]:
+    """Every SSH host preserves the checkpoint payloads on its volume into the trial's store, from where
+    they are (`python -m evidence preserve-part`), all hosts at once. {host name: {path: {sha256, size}}}."""
+    def one(ht: tuple[Host, Transport]) -> tuple[str, dict[str, dict[str, Any]]]:
+        h, t = ht
+        if h.transport != "ssh":
+            return h.name, {}
+        r = t.run(python_command(h, "-m", "evidence", "preserve-part", "--home", f"{h.root}/home", "--store", url),
+                  timeout=6 * 3600)
+        if r.status != 0:
+            raise TransportError(f"{h.name}: preserving its checkpoint payloads exited {r.status}: "
+                                 f"{r.stderr.strip()[-600:]}")
+        part = json.loads(r.stdout)
+        say(f"{h.name}: {len(part)} checkpoint payload(s), {sum(f['size'] for f in part.values()) / 1e6:,.1f} MB, "
+            "preserved from the host and read back there")
+        return h.name, part
+
+    return dict(run_on_hosts(one, list(zip(cluster.by_rank, transports)), transports))
 
 
 def safe_relative(path: str, under: str) -> str:

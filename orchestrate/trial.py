@@ -32,7 +32,8 @@ from orchestrate.guard import Guard, Polled, host_bytes
 from orchestrate.local import GroupResult, local_launch, supervise, threads_per_rank, train_argv
 from evidence.attempts import attempts
 from evidence.canonical import read_json
-from orchestrate.remote import collect, host_python, launch_remote_group, python_command, stage_reports
+from orchestrate.remote import (collect, host_parts, host_python, launch_remote_group, python_command,
+                                stage_reports)
 from orchestrate.placement import Devices, hosts_devices, local_devices, visible_gpus
 from orchestrate.transport import Transport, TransportError
 
@@ -89,6 +90,10 @@ class LocalPlacement:
 
     def close(self) -> None:
         pass
+
+    def host_parts(self, url: str) -> None:
+        """Nothing stays elsewhere: every payload is in the home."""
+        return None
 
 
 class RemotePlacement:
@@ -283,6 +288,10 @@ class RemotePlacement:
             raise TransportError(f"{h.name}: evaluate {arm} exited {r.status}: {r.stderr.strip()[-800:]}")
         self._collect_verified({0: where})
         return json.loads(r.stdout)
+
+    def host_parts(self, url: str) -> dict[str, dict[str, dict[str, Any]]]:
+        """Each host preserves the checkpoint payloads that stayed on it (`remote.host_parts`)."""
+        return host_parts(self.cluster, self.ts, url, say=self.say)
 
     def close(self) -> None:
         for p in self.polled:

@@ -1,10 +1,10 @@
 """The AWS path as one piece, in emulation (root only): the Pulumi program under Pulumi's mocks, whose
 instances answer with four network-namespace hosts (real sshd) and whose key pair carries the test's
-key; AWS itself is moto's server (the instances, bucket, budget, topic and transfer alarm exist there
-under the outputs' names). Then the CLI as a user types it:
+key; AWS itself is moto's server on the hosts' bridge, so the hosts reach it too (the instances, bucket,
+budget, topic and transfer alarm exist there under the outputs' names). Then the CLI as a user types it:
 
   up (from the saved outputs) → plan → run diloco-four (ranks over SSH, evidence into moto's S3, read
-  back) → status (spend, alarm, who hears it) → down refusing an unpreserved home → preserve → down
+  back, each host preserving its own checkpoint payloads) → status (spend, alarm, who hears it) → down refusing an unpreserved home → preserve → down
   (verified, instances stopped) → a second run stopped before its first arm by a transfer alarm in
   ALARM, its evidence preserved → instances terminated: nothing left billing → the destroy hook
   passing on the preserved trial and refusing an unpreserved one.
@@ -90,32 +90,62 @@ def said(r) -> str:
     return " ".join((r.stdout + r.stderr).split())
 
 
-def test_the_aws_loop_in_emulation(aws, tiny_seed, tmp_path):
+@pytest.fixture
+def cloud(monkeypatch):
+    """moto's server where the hosts reach it too (the bridge's address, 198.18.0.1), with the
+    environment that points this process, its subprocesses and every host session at it (a real host
+    uses its instance role; these use moto's test credentials and never ask for instance metadata)."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from orchestrate.local import free_port
+
+    port = free_port()
+    env = {"AWS_ENDPOINT_URL": f"http://198.18.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
+           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION, "AWS_EC2_METADATA_DISABLED": "true"}
+    for k in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    servers: list = []
+
+    def start() -> object:  # once the bridge holds the address
+        server = ThreadedMotoServer(ip_address="198.18.0.1", port=port, verbose=False)
+        server.start()
+        servers.append(server)
+        return boto3.Session(region_name=REGION)
+
+    yield SimpleNamespace(env=env, start=start)
+    for server in servers:
+        server.stop()
+
+
+def test_the_aws_loop_in_emulation(cloud, tiny_seed, tmp_path):
     from orchestrate.cloud import reconcile
     from orchestrate.netns import NetnsHosts
     from infra.teardown import NotPreserved, before_host_delete
 
-    ec2, s3, cw, sns = (aws.client(n) for n in ("ec2", "s3", "cloudwatch", "sns"))
-    ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
-    zones = ["us-east-1c"] * 3 + ["us-east-1d"]
-    ids = [ec2.run_instances(ImageId=ami, InstanceType="g6e.xlarge", MinCount=1, MaxCount=1,
-                             Placement={"AvailabilityZone": z}, TagSpecifications=[{"ResourceType": "instance", "Tags": [
-                                 {"Key": "trial", "Value": TRIAL}, {"Key": "rank", "Value": str(r)}]}])
-           ["Instances"][0]["InstanceId"] for r, z in enumerate(zones)]
-    s3.create_bucket(Bucket="aws-loop-evidence")
-    topic = sns.create_topic(Name="aws-loop-alerts")["TopicArn"]
-    sns.subscribe(TopicArn=topic, Protocol="email", Endpoint="operator@example.com")
-    aws.client("budgets").create_budget(AccountId=ACCOUNT, Budget={
-        "BudgetName": f"{TRIAL}-budget", "BudgetLimit": {"Amount": "100.0", "Unit": "USD"},
-        "TimeUnit": "ANNUALLY", "BudgetType": "COST"})
-    cw.put_metric_alarm(AlarmName=f"{TRIAL}-transfer-3", ComparisonOperator="GreaterThanThreshold",
-                        EvaluationPeriods=1, Threshold=3.1e12, MetricName="NetworkIn", Namespace="AWS/EC2",
-                        Period=3600, Statistic="Sum")
     trials, seeds = tmp_path / "trials", tmp_path / "seeds"
     shutil.copytree(tiny_seed, seeds / "tiny")
-
     # hosts that share this machine's two cores: one thread per rank, as the netns cluster would split them
-    with NetnsHosts(4, tmp_path / "netns", env={"OMP_NUM_THREADS": "1"}) as hs:
+    with NetnsHosts(4, tmp_path / "netns", env={"OMP_NUM_THREADS": "1", **cloud.env}) as hs:
+        aws = cloud.start()
+        ec2, s3, cw, sns = (aws.client(n) for n in ("ec2", "s3", "cloudwatch", "sns"))
+        ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        zones = ["us-east-1c"] * 3 + ["us-east-1d"]
+        ids = [ec2.run_instances(ImageId=ami, InstanceType="g6e.xlarge", MinCount=1, MaxCount=1,
+                                 Placement={"AvailabilityZone": z}, TagSpecifications=[{"ResourceType": "instance",
+                                 "Tags": [{"Key": "trial", "Value": TRIAL}, {"Key": "rank", "Value": str(r)}]}])
+               ["Instances"][0]["InstanceId"] for r, z in enumerate(zones)]
+        s3.create_bucket(Bucket="aws-loop-evidence")
+        topic = sns.create_topic(Name="aws-loop-alerts")["TopicArn"]
+        sns.subscribe(TopicArn=topic, Protocol="email", Endpoint="operator@example.com")
+        aws.client("budgets").create_budget(AccountId=ACCOUNT, Budget={
+            "BudgetName": f"{TRIAL}-budget", "BudgetLimit": {"Amount": "100.0", "Unit": "USD"},
+            "TimeUnit": "ANNUALLY", "BudgetType": "COST"})
+        cw.put_metric_alarm(AlarmName=f"{TRIAL}-transfer-3", ComparisonOperator="GreaterThanThreshold",
+                            EvaluationPeriods=1, Threshold=3.1e12, MetricName="NetworkIn", Namespace="AWS/EC2",
+                            Period=3600, Statistic="Sum")
         stack = example_stack(tmp_path, trial=TRIAL, ssh_public_key=f"{hs.client_key}.pub", ssh_user="root",
                               host_python=sys.executable)
         mocks = Cloud(hs, ids, "aws-loop-evidence", topic)
@@ -147,7 +177,12 @@ def test_the_aws_loop_in_emulation(aws, tiny_seed, tmp_path):
         home = trials / "local-training-windows-smoke"
         preserved = read_json(home / "preserved.json")
         assert preserved["store"] == f"s3://aws-loop-evidence/trials/{TRIAL}/"
-        assert s3.list_objects_v2(Bucket="aws-loop-evidence", Prefix=f"trials/{TRIAL}/indexes/")["KeyCount"] >= 1
+        (key,) = [o["Key"] for o in s3.list_objects_v2(Bucket="aws-loop-evidence",
+                                                       Prefix=f"trials/{TRIAL}/indexes/{home.name}/")["Contents"]]
+        index = json.loads(s3.get_object(Bucket="aws-loop-evidence", Key=key)["Body"].read())
+        # each host preserved the checkpoint payloads on its volume into the bucket itself
+        assert {f.get("verified_by") for rel, f in index["files"].items() if rel.startswith("hosts/")} == \
+            {f"{TRIAL}-{r}" for r in range(4)}
 
         r = run_cli("-m", "orchestrate", "status", "--cluster", str(tmp_path / "cluster.json"), "--home", str(home))
         assert r.returncode == 0 and "of $100.00" in said(r), said(r)
@@ -174,14 +209,14 @@ def test_the_aws_loop_in_emulation(aws, tiny_seed, tmp_path):
         r = run_cli(*down, "--home", str(home))
         assert r.returncode == 0 and "stopped 4 instance(s)" in said(r), said(r)
 
-    # `pulumi destroy`: the hook on each host lets the preserved trial go, and refuses one with nothing kept
-    def host_args(rank: int, bucket: str) -> SimpleNamespace:
-        return SimpleNamespace(name=f"{TRIAL}-rank-{rank}", id=ids[rank], old_inputs={"tags": {"evidence-bucket": bucket}},
-                               old_outputs=None)
+        # `pulumi destroy`: the hook on each host lets the preserved trial go, refuses one with nothing kept
+        def host_args(rank: int, bucket: str) -> SimpleNamespace:
+            return SimpleNamespace(name=f"{TRIAL}-rank-{rank}", id=ids[rank], old_outputs=None,
+                                   old_inputs={"tags": {"evidence-bucket": bucket}})
 
-    before_host_delete(TRIAL, REGION, False, session_for=lambda region: aws)(host_args(0, "aws-loop-evidence"))
-    s3.create_bucket(Bucket="aws-loop-empty")
-    with pytest.raises(NotPreserved, match="holds no preservation index"):
-        before_host_delete(TRIAL, REGION, False, session_for=lambda region: aws)(host_args(0, "aws-loop-empty"))
-    ec2.terminate_instances(InstanceIds=ids)
-    assert not [f for f in reconcile(aws, TRIAL) if f.billing]
+        before_host_delete(TRIAL, REGION, False, session_for=lambda region: aws)(host_args(0, "aws-loop-evidence"))
+        s3.create_bucket(Bucket="aws-loop-empty")
+        with pytest.raises(NotPreserved, match="holds no preservation index"):
+            before_host_delete(TRIAL, REGION, False, session_for=lambda region: aws)(host_args(0, "aws-loop-empty"))
+        ec2.terminate_instances(InstanceIds=ids)
+        assert not [f for f in reconcile(aws, TRIAL) if f.billing]

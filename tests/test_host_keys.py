@@ -67,6 +67,16 @@ def test_the_operator_key_is_checked_before_anything_exists(tmp_path):
         operator_public_key(f"ssh-rsa {blob}")
     with pytest.raises(SSHKeyError, match="base64 part is damaged"):
         operator_public_key(f"{kind} {blob[:-7]}")
+    with pytest.raises(SSHKeyError, match="cut short"):  # whole base64 quads: it decodes, and loads with zeros
+        operator_public_key(f"{kind} {blob[:44]}")
+    with pytest.raises(SSHKeyError, match="starts with options"):
+        operator_public_key(f'from="10.0.0.0/8",no-pty {ED}')
+    with pytest.raises(SSHKeyError, match="EC2 key pairs are ed25519 or RSA; this is ecdsa-sha2-nistp256"):
+        operator_public_key(ECDSA)
+    (tmp_path / "credentials").write_text("[default]\naws_access_key_id = AKIASECRETSECRET\n")
+    with pytest.raises(SSHKeyError) as e:
+        operator_public_key(str(tmp_path / "credentials"))
+    assert "AKIA" not in str(e.value) and str(tmp_path / "credentials") in str(e.value)
 
 
 def test_the_stack_refuses_a_private_key_by_name(tmp_path):
@@ -85,6 +95,11 @@ def test_the_stack_refuses_a_private_key_by_name(tmp_path):
 def test_host_keys_are_read_from_real_format_console_text():
     assert pinned_host_key(console(ECDSA, ED, RSA), "rank 0") == ED  # ed25519 first, whatever the order
     assert pinned_host_key(console(RSA, ECDSA), "rank 0") == ECDSA
+    p384 = pub(ec.generate_private_key(ec.SECP384R1()))  # pinned, and a cluster description takes it
+    assert pinned_host_key(console(p384), "rank 0") == p384
+    from orchestrate.cluster import Host
+    assert Host(rank=0, name="h", transport="ssh", address="10.0.0.1", private_address="10.0.0.1", root="/opt/trial",
+                host_key=p384).host_key == p384
     assert host_key_blocks(console(ECDSA, ED, RSA)) == [{k.split()[0]: k for k in (ECDSA, ED, RSA)}]
     booting = "[    0.000000] Linux version 6.8.0-1021-aws\r\n[    3.2] systemd[1]: Starting cloud-init...\r\n"
     assert pinned_host_key(booting, "rank 0") is None  # nothing printed yet
@@ -96,6 +111,9 @@ def test_host_keys_are_read_from_real_format_console_text():
     damaged = console(ED.replace(ED.split()[1][10:14], "AAAA"))
     with pytest.raises(SSHKeyError, match="ssh-ed25519"):
         pinned_host_key(damaged, "rank 0")
+    kind, blob = ED.split()  # a key line the console wrapped mid-key: refused, never pinned cut short
+    with pytest.raises(SSHKeyError, match="cut short"):
+        pinned_host_key(console(f"{kind} {blob[:44]}\r\n{blob[44:]}"), "rank 0")
 
 
 def test_pinning_waits_for_a_booting_instance_then_refuses_by_name():

@@ -253,7 +253,8 @@ def test_evidence_bucket(program):
     host = next(json.loads(r.inputs["policy"]) for r in mocks.of("aws:iam/rolePolicy:RolePolicy")
                 if r.name == "ltw-four-host-evidence")
     resources = [s["Resource"] for s in host["Statement"]]
-    assert resources == ["arn:aws:mock:::ltw-four-evidence/trials/ltw-four/*", "arn:aws:mock:::ltw-four-evidence"]
+    # hosts write content-addressed objects only: the indexes and anchors the destroy hook trusts are not theirs
+    assert resources == ["arn:aws:mock:::ltw-four-evidence/trials/ltw-four/objects/*", "arn:aws:mock:::ltw-four-evidence"]
     assert host["Statement"][1]["Condition"] == {"StringLike": {"s3:prefix": ["trials/ltw-four/*"]}}
     assert not any("*" == s["Resource"] or s["Action"] == "s3:*" for s in host["Statement"])
     locked, _ = run_program(study(object_lock_days=30))
@@ -549,3 +550,18 @@ def test_destroy_is_refused_by_a_hook_on_every_host():
     assert monitor.hooks == {f"ltw-four-rank-{r}": ["ltw-four-refuse-unpreserved"] for r in range(4)}
     for inst in mocks.of("aws:ec2/instance:Instance"):
         assert inst.inputs["tags"]["evidence-bucket"] == "ltw-four-evidence-0001"
+
+
+def test_destroy_runs_the_program_after_the_deadline(monkeypatch, tmp_path):
+    """`pulumi destroy --run-program` runs the program to register the destroy hook, by when the deadline
+    has passed and the operator's key file may be gone: with TRIALS_TEARDOWN=1 the program builds (the
+    hook registered) instead of refusing the plan; without it, it refuses as `pulumi up` must."""
+    past = study(deadline=(dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1)).isoformat(),
+                 ssh_public_key=str(tmp_path / "gone.pub"))
+    monkeypatch.delenv("TRIALS_TEARDOWN", raising=False)
+    assert "is neither an OpenSSH public key nor a file" in words(run_entry(past))
+    past["ssh_public_key"] = OPERATOR_KEY
+    assert "has passed" in words(run_entry(past))
+    monkeypatch.setenv("TRIALS_TEARDOWN", "1")
+    past["ssh_public_key"] = str(tmp_path / "gone.pub")
+    assert run_entry(past) == ""

@@ -83,7 +83,8 @@ def test_a_set_whose_owner_runs_is_waited_for_then_refused_by_name(tmp_path):
     p, bridge, ns, _ = holder(tmp_path / "live")
     try:
         t0 = time.monotonic()
-        with pytest.raises(NetnsError, match=rf"{bridge} holds 198\.18\.0\.0/24 .*pid {p.pid}, which still runs"):
+        with pytest.raises(NetnsError, match=rf"/run/trials-netns.lock is held by another set of test hosts "
+                                             rf"\(pid {p.pid}\) after 2 s"):
             with NetnsHosts(1, tmp_path / "second", wait_s=2):
                 pass
         assert time.monotonic() - t0 >= 2
@@ -123,3 +124,14 @@ def test_a_foreign_address_in_the_subnet_is_refused_and_left_alone(tmp_path):
         assert links() == before
     finally:
         subprocess.run(["ip", "link", "del", name], capture_output=True)
+
+
+def test_a_second_set_in_the_same_process_is_refused_at_once(tmp_path):
+    with NetnsHosts(1, tmp_path / "first") as hs:
+        t0 = time.monotonic()
+        with pytest.raises(NetnsError, match="already open in this process"):
+            with NetnsHosts(1, tmp_path / "second"):
+                pass
+        assert time.monotonic() - t0 < 5 and answers(hs.hosts[0].address)
+    with NetnsHosts(1, tmp_path / "third") as hs:  # closed: the next one opens
+        assert answers(hs.hosts[0].address)

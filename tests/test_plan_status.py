@@ -66,6 +66,11 @@ def test_plan_refuses_over_the_quota(monkeypatch, tmp_path):
     # four copies of the 1.7B model's 6.85 GB seed leave this machine: 0.61 h at 100 Mbit/s
     assert ("staging: 4 host(s) × (6.85 GB seed, 4 bytes × 1,711,376,384 parameters + 0.00 GB wheelhouse (not "
             "given: --wheelhouse)) = 27.38 GB leave this machine: 0.61 h at 100 Mbit/s") in out
+    r = CliRunner().invoke(app, ["plan", "diloco-four", "--stack", stack, "--no-quota", "--uplink-mbps", "10"])
+    assert r.exit_code == 1 and "6.08 h at 10 Mbit/s, more than the 3 h paid for" in " ".join(r.output.split())
+    for bad in (["--uplink-mbps", "0"], ["--wheelhouse", str(tmp_path / "none")]):
+        r = CliRunner().invoke(app, ["plan", "diloco-four", "--stack", stack, "--no-quota", *bad])
+        assert r.exit_code == 2 and "Traceback" not in r.output, r.output
     r = CliRunner().invoke(app, ["plan", "clean-pair", "--stack", stack, "--no-quota"])
     assert r.exit_code == 2 and "plans no arm 'clean-pair'" in " ".join(r.output.split())
 

@@ -198,3 +198,30 @@ def test_host_cut_off_mid_run_is_detected(staged, hosts, tmp_path):
     assert res.codes[0] != 0  # the reachable survivor was stopped
     st = trial_status(cluster, None)  # the cut-off host shows as such, the other as stopped
     assert [(h["reachable"], h["state"]) for h in st["hosts"]] == [(True, "stopped"), (False, "unreachable")], st
+
+
+def test_work_on_all_hosts_ends_at_the_first_failure():
+    """One host fails at once while the others would take 30 s: the failure is raised within a second or
+    two, and every connection is closed (which is what aborts a transfer still running on it)."""
+    from orchestrate.remote import run_on_hosts
+
+    class Conn:
+        def __init__(self):
+            self.closed = threading.Event()
+
+        def close(self):
+            self.closed.set()
+
+    conns = [Conn() for _ in range(4)]
+
+    def work(k: int) -> int:
+        if k == 3:
+            raise StagingError("host 3 refused")
+        conns[k].closed.wait(30)  # a long upload, until its connection goes
+        return k
+
+    t0 = time.monotonic()
+    with pytest.raises(StagingError, match="host 3 refused"):
+        run_on_hosts(work, [0, 1, 2, 3], conns)
+    assert time.monotonic() - t0 < 3 and all(c.closed.is_set() for c in conns)
+    assert run_on_hosts(lambda k: k * 2, [0, 1, 2], []) == [0, 2, 4]

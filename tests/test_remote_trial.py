@@ -57,6 +57,39 @@ def test_orchestrate_run_on_ssh_hosts(hosts, tiny_seed, tmp_path):
     assert (host0 / "evaluations" / "test" / "diloco-four" / "attempt-1" / "summary.json").is_file()
     preserved = read_json(home / "preserved.json")
     assert preserved["store"] == f"file://{tmp_path / 'store'}/"
+    # the checkpoint payloads stayed on the hosts, and each host preserved its own into the same index
+    index = read_json(tmp_path / "store" / preserved["index"], kind=None)
+    on_hosts = {rel: f for rel, f in index["files"].items() if rel.startswith("hosts/")}
+    assert {f["verified_by"] for f in on_hosts.values()} == {"ns-0", "ns-1", "ns-2", "ns-3"}
+    payload = "runs/ddp-four/rank-1/checkpoints/step-000016/state.bin"
+    assert not (home / payload).exists() and f"hosts/ns-1/{payload}" in on_hosts
+    assert on_hosts[f"hosts/ns-1/{payload}"]["sha256"] == file_sha256(Path(desc.by_rank[1].root) / "home" / payload)
+    r = run_cli("-m", "orchestrate", "down", "--home", str(home))
+    assert r.returncode == 0, r.stderr
+    # a host's payload gone from the store: teardown refuses, naming it
+    obj = tmp_path / "store" / "objects" / "sha256" / on_hosts[f"hosts/ns-1/{payload}"]["sha256"][:2] / \
+        on_hosts[f"hosts/ns-1/{payload}"]["sha256"]
+    obj.rename(obj.with_suffix(".moved"))
+    r = run_cli("-m", "orchestrate", "down", "--home", str(home))
+    assert r.returncode == 2 and f"hosts/ns-1/{payload}: object" in " ".join(r.stderr.split()), r.stderr
+    obj.with_suffix(".moved").rename(obj)
+    # preserving the home without the hosts is refused: its receipts name payloads only they hold
+    copy = shutil.copytree(home, tmp_path / "copy" / home.name, ignore=shutil.ignore_patterns("preserved.json", ".lock"))
+    r = run_cli("-m", "orchestrate", "preserve", "--home", str(copy), "--store", f"file://{tmp_path / 'store2'}")
+    said = " ".join(r.stderr.split())
+    assert r.returncode == 2 and "checkpoint payload(s) the home's receipts name are on the hosts" in said, said
+    r = run_cli("-m", "orchestrate", "preserve", "--home", str(copy), "--store", f"file://{tmp_path / 'store2'}",
+                "--cluster", str(cluster))
+    assert r.returncode == 0, r.stderr
+    r = run_cli("-m", "orchestrate", "down", "--home", str(copy))
+    assert r.returncode == 0, r.stderr
+    # or, with a reason (a host that is gone), without them: the index says what was left and why
+    lost = shutil.copytree(home, tmp_path / "lost" / home.name, ignore=shutil.ignore_patterns("preserved.json"))
+    r = run_cli("-m", "orchestrate", "preserve", "--home", str(lost), "--store", f"file://{tmp_path / 'store3'}",
+                "--leave-host-payloads", "ns-1 was lost")
+    assert r.returncode == 0, r.stderr
+    left = read_json(tmp_path / "store3" / read_json(lost / "preserved.json")["index"], kind=None)["host_payloads_left"]
+    assert left["reason"] == "ns-1 was lost" and payload in left["paths"]
 
 
 def test_transfer_guard_stops_a_group_from_host_counters(hosts, tiny_seed, smoke_home, tmp_path):

@@ -111,3 +111,37 @@ def test_teardown_refuses_until_the_evidence_verifies(home, aws, moto_url):
     aws.client("s3").delete_object(Bucket=name, Key=f"trials/x/{object_key(file_sha256(home / 'big.bin'))}")
     r = run_cli("-m", "orchestrate", "down", "--home", str(home))
     assert r.returncode == 2 and "big.bin" in r.stderr and "does not verify" in r.stderr
+
+
+def test_host_parts_in_the_index(tmp_path):
+    """A home whose checkpoint receipt names a payload it does not hold (it stayed on its host): refused
+    without the host's part; the host's part (preserve_part on the host's copy) makes it whole, listed
+    under hosts/<host>/ as verified there; a part naming something else, or an object the store lacks,
+    is refused naming the host; verify_index finds a host's object gone."""
+    from evidence.stores import preserve_part, verify_index
+
+    ckpt = "runs/ddp-four/rank-1/checkpoints/step-000008"
+    home, host = tmp_path / "home", tmp_path / "host-1" / "home"
+    for root in (home, host):
+        (root / ckpt).mkdir(parents=True)
+        (root / ckpt / "receipt.json").write_text(json.dumps({"files": {"state.bin": {"bytes": 6}}, "meta": {}}))
+    (host / ckpt / "state.bin").write_bytes(b"weight")
+    (home / "commitments.jsonl").write_text("")
+    url = f"file://{tmp_path / 'store'}"
+    with pytest.raises(PreservationError, match=r"1 checkpoint payload\(s\) the home's receipts name are on the hosts"):
+        preserve(home, url, trial="t")
+    with pytest.raises(PreservationError, match=r"ns-1: runs/ddp-four/rank-1/checkpoints/step-000008/state.bin is "
+                                                r"not in the store"):
+        preserve(home, url, trial="t", host_parts={"ns-1": {f"{ckpt}/state.bin": {
+            "sha256": file_sha256(host / ckpt / "state.bin"), "size": 6}}})
+    part = preserve_part(host, url)
+    assert part == {f"{ckpt}/state.bin": {"sha256": file_sha256(host / ckpt / "state.bin"), "size": 6}}
+    with pytest.raises(PreservationError, match="ns-1: commitments.jsonl is not a checkpoint payload"):
+        preserve(home, url, trial="t", host_parts={"ns-1": {"commitments.jsonl": part[f"{ckpt}/state.bin"]}})
+    rec = preserve(home, url, trial="t", host_parts={"ns-1": part})
+    index = json.loads((tmp_path / "store" / rec["index"]).read_text())
+    assert index["files"][f"hosts/ns-1/{ckpt}/state.bin"]["verified_by"] == "ns-1"
+    verify_index(url, rec["index"], rec["index_sha256"])
+    (tmp_path / "store" / object_key(part[f"{ckpt}/state.bin"]["sha256"])).unlink()
+    with pytest.raises(PreservationError, match=f"hosts/ns-1/{ckpt}/state.bin: object .* is missing"):
+        verify_index(url, rec["index"], rec["index_sha256"])

@@ -41,8 +41,24 @@ def test_destroy_waits_for_preservation_then_verifies_it(aws, tmp_path):
     (home / "runs").mkdir(parents=True)
     (home / "commitments.jsonl").write_text('{"entry": 0}\n')
     (home / "runs" / "result.json").write_text('{"loss": 1.5}\n')
+    # an index that lists nothing (the kind anyone could write) proves nothing
+    s3.put_object(Bucket="td-evidence", Key="trials/td-trial/indexes/forged/20260101T000000000000Z.json",
+                  Body=json.dumps({"format": "trial-evidence-index-v1", "files": {}}).encode())
+    with pytest.raises(NotPreserved, match="forged: its preservation does not verify: .* lists no files"):
+        hook(aws)(host("td-evidence"))
+    s3.delete_object(Bucket="td-evidence", Key="trials/td-trial/indexes/forged/20260101T000000000000Z.json")
     preserve(home, "s3://td-evidence/trials/td-trial/", trial=home.name, session=aws)
     hook(aws)(host("td-evidence"))  # preserved and verified: the delete may go on
+    # a home that committed (its log anchored in the store) but was never preserved
+    s3.put_object(Bucket="td-evidence", Key="trials/td-trial/anchors/coop-smoke/ab12/00000000.json", Body=b"{}")
+    with pytest.raises(NotPreserved, match="home\\(s\\) coop-smoke made commitments but were never preserved"):
+        hook(aws)(host("td-evidence"))
+    s3.delete_object(Bucket="td-evidence", Key="trials/td-trial/anchors/coop-smoke/ab12/00000000.json")
+    # a commitment anchored after the home's newest preservation
+    s3.put_object(Bucket="td-evidence", Key=f"trials/td-trial/anchors/{home.name}/ab12/00000000.json", Body=b"{}")
+    with pytest.raises(NotPreserved, match="1 commitment\\(s\\) were anchored after its newest preservation"):
+        hook(aws)(host("td-evidence"))
+    s3.delete_object(Bucket="td-evidence", Key=f"trials/td-trial/anchors/{home.name}/ab12/00000000.json")
 
     # an object changed after preservation: the store no longer holds what the index names
     key = "trials/td-trial/" + object_key(hashlib.sha256((home / "runs" / "result.json").read_bytes()).hexdigest())
