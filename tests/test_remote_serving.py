@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import proc_state, run_cli
+from conftest import proc_state, run_cli, serving_processes
 from evidence.canonical import read_json
 from evidence.commitments import CommitmentLog
 from evidence.serving import PHASES, check_probe
@@ -83,18 +83,9 @@ def ancestors(pid: int) -> set[int]:
     return seen
 
 
-def serving_processes(hosts: NetnsHosts) -> list[tuple[str, int]]:
-    """(host, pid) of every live `training serve` process inside the hosts' namespaces (zombies have exited)."""
-    left = []
-    for name, pids in ns_pids(hosts).items():
-        for pid in pids:
-            try:
-                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if b"serve" in cmd and b"training" in cmd and proc_state(pid) not in (None, "Z"):
-                left.append((name, pid))
-    return left
+def on_hosts(hosts: NetnsHosts) -> list[tuple[str, int]]:
+    """Live `training serve` processes inside the hosts' namespaces."""
+    return serving_processes({f"ns-{h.index}": h.namespace for h in hosts.hosts})
 
 
 def gone(pid: int) -> bool:
@@ -150,7 +141,7 @@ def test_replicas_on_the_hosts_serve_the_three_phases(hosts, placement):
     comp = check_probe(home, entry, dev, {"arm": "clean-pair", "receipt_digest": sel["candidates"]["clean-pair"]})
     assert comp["tasks_with_differing_tokens"] == [] and comp["replicas"] == 2
     # every replica stopped on exit, its log brought back; nothing of theirs left on the hosts
-    assert all(gone(p) for p in seen["pids"].values()) and serving_processes(hosts) == []
+    assert all(gone(p) for p in seen["pids"].values()) and on_hosts(hosts) == []
     assert not made[0].replicas[0].forward._thread.is_alive()
     logs = home / "logs" / "serving"
     assert "replica-0.ns-0: clean-pair" in (logs / "replica-0.ns-0.log").read_text()
@@ -176,14 +167,14 @@ def test_an_interrupted_probe_leaves_nothing_on_the_hosts(hosts, placement, wher
     def say(m: str) -> None:
         if m.startswith("warmup:"):
             pids.update({r.host.name: r.pid for r in made[0].replicas})
-            assert {n for n, _ in serving_processes(hosts)} == {"ns-0", "ns-1"}
+            assert {n for n, _ in on_hosts(hosts)} == {"ns-0", "ns-1"}
         if m.startswith("single:") and where == "say":
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt if where == "say" else RuntimeError):
         replicas_probe(home, "clean-pair", 2, make, say=say)
     assert len(pids) == 2 and all(gone(p) for p in pids.values()), pids
-    assert serving_processes(hosts) == []
+    assert on_hosts(hosts) == []
     assert CommitmentLog(home).latest("serving") is None  # nothing committed from a probe that did not end
 
 
@@ -194,4 +185,4 @@ def test_replicas_that_will_not_start_are_named_and_stopped(hosts, placement):
     with pytest.raises(ProbeError, match=r"(?s)replica-0\.ns-0 exited on ns-0 before listening.*not servable"):
         with pl.replicas(home, "damaged-single", 2):
             pass
-    assert serving_processes(hosts) == []
+    assert on_hosts(hosts) == []
