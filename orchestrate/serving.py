@@ -477,7 +477,9 @@ class RemoteReplicas:
                 if not rep.started:
                     continue
                 if rep.pid is None:  # started, its pid not yet read back (interrupted): the file says it
-                    out = rep.t.run(f"cat {shlex.quote(rep.pidfile)} 2>/dev/null; true", timeout=20).stdout.strip()
+                    f = shlex.quote(rep.pidfile)  # (written at once by the replica's shell; allow it a moment)
+                    out = rep.t.run(f"for i in $(seq 40); do test -s {f} && break; sleep 0.05; done; "
+                                    f"cat {f} 2>/dev/null; true", timeout=20).stdout.strip()
                     rep.pid = int(out) if out.isdigit() else None
                 self._signal(rep, signal.SIGTERM)
             except Exception:  # noqa: BLE001 — tried again below, with SIGKILL

@@ -186,3 +186,21 @@ def test_replicas_that_will_not_start_are_named_and_stopped(hosts, placement):
         with pl.replicas(home, "damaged-single", 2):
             pass
     assert on_hosts(hosts) == []
+
+
+def test_orchestrate_probe_with_a_cluster_serves_from_its_hosts(hosts, selected_home, tiny_seed, tmp_path):
+    """`orchestrate probe --cluster`: the hosts are staged from the seed, the replicas run there."""
+    from orchestrate.cluster import save
+
+    home = tmp_path / "trials" / "home"
+    shutil.copytree(selected_home, home)
+    cluster = save(netns_cluster(hosts, "file:///unused", python=sys.executable), tmp_path / "cluster.json")
+    r = run_cli("-m", "orchestrate", "probe", "--home", str(home), "--cluster", str(cluster), "--seeds",
+                str(tiny_seed.parent), timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    err = " ".join(r.stderr.split())
+    assert "clean-pair: 2 replicas on the hosts (ns-0, ns-1, where its ranks ran)" in err, err[-2000:]
+    assert "replica-1.ns-1 on 198.18.0.11:" in err and "stopped replica-1.ns-1" in err
+    plan = read_json(home / "serving" / "attempt-1" / "plan.json")
+    assert plan["replicas"] == ["replica-0.ns-0", "replica-1.ns-1"] and plan["stopped"]["host"] == "ns-1"
+    assert CommitmentLog(home).latest("serving") is not None and on_hosts(hosts) == []
