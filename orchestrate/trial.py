@@ -8,6 +8,8 @@ Hosts get a staged copy and send back, verified, what they wrote:
     logs/<arm>/attempt-<n>/      ◀ stream  one rank process per host (stderr, stdout)
     runs/<arm>/                  ◀ collect home/runs/<arm>/rank-r; rank 0's model and numerical profile
     evaluations/<role>/<arm>/    ◀ collect `python -m training evaluate` on rank 0's host
+    serving/attempt-<n>/         ◀ probe   `python -m training serve`, one per host of the serving arm's
+                                           ranks, reached over SSH forwards (orchestrate/serving.py)
     commitments.jsonl            ◀ pull    rank 0's log, accepted only as an extension of ours
 
 A log coming back must begin with every byte the controller holds and verify as a chain; anything
