@@ -352,7 +352,7 @@ def select_evaluate_report(cfg, home: Path, seed_dir: Path, placement=None, cloc
         if SERVING_PROBE in skipped:
             con.print(f"serve {cfg.experiment.serving_arm}: {skipped[SERVING_PROBE]}", highlight=False)
         elif CommitmentLog(home).latest("serving") is None:
-            serve_probe(cfg, home)
+            serve_probe(cfg, home, placement=placement)
         else:
             say("serve", "already probed, attempts kept")
     with clock("report"):
@@ -414,17 +414,28 @@ def preserve_home(home: Path, url: str, placement=None, leave_host_payloads: str
     return rec
 
 
-def serve_probe(cfg, home: Path, retry: str | None = None) -> dict:
-    """The serving probe on this machine: one replica process per rank of the serving arm."""
+def serve_probe(cfg, home: Path, retry: str | None = None, placement=None) -> dict:
+    """The serving probe: one replica per rank of the serving arm (at least two), where the trial's
+    ranks run — processes on this machine for the embedded local cluster (no placement, or a
+    LocalPlacement), one per host for SSH hosts (a RemotePlacement), reached over SSH forwards."""
     from orchestrate.local import threads_per_rank
-    from orchestrate.serving import local_probe
+    from orchestrate.serving import local_probe, replicas_probe
+    from orchestrate.trial import RemotePlacement
 
     arm = cfg.arm(cfg.experiment.serving_arm)
     n = max(2, arm.world_size)  # one replica per rank, and at least two: the last phase stops one
-    say("serve", f"{arm.name}: {n} replicas on this machine, 1 → {n} → {n} with one stopped")
-    with con.status("serving probe…"):
-        res = local_probe(home, arm.name, n, threads=threads_per_rank(n), retry=retry,
-                          say=lambda m: con.print(f"  {m}", highlight=False))
+    line = lambda m: con.print(f"  {m}", highlight=False)  # noqa: E731
+    if isinstance(placement, RemotePlacement):
+        hosts = ", ".join(h.name for h in placement.hosts[:n])
+        say("serve", f"{arm.name}: {n} replicas on the hosts ({hosts}, where its ranks ran), reached over SSH "
+            f"forwards, 1 → {n} → {n} with one stopped")
+        with con.status("serving probe…"):
+            res = replicas_probe(home, arm.name, n, lambda: placement.replicas(home, arm.name, n), retry=retry,
+                                 say=line)
+    else:
+        say("serve", f"{arm.name}: {n} replicas on this machine, 1 → {n} → {n} with one stopped")
+        with con.status("serving probe…"):
+            res = local_probe(home, arm.name, n, threads=threads_per_rank(n), retry=retry, say=line)
     r = res.get("throughput_ratio_replicas_vs_single")
     con.print(f"  throughput {n} replicas / 1: {'—' if r is None else f'{r:.2f}'}; "
               f"tasks with differing tokens: {len(res['tasks_with_differing_tokens'])}; "
@@ -604,19 +615,37 @@ def up(local: bool = typer.Option(False, "--local", help="the embedded local clu
 
 @app.command()
 def probe(home: Path = typer.Option(..., help="a trial home with a committed selection"),
-          retry: Optional[str] = typer.Option(None, help="run another probe; the reason is recorded")) -> None:
-    """Run the serving probe on this machine (one replica per rank of the serving arm)."""
+          retry: Optional[str] = typer.Option(None, help="run another probe; the reason is recorded"),
+          cluster: Optional[Path] = typer.Option(None, help="cluster.json the trial ran on: its SSH hosts serve "
+                                                           "(default: replicas on this machine)"),
+          seeds: Path = typer.Option(Path(".seeds"), help="SSH hosts: where the profile's seed is materialized"),
+          model_dir: Optional[Path] = typer.Option(None, help="SSH hosts: the seed directory (a 'local' seed)"),
+          wheelhouse: Optional[Path] = typer.Option(None, help="SSH hosts: wheels of every dependency")) -> None:
+    """Run the serving probe (one replica per rank of the serving arm, at least two): on this machine,
+    or with --cluster one per SSH host, where the trial's ranks ran."""
+    from orchestrate.cluster import ClusterError
+    from orchestrate.remote import StagingError
+    from orchestrate.transport import TransportError
     from training.errors import USER_ERRORS
     from training.hold import hold
     from training.prepare import require_prepared
     from training.train import resolved_from_prepared
 
+    placement = None
     try:
         with hold(home, f"trial home {home}"):
-            serve_probe(resolved_from_prepared(require_prepared(home)), home, retry=retry)
-    except USER_ERRORS as e:
+            cfg = resolved_from_prepared(require_prepared(home))
+            desc = _load_cluster(cluster)
+            if desc is not None and desc.source != "local":  # the hosts are staged (again) from the seed
+                md = model_dir or seeds / cfg.profile.seed
+                placement = make_placement(desc, home, md, home.parent, wheelhouse)
+            serve_probe(cfg, home, retry=retry, placement=placement)
+    except (*USER_ERRORS, ClusterError, StagingError, TransportError) as e:
         say("error:", str(e), style="bold red")
         raise typer.Exit(2)
+    finally:
+        if placement is not None:
+            placement.close()
 
 
 @app.command()

@@ -5,8 +5,9 @@ Where ranks go decides what they need:
                            training/runtime.pick_device), so a CUDA arm of N ranks needs N GPUs here;
   SSH hosts                one rank per host, on that host's GPU 0, so ranks 0..N−1's hosts each need one.
 Either way an arm also needs N host slots. Test scoring needs one GPU (this machine's on the local
-cluster, rank 0's host's on SSH hosts); the serving probe runs max(2, N) replicas of the serving arm
-on this machine, one GPU each on a CUDA profile.
+cluster, rank 0's host's on SSH hosts); the serving probe runs max(2, N) replicas of the serving arm,
+one GPU each on a CUDA profile: on this machine for the local cluster, one per host of ranks
+0..max(2, N)−1 on SSH hosts (on its first GPU), so there it needs that many hosts.
 
 GPU counts: this machine's from `TRIAL_GPUS` when set (a whole number: to use fewer GPUs than a
 shared machine has, together with CUDA_VISIBLE_DEVICES, or to exercise placement on a machine without
@@ -42,7 +43,8 @@ class Devices:
     source: str  # local | netns | pulumi | stack (a planned stack)
     hosts: int | None  # host slots; None: the embedded cluster without a description (any number of ranks)
     gpus_per_host: tuple[int | None, ...]  # by rank; the local cluster: one entry, this machine's (None: unknown)
-    controller_gpus: int | None  # this machine's, where the serving probe runs (None: unknown or not asked)
+    controller_gpus: int | None  # this machine's, where the local cluster's serving probe runs (None: unknown,
+    #                               not asked, or SSH hosts, whose replicas run on the hosts)
     gpus_from: str  # where the counts came from
     one_rank_per_host: bool  # SSH hosts; the local cluster's ranks share this machine's GPUs
 
@@ -121,9 +123,15 @@ def place(arms: list[Any], serving_arm: str, device: str, d: Devices) -> dict[st
     why = None
     if served is not None and not served["runs"]:
         why = f"not run: its arm {serving_arm} is not run ({served['reason'].removeprefix('not run: ')})"
+    elif d.one_rank_per_host:  # one replica per host of ranks 0..N-1, on that host's first GPU
+        bare = [r for r, g in enumerate(d.gpus_per_host[:replicas]) if g == 0]
+        if d.hosts is not None and replicas > d.hosts:
+            why = f"not run: needs {replicas} hosts (one replica per host), the cluster has {d.hosts}"
+        elif device == "cuda" and bare:
+            why = (f"not run: needs {replicas} GPUs (one replica per host, on its first GPU), and rank "
+                   f"{bare[0]}'s host has none")
     elif device == "cuda" and d.controller_gpus is not None and replicas > d.controller_gpus:
-        where = "the cluster" if not d.one_rank_per_host else "this machine (where the probe runs)"
-        why = f"not run: needs {replicas} GPUs (one per replica), {where} has {d.controller_gpus}"
+        why = f"not run: needs {replicas} GPUs (one per replica), the cluster has {d.controller_gpus}"
     return {"arms": rows, "serving": {"arm": serving_arm, "replicas": replicas, "runs": why is None, "reason": why}}
 
 

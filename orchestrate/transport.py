@@ -157,6 +157,19 @@ class SSHTransport:
             raise TransportError(f"{self.name} ({self.address}): cannot start a command: {e}") from None
         return chan
 
+    def forward(self, dest: tuple[str, int], origin: tuple[str, int], timeout: float = 5.0) -> Any:
+        """A `direct-tcpip` channel to `dest` as the host itself dials it (an SSH port forward): what
+        the controller uses to reach a port bound to the host's private address, without a firewall
+        rule. Raises TransportError when the host cannot open it (nothing listens there, say)."""
+        import paramiko
+
+        try:
+            return self._connect(timeout).get_transport().open_channel("direct-tcpip", dest, origin,
+                                                                      timeout=timeout)
+        except (paramiko.SSHException, EOFError, OSError) as e:
+            raise TransportError(f"{self.name} ({self.address}): cannot forward to {dest[0]}:{dest[1]}: "
+                                 f"{e}") from None
+
     def run(self, command: str, *, env: dict[str, str] | None = None, timeout: float = 600) -> Result:
         t0 = time.perf_counter()
         chan = self.start(command, env, open_timeout=min(timeout, self.connect_timeout))

@@ -8,6 +8,8 @@ Hosts get a staged copy and send back, verified, what they wrote:
     logs/<arm>/attempt-<n>/      ◀ stream  one rank process per host (stderr, stdout)
     runs/<arm>/                  ◀ collect home/runs/<arm>/rank-r; rank 0's model and numerical profile
     evaluations/<role>/<arm>/    ◀ collect `python -m training evaluate` on rank 0's host
+    serving/attempt-<n>/         ◀ probe   `python -m training serve`, one per host of the serving arm's
+                                           ranks, reached over SSH forwards (orchestrate/serving.py)
     commitments.jsonl            ◀ pull    rank 0's log, accepted only as an extension of ours
 
 A log coming back must begin with every byte the controller holds and verify as a chain; anything
@@ -24,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from evidence.commitments import LOG_NAME, CommitmentLog
 from orchestrate.cluster import Cluster, Host
@@ -34,8 +36,11 @@ from evidence.attempts import attempts
 from evidence.canonical import read_json
 from orchestrate.remote import (collect, host_parts, host_python, launch_remote_group, python_command,
                                 stage_reports)
-from orchestrate.placement import Devices, hosts_devices, local_devices, visible_gpus
+from orchestrate.placement import Devices, hosts_devices, local_devices
 from orchestrate.transport import Transport, TransportError
+
+if TYPE_CHECKING:
+    from orchestrate.serving import LocalReplicas, RemoteReplicas
 
 AWS_NCCL = {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple", "NCCL_IB_DISABLE": "1"}
 """On AWS hosts (no EFA on g6e): one fixed algorithm and protocol, so the bytes on the wire are the
@@ -51,6 +56,7 @@ class Placement(Protocol):
     def train(self, home: Path, arm: Any, *, max_restarts: int, echo: Callable[[str], None]) -> list[GroupResult]: ...
     def evaluate(self, home: Path, arm: str, role: str, seed_dir: Path, retry: str | None = None) -> dict[str, Any]: ...
     def devices(self, device: str) -> Devices: ...
+    def replicas(self, home: Path, arm: str, n: int) -> Any: ...
     def close(self) -> None: ...
 
 
@@ -87,6 +93,12 @@ class LocalPlacement:
     def devices(self, device: str) -> Devices:
         """This machine's GPUs, shared by every rank (orchestrate/placement.py)."""
         return local_devices(self.hosts, device)
+
+    def replicas(self, home: Path, arm: str, n: int) -> "LocalReplicas":
+        """The serving probe's `n` replicas: processes on this machine, on loopback."""
+        from orchestrate.serving import LocalReplicas
+
+        return LocalReplicas(home, n, home / "logs" / "serving", threads=threads_per_rank(n), arm=arm)
 
     def close(self) -> None:
         pass
@@ -136,10 +148,9 @@ class RemotePlacement:
 
     def devices(self, device: str) -> Devices:
         """Each host's GPUs as its staging report counted them (staging the hosts if not yet done);
-        the serving probe's replicas run on this machine."""
+        the serving probe's replicas run on the hosts too, one per host (none on this machine)."""
         self._stage()
-        here = visible_gpus()[0] if device == "cuda" else None
-        return hosts_devices(self.cluster.source, [r["gpus"] for r in self.reports], here,
+        return hosts_devices(self.cluster.source, [r["gpus"] for r in self.reports], None,
                              "each host's environment report (torch.cuda.device_count())")
 
     def _push_log(self, ranks: range) -> None:
@@ -270,15 +281,7 @@ class RemotePlacement:
         unfinished = self._remote_files(0, f"{shlex.quote(where)}/attempt-*")  # they stay on the host
         if unfinished and not retry:
             retry = f"attempt(s) {', '.join(Path(u).name for u in unfinished)} on {h.name} did not finish"
-        for rel in ("candidates.json", "selection.json", LOG_NAME):
-            if (home / rel).is_file():
-                t.put(home / rel, f"{h.root}/home/{rel}")
-        for arm_dir in sorted((home / "runs").iterdir()):  # models trained on other hosts' rank 0
-            model = arm_dir / "model"
-            if model.is_dir() and t.run(f"test -f {h.root}/home/runs/{shlex.quote(arm_dir.name)}/model/receipt.json").status:
-                for p in sorted(model.rglob("*")):
-                    if p.is_file():
-                        t.put(p, f"{h.root}/home/{p.relative_to(home)}")
+        self._push_selected(home, 0, sorted(d.name for d in (home / "runs").iterdir()))
         cmd = f"cd {shlex.quote(h.root)} && " + python_command(
             h, "-m", "training", "evaluate", "--home", f"{h.root}/home", "--arm", arm, "--role", role,
             "--model-dir", f"{h.root}/seed", *(["--retry", retry] if retry else []))
@@ -292,6 +295,37 @@ class RemotePlacement:
     def host_parts(self, url: str) -> dict[str, dict[str, dict[str, Any]]]:
         """Each host preserves the checkpoint payloads that stayed on it (`remote.host_parts`)."""
         return host_parts(self.cluster, self.ts, url, say=self.say)
+
+    def _push_selected(self, home: Path, r: int, arms: list[str]) -> None:
+        """What a command on host r that reads the committed selection needs: the selection, the
+        candidates, the controller's log and each of `arms`' models that the host lacks (trained
+        on another host's rank 0); every file read back and checked by `put`."""
+        h, t = self.hosts[r], self.ts[r]
+        for rel in ("candidates.json", "selection.json", LOG_NAME):
+            if (home / rel).is_file():
+                t.put(home / rel, f"{h.root}/home/{rel}")
+        for name in arms:
+            model = home / "runs" / name / "model"
+            if model.is_dir() and t.run(f"test -f {h.root}/home/runs/{shlex.quote(name)}/model/receipt.json").status:
+                for p in sorted(model.rglob("*")):
+                    if p.is_file():
+                        t.put(p, f"{h.root}/home/{p.relative_to(home)}")
+
+    # -- serving -------------------------------------------------------------------------------
+    def replicas(self, home: Path, arm: str, n: int) -> "RemoteReplicas":
+        """The serving probe's `n` replicas, one per host of ranks 0..n-1 (where the arm's ranks
+        ran), each serving its own host's copy of the selected model; refused, naming the counts,
+        when the cluster has fewer hosts."""
+        from orchestrate.serving import ProbeError, RemoteReplicas
+
+        if n > len(self.hosts):
+            raise ProbeError(f"the serving probe needs {n} replicas of {arm}, one per host, and the cluster has "
+                             f"{len(self.hosts)} host(s) ({', '.join(h.name for h in self.hosts)})")
+        self._stage()
+        threads = threads_per_rank(n) if self.shared_cores else None
+        return RemoteReplicas(self.cluster, self.hosts[:n], home, home / "logs" / "serving", arm=arm,
+                              threads=threads, env=dict(self.env),
+                              prepare_host=lambda r: self._push_selected(home, r, [arm]))
 
     def close(self) -> None:
         for p in self.polled:

@@ -119,6 +119,22 @@ def proc_state(pid: int) -> str | None:
         return None
 
 
+def serving_processes(namespaces: dict[str, str]) -> list[tuple[str, int]]:
+    """(host, pid) of every live `training serve` process inside the given network namespaces
+    (host name → namespace, as `ip netns pids` sees them; a zombie has exited and does not count)."""
+    left = []
+    for name, ns in namespaces.items():
+        p = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, check=True)
+        for pid in (int(x) for x in p.stdout.split()):
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"serve" in cmd and b"training" in cmd and proc_state(pid) not in (None, "Z"):
+                left.append((name, pid))
+    return left
+
+
 @pytest.fixture
 def home_copy(smoke_home, tmp_path) -> Path:
     dst = tmp_path / "home"

@@ -57,17 +57,23 @@ def test_no_gpu_at_all_is_an_error_not_a_list_of_skips():
 
 def test_ssh_hosts_give_one_gpu_per_rank():
     """One rank per host on its GPU 0: a host without a GPU cannot hold a rank; the probe's replicas
-    run on the controller, which needs a GPU per replica."""
+    run one per host too, so they need as many hosts with a GPU (the controller's GPUs do not count)."""
     d = hosts_devices("pulumi", [1, 0, 2, 1], controller_gpus=1, gpus_from="test")
     arms, serving = decide("local-training-windows", d)
     assert arms["ddp-four"] == "not run: needs 4 GPUs, the cluster has 3"
     arms, serving = decide("cooperative-learning", d)
     assert arms["clean-pair"] == ("not run: needs 2 GPUs, the cluster has 3 (one rank per host, and rank 1's "
                                   "host has none)")
-    d = hosts_devices("pulumi", [1, 1], controller_gpus=1, gpus_from="test")
+    d = hosts_devices("pulumi", [1, 1], controller_gpus=None, gpus_from="test")
     arms, serving = decide("cooperative-learning", d)
-    assert arms["clean-pair"] is None
-    assert serving["reason"] == "not run: needs 2 GPUs (one per replica), this machine (where the probe runs) has 1"
+    assert arms["clean-pair"] is None and serving["reason"] is None  # two hosts with a GPU: two replicas
+    exp = resolve("cooperative-learning", "smoke").experiment  # a one-rank serving arm still needs 2 replicas
+    out = place(exp.arms, "clean-single", "cpu", hosts_devices("pulumi", [1], None, "test"))
+    assert out["serving"]["reason"] == "not run: needs 2 hosts (one replica per host), the cluster has 1"
+    out = place(exp.arms, "clean-single", "cuda", hosts_devices("pulumi", [1, 0], None, "test"))
+    assert out["serving"]["reason"] == ("not run: needs 2 GPUs (one replica per host, on its first GPU), and "
+                                        "rank 1's host has none")
+    assert place(exp.arms, "clean-single", "cpu", hosts_devices("pulumi", [1, 0], None, "test"))["serving"]["runs"]
     with pytest.raises(ClusterError, match="rank 0's host has no GPU"):
         decide("cooperative-learning", hosts_devices("pulumi", [0, 1], 2, "test"))
 

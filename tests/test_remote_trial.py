@@ -1,5 +1,6 @@
 """`orchestrate run` on four network-namespace hosts with real sshd (root only): staged, trained one
-rank per host, collected, scored on rank 0's host, served, reported and preserved — and the
+rank per host, collected, scored on rank 0's host, served from the hosts (one replica each, reached
+over SSH forwards), reported and preserved — and the
 controller's transfer guard stopping a group from real interface counters."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import run_cli, serving_processes
 from evidence.canonical import file_sha256, read_json
 from evidence.commitments import LOG_NAME, CommitmentLog
 from orchestrate.cluster import netns_cluster, save
@@ -48,13 +49,26 @@ def test_orchestrate_run_on_ssh_hosts(hosts, tiny_seed, tmp_path):
             assert (home / "logs" / arm / "attempt-1" / f"rank-{rank}.log").stat().st_size > 0
         assert not (Path(desc.by_rank[1].root) / "home" / "runs" / arm / "rank-0").exists()
     # scoring ran on rank 0's host and its commitments came back: the controller's log continues
-    # host 0's (then adds the serving probe, which ran on the controller)
+    # host 0's (then adds the serving probe, which the controller ran against the hosts' replicas)
     host0 = Path(desc.by_rank[0].root) / "home"
     assert (home / LOG_NAME).read_bytes().startswith((host0 / LOG_NAME).read_bytes())
     on_host = [e["kind"] for e in CommitmentLog(host0).entries()]
     assert on_host.count("numerical-profile") == 3 and on_host.count("test-evaluation") == 4
     assert [e["kind"] for e in CommitmentLog(home).entries()][len(on_host):] == ["serving"]
     assert (host0 / "evaluations" / "test" / "diloco-four" / "attempt-1" / "summary.json").is_file()
+    # the serving arm's replicas ran on its ranks' hosts, one each, from the hosts' own model copies
+    assert "diloco-four: 4 replicas on the hosts (ns-0, ns-1, ns-2, ns-3" in err
+    names = [f"replica-{k}.ns-{k}" for k in range(4)]
+    plan = read_json(home / "serving" / "attempt-1" / "plan.json")
+    assert plan["replicas"] == names and plan["stopped"]["replica"] == names[3] and plan["stopped"]["host"] == "ns-3"
+    answered = {r["response"]["replica"] for r in read_json(home / "serving" / "attempt-1" / "replicas.json")["requests"]
+                if r["outcome"] == "ok"}
+    assert answered == set(names)
+    for k in range(1, 4):  # the model came to hosts that trained no rank 0, and was verified there
+        assert (Path(desc.by_rank[k].root) / "home/runs/diloco-four/model/receipt.json").is_file()
+        assert "replica-" in (home / "logs" / "serving" / f"{names[k]}.log").read_text()
+    assert serving_processes({f"ns-{h.index}": h.namespace for h in hosts.hosts}) == []
+    assert [g["passed"] for g in rep["gates"] if g["gate"].startswith("serving")] == [True, True, True]
     preserved = read_json(home / "preserved.json")
     assert preserved["store"] == f"file://{tmp_path / 'store'}/"
     # the checkpoint payloads stayed on the hosts, and each host preserved its own into the same index

@@ -1,0 +1,206 @@
+"""The serving probe on SSH hosts (two network namespaces with real sshd, root only): one replica per
+host, started over SSH from the host's own copy of the selected model, bound to the host's private
+address and reached through SSH port forwards; the three phases with one replica really killed on
+its host; and nothing of the replicas left on the hosts afterwards — after a probe that finished, one
+interrupted halfway, and replicas that would not start."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import proc_state, run_cli, serving_processes
+from evidence.canonical import read_json
+from evidence.commitments import CommitmentLog
+from evidence.serving import PHASES, check_probe
+from orchestrate.cluster import netns_cluster
+from orchestrate.netns import NetnsHosts
+from orchestrate.serving import ProbeError, RemoteReplicas, replicas_probe
+from orchestrate.trial import RemotePlacement, build_wheelhouse
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("/usr/sbin/sshd") is None,
+                                reason="needs root and openssh-server (CI installs both)")
+
+
+@pytest.fixture(scope="module")
+def hosts(tmp_path_factory):
+    with NetnsHosts(2, tmp_path_factory.mktemp("netns-serving")) as hs:
+        yield hs
+
+
+@pytest.fixture(scope="module")
+def selected_home(tmp_path_factory, trained) -> Path:
+    """Every smoke arm trained here and the selection committed: the controller's home."""
+    home = tmp_path_factory.mktemp("remote-serving") / "home"
+    shutil.copytree(trained, home)
+    r = run_cli("-m", "training", "select", "--home", str(home))
+    assert r.returncode == 0, r.stderr
+    return home
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory) -> Path:
+    return build_wheelhouse(tmp_path_factory.mktemp("serving-wheels"))
+
+
+@pytest.fixture
+def placement(hosts, selected_home, tiny_seed, wheels, tmp_path):
+    """A copy of the selected home, its placement on the two hosts (staged once it is asked for replicas)."""
+    home = tmp_path / "home"
+    shutil.copytree(selected_home, home)
+    desc = netns_cluster(hosts, "file:///unused", python=sys.executable)
+    pl = RemotePlacement(desc, home, tiny_seed, wheel_dir=wheels)
+    try:
+        yield home, pl
+    finally:
+        pl.close()
+
+
+def ns_pids(hosts: NetnsHosts) -> dict[str, set[int]]:
+    """Every pid inside each host's namespace, by host name (`ip netns pids`)."""
+    out = {}
+    for h in hosts.hosts:
+        p = subprocess.run(["ip", "netns", "pids", h.namespace], capture_output=True, text=True, check=True)
+        out[f"ns-{h.index}"] = {int(x) for x in p.stdout.split()}
+    return out
+
+
+def ancestors(pid: int) -> set[int]:
+    """The pid's parents up to init, from /proc."""
+    seen = set()
+    while pid > 1:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        pid = int(stat.rsplit(")", 1)[1].split()[1])
+        seen.add(pid)
+    return seen
+
+
+def on_hosts(hosts: NetnsHosts) -> list[tuple[str, int]]:
+    """Live `training serve` processes inside the hosts' namespaces."""
+    return serving_processes({f"ns-{h.index}": h.namespace for h in hosts.hosts})
+
+
+def gone(pid: int) -> bool:
+    return proc_state(pid) in (None, "Z")
+
+
+def test_replicas_on_the_hosts_serve_the_three_phases(hosts, placement):
+    home, pl = placement
+    made: list[RemoteReplicas] = []
+    seen: dict[str, object] = {}
+
+    def make() -> RemoteReplicas:
+        made.append(pl.replicas(home, "clean-pair", 2))
+        return made[0]
+
+    def say(m: str) -> None:
+        if m.startswith("warmup:"):  # the replicas run now: where, and whose children are they?
+            reps, inside = made[0], ns_pids(hosts)
+            seen["pids"] = {r.host.name: r.pid for r in reps.replicas}
+            seen["inside"] = all(r.pid in inside[r.host.name] for r in reps.replicas)
+            seen["not_ours"] = all(os.getpid() not in ancestors(r.pid) for r in reps.replicas)
+            seen["bound"] = [r.t.run(f"ss -Htln 'sport = :{r.port}'").stdout for r in reps.replicas]
+        if m.startswith("stopped "):
+            seen["stopped_gone"] = gone(seen["pids"]["ns-1"])
+
+    res = replicas_probe(home, "clean-pair", 2, make, say=say)
+    assert seen["inside"] and seen["not_ours"], seen  # in the hosts' namespaces, not children of the controller
+    assert seen["pids"]["ns-0"] != seen["pids"]["ns-1"]
+    for k, listening in enumerate(seen["bound"]):  # bound to the host's private address only
+        assert [line.split()[3].rsplit(":", 1)[0] for line in listening.splitlines()] == [f"198.18.0.{10 + k}"], \
+            listening
+    assert seen["stopped_gone"]  # confirmed gone before the failure phase began
+
+    d = home / "serving" / "attempt-1"
+    plan = read_json(d / "plan.json")
+    assert plan["replicas"] == ["replica-0.ns-0", "replica-1.ns-1"]
+    assert plan["stopped"]["replica"] == "replica-1.ns-1" and plan["stopped"]["host"] == "ns-1"
+    assert plan["stopped"]["pid"] == seen["pids"]["ns-1"] and plan["stopped"]["signal"] == "SIGKILL"
+    ph = res["phases"]
+    assert [ph[p]["completed"] for p in PHASES] == [64, 64, 64]
+    assert ph["replicas"]["per_endpoint_answers"] == {"replica-0.ns-0": 32, "replica-1.ns-1": 32}
+    assert ph["failure"]["per_endpoint_answers"] == {"replica-0.ns-0": 64} and ph["failure"]["retries"] == 32
+    for r in read_json(d / "failure.json")["requests"]:
+        if len(r["attempts"]) > 1:  # routed to the killed replica first: no connection, then the survivor
+            assert r["attempts"][0]["endpoint"] == "replica-1.ns-1" and r["attempts"][0]["status"] is None
+            assert r["attempts"][1]["endpoint"] == "replica-0.ns-0" and r["attempts"][1]["status"] == 200
+    assert res["tasks_answered"] == 16 and res["tasks_with_differing_tokens"] == []
+    sel = read_json(home / "selection.json")
+    assert [m.split("/")[0] for m in res["model_identities"]] == [sel["candidates"]["clean-pair"]]
+    # the same evidence as the local probe: committed, and what the report recomputes agrees
+    entry = CommitmentLog(home).latest("serving")
+    dev = sorted(f"dev-{i:05d}" for i in range(16))
+    comp = check_probe(home, entry, dev, {"arm": "clean-pair", "receipt_digest": sel["candidates"]["clean-pair"]})
+    assert comp["tasks_with_differing_tokens"] == [] and comp["replicas"] == 2
+    # every replica stopped on exit, its log brought back; nothing of theirs left on the hosts
+    assert all(gone(p) for p in seen["pids"].values()) and on_hosts(hosts) == []
+    assert not made[0].replicas[0].forward._thread.is_alive()
+    logs = home / "logs" / "serving"
+    assert "replica-0.ns-0: clean-pair" in (logs / "replica-0.ns-0.log").read_text()
+
+
+@pytest.mark.parametrize("where", ["say", "stop"])
+def test_an_interrupted_probe_leaves_nothing_on_the_hosts(hosts, placement, where):
+    """Ctrl-C halfway (from the progress callback after the first phase), or an error from stopping a
+    replica: the probe ends, and every replica's pid is gone from the hosts."""
+    home, pl = placement
+    made: list[RemoteReplicas] = []
+    pids: dict[str, int] = {}
+
+    def make() -> RemoteReplicas:
+        reps = pl.replicas(home, "clean-pair", 2)
+        if where == "stop":
+            def kill(k: int) -> dict:
+                raise RuntimeError("stopping failed")
+            reps.kill = kill  # type: ignore[method-assign]
+        made.append(reps)
+        return reps
+
+    def say(m: str) -> None:
+        if m.startswith("warmup:"):
+            pids.update({r.host.name: r.pid for r in made[0].replicas})
+            assert {n for n, _ in on_hosts(hosts)} == {"ns-0", "ns-1"}
+        if m.startswith("single:") and where == "say":
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt if where == "say" else RuntimeError):
+        replicas_probe(home, "clean-pair", 2, make, say=say)
+    assert len(pids) == 2 and all(gone(p) for p in pids.values()), pids
+    assert on_hosts(hosts) == []
+    assert CommitmentLog(home).latest("serving") is None  # nothing committed from a probe that did not end
+
+
+def test_replicas_that_will_not_start_are_named_and_stopped(hosts, placement):
+    home, pl = placement
+    with pytest.raises(ProbeError, match="needs 3 replicas of clean-pair, one per host, and the cluster has 2"):
+        pl.replicas(home, "clean-pair", 3)
+    with pytest.raises(ProbeError, match=r"(?s)replica-0\.ns-0 exited on ns-0 before listening.*not servable"):
+        with pl.replicas(home, "damaged-single", 2):
+            pass
+    assert on_hosts(hosts) == []
+
+
+def test_orchestrate_probe_with_a_cluster_serves_from_its_hosts(hosts, selected_home, tiny_seed, tmp_path):
+    """`orchestrate probe --cluster`: the hosts are staged from the seed, the replicas run there."""
+    from orchestrate.cluster import save
+
+    home = tmp_path / "trials" / "home"
+    shutil.copytree(selected_home, home)
+    cluster = save(netns_cluster(hosts, "file:///unused", python=sys.executable), tmp_path / "cluster.json")
+    r = run_cli("-m", "orchestrate", "probe", "--home", str(home), "--cluster", str(cluster), "--seeds",
+                str(tiny_seed.parent), timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    err = " ".join(r.stderr.split())
+    assert "clean-pair: 2 replicas on the hosts (ns-0, ns-1, where its ranks ran)" in err, err[-2000:]
+    assert "replica-1.ns-1 on 198.18.0.11:" in err and "stopped replica-1.ns-1" in err
+    plan = read_json(home / "serving" / "attempt-1" / "plan.json")
+    assert plan["replicas"] == ["replica-0.ns-0", "replica-1.ns-1"] and plan["stopped"]["host"] == "ns-1"
+    assert CommitmentLog(home).latest("serving") is not None and on_hosts(hosts) == []
