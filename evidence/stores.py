@@ -171,6 +171,18 @@ def _read_back(store: Any, key: str, sha256: str, size: int) -> None:
                                 f"({size} bytes): the store does not hold what was uploaded")
 
 
+def _put_verified(store: Any, p: Path) -> tuple[str, int, bool]:
+    """One file into the store under its sha256 (unless the store holds that object already), then
+    read back and hashed: uploaded now or earlier, it must read back. (sha256, size, uploaded now)."""
+    digest, size = file_sha256(p), p.stat().st_size
+    key = object_key(digest)
+    uploaded = store.size(key) is None
+    if uploaded:
+        store.put_file(key, p, digest)
+    _read_back(store, key, digest, size)
+    return digest, size, uploaded
+
+
 def preserve_part(home: str | os.PathLike[str], url: str, *, session: Any = None) -> dict[str, dict[str, Any]]:
     """On an SSH host: every checkpoint payload under `home` into the store (skipping objects it already
     holds), each read back and hashed here, in region. Returns {relative path: {"sha256", "size"}} for
@@ -182,11 +194,7 @@ def preserve_part(home: str | os.PathLike[str], url: str, *, session: Any = None
         rel = str(p.relative_to(home))
         if not HOST_PAYLOAD.search(rel):
             continue
-        digest, size = file_sha256(p), p.stat().st_size
-        key = object_key(digest)
-        if store.size(key) != size:
-            store.put_file(key, p, digest)
-        _read_back(store, key, digest, size)
+        digest, size, _ = _put_verified(store, p)
         out[rel] = {"sha256": digest, "size": size}
     return out
 
@@ -234,13 +242,7 @@ def preserve(home: str | os.PathLike[str], url: str | Store, *, trial: str, sess
                                 "preserve --cluster cluster.json`), so that each host preserves its own")
     paths = _files(home)
     for i, p in enumerate(paths, 1):
-        digest, size = file_sha256(p), p.stat().st_size
-        key = object_key(digest)
-        uploaded = False
-        if store.size(key) is None:
-            store.put_file(key, p, digest)
-            uploaded = True
-        _read_back(store, key, digest, size)  # uploaded now or earlier: either way it must read back
+        digest, size, uploaded = _put_verified(store, p)
         files[str(p.relative_to(home))] = {"sha256": digest, "size": size}
         total += size if uploaded else 0
         if i % 50 == 0 or i == len(paths):
