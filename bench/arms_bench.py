@@ -90,13 +90,15 @@ def throughput(home: Path, results: list[dict], world: int, peak: float | None) 
     return out
 
 
-def adjust(cfg, ranks: int | None, checkpoint_every: int | None, pack_tokens: int | None = None):
+def adjust(cfg, ranks: int | None, checkpoint_every: int | None, pack_tokens: int | None = None,
+           pack_rows: int | None = None, updates: int | None = None):
     """The benchmark's overrides, applied before `prepare` so the prepared inputs record them."""
     if ranks:
         arms = [a.model_copy(update={"world_size": ranks}) if a.world_size > 1 else a
                 for a in cfg.experiment.arms]
         cfg = cfg.model_copy(update={"experiment": cfg.experiment.model_copy(update={"arms": arms})})
-    update = {k: v for k, v in (("checkpoint_every", checkpoint_every), ("pack_tokens", pack_tokens)) if v}
+    update = {k: v for k, v in (("checkpoint_every", checkpoint_every), ("pack_tokens", pack_tokens),
+                                ("pack_rows", pack_rows), ("updates", updates)) if v}
     if update:  # validated again, as a profile read from TOML would be
         cfg = cfg.model_copy(update={"profile": type(cfg.profile).model_validate(
             {**cfg.profile.model_dump(), **update})})
@@ -120,6 +122,8 @@ def main() -> int:
                                               "the arm keeps its name, results record the world size")
     ap.add_argument("--checkpoint-every", type=int, help="publish group checkpoints every N updates")
     ap.add_argument("--pack-tokens", type=int, help="packed-row width for a profile with pack = true")
+    ap.add_argument("--pack-rows", type=int, help="packed rows per forward (a profile with pack_tokens)")
+    ap.add_argument("--updates", type=int, help="updates per arm instead of the profile's (a shorter run)")
     ap.add_argument("--io-baseline", action="store_true", help="each rank also times a plain write "
                                                                "+ fsync of one checkpoint's bytes "
                                                                "(TRIAL_IO_BASELINE=1)")
@@ -131,7 +135,7 @@ def main() -> int:
     if peak:
         print(f"bf16 matmul peak of GPU 0: {peak / 1e12:.1f} TFLOP/s")
 
-    chain = [adjust(cfg, args.ranks, args.checkpoint_every, args.pack_tokens)
+    chain = [adjust(cfg, args.ranks, args.checkpoint_every, args.pack_tokens, args.pack_rows, args.updates)
              for cfg in lineage("batched-learning", args.profile)]
     kind = chain[0].profile.seed
     md = Path(args.model_dir) if args.model_dir else Path(args.seeds) / kind
@@ -163,6 +167,9 @@ def main() -> int:
                 s["powersgd"] = powersgd_split(results)
             s["throughput"] = throughput(home, results, arm.world_size, peak)
             s["whole_process_seconds"] = max(r["resources"]["wall_seconds_since_start"] for r in results)
+            s["cuda_max_reserved_bytes"] = max((r["resources"].get("cuda_max_reserved_bytes") or 0) for r in results)
+            s["losses"] = [u["loss"] for u in results[0]["updates"]]  # the curve (single-rank arms)
+            s["pack_rows"] = cfg.profile.pack_rows
             # under compile, train.py compiles before the timed loop; the slowest rank's time
             s["compile_warm_up_seconds"] = max((r["timers"].get("compile_warm_up_seconds") or 0.0) for r in results)
             s["checkpoint_io"] = [{"rank": r["rank"], **r["checkpoints"]["io"]} for r in results

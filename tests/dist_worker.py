@@ -68,7 +68,9 @@ def run_train(job: dict, model_dir: str, rank: int, world: int) -> dict:
                      sync_every=job.get("sync_every"), outer_lr=job.get("outer_lr"),
                      outer_momentum=job.get("outer_momentum"), powersgd_rank=job.get("powersgd_rank"),
                      dense_warmup=job.get("dense_warmup"),
-                     powersgd_orthogonalization=job.get("powersgd_orthogonalization"))
+                     powersgd_orthogonalization=job.get("powersgd_orthogonalization"),
+                     pack=job.get("pack", False), pack_tokens=job.get("pack_tokens"),
+                     pack_rows=job.get("pack_rows", 1))
     ledger = Ledger(world)
     trainer = Trainer(model.to(device()), corpus, spec, device(), pad_id=2, ledger=ledger)
     with ledger.counting():

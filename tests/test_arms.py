@@ -40,6 +40,9 @@ JOBS_2 = [
     *[{"name": f"psgd-compressed-{o}", "type": "train", "case": "unequal", "kind": "powersgd",
        "microbatch": 3, "powersgd_rank": 2, "dense_warmup": 2, "powersgd_orthogonalization": o}
       for o in ("torch", "cholesky-qr2")],
+    # packed rows, two per forward (the remainder alone), under DDP's no_sync accumulation
+    {"name": "ddp-rows", "type": "train", "case": "unequal", "kind": "ddp", "pack": True, "pack_tokens": 48,
+     "pack_rows": 2},
     {"name": "barrier", "type": "barrier"},
     *[{"name": f"psgd-resume-{o}", "type": "resume", "case": "unequal", "kind": "powersgd",
        "microbatch": 3, "powersgd_rank": 2, "dense_warmup": 2, "at": 3, "powersgd_orthogonalization": o}
@@ -361,6 +364,35 @@ def test_packed_step_matches_padded(tiny_seed, compiled):
     assert max_diff(packed, eager) < ATOL
     for a, b in zip(packed["records"], eager["records"]):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
+
+
+def test_ddp_with_packed_rows_per_forward_equals_single(two, tiny_seed):
+    """DDP whose ranks run two packed rows per forward (and a remainder row alone) reproduces the
+    single-process objective, as with padded microbatches."""
+    if CUDA:
+        pytest.skip("packed rows on CUDA need compile (check_pack); the 2-rank jobs run eager")
+    ranks = load(two, "ddp-rows", 2)
+    assert any(len(rec["microbatches"]) > 1 for rec in ranks[0]["records"])
+    assert_matches_single(ranks, single(tiny_seed, "unequal", microbatch=8))
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_packed_rows_per_forward_train_as_one_row_per_forward(tiny_seed, compiled):
+    """`pack_rows` (several fixed-width packed rows in one forward, the remainder one by one) trains
+    the same model as one row per forward, within the reordering tolerance; under compile its warm-up
+    compiles both shapes and still changes nothing (`single(warm_up=True)` checks)."""
+    if CUDA and not compiled:
+        pytest.skip("packed rows on CUDA need compile (check_pack)")
+    one = single(tiny_seed, "unequal", pack=True, pack_tokens=64, compile=compiled)
+    rows = single(tiny_seed, "unequal", pack=True, pack_tokens=64, pack_rows=3, compile=compiled,
+                  warm_up=compiled)
+    counts = [(len(a["microbatches"]), len(b["microbatches"])) for a, b in zip(one["records"], rows["records"])]
+    assert all(n_rows == r // 3 + r % 3 for r, n_rows in counts), counts  # groups of 3, then singles
+    assert any(r >= 3 for r, _ in counts) and any(r % 3 for r, _ in counts), counts
+    assert max_diff(rows, one) < ATOL
+    for a, b in zip(rows["records"], one["records"]):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
 
 
 def test_outer_step_on_this_device_matches_the_formula():

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from dist_cases import synthetic_corpus
-from training.objective import WeightedResponseLoss, collate, collate_packed, make_microbatches
+from training.objective import (WeightedResponseLoss, collate, collate_packed, collate_rows, group_rows,
+                                make_microbatches)
 
 SPECS = [(14, 5, 8), (9, 3, 1), (20, 12, 8), (9, 8, 1)]  # (length, prompt, weight); last: 1 target
 
@@ -139,6 +140,67 @@ def test_fixed_width_rows_are_filled_first_fit_and_hold_every_document_once():
         make_microbatches(corpus, [0, 2], None, pad_id=2, pack=True, pack_tokens=18)
 
 
+def test_rows_per_forward_group_in_order_and_leave_the_remainder_one_by_one():
+    """`pack_rows`: full groups of that many first-fit rows, then each remaining row alone (two
+    shapes under compile); the same documents in the same order, each row as `collate_rows` lays it."""
+    specs = [(14, 5, 8), (9, 3, 1), (20, 12, 8), (9, 8, 1), (6, 2, 1), (15, 4, 1), (19, 3, 8)]
+    corpus = synthetic_corpus(specs, 3)
+    docs = [5, 0, 1, 2, 3, 4, 6]  # rows [5, 1], [0, 3], [2], [4], [6]
+    one = make_microbatches(corpus, docs, None, pad_id=2, pack=True, pack_tokens=24)
+    rows = [mb.docs for mb in one]
+    assert len(rows) == 5
+    got = make_microbatches(corpus, docs, None, pad_id=2, pack=True, pack_tokens=24, pack_rows=2)
+    assert [mb.input_ids.shape for mb in got] == [(2, 24), (2, 24), (1, 24)]
+    assert [mb.docs for mb in got] == [rows[0] + rows[1], rows[2] + rows[3], rows[4]]
+    for mb, group in zip(got, group_rows(rows, 2)):
+        want = [one[rows.index(r)] for r in group]
+        assert torch.equal(mb.input_ids, torch.cat([w.input_ids for w in want]))
+        assert torch.equal(mb.position_ids, torch.cat([w.position_ids for w in want]))
+        assert torch.equal(mb.input_ids[mb.rows, mb.cols + 1], mb.labels)
+        assert mb.rows.tolist() == [i for i, w in enumerate(want) for _ in range(len(w.labels))]
+        assert mb.weighted_targets == sum(w.weighted_targets for w in want)
+    assert group_rows(rows, 5) == [rows] and group_rows(rows, 1) == [[r] for r in rows]
+    with pytest.raises(ValueError, match="at least 1"):
+        group_rows(rows, 0)
+    with pytest.raises(ValueError, match="more than a row's 20"):
+        collate_rows(corpus, [[5, 1]], pad_id=2, width=20)
+
+
+def test_rows_in_one_forward_give_the_one_row_loss_and_gradients(tiny_seed):
+    """Stacking packed rows changes only the batch dimension: no attention crosses a row, so the
+    sum and every gradient equal those of the rows run one by one."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_seed), dtype=torch.float32)
+    loss = WeightedResponseLoss(model)
+    specs = [(14, 5, 8), (9, 3, 1), (20, 12, 8), (9, 8, 1), (6, 2, 1), (15, 4, 1)]
+    corpus = synthetic_corpus(specs, 3)
+    one = make_microbatches(corpus, range(6), None, pad_id=2, pack=True, pack_tokens=24)
+    [stacked] = make_microbatches(corpus, range(6), None, pad_id=2, pack=True, pack_tokens=24,
+                                  pack_rows=len(one))
+
+    def run(mbs):
+        model.zero_grad(set_to_none=True)
+        total = 0.0
+        for mb in mbs:
+            out = loss(*mb.args())
+            out.backward()
+            total += float(out.detach())
+        return total, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    want, g_want = run(one)
+    got, g_got = run([stacked])
+    assert got == pytest.approx(want, rel=1e-5)
+    for name, g in g_want.items():  # the embedding's scatter-add sums 4 rows' tokens in another
+        # order: up to 3.8e-5 on elements of 0.12, so the bound is relative to the tensor's scale
+        torch.testing.assert_close(g_got[name], g, rtol=1e-4, atol=1e-4 * float(g.abs().max()), msg=name)
+    seeing = make_microbatches(corpus, range(6), None, pad_id=2, pack=True, pack_tokens=24, pack_rows=4)[0]
+    seeing.position_ids = torch.arange(24).repeat(len(one), 1)  # each row one long sequence
+    with torch.no_grad():  # two rows of two documents seeing each other: 2.5e-4 of the sum (the
+        # rows' reordering above: 3e-8)
+        assert abs(float(loss(*seeing.args())) - want) > 1e-4 * want
+
+
 def test_pack_tokens_needs_pack_and_room_for_the_longest_document():
     from training.config import lineage
 
@@ -148,3 +210,9 @@ def test_pack_tokens_needs_pack_and_room_for_the_longest_document():
     for bad in ({"pack": False, "compile": True}, {"pack_tokens": prof.max_context - 1}):
         with pytest.raises(ValueError, match="pack_tokens needs pack = true"):
             type(prof).model_validate({**base, **bad})
+
+    with pytest.raises(ValueError, match="pack_rows needs pack_tokens"):
+        type(prof).model_validate({**base, "pack_tokens": None, "pack_rows": 2})
+    with pytest.raises(ValueError, match="pack_rows needs pack_tokens"):
+        type(prof).model_validate({**base, "pack_rows": 0})
+    assert type(prof).model_validate({**base, "pack_rows": 8}).pack_rows == 8

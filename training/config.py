@@ -92,6 +92,7 @@ class Profile(_Strict):
     fused_optimizer: bool = False  # AdamW's fused CUDA kernel instead of the foreach one
     pack: bool = False  # a microbatch's documents in one row (no padding); FlexAttention on CUDA
     pack_tokens: int | None = None  # packed rows of exactly this many tokens, filled first-fit (one shape)
+    pack_rows: int = 1  # that many such rows per forward (the same sum; fewer casts and accumulations)
     score_batch: int = 16  # test/dev cases generated together (left-padded greedy decoding)
     score_dtype: Literal["float32", "bfloat16"] = "float32"  # generation's autocast on CUDA (probes stay FP32)
 
@@ -110,6 +111,8 @@ class Profile(_Strict):
         if self.pack_tokens is not None and (not self.pack or self.pack_tokens < self.max_context):
             raise ValueError("pack_tokens needs pack = true and at least max_context tokens (a row "
                              "must hold the longest document)")
+        if self.pack_rows < 1 or (self.pack_rows > 1 and self.pack_tokens is None):
+            raise ValueError("pack_rows needs pack_tokens (rows of one width to stack) and is at least 1")
         check_pack(self.device, self.pack, self.compile)
         return self
 

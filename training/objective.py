@@ -39,7 +39,7 @@ class Microbatch:
     labels: torch.Tensor  # [T] the target token
     weights: torch.Tensor  # [T] float32, the document's token weight
     weighted_targets: int  # Σ weights, exact
-    position_ids: torch.Tensor | None = None  # [1, L] for a packed row (restarting per document)
+    position_ids: torch.Tensor | None = None  # [b, L] for packed rows (restarting per document)
 
     def args(self) -> tuple:
         """Positional arguments of `WeightedResponseLoss.forward` (also through a DDP wrapper)."""
@@ -64,7 +64,8 @@ def order_for_microbatches(corpus: Corpus, docs: Sequence[int], sort_by_length: 
 
 def make_microbatches(corpus: Corpus, docs: Sequence[int], microbatch: int | None, *,
                       pad_id: int, sort_by_length: bool = True, pad_multiple: int | None = None,
-                      pack: bool = False, pack_tokens: int | None = None) -> list[Microbatch]:
+                      pack: bool = False, pack_tokens: int | None = None,
+                      pack_rows: int = 1) -> list[Microbatch]:
     """Split a local batch into microbatches of at most `microbatch` documents (last may be short),
     padded (`collate`) or packed (`collate_packed`). Packed microbatches keep the assignment order:
     sorting saves no padding there, and it would make the long and short microbatches' rows very
@@ -72,7 +73,9 @@ def make_microbatches(corpus: Corpus, docs: Sequence[int], microbatch: int | Non
 
     With `pack_tokens`, a packed microbatch is instead one row of exactly that many tokens, filled
     first-fit in assignment order (`microbatch` is not used): every row has the same shape, so a
-    compiled step has one graph, and only each row's tail is padding."""
+    compiled step has one graph, and only each row's tail is padding. `pack_rows` puts that many
+    rows in one forward (`group_rows`): the weights' bf16 casts and the FP32 gradient accumulation,
+    paid once per forward, are then paid once per `pack_rows` rows."""
     if pack and pack_tokens:
         rows: list[list[int]] = []
         room: list[int] = []
@@ -87,7 +90,7 @@ def make_microbatches(corpus: Corpus, docs: Sequence[int], microbatch: int | Non
                 i = len(rows) - 1
             rows[i].append(d)
             room[i] -= n
-        return [collate_packed(corpus, r, pad_id=pad_id, pad_multiple=pack_tokens) for r in rows]
+        return [collate_rows(corpus, g, pad_id=pad_id, width=pack_tokens) for g in group_rows(rows, pack_rows)]
     ordered = order_for_microbatches(corpus, docs, sort_by_length and not pack)
     size = microbatch or max(1, len(ordered))
     make = collate_packed if pack else collate
@@ -131,33 +134,55 @@ def collate(corpus: Corpus, docs: Sequence[int], *, pad_id: int, pad_multiple: i
                       cat(weights, np.float32), total)
 
 
+def group_rows(rows: list[list[int]], per_forward: int) -> list[list[list[int]]]:
+    """Full groups of `per_forward` rows in order, then the remainder one row at a time: a compiled
+    step sees two shapes at most (`per_forward` rows and one row), each compiled once, and no
+    forward carries an all-padding row."""
+    if per_forward < 1:
+        raise ValueError(f"pack_rows must be at least 1, not {per_forward}")
+    full = len(rows) // per_forward * per_forward
+    return [rows[i:i + per_forward] for i in range(0, full, per_forward)] + [[r] for r in rows[full:]]
+
+
 def collate_packed(corpus: Corpus, docs: Sequence[int], *, pad_id: int,
                    pad_multiple: int | None = None) -> Microbatch:
     """The documents end to end in one row; `position_ids` restart at 0 for each document, which is
     how Hugging Face's mask builder recognizes packed sequences (no 2-D attention mask) and keeps
     each document's attention inside itself. A padded tail (`pad_multiple`) is one more sequence of
     its own, never a target, so it changes no document's result."""
-    seqs = [corpus.doc(d) for d in docs]
-    n_real = sum(len(s) for s in seqs)
+    n_real = sum(len(corpus.doc(d)) for d in docs)
     width = -(-n_real // pad_multiple) * pad_multiple if pad_multiple else n_real
-    ids = np.full((1, width), pad_id, dtype=np.int64)
-    pos = np.zeros((1, width), dtype=np.int64)
-    cols, labels, weights = [], [], []
-    total, at = 0, 0
-    for d, s in zip(docs, seqs):
-        n, p, lab, wts = _targets(corpus, d, s)
-        ids[0, at:at + n] = s
-        pos[0, at:at + n] = np.arange(n)
-        cols.append(at + np.arange(p - 1, n - 1))
-        labels.append(lab)
-        weights.append(wts)
-        total += int(corpus.weights[d]) * (n - p)
-        at += n
-    pos[0, at:] = np.arange(width - at)
+    return collate_rows(corpus, [list(docs)], pad_id=pad_id, width=width)
+
+
+def collate_rows(corpus: Corpus, rows: Sequence[Sequence[int]], *, pad_id: int, width: int) -> Microbatch:
+    """Packed rows (`collate_packed`'s layout) of one `width`, stacked as a batch: the mask builder
+    finds each row's documents from its own `position_ids`, so no attention crosses a row or a
+    document. The microbatch's documents are the rows' in order."""
+    ids = np.full((len(rows), width), pad_id, dtype=np.int64)
+    pos = np.zeros((len(rows), width), dtype=np.int64)
+    row_of, cols, labels, weights = [], [], [], []
+    total = 0
+    for r, docs in enumerate(rows):
+        at = 0
+        for d in docs:
+            s = corpus.doc(d)
+            n, p, lab, wts = _targets(corpus, d, s)
+            if at + n > width:
+                raise ValueError(f"documents {list(docs)} hold more than a row's {width} tokens")
+            ids[r, at:at + n] = s
+            pos[r, at:at + n] = np.arange(n)
+            cols.append(at + np.arange(p - 1, n - 1))
+            row_of.append(np.full(n - p, r))
+            labels.append(lab)
+            weights.append(wts)
+            total += int(corpus.weights[d]) * (n - p)
+            at += n
+        pos[r, at:] = np.arange(width - at)
     cat = lambda xs, dt: torch.from_numpy(np.concatenate(xs).astype(dt))  # noqa: E731
-    c = cat(cols, np.int64)
-    return Microbatch(list(docs), torch.from_numpy(ids), None, torch.zeros_like(c), c,
-                      cat(labels, np.int64), cat(weights, np.float32), total, torch.from_numpy(pos))
+    return Microbatch([d for docs in rows for d in docs], torch.from_numpy(ids), None,
+                      cat(row_of, np.int64), cat(cols, np.int64), cat(labels, np.int64),
+                      cat(weights, np.float32), total, torch.from_numpy(pos))
 
 
 def packed_attention(device: torch.device) -> str:

@@ -249,7 +249,7 @@ def _spec(arm: Arm, cfg: Resolved, plan: list[list[int]], world: int, rank: int,
         powersgd_rank=arm.powersgd_rank,
         dense_warmup=(prof.dense_warmup or arm.dense_warmup) if arm.kind == "powersgd" else None,
         autocast_dtype=autocast, compile=prof.compile, fused_optimizer=prof.fused_optimizer,
-        pack=prof.pack, pack_tokens=prof.pack_tokens)
+        pack=prof.pack, pack_tokens=prof.pack_tokens, pack_rows=prof.pack_rows)
 
 
 def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_name: str, *,
@@ -357,7 +357,9 @@ def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_n
                     "rng_seed": "generator_seed * 1000003 + rank", "compile": spec.compile,
                     "fused_optimizer": choice["fused_optimizer"], "pack": spec.pack,
                     "pack_tokens": spec.pack_tokens,
-                    # only where it applies: other arms' profiles (and their digests) stay as they were
+                    # only where they apply (rows per forward: where set; the orthogonalization:
+                    # PowerSGD's), so other runs' profiles (and their digests) stay as they were
+                    **({"pack_rows": spec.pack_rows} if spec.pack_rows > 1 else {}),
                     **({"powersgd_orthogonalization": choice["powersgd_orthogonalization"]}
                        if spec.kind == "powersgd" else {})}
     numerics = runtime.numerical_profile(device, dtype=prof.dtype, arm=arm_numerics, attention=choice["attention"])

@@ -57,6 +57,7 @@ class TrainSpec:
     fused_optimizer: bool = False  # AdamW(fused=True) on CUDA
     pack: bool = False  # each microbatch's documents in one row, no padding (same sum)
     pack_tokens: int | None = None  # packed rows of exactly this width, filled first-fit (one graph)
+    pack_rows: int = 1  # such rows per forward (objective.group_rows): the remainder goes one by one
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
 
@@ -258,10 +259,10 @@ class Trainer:
     def _widths(self) -> int:
         """How many microbatch widths (graphs) can occur: padded rows are at most the longest
         document; a packed row holds up to `microbatch` documents (or the whole local batch), or
-        exactly `pack_tokens`."""
+        exactly `pack_tokens` (one row or `pack_rows` rows per forward)."""
         s, longest = self.spec, int(self.corpus.lengths.max())
         if s.pack and s.pack_tokens:
-            return 1
+            return 1 if s.pack_rows == 1 else 2  # `pack_rows` rows, or one (group_rows)
         per_row = (s.microbatch or max(len(s.local_docs(u)) for u in range(s.updates))) if s.pack else 1
         return -(-per_row * longest // pad_multiple(s))
 
@@ -281,7 +282,7 @@ class Trainer:
         s = self.spec
         return make_microbatches(self.corpus, docs, s.microbatch, pad_id=self.pad_id,
                                  sort_by_length=s.sort_by_length, pad_multiple=pad_multiple(s), pack=s.pack,
-                                 pack_tokens=s.pack_tokens)
+                                 pack_tokens=s.pack_tokens, pack_rows=s.pack_rows)
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -422,15 +423,28 @@ class Trainer:
         gradient-ready order after its first backward, and an uninterrupted run reduces (and keeps
         PowerSGD's error feedback) in that layout, so a resumed run must reach it before its first
         reduction."""
-        mb = self._microbatches(self.spec.local_docs(min(self.update, self.spec.updates - 1)))[0]
         self._warming = True
         try:
-            with self._autocast():
-                part = self.engine(*mb.to(self.device).args())
-            part.backward()
+            for mb in self._warm_batches():
+                with self._autocast():
+                    part = self.engine(*mb.to(self.device).args())
+                part.backward()
         finally:
             self._warming = False
         self.optimizer.zero_grad(set_to_none=True)
+
+    def _warm_batches(self) -> list:
+        """The next update's first microbatch and, where forwards take several packed rows
+        (`pack_rows`), a one-row microbatch too: a remainder row is the step's second compiled
+        shape, which would otherwise compile inside some later update's timing."""
+        s = self.spec
+        docs = s.local_docs(min(self.update, s.updates - 1))
+        mbs = self._microbatches(docs)
+        if s.compile and s.pack_tokens and s.pack_rows > 1 and mbs[0].input_ids.shape[0] > 1:
+            one = make_microbatches(self.corpus, docs, s.microbatch, pad_id=self.pad_id, pack=True,
+                                    pack_tokens=s.pack_tokens)[0]
+            return [mbs[0], one]
+        return mbs[:1]
 
     def compile_warm_up(self) -> float:
         """Compile before the timed loop; returns the seconds it took.
