@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import re
 from collections import Counter
 from typing import Any, Literal
 
@@ -23,6 +24,7 @@ from infra.keys import operator_public_key
 
 from evidence.schema import require_ranks
 from infra.prices import HOURS_PER_MONTH, INSTANCE_TYPES, PRICES, price
+from infra.userdata import GUARD_FRACTION
 
 GB = 1e9
 
@@ -39,8 +41,26 @@ class Strict(BaseModel):
 class Host(Strict):
     rank: int = Field(ge=0)
     instance_type: str
-    zone: str  # e.g. us-east-1c
+    # a zone name (us-east-1c) or, better, a zone ID (use1-az4): in us-east-1 and a few other regions a
+    # name maps to a different physical zone in each account, an ID to the same one everywhere
+    zone: str = Field(pattern=r"^[a-z0-9-]{4,32}$")
 
+    @property
+    def zone_is_id(self) -> bool:
+        return bool(re.fullmatch(r"[a-z]+[0-9]+-az[0-9]+", self.zone))
+
+
+_DIRECTIONS = {"east": "e", "west": "w", "north": "n", "south": "s", "central": "c", "southeast": "se",
+               "northeast": "ne", "southwest": "sw", "northwest": "nw"}
+
+
+def zone_id_prefix(region: str) -> str | None:
+    """The AZ-ID prefix AWS uses for a region (us-east-1 → use1, ap-southeast-2 → apse2), or None for a
+    region whose name does not follow the pattern."""
+    m = re.fullmatch(r"([a-z]{2})-([a-z]+)-(\d+)", region)
+    if m is None or m.group(2) not in _DIRECTIONS:
+        return None
+    return f"{m.group(1)}{_DIRECTIONS[m.group(2)]}{m.group(3)}"
 
 
 class Volume(Strict):
@@ -87,6 +107,22 @@ class TrialConfig(Strict):
     hours: float = Field(gt=0)  # the compute the budget pays for; the deadline may not be later
     budget: Budget
     transfer_guard_bytes: float = Field(gt=0)  # per isolated-zone host, receive + transmit
+    # the share of the guard at which the controller stops the group (before the host's own guard and the
+    # alarm stop the host): one number, read by the plan, the controller (through the outputs) and the host
+    guard_fraction: float = Field(GUARD_FRACTION, gt=0, le=1)
+    # what the kernel's counters see beyond the ring's payload (TCP/IP and Ethernet headers, ACKs, NCCL's
+    # own messages): ~0.7 % of a 9001-byte VPC frame plus ACKs; 2 % leaves room for retransmits
+    protocol_overhead: float = Field(0.02, ge=0, le=1)
+    # days the stopped hosts' volumes keep billing after the deadline until `orchestrate down` (EBS bills a
+    # volume while its instance is stopped)
+    stopped_days: float = Field(1.0, ge=0)
+    # how the budget finds the trial's cost: "region" (the account's spend in the region from the day of
+    # `pulumi up` — counts other work too, so it stops early, never late), "tag" (the trial=<name> cost-
+    # allocation tag, which must already be active: activation works only on a key billing has seen, up to
+    # 24 h after first use, and only in a management or standalone account), or "tag-activate" (the
+    # program also activates it — an account where the key is already known)
+    budget_filter: Literal["region", "tag", "tag-activate"] = "region"
+    ami_id: str | None = Field(None, pattern=r"^ami-[0-9a-f]{8,17}$")  # pin the image (else looked up once, then kept)
     parameters: int = Field(ge=1)  # model parameters synchronized by the distributed arms
     arms: list[Arm] = Field(min_length=1)
     evidence_gb: float = Field(50, ge=0)  # what the evidence bucket is expected to hold
@@ -141,9 +177,16 @@ class TrialConfig(Strict):
                                  f"{', '.join(sorted(k.removeprefix('instance/') for k in PRICES if k.startswith('instance/')))}): "
                                  f"add its price and facts to infra/prices.py, or give its hourly price in the stack "
                                  f"(prices: {{instance/{h.instance_type}: USD}})")
+        prefix = zone_id_prefix(self.region)
         for h in self.hosts:
-            if not h.zone.startswith(self.region):
+            if h.zone_is_id and (prefix is None or not h.zone.startswith(f"{prefix}-az")):
+                raise ValueError(f"host {h.rank}'s zone ID {h.zone} is not in region {self.region} (its IDs are "
+                                 f"{prefix or '?'}-az<N>)")
+            if not h.zone_is_id and not h.zone.startswith(self.region):
                 raise ValueError(f"host {h.rank}'s zone {h.zone} is not in region {self.region}")
+        if len({h.zone_is_id for h in self.hosts}) > 1:
+            raise ValueError("give every host's zone as a name (us-east-1c) or every one as an ID (use1-az4), not "
+                             "both: a name and an ID may be the same physical zone, which the traffic model must know")
         if ipaddress.ip_network(self.operator_cidr, strict=False).prefixlen == 0 and not self.allow_ssh_from_anywhere:
             raise ValueError(f"operator_cidr {self.operator_cidr} opens SSH to the whole internet; give your own "
                              "address (x.x.x.x/32) or set allow_ssh_from_anywhere: true knowingly")
@@ -212,7 +255,13 @@ def deadline_problems(cfg: TrialConfig, now: dt.datetime) -> list[str]:
     return []
 
 
-def estimate(cfg: TrialConfig, now: dt.datetime) -> dict[str, Any]:
+def staging_bytes_per_host(cfg: TrialConfig, wheelhouse_bytes: int = 0) -> int:
+    """What staging sends to every host before it trains: the seed (FP32, 4 bytes a parameter) and the
+    wheelhouse. An isolated host's guard counts these bytes too (its counters see every interface)."""
+    return 4 * cfg.parameters + wheelhouse_bytes
+
+
+def estimate(cfg: TrialConfig, now: dt.datetime, *, wheelhouse_bytes: int = 0) -> dict[str, Any]:
     """The table: every line with quantity, unit price and source; totals per reservation; and every
     problem that refuses the plan — the same list for `orchestrate plan`/`estimate` and `pulumi up`."""
     lines: list[dict[str, Any]] = []
@@ -233,6 +282,19 @@ def estimate(cfg: TrialConfig, now: dt.datetime) -> dict[str, Any]:
              n * (v.throughput_mb_s - 125), "ebs/gp3-throughput", months)
     if v.iops > 3000:
         line("storage_other", f"{n} x {v.iops - 3000} gp3 IOPS above 3000", n * (v.iops - 3000), "ebs/gp3-iops", months)
+    # after the deadline the hosts are stopped, not gone: their volumes bill until `orchestrate down`
+    stopped = cfg.stopped_days * 24 / HOURS_PER_MONTH
+    if cfg.stopped_days:
+        line("storage_other", f"stopped: {n} x {v.size_gib} GiB gp3 for {cfg.stopped_days:g} d until down",
+             n * v.size_gib * 2**30 / GB, "ebs/gp3-storage", stopped)
+        if v.throughput_mb_s > 125:
+            line("storage_other", f"stopped: {n} x {v.throughput_mb_s - 125} MB/s above 125 for {cfg.stopped_days:g} d",
+                 n * (v.throughput_mb_s - 125), "ebs/gp3-throughput", stopped)
+        if v.iops > 3000:
+            line("storage_other", f"stopped: {n} x {v.iops - 3000} IOPS above 3000 for {cfg.stopped_days:g} d",
+                 n * (v.iops - 3000), "ebs/gp3-iops", stopped)
+    # an auto-assigned public IPv4 address bills per hour while its host runs (released at stop)
+    line("storage_other", f"{n} public IPv4 addresses x {cfg.hours:g} h", n * cfg.hours, "vpc/public-ipv4")
     line("storage_other", f"evidence bucket, {cfg.evidence_gb:g} GB for a month", cfg.evidence_gb,
          "s3/standard-storage")
     traffic = [arm_traffic(cfg, a) for a in cfg.arms]
@@ -246,19 +308,28 @@ def estimate(cfg: TrialConfig, now: dt.datetime) -> dict[str, Any]:
                 "storage_other": cfg.budget.storage_other_usd}
     isolated = cfg.isolated_ranks()
     per_host = {r: sum(t["host_bytes_rx_plus_tx"] for t in traffic if r < t["world_size"]) for r in isolated}
+    staged = staging_bytes_per_host(cfg, wheelhouse_bytes)
+    # what the host's counters will show: the ring's bytes with protocol overhead, plus staging
+    planned = {r: b * (1 + cfg.protocol_overhead) + staged for r, b in per_host.items()}
+    stop_at = cfg.guard_fraction * cfg.transfer_guard_bytes
     problems = deadline_problems(cfg, now) + key_problems(cfg)
     problems += [f"{c}: ${totals[c]:.2f} estimated > ${reserved[c]:.2f} reserved" for c in totals
                  if totals[c] > reserved[c] + 1e-9]
     if sum(totals.values()) > cfg.budget.total_usd + 1e-9:
         problems.append(f"total: ${sum(totals.values()):.2f} estimated > ${cfg.budget.total_usd:.2f} budget")
-    for r, b in per_host.items():
-        if b > cfg.transfer_guard_bytes:
-            problems.append(f"host {r} (isolated zone) would move {b / 1e12:.3f} TB > the {cfg.transfer_guard_bytes / 1e12:.3f}"
-                            " TB transfer guard: the guard would stop the trial before it ends")
+    for r, b in planned.items():
+        if b > stop_at:
+            problems.append(f"host {r} (isolated zone) would move {b / 1e12:.3f} TB ({per_host[r] / 1e12:.3f} TB of "
+                            f"all-reduce x {1 + cfg.protocol_overhead:g} protocol overhead + {staged / 1e9:.2f} GB "
+                            f"staging) > {cfg.guard_fraction:.0%} of the {cfg.transfer_guard_bytes / 1e12:.3f} TB "
+                            f"transfer guard ({stop_at / 1e12:.3f} TB), where the controller stops the trial: lower "
+                            "the traffic, raise transfer_guard_bytes or guard_fraction")
     return {"lines": lines, "totals_usd": totals, "total_usd": sum(totals.values()), "reserved_usd": reserved,
             "budget_usd": cfg.budget.total_usd, "traffic": traffic, "isolated_ranks": isolated,
-            "isolated_host_bytes": per_host, "transfer_guard_bytes": cfg.transfer_guard_bytes,
-            "problems": problems}
+            "isolated_host_bytes": per_host, "isolated_host_planned_bytes": planned,
+            "staging_bytes_per_host": staged, "protocol_overhead": cfg.protocol_overhead,
+            "transfer_guard_bytes": cfg.transfer_guard_bytes, "guard_fraction": cfg.guard_fraction,
+            "guard_stop_bytes": stop_at, "stopped_days": cfg.stopped_days, "problems": problems}
 
 
 def table(est: dict[str, Any]) -> str:
@@ -274,7 +345,11 @@ def table(est: dict[str, Any]) -> str:
                     f"{t['host_bytes_rx_plus_tx'] / 1e12:.3f} TB rx+tx per host; "
                     f"{t['cross_zone_bytes'] / 1e12:.3f} TB cross-zone over {t['cross_zone_links']} links")
     for r, b in est["isolated_host_bytes"].items():
-        rows.append(f"isolated host {r}: {b / 1e12:.3f} TB rx+tx of a {est['transfer_guard_bytes'] / 1e12:.3f} TB guard")
+        p = est["isolated_host_planned_bytes"][r]
+        rows.append(f"isolated host {r}: {b / 1e12:.3f} TB rx+tx; with {est['protocol_overhead']:.0%} protocol overhead "
+                    f"and {est['staging_bytes_per_host'] / 1e9:.2f} GB staging {p / 1e12:.3f} TB, against the controller's "
+                    f"stop at {est['guard_fraction']:.0%} of the {est['transfer_guard_bytes'] / 1e12:.3f} TB guard = "
+                    f"{est['guard_stop_bytes'] / 1e12:.3f} TB ({p / est['guard_stop_bytes']:.1%} of it)")
     return "\n".join(rows)
 
 

@@ -31,6 +31,8 @@ PRICES: dict[str, Price] = {
     "ebs/gp3-storage": Price(0.08, "GB-month", "AWS EBS pricing, gp3", "2026-11"),
     "ebs/gp3-throughput": Price(0.04, "MBps-month above 125", "AWS EBS pricing, gp3", "2026-11"),
     "ebs/gp3-iops": Price(0.005, "IOPS-month above 3000", "AWS EBS pricing, gp3", "2026-11"),
+    "vpc/public-ipv4": Price(0.005, "hour", "AWS VPC pricing: each public IPv4 address, in use or idle "
+                                            "(since 2024-02-01)", "2026-11"),
     "s3/standard-storage": Price(0.023, "GB-month", "AWS S3 pricing, Standard, first 50 TB", "2026-11"),
 }
 

@@ -4,16 +4,18 @@ before registering anything, then creates, all tagged `trial=<name>`:
   network   a VPC, one public subnet per chosen zone, an internet gateway; a security group whose
             every port accepts only its own members (NCCL, rendezvous) and SSH only from the
             operator's CIDR
-  hosts     one g6e instance per rank in its zone, logged in to with the operator's key (a key
-            pair from the stack's ssh_public_key): deep-learning AMI looked up by filter, IMDSv2
+  hosts     one g6e instance per rank in its zone (a name, or a zone ID: the same physical zone in
+            every account), logged in to with the operator's key (a key pair from the stack's
+            ssh_public_key): the deep-learning AMI pinned (ami_id) or looked up once and then kept, IMDSv2
             required, shutdown = stop, a 300 GiB encrypted gp3 root volume with the same throughput,
             IOPS and read-ahead everywhere, an instance role that may write only the trial's prefix
   guards    an EventBridge Scheduler one-time schedule at the deadline that stops every instance
-            (role allowed ec2:StopInstances on exactly those), the on-host deadline timer; an AWS
-            Budgets budget on the trial's tag notifying an SNS topic at 50/80/100 % actual and 100 %
-            forecast, and a budget action that stops every instance at 100 % actual (its own role);
-            per isolated-zone host, a CloudWatch alarm on NetworkIn + NetworkOut that notifies and
-            stops it, and the on-host cumulative guard (why both: infra/userdata.py)
+            (role allowed ec2:StopInstances on exactly those), the on-host deadline timer; per
+            isolated-zone host, CloudWatch alarms on NetworkIn and NetworkOut that stop it and one on
+            their sum that notifies, and the on-host cumulative guard (why both: infra/userdata.py);
+            last, a late backstop: an AWS Budgets budget (the region's spend, or the trial's tag)
+            notifying an SNS topic at 50/80/100 % actual and 100 % forecast, and a budget action that
+            stops every instance at 100 % actual (its own role)
   evidence  an S3 bucket: versioning, default encryption, public access blocked, owner-enforced,
             TLS only, optional object lock
 
@@ -60,7 +62,9 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = 
                                 routes=[aws.ec2.RouteTableRouteArgs(cidr_block="0.0.0.0/0", gateway_id=igw.id)])
     subnets = {}
     for i, zone in enumerate(sorted({h.zone for h in cfg.hosts})):
-        subnets[zone] = aws.ec2.Subnet(name("subnet", zone), vpc_id=vpc.id, availability_zone=zone,
+        # a zone ID (use1-az4) names the same physical zone in every account; a name may not
+        where = {"availability_zone_id": zone} if cfg.hosts[0].zone_is_id else {"availability_zone": zone}
+        subnets[zone] = aws.ec2.Subnet(name("subnet", zone), vpc_id=vpc.id, **where,
                                        cidr_block=f"10.42.{i}.0/24", map_public_ip_on_launch=True, tags=tags)
         aws.ec2.RouteTableAssociation(name("routes", zone), subnet_id=subnets[zone].id, route_table_id=routes.id)
     sg = aws.ec2.SecurityGroup(name("members"), vpc_id=vpc.id, tags=tags,
@@ -121,9 +125,13 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = 
              "Condition": {"StringLike": {"s3:prefix": [f"{prefix}*"]}}}]})))
     profile = aws.iam.InstanceProfile(name("host"), role=role.name, tags=tags)
 
-    ami = aws.ec2.get_ami(most_recent=True, owners=["amazon"],
-                          filters=[aws.ec2.GetAmiFilterArgs(name="name", values=[cfg.ami_name]),
-                                   aws.ec2.GetAmiFilterArgs(name="architecture", values=["x86_64"])])
+    # the image: pinned in the stack (ami_id), or the newest match at the first `pulumi up`. Either way a
+    # host keeps the image it was created with (ignore_changes below): a new AMI release must never
+    # replace a host, whose disk holds unpreserved evidence. The id is exported to be pinned.
+    ami_id = cfg.ami_id or aws.ec2.get_ami(
+        most_recent=True, owners=["amazon"],
+        filters=[aws.ec2.GetAmiFilterArgs(name="name", values=[cfg.ami_name]),
+                 aws.ec2.GetAmiFilterArgs(name="architecture", values=["x86_64"])]).id
     isolated = set(cfg.isolated_ranks())
     assert cfg.ssh_public_key is not None or teardown  # a missing one is among the problems above
     key = aws.ec2.KeyPair(name("operator"), key_name=name("operator"), public_key=cfg.ssh_public_key or "", tags=tags,
@@ -134,8 +142,8 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = 
     hosts = []
     for h in cfg.by_rank:
         inst = aws.ec2.Instance(
-            name("rank", h.rank), ami=ami.id, instance_type=h.instance_type, subnet_id=subnets[h.zone].id,
-            availability_zone=h.zone, vpc_security_group_ids=[sg.id], iam_instance_profile=profile.name,
+            name("rank", h.rank), ami=ami_id, instance_type=h.instance_type, subnet_id=subnets[h.zone].id,
+            availability_zone=None if h.zone_is_id else h.zone, vpc_security_group_ids=[sg.id], iam_instance_profile=profile.name,
             key_name=key.key_name, instance_initiated_shutdown_behavior="stop",
             metadata_options=aws.ec2.InstanceMetadataOptionsArgs(http_tokens="required", http_endpoint="enabled",
                                                                  http_put_response_hop_limit=1),
@@ -144,11 +152,12 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = 
                 throughput=cfg.volume.throughput_mb_s, delete_on_termination=True, tags={**tags, "rank": str(h.rank)}),
             user_data=user_data(trial=cfg.trial, rank=h.rank, deadline=cfg.deadline,
                                 read_ahead_kib=cfg.volume.read_ahead_kib, login_user=cfg.ssh_user,
-                                transfer_guard_bytes=cfg.transfer_guard_bytes if h.rank in isolated else None),
+                                transfer_guard_bytes=cfg.transfer_guard_bytes if h.rank in isolated else None,
+                                guard_fraction=cfg.guard_fraction),
             # a changed boot script must never replace a host: its disk holds unpreserved evidence
             user_data_replace_on_change=False,
             tags={**tags, "rank": str(h.rank), "Name": name("rank", h.rank), BUCKET_TAG: bucket.bucket},
-            opts=pulumi.ResourceOptions(ignore_changes=["userData"],
+            opts=pulumi.ResourceOptions(ignore_changes=["userData", "ami"],
                                         hooks=pulumi.ResourceHookBinding(before_delete=[refuse_unpreserved])))
         hosts.append((h, inst))
 
@@ -180,17 +189,25 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = 
             arn="arn:aws:scheduler:::aws-sdk:ec2:stopInstances", role_arn=stopper.arn,
             input=ids.apply(lambda i: json.dumps({"InstanceIds": list(i)}))))
 
-    # budget on the trial's tag (the tag is activated for cost allocation here too)
-    # account-wide: another trial's stack may rely on it, so destroying this one leaves it active
-    aws.costexplorer.CostAllocationTag(name("tag"), tag_key="trial", status="Active",
-                                       opts=pulumi.ResourceOptions(retain_on_delete=True))
+    # the budget: a late backstop (AWS Budgets' data is refreshed at least daily, hours behind the spend),
+    # never the trial's bound — the deadline schedule and the transfer guards are. It finds the trial's
+    # cost by region (default) or by the trial tag; activating the tag is opt-in, because activation is
+    # refused for a key billing has not seen yet (up to 24 h after first use) and in an Organization's
+    # member accounts, which would fail the first `pulumi up`
+    if cfg.budget_filter == "tag-activate":
+        # account-wide: another trial's stack may rely on it, so destroying this one leaves it active
+        aws.costexplorer.CostAllocationTag(name("tag"), tag_key="trial", status="Active",
+                                           opts=pulumi.ResourceOptions(retain_on_delete=True))
+    cost_filter = (aws.budgets.BudgetCostFilterArgs(name="Region", values=[cfg.region])
+                   if cfg.budget_filter == "region" else
+                   aws.budgets.BudgetCostFilterArgs(name="TagKeyValue", values=[f"user:trial${cfg.trial}"]))
     notes = [("ACTUAL", 50), ("ACTUAL", 80), ("ACTUAL", 100), ("FORECASTED", 100)]
     budget = aws.budgets.Budget(
         # a monthly budget would reset if the trial crossed a month boundary (the example does): one
         # period from the day of `pulumi up`, long enough that it never resets during a trial
         name("budget"), name=name("budget"), budget_type="COST", limit_amount=f"{cfg.budget.total_usd:.2f}", limit_unit="USD",
         time_unit="ANNUALLY", time_period_start=start.strftime("%Y-%m-%d_00:00"), tags=tags,
-        cost_filters=[aws.budgets.BudgetCostFilterArgs(name="TagKeyValue", values=[f"user:trial${cfg.trial}"])],
+        cost_filters=[cost_filter],
         notifications=[aws.budgets.BudgetNotificationArgs(
             comparison_operator="GREATER_THAN", notification_type=kind, threshold=pct, threshold_type="PERCENTAGE",
             subscriber_sns_topic_arns=[topic.arn],
@@ -219,8 +236,13 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = 
                 action_sub_type="STOP_EC2_INSTANCES", instance_ids=ids, region=cfg.region)),
         subscribers=[aws.budgets.BudgetActionSubscriberArgs(address=topic.arn, subscription_type="SNS")])
 
-    # transfer guard, cloud side: isolated-zone hosts
+    # transfer guard, cloud side: isolated-zone hosts. AWS runs an EC2 stop action only for an alarm on a
+    # per-instance EC2 metric (InstanceId dimension), so the stop sits on two single-metric alarms,
+    # NetworkIn and NetworkOut, each at half the guard per hour: whenever in + out exceeds the guard, one
+    # of them exceeds half of it, so the stop comes no later than a sum would give. The metric-math
+    # alarm on in + out only notifies. All are named <trial>-transfer-<rank>…, which `run` and `status` read
     region = cfg.region
+    stop_action = f"arn:aws:automate:{region}:ec2:stop"
     for h, inst in hosts:
         if h.rank not in isolated:
             continue
@@ -231,16 +253,28 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = 
                 namespace="AWS/EC2", metric_name=metric_name, period=ALARM_PERIOD_S, stat="Sum",
                 dimensions={"InstanceId": inst.id}))
 
+        alarm = f"{transfer_alarm_prefix(cfg.trial)}{h.rank}"
         aws.cloudwatch.MetricAlarm(
-            name("transfer", h.rank), name=f"{transfer_alarm_prefix(cfg.trial)}{h.rank}",
+            name("transfer", h.rank), name=alarm,
             comparison_operator="GreaterThanThreshold", evaluation_periods=1,
             threshold=cfg.transfer_guard_bytes, treat_missing_data="notBreaching", tags=tags,
             alarm_description=f"rank {h.rank} (isolated zone {h.zone}): NetworkIn + NetworkOut over one hour "
-                              f"exceeds the whole {cfg.transfer_guard_bytes:.3g}-byte guard",
+                              f"exceeds the whole {cfg.transfer_guard_bytes:.3g}-byte guard (notifies; the "
+                              f"{alarm}-in/-out alarms stop the host)",
             metric_queries=[metric("rx", "NetworkIn"), metric("tx", "NetworkOut"),
                             aws.cloudwatch.MetricAlarmMetricQueryArgs(id="total", expression="rx + tx",
                                                                       label="bytes in + out", return_data=True)],
-            alarm_actions=[topic.arn, f"arn:aws:automate:{region}:ec2:stop"])
+            alarm_actions=[topic.arn])
+        for short, metric_name in (("in", "NetworkIn"), ("out", "NetworkOut")):
+            aws.cloudwatch.MetricAlarm(
+                name("transfer", h.rank, short), name=f"{alarm}-{short}",
+                comparison_operator="GreaterThanThreshold", evaluation_periods=1,
+                namespace="AWS/EC2", metric_name=metric_name, period=ALARM_PERIOD_S, statistic="Sum",
+                dimensions={"InstanceId": inst.id}, threshold=cfg.transfer_guard_bytes / 2,
+                treat_missing_data="notBreaching", tags=tags,
+                alarm_description=f"rank {h.rank} (isolated zone {h.zone}): {metric_name} over one hour exceeds half "
+                                  f"the {cfg.transfer_guard_bytes:.3g}-byte guard: stops the host",
+                alarm_actions=[topic.arn, stop_action])
 
     outputs = {
         "format": OUTPUTS_FORMAT, "trial": cfg.trial, "region": region,
@@ -248,7 +282,8 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = 
         "host_python": cfg.host_python,
         "bucket": bucket.bucket, "prefix": prefix, "alert_topic": topic.arn,
         "security_group": sg.id,
-        "transfer_guard_bytes": cfg.transfer_guard_bytes, "isolated_ranks": sorted(isolated),
+        "transfer_guard_bytes": cfg.transfer_guard_bytes, "guard_fraction": cfg.guard_fraction,
+        "isolated_ranks": sorted(isolated), "ami": ami_id,
         "budget": cfg.budget.model_dump(exclude={"alert_email"}), "budget_name": name("budget"),
         "estimate": {"total_usd": est["total_usd"], "totals_usd": est["totals_usd"],
                      "traffic": est["traffic"]},

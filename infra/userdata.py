@@ -16,6 +16,13 @@ import datetime as dt
 import shlex
 
 
+GUARD_FRACTION = 0.9
+"""The share of an isolated host's transfer guard at which the controller stops the group (it stops
+ranks by pid and keeps their checkpoints, where the host's own guard at 100 % powers the host off).
+One number: `plan` checks the planned traffic against it, the program exports it to the controller and
+writes it on the host, whose guard logs once when its count passes it."""
+
+
 # Testable as it is: the paths and the stop command can be pointed elsewhere by the environment.
 NETDEV_SUM = r"""awk 'NR>2 {sub(/^[ \t]+/, ""); split($0, f, /[: \t]+/); if (f[1] != "lo") s += f[2] + f[10]}
            END {printf "%.0f", s}'"""
@@ -36,6 +43,11 @@ fi
 echo "$now" > "$state/last"
 total=$(( $(cat "$state/carried") + now ))
 echo "$total" > "$state/total"
+SOFT=${TRIAL_GUARD_SOFT:-0}  # the controller's stop (GUARD_FRACTION of the limit): said once, on the host too
+if [ "$SOFT" -gt 0 ] && [ "$total" -ge "$SOFT" ] && [ ! -e "$state/soft-passed" ]; then
+  logger -t trial-transfer-guard "$total bytes >= $SOFT: past the controller's stop" || true
+  echo "$total" > "$state/soft-passed"
+fi
 if [ "$total" -ge "$LIMIT" ]; then
   logger -t trial-transfer-guard "$total bytes >= $LIMIT: stopping" || true
   ${TRIAL_STOP_COMMAND:-/sbin/shutdown -h now}
@@ -44,7 +56,8 @@ fi
 
 
 def user_data(*, trial: str, rank: int, deadline: dt.datetime, read_ahead_kib: int,
-              transfer_guard_bytes: float | None, login_user: str = "ubuntu", workdir: str = "/opt/trial") -> str:
+              transfer_guard_bytes: float | None, login_user: str = "ubuntu", workdir: str = "/opt/trial",
+              guard_fraction: float = GUARD_FRACTION) -> str:
     when = deadline.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
     sectors = read_ahead_kib * 2  # blockdev counts 512-byte sectors
     lines = [
@@ -70,12 +83,14 @@ def user_data(*, trial: str, rank: int, deadline: dt.datetime, read_ahead_kib: i
         lines += [
             "# cumulative transfer guard: receive + transmit since first boot",
             "cat > /usr/local/sbin/trial-transfer-guard <<'GUARD'",
-            GUARD_SCRIPT.replace("LIMIT=${TRIAL_GUARD_LIMIT:?}", f"LIMIT=${{TRIAL_GUARD_LIMIT:-{limit}}}").rstrip(),
+            GUARD_SCRIPT.replace("LIMIT=${TRIAL_GUARD_LIMIT:?}", f"LIMIT=${{TRIAL_GUARD_LIMIT:-{limit}}}")
+            .replace("SOFT=${TRIAL_GUARD_SOFT:-0}", f"SOFT=${{TRIAL_GUARD_SOFT:-{int(limit * guard_fraction)}}}").rstrip(),
             "GUARD",
             "chmod 755 /usr/local/sbin/trial-transfer-guard",
             *_unit("trial-transfer-guard", "/usr/local/sbin/trial-transfer-guard",
                    "OnBootSec=15s\\nOnUnitActiveSec=15s\\nAccuracySec=1s"),
             f"echo {limit} > /var/lib/trial-guard/limit",
+            f"echo {guard_fraction!r} > /var/lib/trial-guard/fraction",
         ]
     return "\n".join(lines) + "\n"
 

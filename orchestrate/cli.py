@@ -206,17 +206,17 @@ def _load_cluster(path: Optional[Path]):
     if desc.budget_name:  # the cloud's own account of the spend: a spent budget starts nothing
         from botocore.exceptions import BotoCoreError, ClientError
 
-        from orchestrate.cloud import cluster_budget
+        from orchestrate.cloud import budget_note, cluster_budget
 
         try:
             b = cluster_budget(desc)
         except (BotoCoreError, ClientError) as e:
             raise ClusterError(f"cannot read the trial's budget {desc.budget_name}: {e}") from None
+        # a spent budget starts nothing; an unspent one proves little: its figure is hours old
         if b["actual_usd"] >= b["limit_usd"]:
             raise ClusterError(f"the trial's budget {desc.budget_name} is spent (${b['actual_usd']:.2f} of "
-                               f"${b['limit_usd']:.2f}); nothing starts")
-        say("budget", f"{desc.budget_name}: ${b['actual_usd']:.2f} of ${b['limit_usd']:.2f} spent "
-            f"(forecast ${b['forecast_usd']:.2f})")
+                               f"${b['limit_usd']:.2f}); nothing starts ({budget_note(b)})")
+        say("budget", f"{desc.budget_name}: {budget_note(b)}")
     say("cluster", f"{path}: {desc.source}, {len(desc.hosts)} host(s)"
         + (f", deadline {desc.deadline.isoformat()}" if desc.deadline else ""))
     return desc
@@ -551,6 +551,9 @@ def up(local: bool = typer.Option(False, "--local", help="the embedded local clu
                                                            "console output)"),
        boot_wait: float = typer.Option(900, help="--stack/--pulumi-outputs: seconds to wait for booting instances to "
                                                  "print their host keys"),
+       addresses: str = typer.Option("cloud", help="--stack/--pulumi-outputs: 'cloud' reads each host's current "
+                                                   "addresses from EC2 (a stop/start gives new public ones); "
+                                                   "'outputs' takes the stack outputs' as they are"),
        store: Optional[str] = typer.Option(None, help="--local: evidence store (default file://trials/store)"),
        out: Path = typer.Option(Path("cluster.json"), help="where to write the description")) -> None:
     """Write cluster.json: the embedded local cluster, or a Pulumi stack's hosts from its outputs
@@ -583,6 +586,21 @@ def up(local: bool = typer.Option(False, "--local", help="the embedded local clu
                 raise ClusterError(str(e)) from None
             except (OSError, ValueError, AttributeError) as e:
                 raise ClusterError(f"cannot read {host_keys or pulumi_outputs}: {e}") from None
+            if addresses not in ("cloud", "outputs"):
+                raise ClusterError(f"--addresses {addresses!r}: give 'cloud' or 'outputs'")
+            if addresses == "cloud":  # the outputs' addresses are those of `pulumi up`, gone after a stop
+                import boto3
+
+                from orchestrate.cloud import current_addresses, with_current_addresses
+
+                try:
+                    parsed = parse_outputs(text)
+                except OutputsError as e:
+                    raise ClusterError(str(e)) from None
+                now = current_addresses(boto3.Session(region_name=parsed.region), [h.instance_id for h in parsed.hosts])
+                text = json.dumps(with_current_addresses(json.loads(text), now))
+                say("cluster", "addresses as EC2 reports them now: " + ", ".join(
+                    f"rank {h.rank} {now[h.instance_id]['public_ip']}" for h in parsed.hosts))
             if keys is None:  # from the consoles, where cloud-init printed them at first boot
                 import boto3
 
@@ -608,7 +626,7 @@ def up(local: bool = typer.Option(False, "--local", help="the embedded local clu
         say("error:", str(e), style="bold red")                                           # or a key's refusal
         raise typer.Exit(2)
     except aws_errors as e:
-        say("error:", f"reading the instances' consoles failed: {e}", style="bold red")
+        say("error:", f"reading the instances (addresses, consoles) failed: {e}", style="bold red")
         raise typer.Exit(1)
     say("cluster", f"{desc.source}: {len(desc.hosts)} host(s), store {desc.store} → {out}")
 
@@ -690,7 +708,8 @@ def _stack_config(stack: Path):
 @app.command()
 def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-four"),
          stack: Path = typer.Option(Path("Pulumi.dev.yaml"), help="a Pulumi stack config file"),
-         quota: bool = typer.Option(True, help="read the account's G/VT vCPU quota (needs AWS credentials)"),
+         quota: bool = typer.Option(True, help="read the account's G/VT vCPU quota and the zones' instance-type "
+                                               "offerings (needs AWS credentials); --no-quota: no AWS reads"),
          wheelhouse: Optional[Path] = typer.Option(None, help="the wheelhouse staging will upload (its size counts)"),
          uplink_mbps: float = typer.Option(100.0, min=0.001, max=1e6,
                                            help="this machine's upload rate, Mbit/s, for the staging time"),
@@ -718,27 +737,42 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
         say("error:", f"{stack} plans no arm '{arm}' (it plans: "
             f"{', '.join(a.name for a in cfg.arms)})", style="bold red")
         raise typer.Exit(2)
-    est = run_estimate(cfg.model_copy(update={"arms": arms}), _now())
-    problems = list(est["problems"])
     if wheelhouse is not None and not wheelhouse.is_dir():
         say("error:", f"--wheelhouse {wheelhouse} is not a directory", style="bold red")
         raise typer.Exit(2)
     staging = staging_upload(cfg, wheelhouse, uplink_mbps)
+    # the isolated host's counters see staging too: the guard check counts it
+    est = run_estimate(cfg.model_copy(update={"arms": arms}), _now(), wheelhouse_bytes=staging["wheelhouse_bytes"])
+    problems = list(est["problems"])
     if staging["hours"] > cfg.hours:
         problems.append(f"staging sends {staging['bytes'] / 1e9:,.2f} GB from this machine: {staging['hours']:.2f} h at "
                         f"{uplink_mbps:g} Mbit/s, more than the {cfg.hours:g} h paid for")
     need = sum(int(INSTANCE_TYPES.get(h.instance_type, {}).get("vcpus") or 0) for h in cfg.hosts)
     vcpu: dict = {"hosts_vcpus": need, "quota": None, "note": None}
+    zones: dict = {"checked": False, "note": "not checked (--no-quota: no AWS reads)"}
     if quota:
         import boto3
         from botocore.exceptions import BotoCoreError, ClientError
 
-        from orchestrate.cloud import G_VT_VCPU_QUOTA, read_vcpu_quota
+        from orchestrate.cloud import G_VT_VCPU_QUOTA, read_vcpu_quota, zone_offerings
 
+        session = boto3.Session(region_name=cfg.region)
         try:
-            vcpu["quota"] = read_vcpu_quota(boto3.Session(region_name=cfg.region))
+            vcpu["quota"] = read_vcpu_quota(session)
         except (BotoCoreError, ClientError) as e:
             vcpu["note"] = f"quota not readable: {e}"
+        try:  # zone names differ between accounts; a zone may not offer the type at all
+            by_id = cfg.hosts[0].zone_is_id
+            zones = {"checked": True, "by_id": by_id, **zone_offerings(
+                session, sorted({h.zone for h in cfg.hosts}), sorted({h.instance_type for h in cfg.hosts}), by_id=by_id)}
+            for h in cfg.by_rank:
+                if h.instance_type not in zones["zones"][h.zone]:
+                    problems.append(f"host {h.rank}'s zone {h.zone} does not offer {h.instance_type} in this account "
+                                    f"(offered in: {', '.join(zones['offered_in'].get(h.instance_type, [])) or 'none'} "
+                                    f"of {cfg.region}): choose one of those, as a zone ID (use1-az4), which names the "
+                                    "same physical zone in every account")
+        except (BotoCoreError, ClientError) as e:
+            zones = {"checked": False, "note": f"not checked (offerings not readable: {e})"}
         if vcpu["quota"] is not None and need > vcpu["quota"]:
             problems.append(f"the hosts need {need} G/VT vCPUs; the account's quota in {cfg.region} is "
                             f"{vcpu['quota']:g} (Service Quotas {G_VT_VCPU_QUOTA[1]}): ask for more before `pulumi up`")
@@ -749,7 +783,7 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
     if as_json:
         print(json.dumps({**est, "arm": arm, "experiment": exp.name, "hours": cfg.hours,
                           "deadline": cfg.deadline and cfg.deadline.isoformat(), "vcpu": vcpu,
-                          "placement": placed, "staging": staging, "problems": problems}, indent=1))
+                          "placement": placed, "staging": staging, "zones": zones, "problems": problems}, indent=1))
         raise typer.Exit(1 if problems else 0)
     t = Table(title=f"{arm} ({exp.name}) on {len(cfg.hosts)} host(s) in {cfg.region}, {cfg.hours:g} h, "
                     f"deadline {cfg.deadline.isoformat() if cfg.deadline else 'not set'}")
@@ -778,8 +812,24 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
           + ("" if wheelhouse else " (not given: --wheelhouse)") + f") = {staging['bytes'] / 1e9:,.2f} GB leave this "
           f"machine: {staging['hours']:.2f} h at {uplink_mbps:g} Mbit/s (--uplink-mbps), "
           f"{staging['hours'] / cfg.hours:.0%} of the {cfg.hours:g} h paid for")
-    print(f"stops: the cloud schedule at the deadline (first bound); the budget action at 100 % of "
-          f"${cfg.budget.total_usd:g} actual spend, which AWS Budgets sees hours late (a backstop, not a bound)")
+    if zones["checked"]:
+        print("zones: " + "; ".join(
+            f"{z}{'' if zones['by_id'] else ' (' + zones['zone_ids'].get(z, '?') + ' in this account)'} offers "
+            f"{', '.join(t) or 'none of the types'}" for z, t in zones["zones"].items()))
+    else:
+        print(f"zones: {zones['note']}; `pulumi up` fails at the first host whose zone lacks its type")
+    print(f"transfer guard: the controller stops a group at {cfg.guard_fraction:.0%} (guard_fraction, the same number on "
+          f"the hosts) of each isolated host's {cfg.transfer_guard_bytes / 1e12:.3f} TB; the host's own guard and its "
+          "NetworkIn/NetworkOut alarms stop it at 100 %")
+    per_day = sum(ln["usd"] for ln in est["lines"] if ln["item"].startswith("stopped:")) / (cfg.stopped_days or 1)
+    left = est["reserved_usd"]["storage_other"] - est["totals_usd"]["storage_other"]
+    print(f"stopped volumes: ${per_day:.2f} a day after the deadline until `orchestrate down` ({cfg.stopped_days:g} d "
+          f"counted, stopped_days); the storage reservation has ${left:.2f} left" +
+          (f", {left / per_day:.1f} more days" if per_day and left > 0 else ""))
+    print(f"stops: the cloud schedule at the deadline and the transfer guards are the bounds. The budget "
+          f"(${cfg.budget.total_usd:g}, {'the region' if cfg.budget_filter == 'region' else 'the trial tag'}'s spend) "
+          "and its stop action are a late backstop: AWS Budgets sees costs hours late (its data is refreshed at "
+          f"least daily), so a {cfg.hours:g}-h trial's spend may not show in it before the deadline")
     for p in problems:
         say("does not fit:", p, style="bold red")
     raise typer.Exit(1 if problems else 0)
@@ -826,6 +876,7 @@ def status(cluster: Path = typer.Option(Path("cluster.json"), help="the trial's 
     from rich.table import Table
 
     from orchestrate.cluster import ClusterError, load
+    from orchestrate.cloud import budget_note
     from orchestrate.status import trial_status
 
     try:
@@ -844,8 +895,7 @@ def status(cluster: Path = typer.Option(Path("cluster.json"), help="the trial's 
         else f"{st['deadline']} (PASSED)")
         + "; spend " + ("— (no AWS budget: embedded or test cluster)" if spend is None
         else f"unknown ({spend['error']})" if "error" in spend
-        else f"${spend['actual_usd']:.2f} of ${spend['limit_usd']:.2f} "
-        f"(forecast ${spend['forecast_usd']:.2f})"))
+        else budget_note(spend)))
     tb = Table()
     for col in ("rank", "host", "zone", "state", "arm", "update", "heartbeat age", "rx+tx", "of guard"):
         tb.add_column(col, justify="right")
@@ -856,6 +906,8 @@ def status(cluster: Path = typer.Option(Path("cluster.json"), help="the trial's 
                    "—" if h.get("bytes_rx_tx") is None else f"{h['bytes_rx_tx'] / 1e9:,.3f} GB",
                    f"{h['guard_fraction']:.1%}" if "guard_fraction" in h else "—")
     con.print(tb)
+    for w in st.get("addresses") or []:
+        say("warning:", w, style="bold yellow")
     alerts = st.get("alerts")
     if alerts is not None and "error" in alerts:
         say("alerts:", f"unknown ({alerts['error']})", style="bold yellow")

@@ -42,6 +42,35 @@ def trial_instances(session: Any, trial: str) -> list[dict[str, Any]]:
     return sorted(out, key=lambda x: (x["rank"] is None, x["rank"], x["instance_id"]))
 
 
+def current_addresses(session: Any, instance_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """Each instance's state and addresses as EC2 reports them now. An auto-assigned public IPv4 address
+    is released when its instance stops and a new one is given at start, so the addresses in the stack's
+    outputs (read at `pulumi up`) are stale after any stop/start — a deadline or guard stop included."""
+    out: dict[str, dict[str, Any]] = {}
+    for page in session.client("ec2").get_paginator("describe_instances").paginate(InstanceIds=list(instance_ids)):
+        for res in page["Reservations"]:
+            for i in res["Instances"]:
+                out[i["InstanceId"]] = {"state": i["State"]["Name"], "public_ip": i.get("PublicIpAddress"),
+                                        "private_ip": i.get("PrivateIpAddress")}
+    return out
+
+
+def with_current_addresses(outputs: dict[str, Any], current: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The stack's outputs with each host's addresses as EC2 reports them now; refuses, naming each, a host
+    that is missing or not running (a stopped host has no public address to reach it by)."""
+    hosts, down = [], []
+    for h in outputs["hosts"]:
+        now = current.get(h["instance_id"])
+        if now is None or now["state"] != "running":
+            down.append(f"rank {h['rank']} ({h['instance_id']}: {'not found' if now is None else now['state']})")
+            continue
+        hosts.append({**h, "public_ip": now["public_ip"], "private_ip": now["private_ip"] or h["private_ip"]})
+    if down:
+        raise ValueError(f"not running: {', '.join(down)}; start them (`aws ec2 start-instances --instance-ids ...`: "
+                         "they come back with new public addresses) and run `orchestrate up` again")
+    return {**outputs, "hosts": hosts}
+
+
 def stop_trial(session: Any, trial: str, *, wait: bool = True, delay_s: int = 5, attempts: int = 60) -> list[str]:
     """Stop every live instance of the trial (stopped hosts keep their disks: evidence survives);
     with `wait`, return only once EC2 reports them stopped."""
@@ -109,10 +138,34 @@ def read_budget(session: Any, account_id: str, name: str) -> dict[str, Any]:
     budget = b.describe_budget(AccountId=account_id, BudgetName=name)["Budget"]
     notes = b.describe_notifications_for_budget(AccountId=account_id, BudgetName=name)["Notifications"]
     spend = budget.get("CalculatedSpend", {})
+    updated = budget.get("LastUpdatedTime")
     return {"name": name, "limit_usd": float(budget["BudgetLimit"]["Amount"]),
             "actual_usd": float(spend.get("ActualSpend", {}).get("Amount", 0.0)),
             "forecast_usd": float(spend.get("ForecastedSpend", {}).get("Amount", 0.0)),
+            "updated_at": updated.isoformat() if hasattr(updated, "isoformat") else updated,
             "notifications": sorted((n["NotificationType"], float(n["Threshold"])) for n in notes)}
+
+
+BUDGET_LAG = ("AWS Budgets' figure, which lags the spend by hours (its data is refreshed at least daily): "
+              "the deadline and the transfer guards bound the trial, not this")
+
+
+def budget_note(b: dict[str, Any], now: Any = None) -> str:
+    """The budget's spend as a sentence that says how old it may be: a trial of a few hours can be over
+    before AWS Budgets sees any of its cost, so `run` and `status` never present it as current."""
+    import datetime as dt
+
+    now = now or dt.datetime.now(dt.timezone.utc)
+    age = ""
+    if b.get("updated_at"):
+        try:
+            t = dt.datetime.fromisoformat(str(b["updated_at"]))
+            t = t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)
+            age = f", last updated {t:%Y-%m-%d %H:%M} UTC ({(now - t).total_seconds() / 3600:,.1f} h ago)"
+        except ValueError:
+            age = f", last updated {b['updated_at']}"
+    return (f"${b['actual_usd']:.2f} of ${b['limit_usd']:.2f} (forecast ${b['forecast_usd']:.2f}){age} — "
+            + BUDGET_LAG)
 
 
 def cluster_budget(cluster: Any, session: Any = None) -> dict[str, Any]:
@@ -200,6 +253,22 @@ def read_vcpu_quota(session: Any) -> float:
     q = session.client("service-quotas").get_service_quota(ServiceCode=G_VT_VCPU_QUOTA[0],
                                                            QuotaCode=G_VT_VCPU_QUOTA[1])
     return float(q["Quota"]["Value"])
+
+
+def zone_offerings(session: Any, zones: list[str], instance_types: list[str], *, by_id: bool) -> dict[str, Any]:
+    """Which of `instance_types` EC2 offers in each of `zones` (names or IDs, by `by_id`) in the session's
+    region, where else each type is offered, and this account's name → ID map: zone names differ between
+    accounts, and a type may be missing from a zone a config names."""
+    ec2 = session.client("ec2")
+    where: dict[str, set[str]] = {t: set() for t in instance_types}
+    for page in ec2.get_paginator("describe_instance_type_offerings").paginate(
+            LocationType="availability-zone-id" if by_id else "availability-zone",
+            Filters=[{"Name": "instance-type", "Values": list(instance_types)}]):
+        for o in page["InstanceTypeOfferings"]:
+            where.setdefault(o["InstanceType"], set()).add(o["Location"])
+    ids = {z["ZoneName"]: z["ZoneId"] for z in ec2.describe_availability_zones()["AvailabilityZones"]}
+    return {"zones": {z: sorted(t for t in instance_types if z in where[t]) for z in zones},
+            "offered_in": {t: sorted(v) for t, v in where.items()}, "zone_ids": ids}
 
 
 def account_id(session: Any) -> str:

@@ -62,6 +62,7 @@ class Cluster(BaseModel):
     region: str | None = None
     trial: str | None = None
     transfer_guard_bytes: float | None = Field(None, gt=0)  # per guarded host, rx + tx (the cloud alarm's)
+    guard_fraction: float | None = Field(None, gt=0, le=1)  # the controller stops there (the stack's; default 0.9)
     guarded_ranks: list[int] = []  # hosts in an isolated zone, whose traffic is billed and guarded
     budget_name: str | None = None  # the AWS Budgets budget that tracks the trial's spend
     alert_topic: str | None = None  # the SNS topic the budget and the transfer alarms notify
@@ -137,6 +138,7 @@ def pulumi_cluster(outputs: str | dict, *, key_file: str, host_keys: dict[int, s
         return Cluster(source="pulumi", key_file=key_file, store=f"s3://{out.bucket}/{out.prefix}",
                        deadline=out.deadline, region=out.region, trial=out.trial,
                        transfer_guard_bytes=out.transfer_guard_bytes, guarded_ranks=out.isolated_ranks,
+                       guard_fraction=out.guard_fraction,
                        budget_name=out.budget_name, budget_usd=out.budget.get("total_usd") if out.budget else None,
                        alert_topic=out.alert_topic,
                        hosts=[

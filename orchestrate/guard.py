@@ -6,7 +6,8 @@ rank's work since the last group checkpoint and leaves the group hanging. The co
 stops the group itself first — every rank by pid, SIGTERM then SIGKILL, no restart — when
 
   - the deadline is less than `margin_s` away (default 10 minutes), or
-  - a guarded host has moved more than `fraction` (default 90 %) of the transfer guard, counted as
+  - a guarded host has moved more than `fraction` (the stack's guard_fraction; default
+    infra.userdata.GUARD_FRACTION, the number `plan` checks against) of the transfer guard, counted as
     the host's own guard counts (`COUNTERS`).
 
 Work since the last group checkpoint is lost as with any stop; the logs are on the controller and
@@ -23,7 +24,7 @@ import threading
 import time
 from typing import Callable
 
-from infra.userdata import NETDEV_SUM
+from infra.userdata import GUARD_FRACTION, NETDEV_SUM
 
 COUNTERS = ("echo $(( $(cat /var/lib/trial-guard/carried 2>/dev/null || echo 0) + $("
             + NETDEV_SUM + " /proc/net/dev) ))")
@@ -77,7 +78,7 @@ class Polled:
 class Guard:
     def __init__(self, *, deadline: dt.datetime | None = None, margin_s: float = 600.0,
                  counters: dict[str, Callable[[], int | None]] | None = None, limit_bytes: float | None = None,
-                 fraction: float = 0.9, clock: Callable[[], float] = time.time):
+                 fraction: float = GUARD_FRACTION, clock: Callable[[], float] = time.time):
         """`counters`: name → a reader of that host's bytes that returns at once (a `Polled`): the
         supervision loop asks the guard between polls of its ranks."""
         if deadline is not None and deadline.tzinfo is None:

@@ -65,6 +65,23 @@ def rank_state(arms: list[dict[str, Any]]) -> dict[str, Any]:
     return {**pick, "state": state}
 
 
+def address_warnings(cluster: Cluster, now: dict[int | None, dict[str, Any]]) -> list[str]:
+    """Where cluster.json no longer reaches a host: its instance is gone or stopped, or EC2 now gives it
+    another public address than the one written at `orchestrate up`."""
+    out = []
+    for h in cluster.by_rank:
+        i = now.get(h.rank)
+        if i is None:
+            out.append(f"rank {h.rank}: no instance tagged trial={cluster.trial}, rank={h.rank}")
+        elif i["state"] != "running":
+            out.append(f"rank {h.rank} ({i['instance_id']}) is {i['state']}: its public address is released; after "
+                       "a start, run `orchestrate up` again for the new one")
+        elif i["public_ip"] != h.address:
+            out.append(f"rank {h.rank} ({i['instance_id']}) is now at {i['public_ip']}, cluster.json says {h.address}: "
+                       "run `orchestrate up` again")
+    return out
+
+
 def trial_status(cluster: Cluster, home: Path | None, *, session: Any = None,
                  now: dt.datetime | None = None) -> dict[str, Any]:
     now = now or dt.datetime.now(dt.timezone.utc)
@@ -111,6 +128,19 @@ def trial_status(cluster: Cluster, home: Path | None, *, session: Any = None,
             out["spend"] = cluster_budget(cluster, session)
         except Exception as e:  # noqa: BLE001 — spend is reported as unknown, never guessed
             out["spend"] = {"error": str(e)[:300]}
+    out["addresses"] = None
+    if cluster.source == "pulumi" and cluster.trial:  # a stop/start gives a host a new public address
+        from orchestrate.cloud import trial_instances
+
+        try:
+            if session is None:
+                import boto3
+
+                session = boto3.Session(region_name=cluster.region)
+            now = {i["rank"]: i for i in trial_instances(session, cluster.trial)}
+            out["addresses"] = address_warnings(cluster, now)
+        except Exception as e:  # noqa: BLE001 — unknown, never assumed current
+            out["addresses"] = [f"the hosts' current addresses are unknown ({str(e)[:200]})"]
     out["alerts"] = None
     if cluster.alert_topic or (cluster.trial and cluster.guarded_ranks):
         from orchestrate.cloud import trial_alerts

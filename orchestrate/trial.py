@@ -132,7 +132,8 @@ class RemotePlacement:
         # read in threads, the supervisor only looks at the latest (guarded ranks need a transfer guard)
         self.polled = [Polled(host_bytes(gt), name=self.hosts[r].name) for r, gt in zip(c.guarded_ranks, self.guard_ts)]
         counters = {self.hosts[r].name: read for r, read in zip(c.guarded_ranks, self.polled)}
-        return Guard(deadline=c.deadline, counters=counters, limit_bytes=c.transfer_guard_bytes)
+        kw = {} if c.guard_fraction is None else {"fraction": c.guard_fraction}  # else the shared default
+        return Guard(deadline=c.deadline, counters=counters, limit_bytes=c.transfer_guard_bytes, **kw)
 
     # -- staging -------------------------------------------------------------------------------
     def _stage(self) -> None:

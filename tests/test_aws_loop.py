@@ -157,7 +157,8 @@ def test_the_aws_loop_in_emulation(cloud, tiny_seed, tmp_path):
 
         # up: the cluster from the saved outputs
         r = run_cli("-m", "orchestrate", "up", "--pulumi-outputs", str(tmp_path / "outputs.json"), "--key-file",
-                    str(hs.client_key), "--host-keys", str(tmp_path / "keys.json"), "--out", str(tmp_path / "cluster.json"))
+                    str(hs.client_key), "--host-keys", str(tmp_path / "keys.json"), "--out", str(tmp_path / "cluster.json"),
+                    "--addresses", "outputs")  # the namespace hosts' addresses, not moto's made-up ones
         assert r.returncode == 0, said(r)
         cluster = json.loads((tmp_path / "cluster.json").read_text())
         assert cluster["store"] == f"s3://aws-loop-evidence/trials/{TRIAL}/" and cluster["alert_topic"] == topic

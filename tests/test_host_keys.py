@@ -211,3 +211,48 @@ def test_up_from_a_stack_name_without_the_pulumi_cli_says_how_to_go_on(tmp_path)
     r = run_cli("-m", "orchestrate", "up", "--stack", "dev", "--local", "--out", str(tmp_path / "cluster.json"))
     assert r.returncode == 2 and "pass exactly one of --local, --stack and --pulumi-outputs" in " ".join(r.stderr.split())
     assert not (tmp_path / "cluster.json").exists()
+
+
+def test_up_and_status_read_the_addresses_ec2_gives_now(aws, tmp_path):
+    """An auto-assigned public IPv4 address is released at stop and a new one given at start (moto does
+    the same): `up` builds cluster.json from the addresses EC2 reports now, refuses a stopped host by
+    name, and `status` says when cluster.json no longer reaches a host."""
+    from orchestrate.cluster import load
+    from orchestrate.status import address_warnings
+
+    ec2 = aws.client("ec2")
+    ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    ids = [ec2.run_instances(ImageId=ami, InstanceType="g6e.xlarge", MinCount=1, MaxCount=1, TagSpecifications=[
+        {"ResourceType": "instance", "Tags": [{"Key": "trial", "Value": "keys-test"}, {"Key": "rank", "Value": str(r)}]}])
+        ["Instances"][0]["InstanceId"] for r in range(2)]
+
+    def public(i: str) -> str | None:
+        return ec2.describe_instances(InstanceIds=[i])["Reservations"][0]["Instances"][0].get("PublicIpAddress")
+
+    at_up = [public(i) for i in ids]  # what `pulumi up` recorded in the outputs
+    out = tmp_path / "outputs.json"
+    out.write_text(json.dumps(outputs([{"rank": r, "instance_id": i, "instance_type": "g6e.xlarge", "zone": "us-east-1c",
+                                        "private_ip": f"10.42.0.{10 + r}", "public_ip": at_up[r]}
+                                       for r, i in enumerate(ids)])))
+    ec2.stop_instances(InstanceIds=[ids[1]])  # a deadline or guard stop ...
+    (tmp_path / "key").write_text("unused")
+    (tmp_path / "keys.json").write_text(json.dumps({"0": ED, "1": ECDSA}))
+    up = ("-m", "orchestrate", "up", "--pulumi-outputs", str(out), "--key-file", str(tmp_path / "key"),
+          "--host-keys", str(tmp_path / "keys.json"), "--out", str(tmp_path / "cluster.json"))
+    r = run_cli(*up)
+    said = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode == 2 and f"not running: rank 1 ({ids[1]}: stopped)" in said, said
+    ec2.start_instances(InstanceIds=[ids[1]])  # ... and a start: a new public address
+    assert public(ids[1]) != at_up[1]
+    r = run_cli(*up)
+    assert r.returncode == 0, r.stdout + r.stderr
+    c = load(tmp_path / "cluster.json")
+    assert [h.address for h in c.by_rank] == [at_up[0], public(ids[1])]
+    # the outputs' addresses, as before: stale now, and `status` says so, by rank
+    r = run_cli(*up, "--addresses", "outputs")
+    stale = load(tmp_path / "cluster.json")
+    assert r.returncode == 0 and stale.by_rank[1].address == at_up[1]
+    now = {r: {"instance_id": i, "state": "running", "public_ip": public(i)} for r, i in enumerate(ids)}
+    assert address_warnings(stale, now) == [f"rank 1 ({ids[1]}) is now at {public(ids[1])}, cluster.json says "
+                                            f"{at_up[1]}: run `orchestrate up` again"]
+    assert address_warnings(c, now) == []

@@ -190,13 +190,25 @@ def test_budget_and_notifications(program):
     assert i["name"] == "ltw-four-budget"  # a fixed name: `orchestrate status` reads its spend
     # one period from the day of `pulumi up`: this trial crosses a month boundary and must not reset
     assert (i["timeUnit"], i["timePeriodStart"]) == ("ANNUALLY", "2026-11-30_00:00")
-    assert i["costFilters"] == [{"name": "TagKeyValue", "values": ["user:trial$ltw-four"]}]
+    assert i["costFilters"] == [{"name": "Region", "values": ["us-east-1"]}]  # no tag needed: see below
     (topic,) = mocks.of("aws:sns/topic:Topic")
     got = sorted((n["notificationType"], n["threshold"]) for n in i["notifications"])
     assert got == [("ACTUAL", 50), ("ACTUAL", 80), ("ACTUAL", 100), ("FORECASTED", 100)]
     assert all(n["subscriberSnsTopicArns"] == [f"arn:aws:mock:::{topic.name}"] for n in i["notifications"])
-    (tag,) = mocks.of("aws:costexplorer/costAllocationTag:CostAllocationTag")
-    assert (tag.inputs["tagKey"], tag.inputs["status"]) == ("trial", "Active")
+
+
+def test_the_first_up_needs_no_cost_allocation_tag(program):
+    """Activating a tag key billing has not seen (up to 24 h after first use), or in an Organization's
+    member account, is refused: the first `pulumi up` must not depend on it. By default the budget counts
+    the region's spend (over-counting: it stops early, never late); the tag is opt-in."""
+    mocks, _ = program
+    assert mocks.of("aws:costexplorer/costAllocationTag:CostAllocationTag") == []
+    for choice, activated in (("tag", False), ("tag-activate", True)):
+        m, _ = run_program(study(budget_filter=choice))
+        (b,) = m.of("aws:budgets/budget:Budget")
+        assert b.inputs["costFilters"] == [{"name": "TagKeyValue", "values": ["user:trial$ltw-four"]}]
+        tags = m.of("aws:costexplorer/costAllocationTag:CostAllocationTag")
+        assert [(t.inputs["tagKey"], t.inputs["status"]) for t in tags] == ([("trial", "Active")] if activated else [])
 
 
 def test_the_budget_stops_the_hosts_at_its_limit(program):
@@ -228,18 +240,25 @@ def test_the_budget_stops_the_hosts_at_its_limit(program):
                                                   "ec2:DescribeInstanceStatus"}  # nothing else
 
 
-def test_transfer_alarm_on_isolated_host(program):
+def test_transfer_stop_rides_on_single_metric_alarms(program):
+    """AWS runs an EC2 stop action only for alarms on a per-instance EC2 metric: the stop sits on one
+    NetworkIn and one NetworkOut alarm (half the guard each: in + out > guard ⇒ one of them > half); the
+    metric-math alarm on in + out only notifies. Every name keeps the prefix `run` and `status` read."""
     mocks, _ = program
-    (alarm,) = mocks.of("aws:cloudwatch/metricAlarm:MetricAlarm")
-    a = alarm.inputs
-    assert alarm.name == "ltw-four-transfer-3" and a["threshold"] == 3.1e12
-    assert a["name"] == "ltw-four-transfer-3"  # its name in CloudWatch too (no random suffix): status and run find it
-    metrics = {q["id"]: q for q in a["metricQueries"]}
+    alarms = {r.inputs["name"]: r.inputs for r in mocks.of("aws:cloudwatch/metricAlarm:MetricAlarm")}
+    assert sorted(alarms) == ["ltw-four-transfer-3", "ltw-four-transfer-3-in", "ltw-four-transfer-3-out"]
+    stop = "arn:aws:automate:us-east-1:ec2:stop"
+    total = alarms["ltw-four-transfer-3"]
+    metrics = {q["id"]: q for q in total["metricQueries"]}
     assert {m["metric"]["metricName"] for k, m in metrics.items() if k != "total"} == {"NetworkIn", "NetworkOut"}
-    assert all(m["metric"]["dimensions"] == {"InstanceId": "i-00000000000000004"}
-               for k, m in metrics.items() if k != "total")
-    assert metrics["total"]["expression"] == "rx + tx" and metrics["total"]["returnData"]
-    assert sorted(a["alarmActions"]) == sorted(["arn:aws:mock:::ltw-four-alerts", "arn:aws:automate:us-east-1:ec2:stop"])
+    assert metrics["total"]["expression"] == "rx + tx" and total["threshold"] == 3.1e12
+    assert total["alarmActions"] == ["arn:aws:mock:::ltw-four-alerts"]  # notifies only: no stop on metric math
+    for short, metric in (("in", "NetworkIn"), ("out", "NetworkOut")):
+        a = alarms[f"ltw-four-transfer-3-{short}"]
+        assert "metricQueries" not in a or not a["metricQueries"]
+        assert (a["namespace"], a["metricName"], a["statistic"], a["period"]) == ("AWS/EC2", metric, "Sum", 3600)
+        assert a["dimensions"] == {"InstanceId": "i-00000000000000004"} and a["threshold"] == 3.1e12 / 2
+        assert sorted(a["alarmActions"]) == sorted(["arn:aws:mock:::ltw-four-alerts", stop])
 
 
 def test_evidence_bucket(program):
@@ -295,7 +314,7 @@ def test_hostile_outputs_refused(program, edit, words):
 @pytest.mark.parametrize("changes, words", [
     ({"hours": 4, "deadline": (NOW + dt.timedelta(hours=4)).isoformat()}, "compute: \\$29.78 estimated > \\$24.00"),
     ({"prices": {"transfer/cross-zone-out": 0.02}}, "transfer: \\$83.79 estimated > \\$66.00"),
-    ({"transfer_guard_bytes": 2.5e12}, "host 3 \\(isolated zone\\) would move 2.793 TB > the 2.500 TB"),
+    ({"transfer_guard_bytes": 2.5e12}, "host 3 \\(isolated zone\\) would move 2.856 TB .* > 95% of the 2.500 TB"),
 ])
 def test_over_budget_refused_before_any_resource(changes, words):
     mocks = Recorder()
@@ -373,7 +392,7 @@ def test_on_host_transfer_guard_counts_across_reboots(tmp_path):
             f"enp39s0:{rx_eth} 1 0 0 0 0 0 0 {tx_eth} 1 0 0 0 0 0 0\n"
             f"  ens5: 100 1 0 0 0 0 0 0 50 1 0 0 0 0 0 0\n")
         boot.write_text(boot_id)
-        env = dict(os.environ, TRIAL_GUARD_LIMIT=str(limit), TRIAL_GUARD_STATE=str(state), TRIAL_NETDEV=str(netdev),
+        env = dict(os.environ, TRIAL_GUARD_LIMIT=str(limit), TRIAL_GUARD_SOFT="9000", TRIAL_GUARD_STATE=str(state), TRIAL_NETDEV=str(netdev),
                    TRIAL_BOOT_ID=str(boot), TRIAL_STOP_COMMAND=f"touch {tmp_path / 'stopped'}")
         subprocess.run(["bash", str(script)], env=env, check=True)
         return (state / "total").read_text().strip()
@@ -383,8 +402,10 @@ def test_on_host_transfer_guard_counts_across_reboots(tmp_path):
     assert not (tmp_path / "stopped").exists()
     assert run(100, 0, "boot-b") == str(6150 + 250)  # after a reboot the counters restart: carried over
     assert not (tmp_path / "stopped").exists()
+    assert not (state / "soft-passed").exists()  # 6,400 < the controller's stop (9,000 here)
     run(3000, 1000, "boot-b")  # 6150 + 4150 ≥ 10,000
     assert (tmp_path / "stopped").exists()
+    assert (state / "soft-passed").read_text().strip() == "10300"  # said once on the host too
 
 
 def test_estimate_command(tmp_path):
@@ -565,3 +586,108 @@ def test_destroy_runs_the_program_after_the_deadline(monkeypatch, tmp_path):
     monkeypatch.setenv("TRIALS_TEARDOWN", "1")
     past["ssh_public_key"] = str(tmp_path / "gone.pub")
     assert run_entry(past) == ""
+
+
+def test_one_guard_fraction_for_plan_controller_and_host(program, tmp_path):
+    """The controller stops at guard_fraction of the guard; the plan checks the isolated host's traffic
+    (with protocol overhead and the staged seed, which its counters see too) against the same number,
+    and the program hands it to the controller (outputs → cluster.json) and to the host's guard."""
+    from infra.userdata import GUARD_FRACTION
+    from orchestrate.cluster import pulumi_cluster
+    from orchestrate.guard import Guard
+
+    ring = 2 * 3 / 4 * 4 * PARAMS * (128 + 8)  # ddp-four + diloco-four, per link
+    planned = 2 * ring * 1.02 + 4 * PARAMS
+    at_default = estimate(TrialConfig.model_validate(study(guard_fraction=GUARD_FRACTION)), NOW)
+    assert at_default["isolated_host_planned_bytes"] == {3: pytest.approx(planned)}
+    assert planned > 0.9 * 3.1e12  # the example's traffic does not fit under a 90 % stop ...
+    (p,) = at_default["problems"]
+    assert "host 3 (isolated zone) would move 2.856 TB" in p and "> 90% of the 3.100 TB transfer guard (2.790 TB)" in p
+    shipped = estimate(TrialConfig.model_validate(study()), NOW)  # ... so the example stops at 95 %
+    assert shipped["problems"] == [] and shipped["guard_stop_bytes"] == pytest.approx(0.95 * 3.1e12)
+    assert "against the controller's stop at 95% of the 3.100 TB guard = 2.945 TB (97.0% of it)" in \
+        __import__("infra.plan", fromlist=["table"]).table(shipped)
+    mocks, out = program
+    assert out["guard_fraction"] == 0.95
+    c = pulumi_cluster(json.dumps(out), key_file="/k")
+    assert c.guard_fraction == 0.95 and Guard().fraction == GUARD_FRACTION
+    (host3,) = [r for r in mocks.of("aws:ec2/instance:Instance") if r.inputs["availabilityZone"] == "us-east-1d"]
+    assert f"SOFT=${{TRIAL_GUARD_SOFT:-{int(3.1e12 * 0.95)}}}" in host3.inputs["userData"]
+    assert "echo 0.95 > /var/lib/trial-guard/fraction" in host3.inputs["userData"]
+
+
+def test_estimate_counts_stopped_volumes_and_public_ipv4():
+    """After the deadline the hosts are stopped, not gone: their gp3 volumes (and provisioned throughput)
+    bill until `down`; every public IPv4 address bills $0.005 an hour while its host runs."""
+    days = 2.5
+    est = estimate(TrialConfig.model_validate(study(stopped_days=days)), NOW)
+    lines = {x["item"]: x for x in est["lines"]}
+    gb = 4 * 300 * 2**30 / 1e9
+    assert lines["stopped: 4 x 300 GiB gp3 for 2.5 d until down"]["usd"] == pytest.approx(gb * 0.08 * days * 24 / 730)
+    assert lines["stopped: 4 x 125 MB/s above 125 for 2.5 d"]["usd"] == pytest.approx(4 * 125 * 0.04 * days * 24 / 730)
+    assert lines["4 public IPv4 addresses x 3 h"]["usd"] == pytest.approx(4 * 3 * 0.005)
+    per_day = gb * 0.08 * 24 / 730 + 4 * 125 * 0.04 * 24 / 730
+    assert per_day == pytest.approx(4.05, abs=0.01)  # four 300 GiB gp3 volumes at 250 MB/s: ≈ $4.05 a day
+    running = gb * 0.08 * 3 / 730 + 4 * 125 * 0.04 * 3 / 730 + 50 * 0.023
+    assert est["totals_usd"]["storage_other"] == pytest.approx(running + days * per_day + 0.06)
+    shipped = estimate(TrialConfig.model_validate(study()), NOW)  # the default: one day until down
+    assert shipped["stopped_days"] == 1 and shipped["totals_usd"]["storage_other"] == pytest.approx(running + per_day + 0.06)
+    # a week stopped no longer fits the $10 storage reservation: said before anything exists
+    week = estimate(TrialConfig.model_validate(study(stopped_days=7)), NOW)
+    assert any(p.startswith("storage_other: $") and "> $10.00 reserved" in p for p in week["problems"])
+
+
+def test_zone_ids_name_the_physical_zone():
+    """A zone ID (use1-az4) is the same physical zone in every account; the subnets are placed by ID and
+    the instances take their zone from the subnet. IDs of another region, or names mixed with IDs, are refused."""
+    hosts = [{"rank": r, "instance_type": "g6e.xlarge", "zone": "use1-az4" if r == 3 else "use1-az2"} for r in range(4)]
+    mocks, out = run_program(study(hosts=hosts))
+    subnets = sorted((r.inputs.get("availabilityZoneId"), r.inputs.get("availabilityZone"))
+                     for r in mocks.of("aws:ec2/subnet:Subnet"))
+    assert subnets == [("use1-az2", None), ("use1-az4", None)]
+    assert all("availabilityZone" not in r.inputs for r in mocks.of("aws:ec2/instance:Instance"))
+    assert out["isolated_ranks"] == [3] and [h["zone"] for h in out["hosts"]] == ["use1-az2"] * 3 + ["use1-az4"]
+    with pytest.raises(ValueError, match="zone ID usw2-az1 is not in region us-east-1"):
+        TrialConfig.model_validate(study(hosts=[{"rank": 0, "instance_type": "g6e.xlarge", "zone": "usw2-az1"}]))
+    with pytest.raises(ValueError, match="as a name .* or every one as an ID"):
+        TrialConfig.model_validate(study(hosts=[{**h, "zone": "us-east-1c"} if h["rank"] == 0 else h for h in hosts]))
+
+
+def test_a_new_ami_release_replaces_no_host():
+    """`get_ami(most_recent=True)` is read again at every `pulumi up`: the hosts ignore a changed image id
+    after creation (Pulumi keeps the stored value, so no replacement), and a stack may pin the id."""
+    from pulumi.runtime.mocks import MockMonitor
+
+    class Monitor(MockMonitor):
+        def __init__(self, mocks):
+            super().__init__(mocks)
+            self.ignored: dict[str, list[str]] = {}
+
+        def RegisterResource(self, request):
+            self.ignored[request.name] = list(request.ignoreChanges)
+            return super().RegisterResource(request)
+
+    def build_with(cfg: dict) -> tuple[Recorder, Monitor, dict]:
+        mocks = Recorder()
+        asyncio.set_event_loop(asyncio.new_event_loop())
+        monitor = Monitor(mocks)
+        pulumi.runtime.set_mocks(mocks, project="trials", stack="test", preview=False, monitor=monitor)
+        from infra.program import build
+
+        got: dict = {}
+
+        @pulumi.runtime.test
+        def go():
+            return pulumi.Output.from_input(build(TrialConfig.model_validate(cfg), NOW)).apply(got.update)
+
+        go()
+        return mocks, monitor, got
+
+    mocks, monitor, out = build_with(study())
+    for r in range(4):
+        assert "ami" in monitor.ignored[f"ltw-four-rank-{r}"] and "userData" in monitor.ignored[f"ltw-four-rank-{r}"]
+    assert out["ami"] == "ami-0123456789abcdef0"  # recorded in the outputs, to be pinned
+    pinned, _, out = build_with(study(ami_id="ami-0fedcba9876543210"))
+    assert not [c for c in pinned.calls if c.token == "aws:ec2/getAmi:getAmi"]  # no lookup at all
+    assert {r.inputs["ami"] for r in pinned.of("aws:ec2/instance:Instance")} == {"ami-0fedcba9876543210"}
+    assert out["ami"] == "ami-0fedcba9876543210"

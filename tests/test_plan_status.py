@@ -46,10 +46,11 @@ def test_plan_says_when_the_quota_cannot_be_read(aws, tmp_path):
     r = run_cli("-m", "orchestrate", "plan", "diloco-four", "--stack", str(example_stack(tmp_path)), "--json")
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
+    assert got["zones"]["checked"] and got["zones"]["zones"] == {"us-east-1c": ["g6e.xlarge"], "us-east-1d": ["g6e.xlarge"]}
     assert [t["arm"] for t in got["traffic"]] == ["single", "ddp-four", "diloco-four"]
     assert got["vcpu"]["hosts_vcpus"] == 16 and got["vcpu"]["quota"] is None
     assert "quota not readable" in got["vcpu"]["note"]  # moto has no EC2 quotas: said, not guessed
-    assert got["total_usd"] == pytest.approx(79.85, abs=0.01) and got["problems"] == []
+    assert got["total_usd"] == pytest.approx(83.95, abs=0.01) and got["problems"] == []  # with stopped volumes, IPv4
 
 
 def test_plan_refuses_over_the_quota(monkeypatch, tmp_path):
@@ -62,7 +63,7 @@ def test_plan_refuses_over_the_quota(monkeypatch, tmp_path):
     out = " ".join(r.output.split())
     assert "the hosts need 16 G/VT vCPUs; the account's quota in us-east-1 is 8" in out
     assert "ddp-four" in out and "52.57" in out  # the arm's transfer cost, in its row
-    assert "the budget action at 100 % of $100 actual spend, which AWS Budgets sees hours late" in out
+    assert "late backstop: AWS Budgets sees costs hours late" in out and "transfer guards are the bounds" in out
     # four copies of the 1.7B model's 6.85 GB seed leave this machine: 0.61 h at 100 Mbit/s
     assert ("staging: 4 host(s) × (6.85 GB seed, 4 bytes × 1,711,376,384 parameters + 0.00 GB wheelhouse (not "
             "given: --wheelhouse)) = 27.38 GB leave this machine: 0.61 h at 100 Mbit/s") in out
@@ -125,7 +126,10 @@ def test_a_spent_budget_starts_nothing(aws, tmp_path):
     save(c, tmp_path / "cluster.json")
     r = run_cli("-m", "orchestrate", "run", "diloco-four", "--profile", "smoke", "--trials", str(tmp_path / "t"),
                 "--cluster", str(tmp_path / "cluster.json"))
-    assert r.returncode == 2 and "is spent ($100.50 of $100.00); nothing starts" in " ".join(r.stderr.split())
+    said = " ".join(r.stderr.split())
+    assert r.returncode == 2 and "is spent ($100.50 of $100.00); nothing starts" in said
+    # the figure is not presented as current: its age, and what bounds the trial instead
+    assert "last updated" in said and "lags the spend by hours" in said and "the deadline and the transfer guards" in said
     assert not (tmp_path / "t").exists()  # refused before anything was prepared
 
 
@@ -157,3 +161,44 @@ def test_plan_shows_which_arms_the_hosts_gpus_fit(tmp_path, monkeypatch):
     r = CliRunner().invoke(app, ["plan", "diloco-four", "--stack", str(tmp_path / "s.yaml"), "--no-quota", "--json"])
     arms = {a["arm"]: a for a in json.loads(r.stdout)["placement"]["arms"]}
     assert arms["single"]["runs"] and not arms["single"]["gpus_known"]
+
+
+def test_plan_checks_the_zones_offer_the_type(aws, tmp_path, capsys):
+    """Zone names map to different physical zones per account; a zone may lack g6e. `plan` asks EC2 (here
+    moto, whose us-east-1 offers g6e in use1-az1/2/4/6 only) by zone ID and names the zone that lacks it;
+    offline it says the zones were not checked."""
+    assert aws.client("ec2").describe_availability_zones()["AvailabilityZones"]
+    ids = ["use1-az2"] * 3 + ["use1-az3"]
+    stack = str(example_stack(tmp_path, hosts=[{"rank": r, "instance_type": "g6e.xlarge", "zone": z}
+                                               for r, z in enumerate(ids)]))
+    r = CliRunner().invoke(app, ["plan", "diloco-four", "--stack", stack])
+    out = " ".join(r.output.split())
+    assert r.exit_code == 1, out
+    assert ("host 3's zone use1-az3 does not offer g6e.xlarge in this account (offered in: use1-az1, use1-az2, "
+            "use1-az4, use1-az6 of us-east-1)") in out
+    assert "zones: use1-az2 offers g6e.xlarge; use1-az3 offers none of the types" in out
+    # the example stack, as `plan` shows it with AWS reachable: zones checked, the guard, stopped volumes
+    r = CliRunner().invoke(app, ["plan", "diloco-four", "--stack", str(example_stack(tmp_path))])
+    with capsys.disabled():
+        print("\n--- orchestrate plan diloco-four (example stack, moto) ---\n" + r.output)
+    out = " ".join(r.output.split())
+    assert r.exit_code == 0, out
+    assert "zones: us-east-1c (use1-az2 in this account) offers g6e.xlarge; us-east-1d (use1-az4 in this account)" in out
+    assert "the controller stops a group at 95% (guard_fraction, the same number on the hosts)" in out
+    assert "stopped volumes: $4.05 a day after the deadline until `orchestrate down` (1 d counted" in out
+    r = CliRunner().invoke(app, ["plan", "diloco-four", "--stack", str(example_stack(tmp_path)), "--no-quota"])
+    assert "zones: not checked (--no-quota: no AWS reads)" in " ".join(r.output.split())
+
+
+def test_budget_spend_is_said_with_its_age(aws):
+    from orchestrate.cloud import budget_note, read_budget
+
+    aws.client("budgets").create_budget(AccountId=ACCOUNT, Budget={
+        "BudgetName": "aged", "BudgetLimit": {"Amount": "100.0", "Unit": "USD"}, "TimeUnit": "ANNUALLY",
+        "BudgetType": "COST"})
+    b = read_budget(aws, ACCOUNT, "aged")
+    assert b["updated_at"]  # moto, like AWS, says when the budget's figures were last updated
+    t = dt.datetime.fromisoformat(b["updated_at"])
+    note = budget_note(b, now=t + dt.timedelta(hours=5))
+    assert note.startswith("$0.00 of $100.00 (forecast $0.00), last updated") and "(5.0 h ago)" in note
+    assert "lags the spend by hours" in note and "the deadline and the transfer guards bound the trial" in note
