@@ -159,6 +159,13 @@ def object_key(sha256: str) -> str:
     return f"objects/sha256/{sha256[:2]}/{sha256}"
 
 
+def staging_key(sha256: str) -> str:
+    """Where staging relays an artifact (a wheel, a seed file, a prepared input) for the hosts to fetch:
+    apart from the evidence objects, so that the instance role can read these and nothing else it
+    did not write (infra/program.py), and so that preservation never counts them as evidence."""
+    return f"staging/{sha256}"
+
+
 def _files(home: Path) -> list[Path]:
     """Every regular file of the home except the preservation record itself (it names the index)."""
     return sorted(p for p in home.rglob("*") if p.is_file() and not p.is_symlink() and p.name != PRESERVED)
@@ -171,11 +178,12 @@ def _read_back(store: Any, key: str, sha256: str, size: int) -> None:
                                 f"({size} bytes): the store does not hold what was uploaded")
 
 
-def _put_verified(store: Any, p: Path) -> tuple[str, int, bool]:
+def _put_verified(store: Any, p: Path, key_for: Callable[[str], str] = object_key) -> tuple[str, int, bool]:
     """One file into the store under its sha256 (unless the store holds that object already), then
-    read back and hashed: uploaded now or earlier, it must read back. (sha256, size, uploaded now)."""
+    read back and hashed: uploaded now or earlier, it must read back. (sha256, size, uploaded now).
+    `key_for`: the key for a digest (evidence objects by default; staging's relay uses `staging_key`)."""
     digest, size = file_sha256(p), p.stat().st_size
-    key = object_key(digest)
+    key = key_for(digest)
     uploaded = store.size(key) is None
     if uploaded:
         store.put_file(key, p, digest)

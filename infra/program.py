@@ -8,7 +8,8 @@ before registering anything, then creates, all tagged `trial=<name>`:
             every account), logged in to with the operator's key (a key pair from the stack's
             ssh_public_key): the deep-learning AMI pinned (ami_id) or looked up once and then kept, IMDSv2
             required, shutdown = stop, a 300 GiB encrypted gp3 root volume with the same throughput,
-            IOPS and read-ahead everywhere, an instance role that may write only the trial's prefix
+            IOPS and read-ahead everywhere, an instance role that may write only the trial's evidence
+            objects and read only those and the trial's staging relay (staging/)
   guards    an EventBridge Scheduler one-time schedule at the deadline that stops every instance
             (role allowed ec2:StopInstances on exactly those), the on-host deadline timer; per
             isolated-zone host, CloudWatch alarms on NetworkIn and NetworkOut that stop it and one on
@@ -108,7 +109,7 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = 
                     mode="GOVERNANCE", days=cfg.object_lock_days)))
     prefix = f"trials/{cfg.trial}/"
 
-    # instance role: write (and read back) only the trial's prefix
+    # instance role: write (and read back) only the trial's evidence objects; read its staging relay
     role = aws.iam.Role(name("host"), tags=tags, assume_role_policy=json.dumps({
         "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
                                                 "Principal": {"Service": "ec2.amazonaws.com"}}]}))
@@ -121,6 +122,10 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = 
              "Action": ["s3:PutObject", "s3:GetObject", "s3:GetObjectAttributes", "s3:AbortMultipartUpload",
                         "s3:ListMultipartUploadParts"],
              "Resource": f"{arn}/{prefix}objects/*"},
+            # staging's relay: the controller puts the wheels and the seed here once, each host reads
+            # them in region (evidence/relay.py); a host never writes what another host will install
+            {"Sid": "TrialStagingRead", "Effect": "Allow", "Action": "s3:GetObject",
+             "Resource": f"{arn}/{prefix}staging/*"},
             {"Sid": "TrialPrefixList", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": arn,
              "Condition": {"StringLike": {"s3:prefix": [f"{prefix}*"]}}}]})))
     profile = aws.iam.InstanceProfile(name("host"), role=role.name, tags=tags)

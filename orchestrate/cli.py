@@ -745,8 +745,8 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
     est = run_estimate(cfg.model_copy(update={"arms": arms}), _now(), wheelhouse_bytes=staging["wheelhouse_bytes"])
     problems = list(est["problems"])
     if staging["hours"] > cfg.hours:
-        problems.append(f"staging sends {staging['bytes'] / 1e9:,.2f} GB from this machine: {staging['hours']:.2f} h at "
-                        f"{uplink_mbps:g} Mbit/s, more than the {cfg.hours:g} h paid for")
+        problems.append(f"staging sends {staging['bytes'] / 1e9:,.2f} GB from this machine, even through the bucket: "
+                        f"{staging['hours']:.2f} h at {uplink_mbps:g} Mbit/s, more than the {cfg.hours:g} h paid for")
     need = sum(int(INSTANCE_TYPES.get(h.instance_type, {}).get("vcpus") or 0) for h in cfg.hosts)
     vcpu: dict = {"hosts_vcpus": need, "quota": None, "note": None}
     zones: dict = {"checked": False, "note": "not checked (--no-quota: no AWS reads)"}
@@ -807,11 +807,14 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
     print(table(est))
     print(f"vCPUs: the hosts need {need}; G/VT quota "
           + (f"{vcpu['quota']:g}" if vcpu["quota"] is not None else f"unknown ({vcpu['note'] or 'not asked'})"))
-    print(f"staging: {staging['hosts']} host(s) × ({staging['seed_bytes'] / 1e9:,.2f} GB seed, 4 bytes × "
-          f"{cfg.parameters:,} parameters + {staging['wheelhouse_bytes'] / 1e9:,.2f} GB wheelhouse"
-          + ("" if wheelhouse else " (not given: --wheelhouse)") + f") = {staging['bytes'] / 1e9:,.2f} GB leave this "
-          f"machine: {staging['hours']:.2f} h at {uplink_mbps:g} Mbit/s (--uplink-mbps), "
-          f"{staging['hours'] / cfg.hours:.0%} of the {cfg.hours:g} h paid for")
+    per_host = (f"{staging['seed_bytes'] / 1e9:,.2f} GB seed, 4 bytes × {cfg.parameters:,} parameters + "
+                f"{staging['wheelhouse_bytes'] / 1e9:,.2f} GB wheelhouse" + ("" if wheelhouse else " (not given: --wheelhouse)"))
+    print(f"staging through the trial's bucket (what `orchestrate run` does on this stack): ({per_host}) once + the "
+          f"project's wheel to each of {staging['hosts']} host(s) = {staging['bytes'] / 1e9:,.2f} GB leave this machine: "
+          f"{staging['hours']:.2f} h at {uplink_mbps:g} Mbit/s (--uplink-mbps), {staging['hours'] / cfg.hours:.0%} of "
+          f"the {cfg.hours:g} h paid for; the hosts fetch it in region")
+    print(f"staging over SSH alone (no bucket): {staging['hosts']} host(s) × ({per_host}) = "
+          f"{staging['ssh_only_bytes'] / 1e9:,.2f} GB: {staging['ssh_only_hours']:.2f} h at {uplink_mbps:g} Mbit/s")
     if zones["checked"]:
         print("zones: " + "; ".join(
             f"{z}{'' if zones['by_id'] else ' (' + zones['zone_ids'].get(z, '?') + ' in this account)'} offers "
@@ -836,13 +839,26 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
 
 
 def staging_upload(cfg, wheelhouse: Optional[Path], uplink_mbps: float) -> dict:
-    """What staging sends from the operator's machine: the seed (FP32 safetensors, 4 bytes a parameter)
-    and the wheelhouse, once to every host, over the operator's uplink."""
+    """What staging sends from the operator's machine, over its uplink: the seed (FP32 safetensors, 4
+    bytes a parameter) and the wheelhouse. Over SSH alone (a cluster without a bucket) once to every
+    host; through the stack's bucket (the relay, evidence/relay.py: what `orchestrate run` does on a
+    stack) once in all, plus the project's wheel and a manifest to each host (under a MB each,
+    counted as PROJECT_WHEEL_BYTES). The budget is checked against the relay's figure."""
     wheels = sum(p.stat().st_size for p in wheelhouse.glob("*.whl")) if wheelhouse and wheelhouse.is_dir() else 0
-    seed = 4 * cfg.parameters
-    total = len(cfg.hosts) * (seed + wheels)
-    return {"hosts": len(cfg.hosts), "seed_bytes": seed, "wheelhouse_bytes": wheels, "bytes": total,
-            "uplink_mbps": uplink_mbps, "hours": total * 8 / (uplink_mbps * 1e6) / 3600}
+    seed, hosts = 4 * cfg.parameters, len(cfg.hosts)
+    ssh = hosts * (seed + wheels)
+    relay = seed + wheels + hosts * PROJECT_WHEEL_BYTES
+
+    def hours(b: int) -> float:
+        return b * 8 / (uplink_mbps * 1e6) / 3600
+
+    return {"hosts": hosts, "seed_bytes": seed, "wheelhouse_bytes": wheels, "uplink_mbps": uplink_mbps,
+            "bytes": relay, "hours": hours(relay), "ssh_only_bytes": ssh, "ssh_only_hours": hours(ssh)}
+
+
+PROJECT_WHEEL_BYTES = 1_000_000
+"""An upper bound on the project's own wheel and a staging manifest (0.24 MB and ~2 KB at 2026-12-01):
+what still goes over SSH to each host when the relay carries the rest."""
 
 
 def _plan_placement(exp, cfg, planned: set[str], problems: list[str]) -> dict | None:

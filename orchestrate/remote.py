@@ -2,8 +2,11 @@
 group with the same rules as the local launcher, collect what they wrote.
 
 Staging, per host under its root: the wheelhouse (every file checked against the lock's sha256 after
-upload), installed offline (`pip install --no-index`) into root/site; the seed and the prepared
-inputs, each file read back and checked. Then every host reports an environment digest — its Python,
+upload) less what the host's own Python already has at the same version (the AMI's torch), installed
+offline (`pip install --no-index`) into root/site; the seed and the prepared inputs, each file read
+back and checked. With the trial's S3 bucket, each artifact leaves the controller once, into the
+bucket, and every host fetches and hashes it there, in region (`evidence.relay`); only the project's
+wheel (and the fetcher's boto3, where the host lacks it) and a manifest go over SSH. Then every host reports an environment digest — its Python,
 every installed distribution and version, the project's installed files — and nothing trains unless
 all hosts report the same one.
 
@@ -126,24 +129,104 @@ def wheelhouse_lock(wheel_dir: Path) -> dict[str, str]:
     return {p.name: file_sha256(p) for p in sorted(wheel_dir.glob("*.whl"))}
 
 
+PROJECT_DIST = "trials"
+"""pyproject.toml's project name: its wheel goes to every host every time, since its code changes
+without its version changing."""
+
+RELAY_DISTS = frozenset({"boto3", "botocore", "s3transfer", "jmespath", "python-dateutil", "six", "urllib3"})
+"""What the relay's host side (`python -m evidence.relay`) needs besides the project: a host whose
+Python lacks them gets these wheels over SSH first, with the project's, the rest from the bucket."""
+
+HOST_DISTS = ('import importlib.metadata as m, json; '
+              'print(json.dumps({d.metadata["Name"]: d.version for d in m.distributions() if d.metadata["Name"]}))')
+
+
+def dist_name(name: str) -> str:
+    """A distribution's normalized name (PEP 503): how a wheel's file name and a host's metadata compare."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def wheel_dist(filename: str) -> tuple[str, str]:
+    """(normalized name, version) of a wheel from its file name (name-version[-build]-py-abi-platform.whl)."""
+    parts = filename[:-len(".whl")].split("-")
+    if not filename.endswith(".whl") or len(parts) < 5:
+        raise StagingError(f"{filename} is not a wheel's file name (name-version-python-abi-platform.whl)")
+    return dist_name(parts[0]), parts[1]
+
+
+def host_distributions(t: Transport, host: Host) -> dict[str, str]:
+    """{normalized name: version} of what the host's interpreter has itself (isolated, `-I`: its own
+    site-packages, as the AMI ships it), asked before anything is uploaded."""
+    r = t.run(f"{shlex.quote(host.python)} -I -c {shlex.quote(HOST_DISTS)}", timeout=120)
+    out = (r.check(f"{host.name}: listing {host.python}'s distributions").stdout.strip().splitlines() or ["{}"])[-1]
+    return {dist_name(k): v for k, v in json.loads(out).items()}
+
+
+def wheels_lacking(lock: dict[str, str], have: dict[str, str]) -> list[str]:
+    """The wheels a host needs: the project's own always; any other only where the host's Python lacks
+    that distribution at that version — where the AMI's torch matches the pin, torch is not sent. A
+    local label (torch 2.13.0+cu130 against a 2.13.0 wheel) is not compared, as pip's `==` pin does not
+    compare it; the environment digest records the CUDA and NCCL each host then runs, and refuses hosts
+    that differ."""
+    def public(v: str) -> str:
+        return v.split("+", 1)[0]
+
+    out = []
+    for name in lock:
+        dist, version = wheel_dist(name)
+        if dist == PROJECT_DIST or dist not in have or public(have[dist]) != public(version):
+            out.append(name)
+    return out
+
+
 def stage_host(t: Transport, host: Host, *, python: str, wheel_dir: Path, lock: dict[str, str],
-               files: dict[str, Path]) -> dict[str, Any]:
-    """Upload and verify the wheelhouse and `files` (remote path under root → local path), install
-    offline, report the environment digest."""
-    root = host.root
-    for name, digest in lock.items():
+               files: dict[str, Path], relay: str | None = None, first: frozenset[str] = frozenset(),
+               manifest: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Upload and verify the wheels of `lock` (those this host lacks) and `files` (remote path under
+    root → local path), install offline, report the environment digest. With `relay` (the trial's
+    store, which already holds every artifact of `manifest`), only the wheels of `first` (the project
+    and what the relay's fetcher needs) go over SSH; the host then fetches and verifies the rest
+    itself, in region (`python -m evidence.relay fetch`). The report's "sent_bytes": what went over SSH."""
+    root, sent = host.root, 0
+    over_ssh = [n for n in lock if relay is None or n in first]
+
+    def install(names: list[str], fresh: bool) -> None:
+        if names:
+            t.run(f"{f'rm -rf {root}/site && ' if fresh else ''}{shlex.quote(python)} -m pip install -q --no-index "
+                  f"--no-deps --no-compile --target {root}/site {' '.join(f'{root}/wheels/{n}' for n in names)}",
+                  timeout=900).check(f"{host.name}: offline install")
+
+    for name in over_ssh:
         got = t.put(wheel_dir / name, f"{root}/wheels/{name}")
-        if got != digest:
-            raise StagingError(f"{host.name}: wheel {name} reads back as {got}, the lock says {digest}")
-    t.run(f"rm -rf {root}/site && {shlex.quote(python)} -m pip install -q --no-index --no-deps "
-          f"--no-compile --target {root}/site {' '.join(f'{root}/wheels/{n}' for n in lock)}",
-          timeout=900).check(f"{host.name}: offline install")
-    for rel, local in files.items():
-        t.put(local, f"{root}/{rel}")
+        if got != lock[name]:
+            raise StagingError(f"{host.name}: wheel {name} reads back as {got}, the lock says {lock[name]}")
+        sent += (wheel_dir / name).stat().st_size
+    install(over_ssh, fresh=True)
+    fetched = None
+    if relay is not None:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as d:  # the manifest: small, over SSH; the bytes: from the bucket
+            m = Path(d) / "staging-manifest.json"
+            m.write_text(json.dumps(manifest or {}, sort_keys=True))
+            t.put(m, f"{root}/staging-manifest.json")
+            sent += m.stat().st_size
+        r = t.run(python_command(host, "-m", "evidence.relay", "fetch", "--store", relay, "--manifest",
+                                 f"{root}/staging-manifest.json", "--root", root, python=python), timeout=6 * 3600)
+        if r.status != 0:
+            raise StagingError(f"{host.name}: fetching the staged artifacts from {relay} exited {r.status}: "
+                               f"{r.stderr.strip()[-600:]}")
+        fetched = json.loads(r.stdout.strip().splitlines()[-1])
+        install([n for n in lock if n not in over_ssh], fresh=False)
+    else:
+        for rel, local in files.items():
+            t.put(local, f"{root}/{rel}")
+            sent += local.stat().st_size
     r = host_python(t, host, ENV_DIGEST, f"{root}/site", python=python)
     env = json.loads(r.check(f"{host.name}: environment report").stdout)
     gpus = env.pop("gpus")  # what the host offers ranks, not part of its environment's identity
-    return {"host": host.name, "environment": env, "digest": canonical_sha256(env), "gpus": gpus}
+    return {"host": host.name, "environment": env, "digest": canonical_sha256(env), "gpus": gpus,
+            "sent_bytes": sent, "fetched": fetched}
 
 
 def stage(cluster: Cluster, transports: list[Transport], *, wheel_dir: Path,
@@ -154,25 +237,64 @@ def stage(cluster: Cluster, transports: list[Transport], *, wheel_dir: Path,
 
 def stage_reports(cluster: Cluster, transports: list[Transport], *, wheel_dir: Path,
                   files: dict[str, Path], say: Callable[[str], None] = lambda m: None,
-                  workers: int | None = None) -> tuple[str, list[dict]]:
+                  workers: int | None = None, relay: str | None = None,
+                  account: dict[str, int] | None = None) -> tuple[str, list[dict]]:
     """`stage`, also returning every host's report in rank order (its GPU count under "gpus").
-    `workers`: hosts staged at once (all by default; 1 is one after another, for comparison)."""
+    `workers`: hosts staged at once (all by default; 1 is one after another, for comparison).
+    `relay`: the trial's store (s3://…): each artifact leaves this machine once, into the store, and
+    every host fetches it from there (`evidence.relay`); without it, everything goes over SSH to each
+    host. `account`, when given, is filled with the bytes that left this machine: "ssh_bytes" (to the
+    hosts), "relay_bytes" (into the store, this time) and "relay_stored_bytes" (what the hosts fetch)."""
     lock = wheelhouse_lock(wheel_dir)
     if not lock:
         raise StagingError(f"{wheel_dir} holds no wheels")
-    for h, t in zip(cluster.by_rank, transports):  # every host first: a refusal uploads nothing anywhere
+    hosts = cluster.by_rank
+    for h, t in zip(hosts, transports):  # every host first: a refusal uploads nothing anywhere
         say(f"{h.name}: Python {check_host_python(t, h)} ({h.python})")
+    have = [host_distributions(t, h) for h, t in zip(hosts, transports)]
+    needs = [wheels_lacking(lock, hv) for hv in have]
+    for h, need in zip(hosts, needs):
+        if len(need) < len(lock):
+            say(f"{h.name}: {len(lock) - len(need)} wheel(s) of the wheelhouse are in its Python at the same "
+                f"version (not sent): {', '.join(n for n in lock if n not in need)[:200]}")
+    firsts = [frozenset(need) for need in needs]
+    manifests: list[dict[str, dict[str, Any]] | None] = [None] * len(hosts)
+    relay_bytes = stored = 0
+    if relay is not None:
+        from evidence.relay import upload_once
+        from evidence.stores import open_store
+
+        for h, hv, need in zip(hosts, have, needs):
+            if "boto3" not in hv and not any(wheel_dist(n)[0] == "boto3" for n in need):
+                raise StagingError(f"{h.name}: the relay's fetcher needs boto3, which {h.python} lacks and the "
+                                   "wheelhouse does not carry: add boto3 and its dependencies to --wheelhouse")
+        firsts = [frozenset(n for n in need if wheel_dist(n)[0] in RELAY_DISTS | {PROJECT_DIST}) for need in needs]
+        via = sorted({n for need, f in zip(needs, firsts) for n in need if n not in f})
+        table, relay_bytes = upload_once(open_store(relay), [wheel_dir / n for n in via] + list(files.values()), say)
+        for n in via:  # what the hosts will verify against is what the lock says
+            if table[wheel_dir / n]["sha256"] != lock[n]:
+                raise StagingError(f"wheel {n} hashes as {table[wheel_dir / n]['sha256']}, the lock says {lock[n]}")
+        stored = sum(f["size"] for f in table.values())
+        manifests = [{f"wheels/{n}": table[wheel_dir / n] for n in need if n not in f}
+                     | {rel: table[p] for rel, p in files.items()} for need, f in zip(needs, firsts)]
+
     # every host at once, each over its own connection: the wall time is the slowest host's, not the sum
-    # (the bytes leaving this machine are the same either way)
-    def one(ht: tuple[Host, Transport]) -> dict[str, Any]:
-        h, t = ht
+    def one(item: tuple[Host, Transport, list[str], frozenset[str], dict | None]) -> dict[str, Any]:
+        h, t, need, first, manifest = item
         t0 = time.monotonic()
-        rep = stage_host(t, h, python=h.python, wheel_dir=wheel_dir, lock=lock, files=files)
-        say(f"staged {h.name}: {len(lock)} wheels, {len(files)} files, environment {rep['digest'][:12]}…, "
+        rep = stage_host(t, h, python=h.python, wheel_dir=wheel_dir, lock={n: lock[n] for n in need}, files=files,
+                         relay=relay, first=first, manifest=manifest)
+        how = (f"{rep['fetched']['bytes'] / 1e6:,.1f} MB fetched from the store and verified" if rep["fetched"]
+               else f"{rep['sent_bytes'] / 1e6:,.1f} MB over SSH")
+        say(f"staged {h.name}: {len(need)} wheel(s), {len(files)} files ({how}), environment {rep['digest'][:12]}…, "
             f"{rep['gpus']} GPU(s) in {time.monotonic() - t0:.1f} s")
         return rep
 
-    reports = run_on_hosts(one, list(zip(cluster.by_rank, transports)), transports, workers=workers)
+    items = list(zip(hosts, transports, needs, firsts, manifests))
+    reports = run_on_hosts(one, items, transports, workers=workers)
+    if account is not None:
+        account.update(ssh_bytes=sum(r["sent_bytes"] for r in reports), relay_bytes=relay_bytes,
+                       relay_stored_bytes=stored)
     digests = {r["digest"] for r in reports}
     if len(digests) != 1:
         raise StagingError("hosts report different environments, nothing trains: "

@@ -5,6 +5,7 @@ Hosts get a staged copy and send back, verified, what they wrote:
 
     controller home                       host r, under its root
     prepared.json, inputs/, log   stage ▶  site/ (locked wheelhouse, offline), seed/, home/
+                                           (through the trial's bucket when it has one: evidence/relay.py)
     logs/<arm>/attempt-<n>/      ◀ stream  one rank process per host (stderr, stdout)
     runs/<arm>/                  ◀ collect home/runs/<arm>/rank-r; rank 0's model and numerical profile
     evaluations/<role>/<arm>/    ◀ collect `python -m training evaluate` on rank 0's host
@@ -144,8 +145,10 @@ class RemotePlacement:
                   if p.is_file()}
         files |= {f"seed/{p.relative_to(self.model_dir)}": p for p in sorted(self.model_dir.rglob("*"))
                   if p.is_file()}
+        # with the trial's bucket, each artifact leaves this machine once and the hosts fetch it in region
+        relay = self.cluster.store if self.cluster.store.startswith("s3://") else None
         self.digest, self.reports = stage_reports(self.cluster, self.ts, wheel_dir=self.wheel_dir, files=files,
-                                                  say=self.say)
+                                                  say=self.say, relay=relay)
 
     def devices(self, device: str) -> Devices:
         """Each host's GPUs as its staging report counted them (staging the hosts if not yet done);

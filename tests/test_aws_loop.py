@@ -175,6 +175,8 @@ def test_the_aws_loop_in_emulation(cloud, tiny_seed, tmp_path):
         r = run_cli(*run[:3], "diloco-four", *run[3:], timeout=1500)
         assert r.returncode == 0, said(r)[-4000:]
         assert "pulumi, 4 host(s)" in said(r) and f"staged {TRIAL}-3" in said(r)  # host names come from the stack
+        # staged through the bucket: one copy left the controller, each host fetched and hashed its own
+        assert "relay: " in said(r) and said(r).count("fetched from the store and verified") >= 4
         home = trials / "local-training-windows-smoke"
         preserved = read_json(home / "preserved.json")
         assert preserved["store"] == f"s3://aws-loop-evidence/trials/{TRIAL}/"

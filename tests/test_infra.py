@@ -273,8 +273,11 @@ def test_evidence_bucket(program):
                 if r.name == "ltw-four-host-evidence")
     resources = [s["Resource"] for s in host["Statement"]]
     # hosts write content-addressed objects only: the indexes and anchors the destroy hook trusts are not theirs
-    assert resources == ["arn:aws:mock:::ltw-four-evidence/trials/ltw-four/objects/*", "arn:aws:mock:::ltw-four-evidence"]
-    assert host["Statement"][1]["Condition"] == {"StringLike": {"s3:prefix": ["trials/ltw-four/*"]}}
+    # and read staging's relay, never write it: a host cannot alter what another host will install
+    assert resources == ["arn:aws:mock:::ltw-four-evidence/trials/ltw-four/objects/*",
+                         "arn:aws:mock:::ltw-four-evidence/trials/ltw-four/staging/*", "arn:aws:mock:::ltw-four-evidence"]
+    assert host["Statement"][1]["Action"] == "s3:GetObject"
+    assert host["Statement"][2]["Condition"] == {"StringLike": {"s3:prefix": ["trials/ltw-four/*"]}}
     assert not any("*" == s["Resource"] or s["Action"] == "s3:*" for s in host["Statement"])
     locked, _ = run_program(study(object_lock_days=30))
     (lock,) = locked.of("aws:s3/bucketObjectLockConfiguration:BucketObjectLockConfiguration")

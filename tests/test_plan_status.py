@@ -64,11 +64,17 @@ def test_plan_refuses_over_the_quota(monkeypatch, tmp_path):
     assert "the hosts need 16 G/VT vCPUs; the account's quota in us-east-1 is 8" in out
     assert "ddp-four" in out and "52.57" in out  # the arm's transfer cost, in its row
     assert "late backstop: AWS Budgets sees costs hours late" in out and "transfer guards are the bounds" in out
-    # four copies of the 1.7B model's 6.85 GB seed leave this machine: 0.61 h at 100 Mbit/s
-    assert ("staging: 4 host(s) × (6.85 GB seed, 4 bytes × 1,711,376,384 parameters + 0.00 GB wheelhouse (not "
-            "given: --wheelhouse)) = 27.38 GB leave this machine: 0.61 h at 100 Mbit/s") in out
+    # through the bucket one copy of the 1.7B model's 6.85 GB seed leaves this machine (0.15 h at 100 Mbit/s);
+    # over SSH alone, four copies would (0.61 h)
+    seed = "(6.85 GB seed, 4 bytes × 1,711,376,384 parameters + 0.00 GB wheelhouse (not given: --wheelhouse))"
+    assert (f"staging through the trial's bucket (what `orchestrate run` does on this stack): {seed} once + the "
+            "project's wheel to each of 4 host(s) = 6.85 GB leave this machine: 0.15 h at 100 Mbit/s") in out
+    assert f"staging over SSH alone (no bucket): 4 host(s) × {seed} = 27.38 GB: 0.61 h at 100 Mbit/s" in out
     r = CliRunner().invoke(app, ["plan", "diloco-four", "--stack", stack, "--no-quota", "--uplink-mbps", "10"])
-    assert r.exit_code == 1 and "6.08 h at 10 Mbit/s, more than the 3 h paid for" in " ".join(r.output.split())
+    assert "more than the 3 h paid for" not in r.output  # 1.52 h through the bucket (6.08 h over SSH alone)
+    r = CliRunner().invoke(app, ["plan", "diloco-four", "--stack", stack, "--no-quota", "--uplink-mbps", "4"])
+    assert r.exit_code == 1 and "even through the bucket: 3.81 h at 4 Mbit/s, more than the 3 h paid for" in \
+        " ".join(r.output.split())
     for bad in (["--uplink-mbps", "0"], ["--wheelhouse", str(tmp_path / "none")]):
         r = CliRunner().invoke(app, ["plan", "diloco-four", "--stack", stack, "--no-quota", *bad])
         assert r.exit_code == 2 and "Traceback" not in r.output, r.output
