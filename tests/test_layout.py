@@ -1,0 +1,56 @@
+"""The packages' import graph points one way: evidence ← training ← orchestrate, evidence ← infra.
+
+A host runs `training` (and `evidence`) without `orchestrate` or `infra` installed; a reader checks
+evidence with `evidence` alone. An import that reaches back up the graph would work on the
+controller and fail on a host, so every import in every module is read here, including those inside
+functions (the lazy ones are where such a reach usually hides).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OURS = ("evidence", "training", "infra", "orchestrate")
+ALLOWED = {  # package → ours it may import (besides itself)
+    "evidence": set(),
+    "training": {"evidence"},
+    "infra": {"evidence"},
+    "orchestrate": {"evidence", "training", "infra"},
+}
+
+
+def reaches(root: Path, allowed: dict[str, set[str]]) -> list[str]:
+    """Every import of one of our packages that its importer may not make, as 'file:line → package'."""
+    bad = []
+    for pkg, ok in allowed.items():
+        for path in sorted((root / pkg).rglob("*.py")):
+            tree = ast.parse(path.read_text(), filename=str(path))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module]
+                else:
+                    continue
+                for name in names:
+                    top = name.split(".")[0]
+                    if top in OURS and top != pkg and top not in ok:
+                        bad.append(f"{path.relative_to(root)}:{node.lineno} → {top}")
+    return bad
+
+
+def test_no_package_reaches_back_up_the_import_graph():
+    assert reaches(ROOT, ALLOWED) == []
+
+
+def test_the_check_sees_a_lazy_import_inside_a_function(tmp_path):
+    """The check can fail: a training module importing the CLI inside a function is named."""
+    for pkg in OURS:
+        (tmp_path / pkg).mkdir()
+        (tmp_path / pkg / "__init__.py").write_text("")
+    (tmp_path / "training" / "serve.py").write_text(
+        "import json\n\ndef start():\n    from orchestrate.cli import app\n    return app\n")
+    (tmp_path / "evidence" / "report.py").write_text("import training.train as t\n")
+    assert reaches(tmp_path, ALLOWED) == ["evidence/report.py:1 → training", "training/serve.py:4 → orchestrate"]
