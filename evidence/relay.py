@@ -4,9 +4,8 @@ fetch it in region.
 Staging over SSH sends every wheel and every seed file from the operator's machine once per host: for
 the 1.7B study, four copies of a 6.8 GB seed through a home uplink. With a bucket, the controller puts
 each artifact once under the trial's prefix, content-addressed (`staging/<sha256>`), read back and
-hashed like any evidence object (`stores._put_verified`; an object already there is not sent again,
-only read back); every host then fetches what it needs from there, all hosts at once, and hashes each
-file before it is put in place. A file that does not hash to what was staged is refused, naming the
+checked by S3 on receipt (an object already there at its size is not sent again); every host then
+fetches what it needs from there, all hosts at once, and hashes each file before it is put in place. A file that does not hash to what was staged is refused, naming the
 object, and nothing is written in its place.
 
 The host side is `python -m evidence.relay fetch --store URL --manifest FILE --root DIR`: stdlib and
@@ -27,7 +26,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterable
 
 from evidence.canonical import file_sha256
-from evidence.stores import PreservationError, Store, _put_verified, open_store, staging_key
+from evidence.stores import PreservationError, Store, open_store, staging_key
 
 
 class RelayError(RuntimeError):
@@ -37,16 +36,26 @@ class RelayError(RuntimeError):
 
 def upload_once(store: Store, paths: Iterable[Path],
                 say: Callable[[str], None] = lambda m: None) -> tuple[dict[Path, dict[str, Any]], int]:
-    """Every path into the store once under `staging_key` of its sha256, read back and hashed (objects
-    already there are read back, not sent). Returns ({path: {"sha256", "size"}}, bytes uploaded now)."""
+    """Every path into the store once under `staging_key` of its sha256. Returns ({path: {"sha256",
+    "size"}}, bytes uploaded now).
+
+    Not read back here, unlike evidence: every host hashes each artifact before it takes its place
+    (`_fetch_one`), which is the check that matters, and a read-back would bring every artifact (a
+    6.85 GB seed at 1.7B) back down to the operator's machine on every run. S3 itself checks each
+    part's SHA-256 on receipt (`put_file` asks for it). An object already there at the right size is
+    not sent again; one at another size (a broken earlier upload) is replaced: staging objects are
+    inputs, not evidence, and the key names the content they must have."""
     out: dict[Path, dict[str, Any]] = {}
     sent = 0
     for p in dict.fromkeys(paths):  # the same file named twice is one object
-        digest, size, uploaded = _put_verified(store, p, staging_key)
+        digest, size = file_sha256(p), p.stat().st_size
+        key = staging_key(digest)
+        if store.size(key) != size:
+            store.put_file(key, p, digest)
+            sent += size
         out[p] = {"sha256": digest, "size": size}
-        sent += size if uploaded else 0
     say(f"relay: {len(out)} artifact(s), {sum(f['size'] for f in out.values()) / 1e6:,.1f} MB in {store.url}staging/ "
-        f"({sent / 1e6:,.1f} MB uploaded now, read back)")
+        f"({sent / 1e6:,.1f} MB uploaded now; each host hashes what it fetches)")
     return out, sent
 
 
@@ -110,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         manifest = json.loads(args.manifest.read_text())
         if not isinstance(manifest, dict) or not all(
                 isinstance(v, dict) and isinstance(v.get("sha256"), str) and type(v.get("size")) is int
+                and len(v["sha256"]) == 64 and all(c in "0123456789abcdef" for c in v["sha256"])
                 for v in manifest.values()):
             raise RelayError(f"{args.manifest}: not a staging manifest ({{path: {{sha256, size}}}})")
         print(json.dumps(fetch(args.store, manifest, args.root, workers=args.workers)))

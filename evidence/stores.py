@@ -178,12 +178,11 @@ def _read_back(store: Any, key: str, sha256: str, size: int) -> None:
                                 f"({size} bytes): the store does not hold what was uploaded")
 
 
-def _put_verified(store: Any, p: Path, key_for: Callable[[str], str] = object_key) -> tuple[str, int, bool]:
+def _put_verified(store: Any, p: Path) -> tuple[str, int, bool]:
     """One file into the store under its sha256 (unless the store holds that object already), then
-    read back and hashed: uploaded now or earlier, it must read back. (sha256, size, uploaded now).
-    `key_for`: the key for a digest (evidence objects by default; staging's relay uses `staging_key`)."""
+    read back and hashed: uploaded now or earlier, it must read back. (sha256, size, uploaded now)."""
     digest, size = file_sha256(p), p.stat().st_size
-    key = key_for(digest)
+    key = object_key(digest)
     uploaded = store.size(key) is None
     if uploaded:
         store.put_file(key, p, digest)

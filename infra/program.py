@@ -288,7 +288,9 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = 
         "bucket": bucket.bucket, "prefix": prefix, "alert_topic": topic.arn,
         "security_group": sg.id,
         "transfer_guard_bytes": cfg.transfer_guard_bytes, "guard_fraction": cfg.guard_fraction,
-        "isolated_ranks": sorted(isolated), "ami": ami_id,
+        # the image the hosts run (their stored state, kept by ignore_changes), not this run's lookup:
+        # after a new release the two differ, and this is the id to pin
+        "isolated_ranks": sorted(isolated), "ami": hosts[0][1].ami,
         "budget": cfg.budget.model_dump(exclude={"alert_email"}), "budget_name": name("budget"),
         "estimate": {"total_usd": est["total_usd"], "totals_usd": est["totals_usd"],
                      "traffic": est["traffic"]},

@@ -610,11 +610,18 @@ def up(local: bool = typer.Option(False, "--local", help="the embedded local clu
                     parsed = parse_outputs(text)
                 except OutputsError as e:
                     raise ClusterError(str(e)) from None
-                session = boto3.Session(region_name=parsed.region)
-                say("cluster", f"reading {len(parsed.hosts)} instance console(s) for their SSH host keys")
-                keys = pin_host_keys({h.rank: h.instance_id for h in parsed.hosts},
-                                     lambda iid: console_output(session, iid), wait_s=boot_wait,
-                                     say=lambda m: say("cluster", m))
+                # cloud-init prints the keys at an instance's first boot only: after a stop/start the
+                # console has none, so the keys pinned earlier for the same instances are kept
+                keys = kept_host_keys(out, {h.rank: h.instance_id for h in parsed.hosts})
+                if keys:
+                    say("cluster", f"host keys kept from {out} for rank(s) {sorted(keys)} (the same instances; "
+                                   "cloud-init prints them only at first boot)")
+                todo = {h.rank: h.instance_id for h in parsed.hosts if h.rank not in keys}
+                if todo:
+                    session = boto3.Session(region_name=parsed.region)
+                    say("cluster", f"reading {len(todo)} instance console(s) for their SSH host keys")
+                    keys |= pin_host_keys(todo, lambda iid: console_output(session, iid), wait_s=boot_wait,
+                                          say=lambda m: say("cluster", m))
             desc = pulumi_cluster(text, key_file=str(key_file.resolve()), host_keys=keys)
             missing = [h.rank for h in desc.hosts if h.host_key is None]
             if missing:
@@ -629,6 +636,22 @@ def up(local: bool = typer.Option(False, "--local", help="the embedded local clu
         say("error:", f"reading the instances (addresses, consoles) failed: {e}", style="bold red")
         raise typer.Exit(1)
     say("cluster", f"{desc.source}: {len(desc.hosts)} host(s), store {desc.store} → {out}")
+
+
+def kept_host_keys(path: Path, instances: dict[int, str]) -> dict[int, str]:
+    """{rank: host key} pinned in an earlier cluster.json at `path` for the same instance at the same
+    rank; nothing from a file that is absent or unreadable, or for a rank whose instance changed (a
+    replaced host has new keys, read from its console)."""
+    from orchestrate.cluster import ClusterError, load
+
+    if not path.is_file():
+        return {}
+    try:
+        prev = load(path)
+    except ClusterError:
+        return {}
+    return {h.rank: h.host_key for h in prev.hosts
+            if h.host_key and h.instance_id and instances.get(h.rank) == h.instance_id}
 
 
 @app.command()
@@ -826,9 +849,13 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
           "NetworkIn/NetworkOut alarms stop it at 100 %")
     per_day = sum(ln["usd"] for ln in est["lines"] if ln["item"].startswith("stopped:")) / (cfg.stopped_days or 1)
     left = est["reserved_usd"]["storage_other"] - est["totals_usd"]["storage_other"]
-    print(f"stopped volumes: ${per_day:.2f} a day after the deadline until `orchestrate down` ({cfg.stopped_days:g} d "
-          f"counted, stopped_days); the storage reservation has ${left:.2f} left" +
-          (f", {left / per_day:.1f} more days" if per_day and left > 0 else ""))
+    if cfg.stopped_days:
+        print(f"stopped volumes: ${per_day:.2f} a day after the deadline until `orchestrate down` ({cfg.stopped_days:g} "
+              f"d counted, stopped_days); the storage reservation has ${left:.2f} left" +
+              (f", {left / per_day:.1f} more days" if per_day and left > 0 else ""))
+    else:
+        print("stopped volumes: not counted (stopped_days = 0): they bill every day after the deadline until "
+              "`orchestrate down`")
     print(f"stops: the cloud schedule at the deadline and the transfer guards are the bounds. The budget "
           f"(${cfg.budget.total_usd:g}, {'the region' if cfg.budget_filter == 'region' else 'the trial tag'}'s spend) "
           "and its stop action are a late backstop: AWS Budgets sees costs hours late (its data is refreshed at "

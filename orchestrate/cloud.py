@@ -123,7 +123,7 @@ def pin_host_keys(instances: dict[int, str], read: Callable[[str], str], *, wait
             raise HostKeysMissing(f"no SSH host keys on the console of {', '.join(waiting)} after {wait_s:.0f} s: "
                                   "still booting (try again in a minute); or restarted since its first boot, whose "
                                   "key block cloud-init prints once and the console keeps only its newest 64 KB of "
-                                  "(pass --host-keys with the keys pinned before, from the earlier cluster.json); or "
+                                  "(`up` keeps the keys its earlier --out pinned for the same instances; else pass --host-keys); or "
                                   "an AMI whose cloud-init does not print them. An unknown host key is never accepted")
         say(f"waiting for {', '.join(waiting)} to print its host keys ({left:.0f} s left)")
         time.sleep(min(poll_s, max(left, 0.0)))
@@ -214,9 +214,14 @@ def trial_alerts(session: Any, cluster: Any) -> dict[str, Any]:
                         "trials:cluster.budget.alert_email, or subscribe to the topic yourself)")
     warnings += [f"the {s['protocol']} subscription for {s['endpoint']} is pending confirmation: it hears nothing "
                  "until its confirmation link is followed" for s in subs if s["state"] != "confirmed"]
-    if cluster.guarded_ranks and cluster.trial and len(alarms) < len(cluster.guarded_ranks):
-        warnings.append(f"{len(cluster.guarded_ranks)} guarded host(s) but {len(alarms)} transfer alarm(s) named "
-                        f"{transfer_alarm_prefix(cluster.trial)}<rank> found")
+    if cluster.trial:  # each guarded host: its notifying sum alarm and the two single-metric ones that stop it
+        prefix, names = transfer_alarm_prefix(cluster.trial), {a["name"] for a in alarms}
+        for r in cluster.guarded_ranks:
+            lacking = [n for n in (f"{prefix}{r}", f"{prefix}{r}-in", f"{prefix}{r}-out") if n not in names]
+            if lacking:
+                warnings.append(f"guarded host rank {r} lacks the transfer alarm(s) {', '.join(lacking)}: "
+                                "nothing in the cloud stops it at its guard (a stack made before the "
+                                "single-metric alarms: `pulumi up` adds them)")
     return {"alarms": alarms, "subscriptions": subs, "warnings": warnings}
 
 

@@ -42,6 +42,7 @@ class Host(BaseModel):
     root: str = Field(pattern=r"^/[A-Za-z0-9._/-]+$")  # the host's working directory
     interface: str | None = Field(None, pattern=r"^[A-Za-z0-9._-]{1,15}$")  # for GLOO/NCCL_SOCKET_IFNAME
     python: str = Field("python3", pattern=r"^[A-Za-z0-9._/+-]+$")  # the host's interpreter
+    instance_id: str | None = Field(None, pattern=r"^i-[0-9a-f]{8,17}$")  # a stack's host: its EC2 instance
 
     @field_validator("address", "private_address")
     @classmethod
@@ -66,10 +67,16 @@ class Cluster(BaseModel):
     guarded_ranks: list[int] = []  # hosts in an isolated zone, whose traffic is billed and guarded
     budget_name: str | None = None  # the AWS Budgets budget that tracks the trial's spend
     alert_topic: str | None = None  # the SNS topic the budget and the transfer alarms notify
+    # how staging reaches the hosts: through the trial's bucket (each artifact leaves this machine
+    # once; the hosts fetch it with their own credentials) or over SSH to each host; "auto" relays on
+    # a stack's cluster (its hosts have the instance role) and uses SSH elsewhere
+    staging: Literal["auto", "ssh", "relay"] = "auto"
 
     @model_validator(mode="after")
     def _consistent(self) -> "Cluster":
         require_ranks(h.rank for h in self.hosts)
+        if self.staging == "relay" and not self.store.startswith("s3://"):
+            raise ValueError(f"staging = relay needs the trial's bucket (an s3:// store), not {self.store}")
         if any(h.transport == "ssh" for h in self.hosts) and not self.key_file:
             raise ValueError("ssh hosts need key_file")
         if len({h.name for h in self.hosts}) != len(self.hosts):
@@ -85,6 +92,14 @@ class Cluster(BaseModel):
     @property
     def by_rank(self) -> list[Host]:
         return sorted(self.hosts, key=lambda h: h.rank)
+
+    @property
+    def relay(self) -> str | None:
+        """The store staging relays through, or None for SSH to each host (see `staging`)."""
+        if self.staging == "relay" or (self.staging == "auto" and self.source == "pulumi"
+                                       and self.store.startswith("s3://")):
+            return self.store
+        return None
 
     def transport(self, host: Host, **kw: Any) -> Transport:
         if host.transport == "local":
@@ -145,7 +160,7 @@ def pulumi_cluster(outputs: str | dict, *, key_file: str, host_keys: dict[int, s
                            Host(rank=h.rank, name=f"{out.trial}-{h.rank}", transport="ssh",
                                 address=h.public_ip or h.private_ip, private_address=h.private_ip, zone=h.zone,
                                 user=out.ssh_user, host_key=(host_keys or {}).get(h.rank), root=root,
-                                python=out.host_python)
+                                python=out.host_python, instance_id=h.instance_id)
                            for h in out.hosts])
     except ValidationError as e:
         raise ClusterError(explain(e, "cluster")) from None

@@ -164,17 +164,23 @@ def host_distributions(t: Transport, host: Host) -> dict[str, str]:
 
 def wheels_lacking(lock: dict[str, str], have: dict[str, str]) -> list[str]:
     """The wheels a host needs: the project's own always; any other only where the host's Python lacks
-    that distribution at that version — where the AMI's torch matches the pin, torch is not sent. A
-    local label (torch 2.13.0+cu130 against a 2.13.0 wheel) is not compared, as pip's `==` pin does not
-    compare it; the environment digest records the CUDA and NCCL each host then runs, and refuses hosts
-    that differ."""
-    def public(v: str) -> str:
-        return v.split("+", 1)[0]
+    that distribution at exactly that version, local label included. The label is compared because
+    it names the build: a `2.13.0` wheel from PyPI and an AMI's `2.13.0+cu130` link different CUDA
+    libraries, and keeping the AMI's torch while sending the PyPI build's own `nvidia-*` wheels (first
+    on the path) would mix the two. A wheelhouse built from the AMI's own index (`+cu130` wheels)
+    matches it and sends neither."""
+    from packaging.version import InvalidVersion, Version
+
+    def same(a: str, b: str) -> bool:
+        try:
+            return Version(a) == Version(b)
+        except InvalidVersion:
+            return a == b
 
     out = []
     for name in lock:
         dist, version = wheel_dist(name)
-        if dist == PROJECT_DIST or dist not in have or public(have[dist]) != public(version):
+        if dist == PROJECT_DIST or dist not in have or not same(have[dist], version):
             out.append(name)
     return out
 
@@ -217,7 +223,9 @@ def stage_host(t: Transport, host: Host, *, python: str, wheel_dir: Path, lock: 
             raise StagingError(f"{host.name}: fetching the staged artifacts from {relay} exited {r.status}: "
                                f"{r.stderr.strip()[-600:]}")
         fetched = json.loads(r.stdout.strip().splitlines()[-1])
-        install([n for n in lock if n not in over_ssh], fresh=False)
+        # then every wheel at once into a fresh site: pip --target skips what the site already has
+        # (its bin/ from the first install), which would drop the fetched wheels' scripts
+        install(list(lock), fresh=True)
     else:
         for rel, local in files.items():
             t.put(local, f"{root}/{rel}")
@@ -270,7 +278,12 @@ def stage_reports(cluster: Cluster, transports: list[Transport], *, wheel_dir: P
                                    "wheelhouse does not carry: add boto3 and its dependencies to --wheelhouse")
         firsts = [frozenset(n for n in need if wheel_dist(n)[0] in RELAY_DISTS | {PROJECT_DIST}) for need in needs]
         via = sorted({n for need, f in zip(needs, firsts) for n in need if n not in f})
-        table, relay_bytes = upload_once(open_store(relay), [wheel_dir / n for n in via] + list(files.values()), say)
+        try:
+            table, relay_bytes = upload_once(open_store(relay), [wheel_dir / n for n in via] + list(files.values()),
+                                             say)
+        except Exception as e:  # noqa: BLE001 — no credentials, no such bucket, access denied, network
+            raise StagingError(f"staging through {relay} failed before any host fetched: "
+                               f"{type(e).__name__}: {e}") from e
         for n in via:  # what the hosts will verify against is what the lock says
             if table[wheel_dir / n]["sha256"] != lock[n]:
                 raise StagingError(f"wheel {n} hashes as {table[wheel_dir / n]['sha256']}, the lock says {lock[n]}")

@@ -146,9 +146,8 @@ class RemotePlacement:
         files |= {f"seed/{p.relative_to(self.model_dir)}": p for p in sorted(self.model_dir.rglob("*"))
                   if p.is_file()}
         # with the trial's bucket, each artifact leaves this machine once and the hosts fetch it in region
-        relay = self.cluster.store if self.cluster.store.startswith("s3://") else None
         self.digest, self.reports = stage_reports(self.cluster, self.ts, wheel_dir=self.wheel_dir, files=files,
-                                                  say=self.say, relay=relay)
+                                                  say=self.say, relay=self.cluster.relay)
 
     def devices(self, device: str) -> Devices:
         """Each host's GPUs as its staging report counted them (staging the hosts if not yet done);

@@ -35,7 +35,8 @@ def cloud_cluster(tmp_path: Path, trial: str, topic: str):
 
 def test_status_says_whether_anyone_hears_the_alerts(aws, tmp_path):
     topic = aws.client("sns").create_topic(Name="al-alerts")["TopicArn"]
-    alarm(aws, "al-trial-transfer-1")
+    for suffix in ("", "-in", "-out"):  # the notifying sum alarm and the two that stop the host
+        alarm(aws, f"al-trial-transfer-1{suffix}")
     alarm(aws, "someone-else-transfer-1")  # another trial's: not shown
     save(cloud_cluster(tmp_path, "al-trial", topic), tmp_path / "cluster.json")
     home = tmp_path / "home"
@@ -48,7 +49,8 @@ def test_status_says_whether_anyone_hears_the_alerts(aws, tmp_path):
 
     said = status()
     # (moto starts an alarm in OK; real CloudWatch in INSUFFICIENT_DATA until its first period)
-    assert "alerts: transfer alarms al-trial-transfer-1 OK; topic reaches no one" in said
+    assert ("alerts: transfer alarms al-trial-transfer-1 OK, al-trial-transfer-1-in OK, al-trial-transfer-1-out OK; "
+            "topic reaches no one") in said
     assert "warning: nobody subscribes to the alert topic" in said and "someone-else" not in said
     aws.client("sns").subscribe(TopicArn=topic, Protocol="email", Endpoint="me@example.com")
     said = status()
@@ -59,7 +61,8 @@ def test_status_says_whether_anyone_hears_the_alerts(aws, tmp_path):
     r = run_cli("-m", "orchestrate", "status", "--cluster", str(tmp_path / "cluster.json"), "--home", str(home),
                 "--json")
     alerts = json.loads(r.stdout)["alerts"]
-    assert [(a["name"], a["state"]) for a in alerts["alarms"]] == [("al-trial-transfer-1", "ALARM")]
+    assert [(a["name"], a["state"]) for a in alerts["alarms"]] == [
+        ("al-trial-transfer-1", "ALARM"), ("al-trial-transfer-1-in", "OK"), ("al-trial-transfer-1-out", "OK")]
 
 
 def test_a_pending_subscription_is_a_warning(tmp_path):
@@ -80,7 +83,9 @@ def test_a_pending_subscription_is_a_warning(tmp_path):
     assert got["warnings"] == [
         "the email subscription for me@example.com is pending confirmation: it hears nothing until its "
         "confirmation link is followed",
-        "1 guarded host(s) but 0 transfer alarm(s) named pa-trial-transfer-<rank> found"]
+        "guarded host rank 1 lacks the transfer alarm(s) pa-trial-transfer-1, pa-trial-transfer-1-in, "
+        "pa-trial-transfer-1-out: nothing in the cloud stops it at its guard (a stack made before the "
+        "single-metric alarms: `pulumi up` adds them)"]
 
 
 def test_a_raised_alarm_stops_the_run_before_an_arm(aws, tmp_path, tiny_seed):

@@ -166,6 +166,22 @@ def test_up_reads_the_consoles_through_boto3_and_refuses_a_silent_one(aws, tmp_p
     assert r.returncode == 0, r.stdout + r.stderr
     pinned = json.loads((tmp_path / "cluster.json").read_text())["hosts"]
     assert [h["host_key"] for h in pinned] == [ED, ECDSA] and "console" not in r.stdout
+    # after a stop/start the consoles print no keys (cloud-init's first boot only): `up` again keeps the
+    # keys pinned for the same instances, and reads no console
+    r = run_cli("-m", "orchestrate", "up", "--pulumi-outputs", str(out), "--key-file", str(tmp_path / "key"),
+                "--boot-wait", "1", "--out", str(tmp_path / "cluster.json"))
+    said = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode == 0 and "host keys kept from" in said and "reading" not in said, said
+    assert [h["host_key"] for h in json.loads((tmp_path / "cluster.json").read_text())["hosts"]] == [ED, ECDSA]
+    # a replaced host (another instance at rank 1) gets no kept key: its console is read, and refused
+    new_id = ec2.run_instances(ImageId=ami, InstanceType="g6e.xlarge", MinCount=1, MaxCount=1)["Instances"][0]["InstanceId"]
+    replaced = json.loads(out.read_text())
+    replaced["hosts"][1]["instance_id"] = new_id
+    out.write_text(json.dumps(replaced))
+    r = run_cli("-m", "orchestrate", "up", "--pulumi-outputs", str(out), "--key-file", str(tmp_path / "key"),
+                "--boot-wait", "1", "--out", str(tmp_path / "cluster.json"))
+    said = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode == 2 and f"no SSH host keys on the console of rank 1 ({new_id})" in said, said
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("/usr/sbin/sshd") is None,

@@ -670,8 +670,15 @@ def test_a_new_ami_release_replaces_no_host():
             self.ignored[request.name] = list(request.ignoreChanges)
             return super().RegisterResource(request)
 
-    def build_with(cfg: dict) -> tuple[Recorder, Monitor, dict]:
-        mocks = Recorder()
+    class Kept(Recorder):  # the hosts' stored state keeps the image they were created with
+        def new_resource(self, args):
+            rid, out = super().new_resource(args)
+            if args.typ == "aws:ec2/instance:Instance":
+                out = {**out, "ami": "ami-0aaaaaaaaaaaaaaa1"}
+            return [rid, out]
+
+    def build_with(cfg: dict, mocks: Recorder | None = None) -> tuple[Recorder, Monitor, dict]:
+        mocks = mocks or Recorder()
         asyncio.set_event_loop(asyncio.new_event_loop())
         monitor = Monitor(mocks)
         pulumi.runtime.set_mocks(mocks, project="trials", stack="test", preview=False, monitor=monitor)
@@ -694,3 +701,6 @@ def test_a_new_ami_release_replaces_no_host():
     assert not [c for c in pinned.calls if c.token == "aws:ec2/getAmi:getAmi"]  # no lookup at all
     assert {r.inputs["ami"] for r in pinned.of("aws:ec2/instance:Instance")} == {"ami-0fedcba9876543210"}
     assert out["ami"] == "ami-0fedcba9876543210"
+    # after a new release the lookup names another image; the output names the one the hosts run
+    _, _, out = build_with(study(), Kept())
+    assert out["ami"] == "ami-0aaaaaaaaaaaaaaa1"

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import ROOT
 from evidence.relay import RelayError, fetch, upload_once
-from evidence.stores import PreservationError, open_store, staging_key
+from evidence.stores import open_store, staging_key
 from orchestrate.remote import StagingError, wheel_dist, wheels_lacking
 
 
@@ -40,7 +40,7 @@ def test_uploaded_once_fetched_and_verified(aws, artifacts, tmp_path):
     table, sent = upload_once(store, list(artifacts.values()) * 2)  # the same file twice is one object
     assert sent == sum(p.stat().st_size for p in artifacts.values()) and len(table) == 2
     assert store.size(staging_key(sha(artifacts["seed/config.json"]))) == 8
-    assert upload_once(store, artifacts.values())[1] == 0  # there already: read back, not sent
+    assert upload_once(store, artifacts.values())[1] == 0  # there already at its size: not sent
     manifest = {rel: table[p] for rel, p in artifacts.items()}
     for host in ("a", "b"):
         got = fetch("s3://relay/trials/t/", manifest, tmp_path / host, session=aws)
@@ -62,8 +62,11 @@ def test_a_tampered_object_is_refused_by_name(aws, artifacts, tmp_path):
         fetch("s3://relay/trials/t/", manifest, tmp_path / "host", session=aws)
     assert not (tmp_path / "host" / "seed" / "model.safetensors").exists()
     assert not list((tmp_path / "host").rglob("*.relay"))
-    with pytest.raises(PreservationError, match=rf"{key} reads back as"):  # the controller's read-back, too
-        upload_once(store, artifacts.values())
+    # a broken earlier upload (another size) is replaced by the next run's upload, then fetched whole
+    aws.client("s3").put_object(Bucket="relay", Key=key, Body=b"cut short")
+    assert upload_once(store, artifacts.values())[1] == big["size"]
+    got = fetch("s3://relay/trials/t/", manifest, tmp_path / "host", session=aws)
+    assert got["files"] == 2 and sha(tmp_path / "host" / "seed" / "model.safetensors") == big["sha256"]
 
 
 def test_the_manifest_writes_only_under_the_root(tmp_path):
@@ -89,10 +92,14 @@ def test_only_the_wheels_the_host_lacks():
     lock = {"trials-0.1.0-py3-none-any.whl": "x", "torch-2.13.0-cp312-cp312-manylinux_2_28_x86_64.whl": "y",
             "Safe_Tensors-0.8.0-cp38-abi3-manylinux_2_17_x86_64.whl": "z"}
     assert wheel_dist("Safe_Tensors-0.8.0-cp38-abi3-manylinux_2_17_x86_64.whl") == ("safe-tensors", "0.8.0")
-    # the AMI's torch matches the pin (its local label aside): not sent; the project's own wheel always is
-    ami = {"torch": "2.13.0+cu130", "trials": "0.1.0", "safe-tensors": "0.7.0"}
+    # the AMI's torch matches the pin, build label and all: not sent; the project's own wheel always is
+    ami = {"torch": "2.13.0", "trials": "0.1.0", "safe-tensors": "0.7.0"}
     assert wheels_lacking(lock, ami) == ["trials-0.1.0-py3-none-any.whl",
                                          "Safe_Tensors-0.8.0-cp38-abi3-manylinux_2_17_x86_64.whl"]
+    # another build of the same release (the AMI's +cu130 against PyPI's wheel) is another torch: sent
+    assert "torch-2.13.0-cp312-cp312-manylinux_2_28_x86_64.whl" in wheels_lacking(lock, {**ami, "torch": "2.13.0+cu130"})
+    labelled = {"torch-2.13.0+cu130-cp312-cp312-manylinux_2_28_x86_64.whl": "y"}
+    assert wheels_lacking(labelled, {"torch": "2.13.0+cu130"}) == []
     assert wheels_lacking(lock, {}) == list(lock)
     with pytest.raises(StagingError, match="not a wheel's file name"):
         wheel_dist("torch.tar.gz")
@@ -169,3 +176,19 @@ def test_four_hosts_staged_through_the_bucket(smoke_home, tiny_seed, tmp_path, m
                     t.close()
         finally:
             server.stop()
+
+
+def test_the_relay_is_chosen_for_a_stack_and_asked_for_elsewhere(tmp_path):
+    """A stack's hosts have the instance role: staging relays there by default; elsewhere (a netns or
+    hand-written cluster whose hosts may have no AWS credentials) it goes over SSH unless asked."""
+    from orchestrate.cluster import Cluster
+
+    hosts = [{"name": "h0", "rank": 0, "transport": "ssh", "address": "198.18.0.10", "private_address": "198.18.0.10",
+              "host_key": "ssh-ed25519 AAAA", "root": "/opt/trial"}]
+    base = {"hosts": hosts, "key_file": str(tmp_path / "k"), "store": "s3://b/trials/t/"}
+    assert Cluster(source="pulumi", **base).relay == "s3://b/trials/t/"
+    assert Cluster(source="netns", **base).relay is None
+    assert Cluster(source="netns", staging="relay", **base).relay == "s3://b/trials/t/"
+    assert Cluster(source="pulumi", staging="ssh", **base).relay is None
+    with pytest.raises(ValueError, match="needs the trial's bucket"):
+        Cluster(source="netns", staging="relay", **{**base, "store": f"file://{tmp_path}/store"})
