@@ -7,8 +7,8 @@ over the network what its P and Q all-reduces add.
 
 Each rank holds the architecture's parameters (FP32) behind a backward that writes fresh random
 gradients (a generator per rank), wrapped in DDP exactly as the trainer wraps the powersgd arm: one
-bucket holding every gradient (`trainer.bucket_cap_mb`) and the hook from
-`trainer.gradient_reduction` (rank 32, here 2 dense updates, then compressed). Variants:
+bucket holding every gradient (`training.arms.powersgd.bucket_cap_mb`) and the hook from the arm
+kind's `reduction` (rank 32, here 2 dense updates, then compressed). Variants:
   none                  a hook that returns the bucket unchanged: backward and DDP's copies (baseline)
   ddp                   the all-reduce hook (the ddp arm, and powersgd's dense warm-up)
   powersgd:ORTHO        PowerSGD with that orthogonalization: `torch` is torch's own hook (a
@@ -72,7 +72,9 @@ def worker(rank: int, world: int, port: int, variants: list[str], steps: int, sh
            cuda: bool) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from training.trainer import bucket_cap_mb, gradient_reduction, passthrough
+    from training.arms import KINDS
+    from training.arms.ddp import passthrough
+    from training.arms.powersgd import bucket_cap_mb
 
     torch.set_num_threads(1 if not cuda else torch.get_num_threads())
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -89,13 +91,15 @@ def worker(rank: int, world: int, port: int, variants: list[str], steps: int, sh
     summary = {}
     for v in variants:
         module = Gradients(shapes, device, seed=rank)
-        ddp = DDP(module, device_ids=[device] if cuda else None, bucket_cap_mb=bucket_cap_mb("powersgd", module))
+        ddp = DDP(module, device_ids=[device] if cuda else None, bucket_cap_mb=bucket_cap_mb(module))
         if v == "none":
             hook = lambda _state, bucket: passthrough(bucket)  # noqa: E731
         else:
             kind, _, ortho = v.partition(":")
-            reduce, state = gradient_reduction(kind, powersgd_rank=RANK, dense_warmup=DENSE, batch_same_shape=True,
-                                               orthogonalization=ortho or "torch")
+            arm = KINDS[kind]
+            settings = arm.settings({"powersgd_rank": RANK, "dense_warmup": DENSE} if kind == "powersgd" else {})
+            reduce, state = arm.reduction(settings, {"powersgd_batch_same_shape": True,
+                                                     "powersgd_orthogonalization": ortho or "torch"})
             hook = lambda _state, bucket, reduce=reduce: reduce(bucket)  # noqa: E731
         ddp.register_comm_hook(None, hook)
         times = []

@@ -34,6 +34,7 @@ from evidence.covered import guard_writes
 from evidence.inputs import changed_input, global_losses, load_cases
 from evidence.placement import SERVING_PROBE, committed_placement, not_evaluated, not_run, unevaluated_gates
 from evidence.receipts import verify_receipt
+from evidence.schedule import due_after as schedule_due
 from evidence.serving import ServingEvidenceError, check_probe
 from evidence.serving import GATES as SERVING_GATES
 from evidence.serving import gates as serving_gates
@@ -89,11 +90,12 @@ def _check_ranks(home: Path, cand: dict, schedule: list[list[int]]) -> list[dict
                     rec["local_docs"] != docs[res["rank"] * k:(res["rank"] + 1) * k]:
                 raise EvidenceError(f"{cand['arm']} rank {res['rank']} update {u}: documents deviate "
                                     "from the committed schedule")
-            if cand["kind"] == "diloco":
-                due = (u + 1) % h == 0 or u + 1 == len(schedule)
-                if rec["outer_step"] != due:
-                    raise EvidenceError(f"{cand['arm']} rank {res['rank']} update {u}: outer step "
-                                        f"{'missing' if due else 'unscheduled'} (H = {h})")
+            # an arm with a synchronization period H takes an outer step when one is due; every other
+            # arm takes none (evidence.schedule: the rule the DiLoCo arm runs by)
+            due = bool(h) and schedule_due(u, len(schedule), h)
+            if rec["outer_step"] != due:
+                raise EvidenceError(f"{cand['arm']} rank {res['rank']} update {u}: outer step "
+                                    f"{'missing' if due else 'unscheduled'} (H = {h})")
     return results
 
 

@@ -7,7 +7,9 @@ on both sides (out and in). So a trial's cross-zone bytes are (cross-zone links)
 synchronization, and each host moves 2 × 2(N−1)/N·P (receive + transmit) per synchronization, which
 is what the transfer guard on an isolated-zone host must allow. DDP synchronizes P = 4 bytes per
 parameter (FP32 gradients) every update; DiLoCo the same P every H updates and after the last;
-PowerSGD's payload must be given (measured), since it depends on the layer shapes and the rank.
+PowerSGD's payload must be given (measured), since it depends on the layer shapes and the rank. How
+often each kind synchronizes, and what the plan must be told about it, is the kind's own
+(`training.arms`, torch-free): the trainer runs by the same schedule.
 """
 
 from __future__ import annotations
@@ -20,11 +22,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from infra.keys import operator_public_key
-
 from evidence.schema import require_ranks
+from infra.keys import operator_public_key
 from infra.prices import HOURS_PER_MONTH, INSTANCE_TYPES, PRICES, price
 from infra.userdata import GUARD_FRACTION
+from training.arms import kind as arm_kind
 
 GB = 1e9
 
@@ -87,11 +89,17 @@ class Budget(Strict):
 
 class Arm(Strict):
     name: str
-    kind: Literal["single", "ddp", "diloco", "powersgd", "seed"]
+    kind: str  # a key of training.arms.KINDS
     world_size: int = Field(ge=1)
     updates: int = Field(ge=1)
     sync_every: int | None = Field(None, ge=1)  # DiLoCo's H
     payload_bytes_per_sync: int | None = Field(None, ge=0)  # required for powersgd (measured)
+
+    @field_validator("kind")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        arm_kind(v)
+        return v
 
 
 class TrialConfig(Strict):
@@ -193,10 +201,9 @@ class TrialConfig(Strict):
         for a in self.arms:
             if a.world_size > len(self.hosts):
                 raise ValueError(f"arm {a.name} needs {a.world_size} hosts; the stack has {len(self.hosts)}")
-            if a.kind == "powersgd" and a.payload_bytes_per_sync is None:
-                raise ValueError(f"arm {a.name}: give payload_bytes_per_sync (PowerSGD's measured payload)")
-            if a.kind == "diloco" and a.sync_every is None:
-                raise ValueError(f"arm {a.name}: DiLoCo needs sync_every (H)")
+            for setting, why in arm_kind(a.kind).plan_needs.items():
+                if getattr(a, setting) is None:
+                    raise ValueError(f"arm {a.name}: give {setting} ({why})")
         return self
 
     @property
@@ -215,12 +222,11 @@ class TrialConfig(Strict):
 def arm_traffic(cfg: TrialConfig, arm: Arm) -> dict[str, Any]:
     """Synchronizations, bytes per host and cross-zone bytes of one arm (see the module docstring)."""
     n = arm.world_size
-    if arm.kind in ("single", "seed") or n == 1:
+    if n == 1:
         syncs, payload = 0, 0
     else:
         payload = arm.payload_bytes_per_sync if arm.payload_bytes_per_sync is not None else 4 * cfg.parameters
-        syncs = arm.updates if arm.kind in ("ddp", "powersgd") else \
-            arm.updates // arm.sync_every + (1 if arm.updates % arm.sync_every else 0)
+        syncs = arm_kind(arm.kind).synchronizations(arm.updates, arm)
     link = 2 * (n - 1) / n * payload * syncs if n > 1 else 0.0  # bytes over each ring link
     zones = [h.zone for h in cfg.by_rank[:n]]
     crossing = sum(zones[r] != zones[(r + 1) % n] for r in range(n)) if n > 1 else 0

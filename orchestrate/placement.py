@@ -112,7 +112,7 @@ def place(arms: list[Any], serving_arm: str, device: str, d: Devices) -> dict[st
                                "train or score here; use a cpu profile, or a machine with a GPU")
     rows = []
     for a in arms:
-        if a.kind == "seed":
+        if not a.trains:
             continue
         why = _arm_reason(a.world_size, device, d)
         rows.append({"arm": a.name, "kind": a.kind, "world_size": a.world_size, "runs": why is None, "reason": why})

@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dist_cases import case  # noqa: E402
 
+from training.arms import KINDS  # noqa: E402
 from training.comm import Ledger, agree, chunked_mean  # noqa: E402
 from training.diloco import OuterNesterov  # noqa: E402
 from training.trainer import Trainer, TrainSpec, barrier_ok, parameter_digest  # noqa: E402
@@ -53,9 +54,14 @@ def train_state(trainer: Trainer, records: list) -> dict:
     out = {"params": {n: p.detach().clone() for n, p in trainer.model.named_parameters()},
            "adam": adam, "records": records, "digest": parameter_digest(trainer.model),
            "ledger": trainer.ledger.snapshot()}
-    if trainer.outer is not None:
-        out["outer_v"] = [v.clone() for v in trainer.outer.v]
+    if trainer.spec.kind == "diloco":
+        out["outer_v"] = [v.clone() for v in trainer.kind_state.v]
     return out
+
+
+def settings(job: dict) -> dict:
+    """The job's keys that are its arm kind's settings."""
+    return {k: v for k, v in job.items() if k in KINDS[job["kind"]].settings_model.model_fields}
 
 
 def run_train(job: dict, model_dir: str, rank: int, world: int) -> dict:
@@ -64,11 +70,7 @@ def run_train(job: dict, model_dir: str, rank: int, world: int) -> dict:
     corpus, plan = case(job["case"])
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     spec = TrainSpec(kind=job["kind"], plan=plan, lr=job.get("lr", 1e-3), warmup=job.get("warmup", 0),
-                     microbatch=job.get("microbatch"), world_size=world, rank=rank,
-                     sync_every=job.get("sync_every"), outer_lr=job.get("outer_lr"),
-                     outer_momentum=job.get("outer_momentum"), powersgd_rank=job.get("powersgd_rank"),
-                     dense_warmup=job.get("dense_warmup"),
-                     powersgd_orthogonalization=job.get("powersgd_orthogonalization"),
+                     microbatch=job.get("microbatch"), world_size=world, rank=rank, settings=settings(job),
                      pack=job.get("pack", False), pack_tokens=job.get("pack_tokens"),
                      pack_rows=job.get("pack_rows", 1))
     ledger = Ledger(world)
@@ -89,10 +91,7 @@ def run_resume(job: dict, model_dir: str, rank: int, world: int, out: Path) -> d
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         spec = TrainSpec(kind=job["kind"], plan=plan, lr=1e-3, microbatch=job.get("microbatch"),
-                         world_size=world, rank=rank, powersgd_rank=job.get("powersgd_rank"),
-                         dense_warmup=job.get("dense_warmup"), sync_every=job.get("sync_every"),
-                         outer_lr=job.get("outer_lr"), outer_momentum=job.get("outer_momentum"),
-                         powersgd_orthogonalization=job.get("powersgd_orthogonalization"))
+                         world_size=world, rank=rank, settings=settings(job))
         return Trainer(model.to(device()), corpus, spec, device(), pad_id=2, ledger=Ledger(world))
 
     path = out / f"{job['name']}-state-rank{rank}.pt"
@@ -109,8 +108,8 @@ def run_resume(job: dict, model_dir: str, rank: int, world: int, out: Path) -> d
         while b.update < len(plan):
             b.step()
         digests[label] = parameter_digest(b.model)
-        if b.powersgd_state is not None:
-            digests[label + "_error_feedback_buckets"] = sorted(b.powersgd_state.error_dict)
+        if job["kind"] == "powersgd":
+            digests[label + "_error_feedback_buckets"] = sorted(b.kind_state.error_dict)
     return digests
 
 

@@ -1,7 +1,9 @@
-"""The packages' import graph points one way: evidence ← training ← orchestrate, evidence ← infra.
+"""The packages' import graph points one way: evidence ← training ← orchestrate, evidence ← infra,
+and infra reads one torch-free corner of training: the arm kinds' registry (`training.arms`).
 
 A host runs `training` (and `evidence`) without `orchestrate` or `infra` installed; a reader checks
-evidence with `evidence` alone. An import that reaches back up the graph would work on the
+evidence with `evidence` alone; the plan reads the same arm kinds the trainer runs, on a controller
+that never imports torch for it. An import that reaches back up the graph would work on the
 controller and fail on a host, so every import in every module is read here, including those inside
 functions (the lazy ones are where such a reach usually hides).
 """
@@ -13,12 +15,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OURS = ("evidence", "training", "infra", "orchestrate")
-ALLOWED = {  # package → ours it may import (besides itself)
+ALLOWED = {  # package → ours it may import (besides itself): a package, or one module path and below
     "evidence": set(),
     "training": {"evidence"},
-    "infra": {"evidence"},
+    "infra": {"evidence", "training.arms"},
     "orchestrate": {"evidence", "training", "infra"},
 }
+
+
+def permitted(name: str, ok: set[str]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in ok)
 
 
 def reaches(root: Path, allowed: dict[str, set[str]]) -> list[str]:
@@ -36,8 +42,8 @@ def reaches(root: Path, allowed: dict[str, set[str]]) -> list[str]:
                     continue
                 for name in names:
                     top = name.split(".")[0]
-                    if top in OURS and top != pkg and top not in ok:
-                        bad.append(f"{path.relative_to(root)}:{node.lineno} → {top}")
+                    if top in OURS and top != pkg and not permitted(name, ok):
+                        bad.append(f"{path.relative_to(root)}:{node.lineno} → {name}")
     return bad
 
 
@@ -53,4 +59,17 @@ def test_the_check_sees_a_lazy_import_inside_a_function(tmp_path):
     (tmp_path / "training" / "serve.py").write_text(
         "import json\n\ndef start():\n    from orchestrate.cli import app\n    return app\n")
     (tmp_path / "evidence" / "report.py").write_text("import training.train as t\n")
-    assert reaches(tmp_path, ALLOWED) == ["evidence/report.py:1 → training", "training/serve.py:4 → orchestrate"]
+    (tmp_path / "infra" / "plan.py").write_text("from training.arms import KINDS\nfrom training.trainer import Trainer\n")
+    assert reaches(tmp_path, ALLOWED) == ["evidence/report.py:1 → training.train", "training/serve.py:4 → orchestrate.cli",
+                                          "infra/plan.py:2 → training.trainer"]
+
+
+def test_the_arm_registry_and_the_plan_import_no_torch():
+    """infra reads `training.arms` on a controller: importing it (and the plan) must not pull torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys, infra.plan, training.arms; "
+            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr

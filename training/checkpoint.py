@@ -39,6 +39,7 @@ import torch
 from evidence.attempts import next_attempt
 from evidence.canonical import fsync_dir, read_json, write_json_atomic
 from evidence.receipts import ReceiptError, make_receipt, verify_receipt
+from training.arms import CHECKPOINT_PARTS
 from training.errors import TrainError
 from training.runs import latest_common, local_manifests
 
@@ -446,7 +447,7 @@ def _step_of(p: Path) -> int:
         return -1
 
 
-NUMERICAL_PARTS = ("update", "model", "optimizer", "rng", "outer", "powersgd")
+NUMERICAL_PARTS = ("update", "model", "optimizer", "rng", *CHECKPOINT_PARTS)  # the arm kinds' extra states
 
 
 def compare_states(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:

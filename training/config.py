@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from evidence.canonical import canonical_sha256
+from training.arms import kind as arm_kind
 
 
 class ConfigError(ValueError):
@@ -27,17 +28,43 @@ class _Strict(BaseModel):
 
 
 class Arm(_Strict):
+    """One arm of an experiment. `kind` names a module of `training.arms`; the kinds' settings are
+    flat keys here (the TOML stays flat and every arm's canonical JSON keeps one shape), and an arm
+    may give only its own kind's: each kind's `Settings` model validates them when the arm trains."""
+
     name: str
-    kind: Literal["seed", "single", "ddp", "diloco", "powersgd"]
+    kind: str
     world_size: int = 1
     data: Literal["clean", "damaged"] = "clean"
     microbatch: int | None = None
+    # the kinds' settings (training.arms.diloco, training.arms.powersgd)
     sync_every: int | None = None  # DiLoCo H
     outer_lr: float | None = None
     outer_momentum: float | None = None
     powersgd_rank: int | None = None
     dense_warmup: int | None = None
     servable: bool = True
+
+    @model_validator(mode="after")
+    def _kind(self) -> "Arm":
+        kind = arm_kind(self.kind)
+        kind.check_world(self.world_size)
+        settings = self.model_dump(include=settings_keys())
+        if foreign := kind.foreign(settings):
+            raise ValueError(f"arm {self.name} ({self.kind}) does not take {', '.join(foreign)}")
+        return self
+
+    @property
+    def trains(self) -> bool:
+        return arm_kind(self.kind).trains
+
+
+def settings_keys() -> set[str]:
+    """Arm's keys that some registered kind's `Settings` model owns."""
+    from training.arms import KINDS
+
+    owned = {f for k in KINDS.values() for f in k.settings_model.model_fields}
+    return {f for f in Arm.model_fields if f in owned}
 
 
 class Weights(_Strict):
@@ -276,7 +303,7 @@ def resolve(name: str, profile: str, directory: Path | None = None) -> Resolved:
             f"over {r.documents} documents (tasks + replay)"
         )
     for a in exp.arms:
-        if a.kind != "seed" and r.global_batch % a.world_size:
+        if a.trains and r.global_batch % a.world_size:
             raise ConfigError(f"{name}/{profile}: global batch {r.global_batch} does not split "
                               f"over arm {a.name}'s {a.world_size} ranks")
     return r

@@ -70,7 +70,7 @@ def select(home: str | os.PathLike[str], cfg: Any) -> dict[str, Any]:
         raise TrainError(f"{home} already has a committed selection ({SELECTION}); it is made once")
     skipped = {a: why for a, why in not_run(committed_placement(home)).items()
                if a in {x.name for x in cfg.experiment.arms}}
-    arms = [a for a in cfg.experiment.arms if a.kind != "seed" and a.name not in skipped]
+    arms = [a for a in cfg.experiment.arms if a.trains and a.name not in skipped]
     acks = [acknowledge(home, a) for a in arms]
     write_json_atomic(home / CANDIDATES, {"experiment": cfg.experiment.name, "candidates": acks,
                                           **({"not_run": skipped} if skipped else {})})
@@ -79,7 +79,7 @@ def select(home: str | os.PathLike[str], cfg: Any) -> dict[str, Any]:
     selection = {
         "experiment": cfg.experiment.name, "profile": cfg.profile_name,
         "primary": acc.primary, "serving": cfg.experiment.serving_arm,
-        "baseline": next(a.name for a in cfg.experiment.arms if a.kind == "seed"),
+        "baseline": next(a.name for a in cfg.experiment.arms if not a.trains),
         "candidates": {a["arm"]: a["model"]["receipt_digest"] for a in acks},
         "candidates_sha256": file_sha256(home / CANDIDATES),
         "rule": "the primary arm is fixed by the experiment's acceptance rules, never by a score",

@@ -24,6 +24,7 @@ from typing import Any, Callable
 from evidence.canonical import canonical_sha256, fsync_dir, fsync_file, read_json, write_json_atomic
 from evidence.commitments import CommitmentLog
 from evidence.receipts import make_receipt, verify_receipt
+from training.arms import KINDS
 from training.config import Arm, ConfigError, Experiment, Resolved
 from training.checkpoint import (STATE, CheckpointError, checkpoint_dir, common_step, load_rank_state,
                                  orphan_after, plain_write_seconds, write_manifest, write_rank_state)
@@ -237,19 +238,24 @@ def _write_model(model: Any, seed_dir: Path, out: Path, meta: dict[str, Any]) ->
 
 
 def _spec(arm: Arm, cfg: Resolved, plan: list[list[int]], world: int, rank: int, autocast: Any):
-    """The arm's TrainSpec; the profile may scale H and the dense warmup (never other rules)."""
+    """The arm's TrainSpec; the profile may scale the settings its kind names `profile_scaled` (DiLoCo's
+    H, PowerSGD's dense warmup: they scale with the number of updates), never other rules."""
     from training.trainer import TrainSpec
 
     prof, exp = cfg.profile, cfg.experiment
+    kind = KINDS[arm.kind]
+    settings = {k: (getattr(prof, k) if k in kind.profile_scaled else None) or getattr(arm, k, None)
+                for k in kind.settings_model.model_fields}
     return TrainSpec(
         kind=arm.kind, plan=plan, lr=exp.lr, warmup=exp.warmup, weight_decay=exp.weight_decay,
-        grad_clip=exp.grad_clip, microbatch=arm.microbatch, world_size=world, rank=rank,
-        sync_every=(prof.sync_every or arm.sync_every) if arm.kind == "diloco" else None,
-        outer_lr=arm.outer_lr, outer_momentum=arm.outer_momentum,
-        powersgd_rank=arm.powersgd_rank,
-        dense_warmup=(prof.dense_warmup or arm.dense_warmup) if arm.kind == "powersgd" else None,
+        grad_clip=exp.grad_clip, microbatch=arm.microbatch, world_size=world, rank=rank, settings=settings,
         autocast_dtype=autocast, compile=prof.compile, fused_optimizer=prof.fused_optimizer,
         pack=prof.pack, pack_tokens=prof.pack_tokens, pack_rows=prof.pack_rows)
+
+
+# Keys every arm's numerical profile has carried since before arm kinds were modules (PowerSGD's and
+# DDP's, at their defaults); kept so that profiles recorded before and after compare, digest for digest.
+PROFILE_DEFAULTS = {"powersgd_seed": 0, "powersgd_batch_same_shape": False, "ddp_bucket_cap_mb": None}
 
 
 def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_name: str, *,
@@ -275,7 +281,7 @@ def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_n
     prepared_digest = canonical_sha256(prepared)
     cfg = resolved_from_prepared(prepared)
     arm: Arm = cfg.arm(arm_name)
-    if arm.kind == "seed":
+    if not KINDS[arm.kind].trains:
         raise ConfigError(f"arm '{arm.name}' is the untrained seed: evaluate it directly, there is "
                           "nothing to train")
     if arm.world_size != info.world_size:
@@ -346,22 +352,17 @@ def train(home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_n
     except ValueError as e:
         raise ConfigError(f"arm {arm.name}: {e}") from None
     choice = engine_choices(spec, device, model)
-    arm_numerics = {**arm.model_dump(mode="json"), "sync_every": spec.sync_every,
-                    "microbatch": spec.microbatch, "dense_warmup": spec.dense_warmup,
-                    "sort_by_length": spec.sort_by_length,
+    arm_numerics = {**arm.model_dump(mode="json"), **PROFILE_DEFAULTS,
+                    **spec.arm.profile_keys(spec.settings, choice),
+                    "microbatch": spec.microbatch, "sort_by_length": spec.sort_by_length,
                     "chunk_bytes": spec.chunk_bytes, "lr": spec.lr, "warmup": spec.warmup,
                     "weight_decay": spec.weight_decay, "grad_clip": spec.grad_clip,
-                    "betas": list(spec.betas), "eps": spec.eps, "powersgd_seed": spec.powersgd_seed,
-                    "powersgd_batch_same_shape": choice["powersgd_batch_same_shape"],
-                    "ddp_bucket_cap_mb": choice["ddp_bucket_cap_mb"],
+                    "betas": list(spec.betas), "eps": spec.eps,
                     "rng_seed": "generator_seed * 1000003 + rank", "compile": spec.compile,
                     "fused_optimizer": choice["fused_optimizer"], "pack": spec.pack,
                     "pack_tokens": spec.pack_tokens,
-                    # only where they apply (rows per forward: where set; the orthogonalization:
-                    # PowerSGD's), so other runs' profiles (and their digests) stay as they were
-                    **({"pack_rows": spec.pack_rows} if spec.pack_rows > 1 else {}),
-                    **({"powersgd_orthogonalization": choice["powersgd_orthogonalization"]}
-                       if spec.kind == "powersgd" else {})}
+                    # rows per forward only where set, so other runs' profiles (and digests) stay as they were
+                    **({"pack_rows": spec.pack_rows} if spec.pack_rows > 1 else {})}
     numerics = runtime.numerical_profile(device, dtype=prof.dtype, arm=arm_numerics, attention=choice["attention"])
     numerics_digest = runtime.profile_digest(numerics)
 

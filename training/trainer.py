@@ -1,4 +1,4 @@
-"""One training loop for every arm; the arms differ only in three small decisions.
+"""One training loop for every arm; the arms differ only in small decisions their kind makes.
 
 | arm       | engine                     | loss scale per microbatch      | after the optimizer step   |
 |-----------|----------------------------|--------------------------------|----------------------------|
@@ -7,9 +7,11 @@
 | powersgd  | DDP, PowerSGD hook         | N / W                          | —                          |
 | diloco    | the model (no per-step sync)| 1 / W_r (this worker's targets)| every H updates: outer step|
 
-With N ranks each holding 1/N of the update's documents, the DDP average of N·g_r/W is Σ_r g_r / W,
-the single-process objective exactly. Microbatches before the last run under `no_sync` (forward
-included), so one reduction happens per update; clipping and AdamW follow it on every rank.
+Each row is one module of `training.arms`; this loop asks the spec's kind for its engine, loss scale,
+outer step and extra state, and never names a kind. With N ranks each holding 1/N of the update's
+documents, the DDP average of N·g_r/W is Σ_r g_r / W, the single-process objective exactly.
+Microbatches before the last run under `no_sync` (forward included), so one reduction happens per
+update; clipping and AdamW follow it on every rank.
 """
 
 from __future__ import annotations
@@ -17,24 +19,22 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal
+from typing import Any
 
 import torch
 from torch.profiler import record_function
 import torch.distributed as dist
 from torch import nn
 
+from training.arms import CHECKPOINT_PARTS, ArmKind, Settings, kind as arm_kind
 from training.comm import CHUNK_BYTES, Ledger
 from training.corpus import Corpus
-from training.diloco import OuterNesterov
 from training.objective import WeightedResponseLoss, make_microbatches, packed_attention, weighted_targets
-
-Kind = Literal["single", "ddp", "powersgd", "diloco"]
 
 
 @dataclass
 class TrainSpec:
-    kind: Kind
+    kind: str  # a key of training.arms.KINDS
     plan: list[list[int]]  # the global documents of every update
     lr: float
     warmup: int = 0
@@ -43,13 +43,7 @@ class TrainSpec:
     microbatch: int | None = None
     world_size: int = 1
     rank: int = 0
-    sync_every: int | None = None
-    outer_lr: float | None = None
-    outer_momentum: float | None = None
-    powersgd_rank: int | None = None
-    dense_warmup: int | None = None
-    powersgd_seed: int = 0
-    powersgd_orthogonalization: str | None = None  # None: by device (powersgd_orthogonalization())
+    settings: dict[str, Any] | Settings = field(default_factory=dict)  # the kind's own (training.arms)
     autocast_dtype: torch.dtype | None = None
     sort_by_length: bool = True
     chunk_bytes: int = CHUNK_BYTES
@@ -62,20 +56,16 @@ class TrainSpec:
     eps: float = 1e-8
 
     def __post_init__(self) -> None:
-        if self.kind == "single" and self.world_size != 1:
-            raise ValueError("the single arm runs on one process")
-        if self.kind != "single" and self.world_size < 2:
-            raise ValueError(f"the {self.kind} arm needs at least two ranks")
+        self.arm: ArmKind = arm_kind(self.kind)
+        if not self.arm.trains:
+            raise ValueError(f"the {self.kind} arm is not trained")
+        self.arm.check_world(self.world_size)
+        if not isinstance(self.settings, self.arm.settings_model):
+            self.settings = self.arm.settings(dict(self.settings))
         for u, docs in enumerate(self.plan):
             if len(docs) % self.world_size:
                 raise ValueError(f"update {u} has {len(docs)} documents, not divisible by "
                                  f"{self.world_size} ranks")
-        if self.kind == "diloco" and not (self.sync_every and self.outer_lr is not None
-                                          and self.outer_momentum is not None):
-            raise ValueError("diloco needs sync_every, outer_lr and outer_momentum")
-        if self.kind == "powersgd" and (not self.powersgd_rank or (self.dense_warmup or 0) < 2):
-            raise ValueError("powersgd needs powersgd_rank and dense_warmup >= 2 "
-                             "(PyTorch's minimum with error feedback)")
 
     @property
     def updates(self) -> int:
@@ -93,29 +83,8 @@ class TrainSpec:
         return self.lr
 
     def syncs_after(self, update: int) -> bool:
-        return self.kind == "diloco" and ((update + 1) % self.sync_every == 0
-                                          or update + 1 == self.updates)
-
-
-def bucket_cap_mb(kind: str, model: nn.Module) -> int | None:
-    """DDP's bucket size: the default, except PowerSGD gets one bucket holding every gradient.
-
-    On gloo that is needed: PowerSGD issues each bucket's Q all-reduce from a callback of its P
-    all-reduce, and gloo's futures complete when the bytes arrive, so with several buckets one rank
-    can issue bucket k's Q before bucket k+1's P while its peer does the opposite, and gloo aborts on
-    the size mismatch (seen with the 135M model: "18432 vs 2304"). On CUDA it is what makes
-    PowerSGD cheap: with one bucket, every same-shaped matrix of the model is compressed in one
-    batched matmul and one batched orthogonalization call (`batch_tensors_with_same_shape`; torch's
-    own still factorizes each matrix inside it, see training/powersgd.py), where DDP's 25 MB buckets
-    meant ~270 hook calls with a QR per matrix (1.7B pair over sockets, 2 × H200: median update
-    0.96 s before, 0.81 s after; the single arm's is 0.72 s). The cost is memory: the hook holds a
-    copy of the whole bucket, the stacked matrices and the new error feedback at once (about 20 GB
-    at 1.7B in FP32, after the activations are freed), which an H200 has and a 48 GB L40S may not.
-    """
-    if kind == "powersgd":
-        total = sum(p.numel() * p.element_size() for p in model.parameters())
-        return total // (1 << 20) + 1
-    return None
+        """Whether an outer synchronization follows update `update` (the kind's schedule)."""
+        return self.arm.outer_step_after(update, self.updates, self.settings)
 
 
 def engine_choices(spec: "TrainSpec", device: torch.device, model: nn.Module) -> dict[str, Any]:
@@ -125,54 +94,8 @@ def engine_choices(spec: "TrainSpec", device: torch.device, model: nn.Module) ->
 
     check_pack(device.type, spec.pack, spec.compile)
     return {"attention": packed_attention(device) if spec.pack else str(model.config._attn_implementation),
-            "ddp_bucket_cap_mb": bucket_cap_mb(spec.kind, model),
-            "powersgd_batch_same_shape": spec.kind == "powersgd",
-            "powersgd_orthogonalization": powersgd_orthogonalization(spec, device),
-            "fused_optimizer": spec.fused_optimizer and device.type == "cuda"}
-
-
-def powersgd_orthogonalization(spec: "TrainSpec", device: torch.device) -> str | None:
-    """How PowerSGD orthonormalizes P and Q: "torch" (torch's own hook: a Householder QR per
-    matrix, Gram-Schmidt at rank ≤ 2), or one of `training.powersgd.ORTHOGONALIZATIONS` in our
-    hook. By default a batched Cholesky QR on CUDA, where torch's per-matrix QRs dominate the
-    compression, and torch's hook on CPU, where LAPACK's QR is cheap."""
-    if spec.kind != "powersgd":
-        return None
-    return spec.powersgd_orthogonalization or ("cholesky-qr2" if device.type == "cuda" else "torch")
-
-
-def passthrough(bucket: Any) -> torch.futures.Future:
-    """A DDP communication hook's result that leaves the bucket as it is: no reduction (a resume's
-    warm-up pass; the benchmark's baseline)."""
-    fut: torch.futures.Future = torch.futures.Future()
-    fut.set_result(bucket.buffer())
-    return fut
-
-
-def gradient_reduction(kind: str, *, powersgd_rank: int | None = None, dense_warmup: int | None = None,
-                       seed: int = 0, batch_same_shape: bool = False,
-                       orthogonalization: str = "torch") -> tuple[Callable[[Any], Any], Any]:
-    """The DDP communication hook of a ddp or powersgd arm, as a function of the bucket, and
-    PowerSGD's state (None for ddp); one construction for the trainer and bench/powersgd_step.py."""
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
-
-    from training.powersgd import ORTHOGONALIZATIONS, powersgd_hook
-
-    if kind == "ddp":
-        return (lambda bucket: default_hooks.allreduce_hook(None, bucket)), None
-    if kind != "powersgd":
-        raise ValueError(f"no gradient reduction hook for kind {kind!r}")
-    state = powerSGD_hook.PowerSGDState(
-        process_group=None, matrix_approximation_rank=powersgd_rank, start_powerSGD_iter=dense_warmup,
-        use_error_feedback=True, warm_start=True, random_seed=seed,
-        batch_tensors_with_same_shape=batch_same_shape)
-    if orthogonalization == "torch":
-        return (lambda bucket: powerSGD_hook.powerSGD_hook(state, bucket)), state
-    if orthogonalization not in ORTHOGONALIZATIONS:
-        raise ValueError(f"unknown PowerSGD orthogonalization {orthogonalization!r}; "
-                         f"choose torch or one of {sorted(ORTHOGONALIZATIONS)}")
-    ortho = ORTHOGONALIZATIONS[orthogonalization]
-    return (lambda bucket: powersgd_hook(state, bucket, ortho)), state
+            "fused_optimizer": spec.fused_optimizer and device.type == "cuda",
+            **spec.arm.engine_choices(spec.settings, device, model)}
 
 
 PAD_MULTIPLE = 256  # microbatch widths under torch.compile: at most max_context / 256 graphs
@@ -213,34 +136,9 @@ class Trainer:
         if s.pack:  # a packed row needs attention that stays inside each document
             self.model.set_attn_implementation(choice["attention"])
         self.loss = WeightedResponseLoss(self.model)
-        self.engine: nn.Module = self.loss
-        self.powersgd_state = None
-        if s.kind in ("ddp", "powersgd"):
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
-            # init_sync=False: every rank loaded the same verified seed (digests agreed before),
-            # so the setup broadcast of all weights would only move bytes.
-            # buffers (rotary frequencies) are identical by construction: never sync them. torch
-            # 2.13 spells that forward_sync_buffers (broadcast_buffers warns); older torch, the latter
-            import inspect
-
-            no_buffer_sync = ({"forward_sync_buffers": False}
-                              if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
-                              else {"broadcast_buffers": False})
-            self.engine = DDP(self.loss, device_ids=[self.device] if self.device.type == "cuda" else None,
-                              init_sync=False, bucket_cap_mb=choice["ddp_bucket_cap_mb"],
-                              **no_buffer_sync)
-            real, self.powersgd_state = gradient_reduction(
-                s.kind, powersgd_rank=s.powersgd_rank, dense_warmup=s.dense_warmup,
-                seed=s.powersgd_seed, batch_same_shape=choice["powersgd_batch_same_shape"],
-                orthogonalization=choice["powersgd_orthogonalization"])
-
-            def hook(_state, bucket):
-                """The arm's reduction; during a resume's warm-up pass, the bucket unchanged."""
-                return passthrough(bucket) if self._warming else real(bucket)
-
-            self._warming = False
-            self.engine.register_comm_hook(None, hook)
+        self._warming = False
+        self.engine, self.kind_state = s.arm.engine(self.loss, self.device, s.settings, choice,
+                                                    lambda: self._warming)
         if s.compile:  # the decoder, in place (parameter names unchanged); widths rounded up by
             # pad_multiple() give a bounded set of static graphs, each compiled once; the loss head
             # stays eager
@@ -250,8 +148,8 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.params, lr=s.lr, betas=s.betas, eps=s.eps,
                                            weight_decay=s.weight_decay,
                                            **({"fused": True} if choice["fused_optimizer"] else {}))
-        self.outer = (OuterNesterov(self.params, s.outer_lr, s.outer_momentum,
-                                    chunk_bytes=s.chunk_bytes) if s.kind == "diloco" else None)
+        if self.kind_state is None:  # a kind's state comes from its engine or after the optimizer
+            self.kind_state = s.arm.make_outer(self.params, s.settings, s.chunk_bytes)
         self.update = 0  # the next update to run
         self.journal: list[dict[str, Any]] = []  # every update's record, carried in checkpoints
         self.global_weights = [weighted_targets(self.corpus, docs) for docs in s.plan]
@@ -304,13 +202,12 @@ class Trainer:
         local = s.local_docs(u)
         w_local = weighted_targets(self.corpus, local)
         w_global = self.global_weights[u]
-        scale = {"single": 1.0 / w_global, "ddp": s.world_size / w_global,
-                 "powersgd": s.world_size / w_global, "diloco": 1.0 / w_local}[s.kind]
+        scale = s.arm.loss_scale(s.world_size, w_local, w_global)
         mbs = self._microbatches(local)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         with self.ledger.phase("gradient"):
             for i, mb in enumerate(mbs):
-                quiet = (self.engine.no_sync() if s.kind in ("ddp", "powersgd") and i < len(mbs) - 1
+                quiet = (self.engine.no_sync() if s.arm.reduces_each_update and i < len(mbs) - 1
                          else contextlib.nullcontext())
                 with quiet:
                     with record_function("trial.forward"), self._autocast():
@@ -331,7 +228,7 @@ class Trainer:
         outer = s.syncs_after(u)
         if outer:
             with self.ledger.phase("outer-delta"):
-                self.outer.step()
+                s.arm.outer_step(self.kind_state)
             self._sync()
         t1 = time.perf_counter()
         self.update += 1
@@ -344,8 +241,7 @@ class Trainer:
             "loss_sum_local": ls, "loss_local": ls / w_local,
             "loss": ls / w_global if s.world_size == 1 else None,  # global: Σ_r loss_sum / W
             "grad_norm": float(grad_norm), "lr": lr,
-            "powersgd_compressed": (self.powersgd_state is not None
-                                    and u >= self.powersgd_state.start_powerSGD_iter),
+            **s.arm.update_record(self.kind_state, u),
             "outer_step": outer,
             "ddp_bucket_bytes": self._bucket_sizes(),
             "seconds": t1 - t0, "inner_seconds": t_inner - t0, "outer_seconds": t1 - t_inner,
@@ -358,17 +254,14 @@ class Trainer:
 
     def state(self) -> dict[str, Any]:
         """This rank's whole training state: enough to continue bit for bit."""
-        psgd = None
-        if self.powersgd_state is not None:
-            psgd = {k: getattr(self.powersgd_state, k) for k in self.powersgd_state.__slots__
-                    if k != "process_group"}
+        arm = self.spec.arm
         return {
             "update": self.update,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "rng": self._rng_state(),
-            "outer": self.outer.state_dict() if self.outer is not None else None,
-            "powersgd": psgd,
+            **{part: None for part in CHECKPOINT_PARTS},
+            **({arm.checkpoint_part: arm.state_dict(self.kind_state)} if arm.checkpoint_part else {}),
             "ledger": {"totals": self.ledger.snapshot(), "ops": {k: dict(v) for k, v in self.ledger.ops.items()}},
             "journal": self.journal,
         }
@@ -379,20 +272,16 @@ class Trainer:
         with torch.no_grad():
             self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        if self.outer is not None:
-            self.outer.load_state_dict(state["outer"])
-        if self.powersgd_state is not None:
-            for k, v in state["powersgd"].items():
-                if isinstance(v, dict):  # error feedback and P/Q memories live on the device
-                    v = {i: t.to(self.device) if torch.is_tensor(t) else t for i, t in v.items()}
-                setattr(self.powersgd_state, k, v)
+        arm = self.spec.arm
+        if arm.checkpoint_part:
+            arm.load_state_dict(self.kind_state, state[arm.checkpoint_part], self.device)
         for label, t in state["ledger"]["totals"].items():
             self.ledger.totals[label].update(t)
         for k, v in state["ledger"]["ops"].items():
             self.ledger.ops[k].update(v)
         self.journal = list(state["journal"])
         self.update = int(state["update"])
-        if self.spec.kind in ("ddp", "powersgd") and warm_ddp:
+        if arm.reduces_each_update and warm_ddp:
             self._warm_pass()
         self._set_rng_state(state["rng"])  # last: the warm-up pass must not be what moves any generator
 
