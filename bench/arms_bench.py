@@ -26,8 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrate.cli import train_arms  # noqa: E402
+from orchestrate.progress import ConsoleProgress, stderr_console  # noqa: E402
 from orchestrate.recovery import IO_BASELINE  # noqa: E402
+from orchestrate.stages.train import train_arms  # noqa: E402
 from orchestrate.trial import LocalPlacement  # noqa: E402
 from training.config import lineage  # noqa: E402
 from training.prepare import prepare_chain  # noqa: E402
@@ -144,6 +145,7 @@ def main() -> int:
     work = Path(args.work or tempfile.mkdtemp(prefix="arms-bench-"))
     rows, checks, failed = [], {}, []
     t_all = time.monotonic()
+    progress = ConsoleProgress(stderr_console())  # what train_arms says of each arm: on stderr, as `orchestrate run`
     for cfg, home, _ in prepare_chain(chain, lambda c: work / f"{c.experiment.name}-{args.profile}", md):
         keep = [a for a in cfg.experiment.arms if a.kind == "seed" or (
             (wanted is None or a.name in wanted or f"{cfg.experiment.name}:{a.name}" in wanted)
@@ -156,7 +158,7 @@ def main() -> int:
                 continue
             one = cfg.model_copy(update={"experiment": cfg.experiment.model_copy(update={"arms": [arm]})})
             try:  # one arm at a time: an arm that fails loses only itself, the others' figures stay
-                [s] = train_arms(one, home, LocalPlacement(md))
+                [s] = train_arms(one, home, LocalPlacement(md), progress)
             except TrainError as e:
                 failed.append({"experiment": cfg.experiment.name, "arm": arm.name, "error": str(e)})
                 print(f"{cfg.experiment.name}:{arm.name} FAILED, the benchmark goes on: {e}")

@@ -1,5 +1,3 @@
-"""The `orchestrate` CLI: plan, stage, launch, supervise, collect, preserve, tear down.
-
-Today it drives the embedded local cluster up to committed, prepared inputs; the later stages land
-with issues #3–#8.
+"""The `orchestrate` CLI and the trial's stages: plan, cluster, stage, prepare, launch, supervise,
+collect, select, evaluate, serve, report, preserve, tear down (orchestrate/stages/ holds them as code).
 """

@@ -1,0 +1,143 @@
+"""select → evaluate → serve → report, in that order and each once: candidates and the selection are
+committed before any test case is scored, every evaluation attempt is kept, and the report is
+recomputed from the raw evidence. What the committed placement did not run is neither scored nor
+probed, and its gates are shown as not evaluated."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orchestrate.progress import Progress
+from orchestrate.stages import Stage
+from orchestrate.stages.clock import StageClock
+from orchestrate.stages.preserve import anchor_home
+
+if TYPE_CHECKING:
+    from orchestrate.trial import Placement
+    from training.config import Resolved
+
+
+def select_evaluate_report(cfg: Resolved, home: Path, seed_dir: Path, placement: Placement, clock: StageClock,
+                           progress: Progress, store_url: str | None = None) -> tuple[dict, Path]:
+    """select (once) → test scoring of the seed and every candidate (once each) → the serving probe
+    (once) → the report, each stage timed on `clock`. With `store_url`, the log is anchored there
+    before the report checks it. Returns the report and the file it was written to."""
+    from evidence.placement import committed_placement, not_run
+
+    skipped = not_run(committed_placement(home))
+    with clock(Stage.SELECT):
+        select_primary(cfg, home, progress)
+    with clock(Stage.SCORE):
+        evaluate_test(cfg, home, seed_dir, placement, skipped, progress, clock.scoring)
+    with clock(Stage.SERVE):
+        serve_once(cfg, home, placement, skipped, progress)
+    with clock(Stage.REPORT):
+        return write_trial_report(home, store_url, progress)
+
+
+def select_primary(cfg: Resolved, home: Path, progress: Progress) -> None:
+    """The selection, committed once: a later run of the same home keeps the first one."""
+    from evidence.commitments import CommitmentLog
+    from training.select import select
+
+    if CommitmentLog(home).latest("selection") is None:
+        sel = select(home, cfg)
+        progress.say("select", f"committed: primary {sel['primary']} (fixed by the rules), "
+                     f"{len(sel['candidates'])} candidates acknowledged"
+                     + (f"; not run: {', '.join(a for a in sel['not_run'])}" if sel.get("not_run") else ""))
+
+
+def evaluate_test(cfg: Resolved, home: Path, seed_dir: Path, placement: Placement, skipped: dict[str, str],
+                  progress: Progress, scoring: dict[str, dict]) -> None:
+    """Every arm that ran scored on the test cases once; an arm scored before (an attempt committed)
+    is not scored again, and an attempt that did not finish is named as the retry's reason. Each arm's
+    figures go into `scoring` as soon as it is scored, so a failure at a later arm keeps them."""
+    from evidence.attempts import attempts
+    from evidence.commitments import CommitmentLog
+    from training.evaluate import attempts_dir
+
+    for a in cfg.experiment.arms:
+        if a.name in skipped:
+            progress.line(f"test {a.name}: not scored, {skipped[a.name]}")
+            continue
+        tried = attempts(attempts_dir(home, "test", a.name))
+        if any(e["kind"] == "test-evaluation" and e["data"].get("arm") == a.name
+               for e in CommitmentLog(home).entries()):  # scored: an attempt committed
+            progress.say("test", f"{a.name}: already scored, attempts kept")
+            continue
+        retry = f"attempt(s) {', '.join(d.name for d in tried)} did not finish" if tried else None
+        with progress.status(f"scoring {a.name} on the test cases…"):
+            res = placement.evaluate(home, a.name, "test", seed_dir, retry=retry)
+        sc = res.get("scoring") or {}
+        scoring[a.name] = {k: res[k] for k in ("cases", "correct", "accuracy", "probe_mean_loss", "seconds",
+                                               "max_new_tokens")} | {"scoring": sc}
+        progress.say("test", f"{a.name}: {res['correct']}/{res['cases']} exact, retention probe loss "
+                     f"{res['probe_mean_loss']:.4f} ({res['seconds']:.1f} s"
+                     + (f"; generation {sc['generation_seconds']:.1f} s in batches of {sc['batch']} on {sc['device']}"
+                        f" ({sc['generation_dtype']}): {sc['cases_per_second']:.2f} cases/s, "
+                        f"{sc['generated_tokens_per_second']:,.0f} generated tokens/s" if sc.get("cases_per_second")
+                        else "") + ")")
+
+
+def serve_once(cfg: Resolved, home: Path, placement: Placement, skipped: dict[str, str], progress: Progress) -> None:
+    """The serving probe, unless the placement left it out or a probe is already committed."""
+    from evidence.commitments import CommitmentLog
+    from evidence.placement import SERVING_PROBE
+
+    if SERVING_PROBE in skipped:
+        progress.line(f"serve {cfg.experiment.serving_arm}: {skipped[SERVING_PROBE]}")
+    elif CommitmentLog(home).latest("serving") is None:
+        serve_probe(cfg, home, progress, placement=placement)
+    else:
+        progress.say("serve", "already probed, attempts kept")
+
+
+def serve_probe(cfg: Resolved, home: Path, progress: Progress, retry: str | None = None,
+                placement: Placement | None = None) -> dict:
+    """The serving probe: one replica per rank of the serving arm (at least two), where the trial's
+    ranks run — processes on this machine for the embedded local cluster (no placement, or a
+    LocalPlacement), one per host for SSH hosts (a RemotePlacement), reached over SSH forwards."""
+    from orchestrate.local import threads_per_rank
+    from orchestrate.serving import local_probe, replicas_probe
+    from orchestrate.trial import RemotePlacement
+
+    arm = cfg.arm(cfg.experiment.serving_arm)
+    n = max(2, arm.world_size)  # one replica per rank, and at least two: the last phase stops one
+    line = lambda m: progress.line(f"  {m}")  # noqa: E731
+    if isinstance(placement, RemotePlacement):
+        hosts = ", ".join(h.name for h in placement.hosts[:n])
+        progress.say("serve", f"{arm.name}: {n} replicas on the hosts ({hosts}, where its ranks ran), reached over "
+                     f"SSH forwards, 1 → {n} → {n} with one stopped")
+        with progress.status("serving probe…"):
+            res = replicas_probe(home, arm.name, n, lambda: placement.replicas(home, arm.name, n), retry=retry,
+                                 say=line)
+    else:
+        progress.say("serve", f"{arm.name}: {n} replicas on this machine, 1 → {n} → {n} with one stopped")
+        with progress.status("serving probe…"):
+            res = local_probe(home, arm.name, n, threads=threads_per_rank(n), retry=retry, say=line)
+    r = res.get("throughput_ratio_replicas_vs_single")
+    progress.line(f"  throughput {n} replicas / 1: {'—' if r is None else f'{r:.2f}'}; "
+                  f"tasks with differing tokens: {len(res['tasks_with_differing_tokens'])}; "
+                  f"model identities: {len(res['model_identities'])} → {res['attempt']}")
+    return res
+
+
+def write_trial_report(home: Path, store_url: str | None, progress: Progress) -> tuple[dict, Path]:
+    """The report, recomputed from the home's evidence (anchored in `store_url` first, when given).
+    A preserved report that the grown evidence changes is kept: this one takes the next name.
+    Raises TrainError when the evidence is inconsistent; no report is written then."""
+    from evidence.report import EvidenceError, write_report_numbered
+    from training.errors import TrainError
+
+    if store_url:
+        anchor_home(home, store_url, progress)
+    try:
+        rep, out = write_report_numbered(home, home / "report.json", store=store_url)
+    except EvidenceError as e:
+        raise TrainError(f"evidence is inconsistent, no report written: {e}") from None
+    if out.name != "report.json":
+        progress.say("report", f"{home / 'report.json'} is preserved evidence and the evidence has grown since: "
+                     f"this report is {out.name}")
+    return rep, out
+

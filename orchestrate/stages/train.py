@@ -1,0 +1,108 @@
+"""stage → place → launch → supervise → collect: the hosts get the pinned environment, the cluster's
+room decides which arms run, and every arm that runs is trained, restarted and collected through its
+placement (orchestrate/trial.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Optional
+
+from orchestrate.progress import Progress
+
+if TYPE_CHECKING:
+    from orchestrate.cluster import Cluster
+    from orchestrate.trial import Placement
+    from training.config import Resolved
+
+
+class GuardStopped(Exception):
+    """The controller's guard stopped an arm's group; not restarted, not an error of the arm."""
+
+    def __init__(self, arm: str, said: str):
+        super().__init__(f"{arm}: {said}")
+        self.arm, self.said = arm, said
+
+
+def make_placement(desc: Cluster | None, home: Path, model_dir: Path, trials: Path, wheelhouse: Optional[Path],
+                   progress: Progress) -> Placement:
+    """Where the ranks run: this machine for the embedded local cluster, else the cluster's SSH hosts,
+    staged from a wheelhouse built here (the hosts install offline, so every wheel comes from us)."""
+    from orchestrate.guard import Guard
+    from orchestrate.trial import LocalPlacement, RemotePlacement, build_wheelhouse
+
+    if desc is None or desc.source == "local":
+        return LocalPlacement(model_dir, guard=Guard(deadline=desc.deadline) if desc else None,
+                              hosts=len(desc.hosts) if desc else None)
+    with progress.status("building the wheelhouse…"):
+        wheels = build_wheelhouse(trials / ".wheelhouse", wheelhouse)
+    return RemotePlacement(desc, home, model_dir, wheel_dir=wheels, say=lambda m: progress.line(f"  {m}"))
+
+
+def place_arms(cfg: Resolved, home: Path, placement: Placement, progress: Progress) -> dict[str, str]:
+    """Where this cluster can run the experiment's arms, decided before anything launches and
+    committed (or, on a later run, the home's committed placement); prints what is not run.
+    Returns what is not run: arm (or the serving probe) → reason."""
+    from evidence.commitments import CommitmentLog
+    from evidence.placement import SERVING_PROBE, not_run
+    from orchestrate import placement as pl
+    from training.results import finished
+
+    d = placement.devices(pl.trial_device(cfg))
+    done = {a.name for a in cfg.experiment.arms if a.kind != "seed" and finished(home, a.name, a.world_size)}
+    rec, now = pl.commit_placement(cfg, home, d, finished=done,
+                                   probed=CommitmentLog(home).latest("serving") is not None)
+    if rec is None:
+        return {}
+    skipped = not_run(rec)
+    gpus = ("a CPU profile, no GPU needed" if pl.trial_device(cfg) != "cuda" else
+            f"{d.gpus_per_host[0]} GPU(s) on this machine ({d.gpus_from})" if not d.one_rank_per_host else
+            f"GPUs per host {list(d.gpus_per_host)} ({d.gpus_from})")
+    progress.say("place", f"{cfg.experiment.name}/{cfg.profile_name} on the {d.source} cluster, {gpus}: "
+                 + ("committed" if now else "as committed at this home's first run"))
+    for what, why in skipped.items():
+        progress.line(f"  {what}: {why}")
+    if skipped:
+        runs = [r["arm"] for r in rec["arms"] if r["runs"]]
+        acc = cfg.experiment.acceptance
+        progress.line(f"  trained: {', '.join(runs) or 'none'}; gates that need what is not run are shown as not "
+                      "evaluated, the selection rules unchanged"
+                      + (f"; the primary arm {acc.primary} is not run: its gates are not evaluated"
+                         if acc.primary in skipped else "")
+                      + ("; no serving probe" if SERVING_PROBE in skipped else ""))
+    return skipped
+
+
+def train_arms(cfg: Resolved, home: Path, placement: Placement, progress: Progress,
+               not_run: dict[str, str] | None = None,
+               stop_check: Callable[[], str | None] | None = None) -> list[dict]:
+    """Train every arm of the experiment the placement runs, one after another (never two jobs on
+    one device); an arm in `not_run` is never launched. Before each arm it would launch,
+    `stop_check` may name a reason to stop (a raised cloud alarm): the trial then stops as when the
+    controller's guard stops it (GuardStopped). Returns each trained arm's summary."""
+    from training.errors import TrainError
+    from training.results import finished, load_results, summarize
+
+    out = []
+    for a in cfg.experiment.arms:
+        if a.kind == "seed":
+            continue
+        if a.name in (not_run or {}):
+            progress.line(f"train {a.name}: {not_run[a.name]}")
+            continue
+        if finished(home, a.name, a.world_size):
+            progress.say("train", f"{a.name}: already finished, results kept")
+        else:
+            reason = stop_check() if stop_check else None
+            if reason:
+                raise GuardStopped(a.name, reason)
+            progress.say("train", f"{a.name} ({a.kind}, {a.world_size} rank"
+                         f"{'s' if a.world_size > 1 else ''}) → {home / 'runs' / a.name}")
+            # with group checkpoints, a failed group is restarted once from the common manifest
+            attempts = placement.train(home, a, max_restarts=1 if cfg.profile.checkpoint_every else 0,
+                                       echo=lambda line: progress.line(f"  {line}"))
+            if attempts and not attempts[-1].ok:  # none: it had finished on the hosts and was collected
+                if attempts[-1].reason == "guard":
+                    raise GuardStopped(a.name, attempts[-1].guard or "")
+                raise TrainError(f"arm {a.name} failed; {attempts[-1].failure_text()}")
+        out.append(summarize(load_results(home, a.name, a.world_size)))
+    return out
