@@ -147,14 +147,14 @@ def main() -> int:
     t_all = time.monotonic()
     progress = ConsoleProgress(stderr_console())  # what train_arms says of each arm: on stderr, as `orchestrate run`
     for cfg, home, _ in prepare_chain(chain, lambda c: work / f"{c.experiment.name}-{args.profile}", md):
-        keep = [a for a in cfg.experiment.arms if a.kind == "seed" or (
+        keep = [a for a in cfg.experiment.arms if not a.trains or (
             (wanted is None or a.name in wanted or f"{cfg.experiment.name}:{a.name}" in wanted)
             and (args.max_world is None or a.world_size <= args.max_world))]
         skipped = [a.name for a in cfg.experiment.arms if a not in keep]
         if skipped:
             print(f"{cfg.experiment.name}: not trained here: {', '.join(skipped)}")
         for arm in keep:
-            if arm.kind == "seed":
+            if not arm.trains:
                 continue
             one = cfg.model_copy(update={"experiment": cfg.experiment.model_copy(update={"arms": [arm]})})
             try:  # one arm at a time: an arm that fails loses only itself, the others' figures stay

@@ -61,7 +61,7 @@ def main() -> int:
         print(f"{cfg.experiment.name}: {len(corpus)} documents of {lengths.min()}–{lengths.max()} tokens "
               f"(mean {lengths.mean():.0f}), {len(plan[0])} per update")
         for arm in cfg.experiment.arms:
-            if arm.kind == "seed":
+            if not arm.trains:
                 continue
             row = {name: share(corpus, plan, arm.microbatch, arm.world_size, pack=pack, multiple=m)
                    for name, pack, m in (("padded", False, None), (f"padded/{PAD_MULTIPLE}", False, PAD_MULTIPLE),

@@ -68,7 +68,7 @@ def guard_stop(home: Path, stop: GuardStopped, cfg: Resolved, url: str, progress
 
     try:
         at = dt.datetime.now(dt.timezone.utc)
-        done = [a.name for a in cfg.experiment.arms if a.kind != "seed" and finished(home, a.name, a.world_size)]
+        done = [a.name for a in cfg.experiment.arms if a.trains and finished(home, a.name, a.world_size)]
         rel = f"stops/{at.strftime('%Y%m%dT%H%M%S%fZ')}.json"
         write_json_atomic(home / rel, {"format": "trial-stop-v1", "at": at.isoformat(), "stopped_by": "guard",
                                        "guard": stop.said, "arm": stop.arm, "finished_arms": done,

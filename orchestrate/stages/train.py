@@ -48,7 +48,7 @@ def place_arms(cfg: Resolved, home: Path, placement: Placement, progress: Progre
     from training.results import finished
 
     d = placement.devices(pl.trial_device(cfg))
-    done = {a.name for a in cfg.experiment.arms if a.kind != "seed" and finished(home, a.name, a.world_size)}
+    done = {a.name for a in cfg.experiment.arms if a.trains and finished(home, a.name, a.world_size)}
     rec, now = pl.commit_placement(cfg, home, d, finished=done,
                                    probed=CommitmentLog(home).latest("serving") is not None)
     if rec is None:
@@ -84,7 +84,7 @@ def train_arms(cfg: Resolved, home: Path, placement: Placement, progress: Progre
 
     out = []
     for a in cfg.experiment.arms:
-        if a.kind == "seed":
+        if not a.trains:
             continue
         if a.name in (not_run or {}):
             progress.line(f"train {a.name}: {not_run[a.name]}")
