@@ -1,7 +1,10 @@
-"""Shared fixtures: one tiny seed and one prepared smoke home per test session."""
+"""Shared fixtures: one tiny seed and one prepared smoke home per test session; and the markers
+every test gets (`pytest -m unit` is the quick loop, docs/benchmarks-and-tests.md)."""
 
 from __future__ import annotations
 
+import fnmatch
+import inspect
 import os
 import shutil
 import subprocess
@@ -248,3 +251,90 @@ def example_stack(dst: Path, **changes) -> Path:
     out = Path(dst) / "Pulumi.test.yaml"
     out.write_text(yaml.safe_dump(conf))
     return out
+
+
+# --- markers -------------------------------------------------------------------------------------
+# Every test is marked by what it reaches: the fixtures it requests (and theirs), and the names used
+# by its body, its fixtures and every helper or class of tests/ that these call, followed through.
+# A test that reaches none of REACHES, and is not in EXPLICIT, is `unit`. Markers are registered in
+# pyproject.toml; `unit` excludes every other marker but `cuda`, which only says where a test runs.
+REACHES = {
+    # ranks in subprocesses (torch.distributed over loopback), or a whole trial run
+    "run_ranks": "dist", "run_worker": "dist", "local_launch": "dist", "launch_group": "dist",
+    "finished_trial": "dist",
+    # real sshd processes in network namespaces
+    "NetnsHosts": "ssh",
+    # moto's server, or the Pulumi program under Pulumi's mocks
+    "moto_url": "aws", "ThreadedMotoServer": "aws", "set_mocks": "aws", "Mocks": "aws", "MockMonitor": "aws",
+    # the project's CLIs in subprocesses (each imports torch), or a model trained, run or scored in
+    # this process
+    "run_cli": "slow", "Popen": "slow", "Trainer": "slow", "AutoModelForCausalLM": "slow",
+    "generate_answers": "slow",
+    # dist_worker's device: these run on one GPU per rank under TRIAL_TEST_DEVICE=cuda
+    "dist_worker.device": "cuda",
+}
+# What the names cannot tell, by node id pattern (fnmatch).
+EXPLICIT = {
+    "tests/test_anchors.py::*[[]s3[]]": {"aws"},  # store_url asks for `aws` by getfixturevalue
+    # a whole trial through `orchestrate run` in this process (CliRunner); its ranks are subprocesses
+    "tests/test_cli.py::test_run_reports_an_arm_the_gpus_cannot_place_and_runs_the_rest": {"dist"},
+    "tests/test_seed.py::test_smollm2_135m_materializes_to_the_pinned_weights": {"slow"},  # the 135M GGUF
+}
+MARKERS = ("unit", "dist", "ssh", "aws", "slow", "cuda")
+TESTS = Path(__file__).resolve().parent
+
+
+def _ours(obj) -> bool:
+    code = getattr(obj, "__code__", None)
+    return code is not None and Path(code.co_filename).resolve().parent == TESTS
+
+
+def _reached(func, seen: set[int], out: set[str]) -> None:
+    """Add to `out` the names `func` uses (a function or class also as module.name), following the
+    functions and classes of tests/ it uses."""
+    func = inspect.unwrap(func)
+    if id(func) in seen or not _ours(func):
+        return
+    seen.add(id(func))
+    glob = func.__globals__
+    codes = [func.__code__]
+    while codes:
+        code = codes.pop()
+        codes += [c for c in code.co_consts if inspect.iscode(c)]  # nested functions, lambdas, comprehensions
+        for name in code.co_names:
+            out.add(name)
+            obj = glob.get(name)
+            if obj is None:
+                continue
+            if inspect.isfunction(obj) or inspect.isclass(obj):
+                out.add(f"{obj.__module__}.{name}")  # where it is defined: dist_worker.device
+            if inspect.isfunction(obj):
+                _reached(obj, seen, out)
+            elif inspect.isclass(obj) and obj.__module__ == glob.get("__name__"):
+                out.update(b.__name__ for b in obj.__mro__)
+                for member in vars(obj).values():
+                    if inspect.isfunction(member):
+                        _reached(member, seen, out)
+
+
+def markers_of(item) -> set[str]:
+    """The markers of one collected test: what it reaches (REACHES), EXPLICIT, else `unit`."""
+    names = set(item.fixturenames)
+    seen: set[int] = set()
+    _reached(item.function, seen, names)
+    for name in item.fixturenames:
+        for fixturedef in item._fixtureinfo.name2fixturedefs.get(name, ()):
+            _reached(fixturedef.func, seen, names)
+    marks = {REACHES[n] for n in names if n in REACHES}
+    for pattern, extra in EXPLICIT.items():
+        if fnmatch.fnmatchcase(item.nodeid, pattern):
+            marks |= extra
+    if not marks - {"cuda"}:
+        marks.add("unit")
+    return marks
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        for m in sorted(markers_of(item)):
+            item.add_marker(m)

@@ -1,0 +1,56 @@
+"""Every test gets its markers from what it reaches (tests/conftest.py, `markers_of`): `pytest -m unit`
+is the quick loop only while the tests that start ranks, sshd, moto or a trial are never `unit`.
+The suite is collected again here, in this process (its modules are already imported)."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import EXPLICIT, MARKERS, ROOT, TESTS
+
+
+@pytest.fixture(scope="module")
+def marks() -> dict[str, set[str]]:
+    """node id → its markers among MARKERS, for every test of tests/."""
+    got: dict[str, set[str]] = {}
+
+    class Record:
+        @pytest.hookimpl(trylast=True)
+        def pytest_collection_modifyitems(self, items):
+            got.update({i.nodeid: {m.name for m in i.iter_markers() if m.name in MARKERS} for i in items})
+
+    code = pytest.main(["--collect-only", "-qq", "-p", "no:cacheprovider", "--rootdir", str(ROOT), str(TESTS)],
+                       plugins=[Record()])
+    assert code == pytest.ExitCode.OK and got
+    return got
+
+
+def test_known_tests_get_their_markers(marks):
+    assert marks["tests/test_checker.py::test_deep_nesting_is_malformed_not_a_crash"] == {"unit"}
+    assert marks["tests/test_commitments.py::test_edited_entry_detected"] == {"unit"}
+    assert "ssh" in marks["tests/test_ssh.py::test_host_keys_are_pinned"]  # the module-scoped NetnsHosts fixture
+    assert "ssh" in marks["tests/test_netns_hosts.py::test_a_second_set_in_the_same_process_is_refused_at_once"]
+    assert {"dist", "cuda"} <= marks["tests/test_arms.py::test_ddp_four_ranks_equals_single"]  # run_worker
+    assert "dist" in marks["tests/test_report.py::test_full_trial_report"]  # the `trained` fixture's ranks
+    assert "dist" in marks["tests/test_cli.py::test_orchestrate_run_smoke"]  # finished_trial
+    assert marks["tests/test_cloud.py::test_reconcile_reports_what_still_bills"] >= {"aws"}  # moto
+    assert "aws" in marks["tests/test_infra.py::test_hosts"]  # the Pulumi program under mocks
+    assert {"aws", "ssh"} <= marks["tests/test_aws_loop.py::test_the_aws_loop_in_emulation"]
+    anchors = "tests/test_anchors.py::test_a_cut_log_and_an_unanchored_tail"
+    assert marks[f"{anchors}[file]"] == {"unit"} and "aws" in marks[f"{anchors}[s3]"]  # EXPLICIT
+    assert "slow" in marks["tests/test_scoring.py::test_batched_answers_equal_one_at_a_time_token_for_token"]
+    assert marks["tests/test_powersgd.py::test_cholesky_qr2_falls_back_where_cholesky_cannot"] == {"unit", "cuda"}
+
+
+def test_every_test_is_unit_or_marked_otherwise(marks):
+    """`pytest -m unit` plus `pytest -m "not unit"` is the whole suite; `cuda` says only where a test runs."""
+    assert all(m - {"cuda"} for m in marks.values())
+    both = [n for n, m in marks.items() if "unit" in m and m - {"unit", "cuda"}]
+    assert not both, both
+
+
+def test_every_explicit_entry_still_names_a_test(marks):
+    import fnmatch
+
+    stale = [p for p in EXPLICIT if not any(fnmatch.fnmatchcase(n, p) for n in marks)]
+    assert not stale, stale
