@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from evidence.canonical import canonical_sha256
-from training.arms import kind as arm_kind
+from training.arms import KINDS, kind as arm_kind
 
 
 class ConfigError(ValueError):
@@ -61,8 +61,6 @@ class Arm(_Strict):
 
 def settings_keys() -> set[str]:
     """Arm's keys that some registered kind's `Settings` model owns."""
-    from training.arms import KINDS
-
     owned = {f for k in KINDS.values() for f in k.settings_model.model_fields}
     return {f for f in Arm.model_fields if f in owned}
 
