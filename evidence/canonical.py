@@ -49,8 +49,8 @@ def _hash_threads() -> int:
 class TreeSha256:
     """sha256 over the concatenated sha256 digests of each `piece`-byte piece of a byte stream.
 
-    One sha256 is sequential, and on some hosts' CPUs it runs at ~0.8 GB/s, below the disk a
-    checkpoint is written to (1.2–1.4 GB/s on an H200 host, measured 2026-11-30); pieces are hashed
+    One sha256 is sequential, and on some hosts' CPUs it runs slower than the disk a
+    checkpoint is written to (bench/results/README.md, "Checkpoints"); pieces are hashed
     on several threads at once (hashlib releases the GIL). Anyone can recompute it: hash each piece,
     then hash the digests in order (`file_tree_sha256`).
 

@@ -86,9 +86,9 @@ class Acceptance(_Strict):
 
 
 def check_pack(device_type: str, pack: bool, compile: bool) -> None:
-    """Packed rows on CUDA only inside the compiled decoder: seen on torch 2.11 (2 × H200,
-    2026-11-30), Hugging Face's own compiled wrapper around FlexAttention fails in Inductor's lowering
-    of the backward (NoValidChoicesError); inside the compiled decoder it trains as padded does.
+    """Packed rows on CUDA only inside the compiled decoder: on CUDA, Hugging Face's own compiled
+    wrapper around FlexAttention fails in Inductor's lowering
+    of the backward (NoValidChoicesError; bench/results/README.md, "CUDA tests"); inside the compiled decoder it trains as padded does.
     Checked for a profile and again by the trainer, for any spec."""
     if pack and device_type == "cuda" and not compile:
         raise ValueError("pack = true on CUDA needs compile = true (FlexAttention runs inside the "

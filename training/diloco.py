@@ -9,8 +9,8 @@ L40S cannot spare next to the model, its gradients and Adam). The mean is reduce
 through `comm.chunked_mean`'s two bounded buffers, and each chunk's update is applied as soon as its
 mean arrives, so there is no full-model d either. On CUDA, x and v live in pinned memory and each
 chunk's update runs on the GPU (x and v copied in and back, asynchronously): the CPU doing the
-update and pageable copies made one sync of 1.7B parameters take 8.4 s over sockets where DDP's
-all-reduce of the same bytes takes about 2 s (2 × H200, 2026-11-30). Deltas are exchanged rather than weights:
+update and pageable copies made one sync several times slower than DDP's all-reduce of the same
+bytes (bench/results/README.md, "DiLoCo outer step alone"). Deltas are exchanged rather than weights:
 a delta is small relative to the parent, so the FP32 sum loses less than summing parents would.
 
 This is the only implementation of the step (NOTES: `torch.optim.SGD(nesterov=True)` agrees only

@@ -2,8 +2,8 @@
 orthogonalization is a parameter.
 
 torch's `powerSGD_hook` orthogonalizes every P and Q with its own Householder QR, one small
-factorization per matrix. At the 1.7B architecture's shapes on one H200 those 338 QRs are 68 ms of the
-105 ms the compression adds to an update; a batched Cholesky QR does the same job in a few kernels per
+factorization per matrix. At the 1.7B architecture's shapes those hundreds of QRs are most of what the
+compression adds to an update; a batched Cholesky QR does the same job in a few kernels per
 shape (bench/powersgd_step.py; figures in bench/results/gpu-h200-warmup-powersgd-restore.md). This
 hook runs the same algorithm as torch's — P = MQ, all-reduce P, orthogonalize P, Q = MᵀP, all-reduce
 Q, M ≈ PQᵀ, error feedback, warm-started Q — on torch's `PowerSGDState` (so the dense warm-up, which

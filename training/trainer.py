@@ -338,8 +338,8 @@ class Trainer:
     def compile_warm_up(self) -> float:
         """Compile before the timed loop; returns the seconds it took.
 
-        Under torch.compile the first update would otherwise carry the compilation (50–80 s at 1.7B
-        on an H200), and ranks that do not synchronize every update (DiLoCo) would then charge a
+        Under torch.compile the first update would otherwise carry the compilation (about a minute at
+        1.7B; bench/results/README.md, "compile warm-up"), and ranks that do not synchronize every update (DiLoCo) would then charge a
         slower rank's compilation to the next synchronization. `_warm_pass` touches no parameter,
         optimizer state or collective, and the RNG states are put back (Inductor's autotuning
         draws random inputs): a single or DiLoCo run trains bit for bit as without it (tested).

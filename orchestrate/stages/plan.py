@@ -94,8 +94,8 @@ def staging_upload(cfg: TrialConfig, wheelhouse: Optional[Path], uplink_mbps: fl
 
 
 PROJECT_WHEEL_BYTES = 1_000_000
-"""An upper bound on the project's own wheel and a staging manifest (0.24 MB and ~2 KB at 2026-12-01):
-what still goes over SSH to each host when the relay carries the rest."""
+"""An upper bound on the project's own wheel and a staging manifest (the wheel is
+well under it): what still goes over SSH to each host when the relay carries the rest."""
 
 
 def _plan_placement(exp: Any, cfg: TrialConfig, planned: set[str], problems: list[str]) -> dict | None:
