@@ -1,6 +1,6 @@
 """Benchmark: every training arm of the three experiments, through the real launch path.
 
-    python bench/arms_bench.py [--profile smoke] [--out bench/results/arms-smoke.json]
+    python bench/arms_bench.py [--profile smoke] [--out bench/results/YYYY-MM-DD-<topic>/arms.json]
 
 Prepares cooperative-learning → local-training-windows → batched-learning (each excluding the
 previous experiment's tasks) in a fresh work directory, then trains every arm with one process per

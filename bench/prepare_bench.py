@@ -1,6 +1,6 @@
 """Benchmark: `prepare` wall time and supervised-token shares at the studies' full sizes.
 
-    python bench/prepare_bench.py --model-dir .seeds/smollm2-135m [--out bench/results/prepare.json]
+    python bench/prepare_bench.py --model-dir .seeds/smollm2-135m [--out bench/results/YYYY-MM-DD-<topic>/prepare.json]
 
 The `gpu` profiles name the SmolLM2-1.7B snapshot as seed; any SmolLM2 directory gives the same
 tokenization (the family shares one 49,152-token tokenizer), so the 135M seed stands in here.

@@ -4,7 +4,7 @@ orthogonalization is a parameter.
 torch's `powerSGD_hook` orthogonalizes every P and Q with its own Householder QR, one small
 factorization per matrix. At the 1.7B architecture's shapes those hundreds of QRs are most of what the
 compression adds to an update; a batched Cholesky QR does the same job in a few kernels per
-shape (bench/powersgd_step.py; figures in bench/results/gpu-h200-warmup-powersgd-restore.md). This
+shape (bench/powersgd_step.py; figures in bench/results/2026-12-01-warmup-powersgd-restore-1xh200/README.md). This
 hook runs the same algorithm as torch's — P = MQ, all-reduce P, orthogonalize P, Q = MᵀP, all-reduce
 Q, M ≈ PQᵀ, error feedback, warm-started Q — on torch's `PowerSGDState` (so the dense warm-up, which
 it leaves to torch's hook, and the checkpointed state are unchanged), with the orthogonalization a

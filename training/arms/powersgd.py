@@ -34,7 +34,7 @@ def bucket_cap_mb(model: Any) -> int:
     PowerSGD cheap: with one bucket, every same-shaped matrix of the model is compressed in one
     batched matmul and one batched orthogonalization call (`batch_tensors_with_same_shape`; torch's
     own still factorizes each matrix inside it, see training/powersgd.py), where DDP's 25 MB buckets
-    meant hundreds of hook calls with a QR per matrix (bench/results/gpu-h200-warmup-powersgd-restore.md). The
+    meant hundreds of hook calls with a QR per matrix (bench/results/2026-12-01-warmup-powersgd-restore-1xh200/README.md). The
     cost is memory: the hook holds a copy of the whole bucket, the stacked matrices and the new
     error feedback at once (about 20 GB at 1.7B in FP32, after the activations are freed).
     """
