@@ -133,7 +133,7 @@ def test_every_taggable_resource_names_the_trial(program):
                       "aws:s3/bucketOwnershipControls:BucketOwnershipControls",
                       "aws:scheduler/schedule:Schedule", "aws:costexplorer/costAllocationTag:CostAllocationTag"}
     for r in mocks.resources:
-        if r.typ not in untagged_types:
+        if r.custom and r.typ not in untagged_types:  # a component (infra/concern.py) exists in no account
             assert r.inputs.get("tags", {}).get("trial") == "ltw-four", (r.typ, r.name)
 
 
