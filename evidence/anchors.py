@@ -19,10 +19,13 @@ reported as not anchored (visible, not refused: anchoring follows the trial's st
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from evidence.canonical import EvidenceFileError, bytes_sha256, canonical_bytes, parse_json
 from evidence.commitments import CommitmentLog
+
+if TYPE_CHECKING:  # the stores are opened lazily, where a store is known
+    from evidence.stores import Store
 
 FORMAT = "commitment-anchor-v1"
 FIELDS = ("seq", "kind", "subject", "sha256", "at", "prev", "hash")
@@ -44,7 +47,7 @@ def _body(trial: str, entry: dict[str, Any]) -> bytes:
     return canonical_bytes({"format": FORMAT, "trial": trial, **{k: entry[k] for k in FIELDS}})
 
 
-def _read(store: Any, key: str) -> dict[str, Any]:
+def _read(store: Store, key: str) -> dict[str, Any]:
     try:
         doc = parse_json(b"".join(store.read_chunks(key)), f"{store.url}{key}")
     except EvidenceFileError as e:
@@ -54,7 +57,7 @@ def _read(store: Any, key: str) -> dict[str, Any]:
     return doc
 
 
-def _chains(store: Any, trial: str) -> dict[str, list[str]]:
+def _chains(store: Store, trial: str) -> dict[str, list[str]]:
     """The store's anchor chains of `trial`: first entry's hash → its keys."""
     out: dict[str, list[str]] = {}
     for k in store.list(_prefix(trial)):
@@ -62,7 +65,7 @@ def _chains(store: Any, trial: str) -> dict[str, list[str]]:
     return out
 
 
-def _one_chain(chains: dict[str, list[str]], first: str, store: Any, trial: str, log: str) -> None:
+def _one_chain(chains: dict[str, list[str]], first: str, store: Store, trial: str, log: str) -> None:
     others = sorted(set(chains) - {first})
     if others:
         raise AnchorError(f"{log}: the store {store.url} already holds the anchors of another log for trial {trial} "
@@ -71,7 +74,7 @@ def _one_chain(chains: dict[str, list[str]], first: str, store: Any, trial: str,
                           "trials folder) or another store")
 
 
-def anchor_log(home: str | Path, store: Any, trial: str | None = None) -> dict[str, Any] | None:
+def anchor_log(home: str | Path, store: Store, trial: str | None = None) -> dict[str, Any] | None:
     """Anchor every entry of the home's log that the store does not hold yet (each read back).
     Returns the log's anchors in the store ({"prefix", "count", "added"}; None for an empty log):
     what a preservation index records. Refused: an entry whose anchor differs (the log was rewritten
@@ -106,7 +109,7 @@ def anchor_log(home: str | Path, store: Any, trial: str | None = None) -> dict[s
     return {"prefix": f"{_prefix(trial)}{first}/", "count": len(entries), "added": added}
 
 
-def check_anchors(entries: list[dict[str, Any]], store: Any, trial: str, log: str = "the log",
+def check_anchors(entries: list[dict[str, Any]], store: Store, trial: str, log: str = "the log",
                   at_least: int = 0) -> dict[str, Any]:
     """Check a verified chain of `entries` against the store's anchors; raise AnchorError naming the
     first disagreement. Anchors are written in order, so they run from entry 0 without a gap, and
@@ -144,7 +147,7 @@ def check_anchors(entries: list[dict[str, Any]], store: Any, trial: str, log: st
             "not_anchored": [e["seq"] for e in entries if e["seq"] not in anchored]}
 
 
-def _preserved_counts(store: Any, trial: str, first: str) -> int:
+def _preserved_counts(store: Store, trial: str, first: str) -> int:
     """The most anchors any preservation index of `trial` in the store recorded for this log (the
     indexes are never overwritten, so a home's own record cannot lower it); an index that records
     another log's anchors is refused."""
@@ -169,7 +172,7 @@ def verify_anchors(home: str | Path, entries: list[dict[str, Any]], url: str | N
     its preservation record names, else `file://<home's folder's parent>/store` when that holds
     anchors of the trial (None when no store is known). The trial's name: given, else the one its
     preservation recorded, else the home's folder name."""
-    from evidence.stores import PRESERVED, open_store, read_preserved
+    from evidence.stores import PRESERVED, FileStore, open_store, read_preserved
 
     home = Path(home)
     rec = read_preserved(home) if (home / PRESERVED).is_file() else {}
@@ -181,7 +184,7 @@ def verify_anchors(home: str | Path, entries: list[dict[str, Any]], url: str | N
             default = home.resolve().parent / "store"
             if not (default / _prefix(trial)).is_dir():
                 return None
-            url = f"file://{default}"
+            url = FileStore.url_for(default)
         store = open_store(url)
         got = check_anchors(entries, store, trial, log=str(home / "commitments.jsonl"),
                             at_least=_preserved_counts(store, trial, entries[0]["hash"]) if entries else 0)

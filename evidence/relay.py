@@ -26,7 +26,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterable
 
 from evidence.canonical import file_sha256
-from evidence.stores import PreservationError, Store, open_store, staging_key
+from evidence.stores import PreservationError, Store, known_forms, open_store, staging_key
 
 
 class RelayError(RuntimeError):
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m evidence.relay", description="staging's relay, on a host")
     sub = ap.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("fetch", help="fetch and verify a manifest's artifacts from the trial's store")
-    f.add_argument("--store", required=True, help="the trial's store (s3://BUCKET/PREFIX or file://DIR)")
+    f.add_argument("--store", required=True, help=f"the trial's store, one of {known_forms()}")
     f.add_argument("--manifest", required=True, type=Path, help="JSON {path under root: {sha256, size}}")
     f.add_argument("--root", required=True, type=Path, help="the host's staging root")
     f.add_argument("--workers", type=int, default=4)

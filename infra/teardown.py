@@ -39,9 +39,9 @@ def verify_preserved(bucket: str, trial: str, *, session: Any = None,
     `orchestrate run` prepares does) but has no index, or made commitments after its newest one; when
     an index lists nothing; or when one does not verify. Indexes and anchors are written by the
     operator alone (the hosts' role may write only content-addressed objects)."""
-    from evidence.stores import PreservationError, open_store, parse_index, verify_index
+    from evidence.stores import PreservationError, S3Store, open_store, parse_index, verify_index
 
-    url = f"s3://{bucket}/{trial_prefix(trial)}"
+    url = S3Store.url_for(bucket, trial_prefix(trial))
     store = open_store(url, session)
     try:
         keys = sorted(k for k in store.list("indexes/") if k.endswith(".json"))
@@ -87,13 +87,13 @@ def verify_preserved(bucket: str, trial: str, *, session: Any = None,
 
 def abandon(bucket: str, trial: str, instance: str, found: str, *, session: Any = None) -> str:
     """Write the operator's choice to give the trial up, beside its evidence; returns the key."""
-    from evidence.stores import open_store
+    from evidence.stores import S3Store, open_store
 
     at = dt.datetime.now(dt.timezone.utc)
     key = f"abandoned/{at.strftime('%Y%m%dT%H%M%S%fZ')}-{instance}.json"
     body = json.dumps({"format": "trial-abandoned-v1", "trial": trial, "instance": instance, "at": at.isoformat(),
                        "setting": "abandon_unpreserved: true", "found": found}, sort_keys=True).encode()
-    open_store(f"s3://{bucket}/{trial_prefix(trial)}", session).put_bytes(key, body)
+    open_store(S3Store.url_for(bucket, trial_prefix(trial)), session).put_bytes(key, body)
     return key
 
 

@@ -10,6 +10,7 @@ from typing import Optional
 
 import typer
 
+from evidence.stores import FileStore, known_forms
 from orchestrate.progress import ConsoleProgress, stderr_console
 from orchestrate.stages import Stage
 from orchestrate.stages.clock import StageClock
@@ -39,7 +40,7 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
         trials: Path = typer.Option(Path("trials"), help="where trial homes are created"),
         seeds: Path = typer.Option(Path(".seeds"), help="where seed models are materialized"),
         model_dir: Optional[Path] = typer.Option(None, help="seed directory for a 'local' seed"),
-        store: Optional[str] = typer.Option(None, help="evidence store: file://DIR or s3://BUCKET/PREFIX "
+        store: Optional[str] = typer.Option(None, help=f"evidence store, one of {known_forms()} "
                                                        "(default: the cluster's, else file://<trials>/store)"),
         cluster: Optional[Path] = typer.Option(None, help="cluster.json from `orchestrate up` (default: the "
                                                          "embedded local cluster)"),
@@ -69,7 +70,7 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
     home: Optional[Path] = None  # the last experiment's: the one trained here
     try:
         desc = load_cluster(cluster, progress)
-        store_url = store or (desc.store if desc else f"file://{trials.resolve() / 'store'}")
+        store_url = store or (desc.store if desc else FileStore.url_for(trials.resolve() / 'store'))
         name = arm if arm in experiment_names() else arm_to_experiment(arm)
         cfg = resolve(name, profile)
         arm = arm if arm != name else cfg.experiment.acceptance.primary
@@ -434,7 +435,7 @@ def status(cluster: Path = typer.Option(Path("cluster.json"), help="the trial's 
 
 @app.command()
 def preserve(home: Path = typer.Option(..., help="the trial home"),
-             store: Optional[str] = typer.Option(None, help="file://DIR or s3://BUCKET/PREFIX "
+             store: Optional[str] = typer.Option(None, help=f"one of {known_forms()} "
                                                             "(default: the cluster's, else file://<home's parent>/store)"),
              cluster: Optional[Path] = typer.Option(None, help="the cluster the ranks ran on: each SSH host "
                                                                "preserves the checkpoint payloads that stayed on it"),
@@ -462,7 +463,7 @@ def preserve(home: Path = typer.Option(..., help="the trial home"),
     try:
         desc = load(cluster) if cluster else None
         hosts = Hosts(desc) if desc is not None and any(h.transport == "ssh" for h in desc.hosts) else None
-        url = store or (desc.store if desc else f"file://{home.resolve().parent / 'store'}")
+        url = store or (desc.store if desc else FileStore.url_for(home.resolve().parent / 'store'))
         with hold(home, f"trial home {home}"):
             rec = preserve_home(home, url, progress, hosts, leave_host_payloads)
     except (*USER_ERRORS, ClusterError) as e:

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from evidence.schema import explain, require_ranks
+from evidence.stores import STORES, PreservationError, S3Store, store_class
 from orchestrate.transport import LocalTransport, SSHTransport, Transport
 
 CLUSTER_FORMAT = "trial-cluster-v1"
@@ -57,7 +58,7 @@ class Cluster(BaseModel):
     source: Literal["local", "netns", "pulumi"]
     hosts: list[Host] = Field(min_length=1)
     key_file: str | None = None  # the controller's SSH key for every ssh host
-    store: str = Field(pattern=r"^(file|s3)://.+")
+    store: str  # a URL of a registered store (evidence.stores.registry)
     deadline: dt.datetime | None = None
     budget_usd: float | None = None
     region: str | None = None
@@ -72,11 +73,22 @@ class Cluster(BaseModel):
     # a stack's cluster (its hosts have the instance role) and uses SSH elsewhere
     staging: Literal["auto", "ssh", "relay"] = "auto"
 
+    @field_validator("store")
+    @classmethod
+    def _store(cls, v: str) -> str:
+        try:
+            store_class(v)  # the registry's scheme, nothing opened: the controller checks, the stages open
+        except PreservationError as e:
+            raise ValueError(str(e)) from None
+        return v
+
     @model_validator(mode="after")
     def _consistent(self) -> "Cluster":
         require_ranks(h.rank for h in self.hosts)
-        if self.staging == "relay" and not self.store.startswith("s3://"):
-            raise ValueError(f"staging = relay needs the trial's bucket (an s3:// store), not {self.store}")
+        if self.staging == "relay" and not store_class(self.store).staging_relay:
+            relays = ", ".join(c.form for c in STORES.values() if c.staging_relay)
+            raise ValueError(f"staging = relay needs the trial's bucket (a store the hosts fetch from themselves: "
+                             f"{relays}), not {self.store}")
         if any(h.transport == "ssh" for h in self.hosts) and not self.key_file:
             raise ValueError("ssh hosts need key_file")
         if len({h.name for h in self.hosts}) != len(self.hosts):
@@ -97,7 +109,7 @@ class Cluster(BaseModel):
     def relay(self) -> str | None:
         """The store staging relays through, or None for SSH to each host (see `staging`)."""
         if self.staging == "relay" or (self.staging == "auto" and self.source == "pulumi"
-                                       and self.store.startswith("s3://")):
+                                       and store_class(self.store).staging_relay):
             return self.store
         return None
 
@@ -150,7 +162,7 @@ def pulumi_cluster(outputs: str | dict, *, key_file: str, host_keys: dict[int, s
     except OutputsError as e:
         raise ClusterError(str(e)) from None
     try:
-        return Cluster(source="pulumi", key_file=key_file, store=f"s3://{out.bucket}/{out.prefix}",
+        return Cluster(source="pulumi", key_file=key_file, store=S3Store.url_for(out.bucket, out.prefix),
                        deadline=out.deadline, region=out.region, trial=out.trial,
                        transfer_guard_bytes=out.transfer_guard_bytes, guarded_ranks=out.isolated_ranks,
                        guard_fraction=out.guard_fraction,

@@ -24,12 +24,13 @@ def write_cluster(out: Path, progress: Progress, *, local: bool, hosts: int, sta
     import json
 
     from evidence.covered import guard_writes
+    from evidence.stores import FileStore
     from orchestrate.cluster import ClusterError, local_cluster, pulumi_cluster, save
 
     if [local, pulumi_outputs is not None, stack is not None].count(True) != 1:
         raise ClusterError("pass exactly one of --local, --stack and --pulumi-outputs")
     if local:
-        desc = local_cluster(hosts, Path.cwd(), store or f"file://{(Path('trials') / 'store').resolve()}")
+        desc = local_cluster(hosts, Path.cwd(), store or FileStore.url_for((Path('trials') / 'store').resolve()))
     else:
         from infra.outputs import OutputsError, parse_outputs, read_stack_outputs
 

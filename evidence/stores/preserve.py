@@ -1,13 +1,12 @@
-"""Evidence stores and preservation: every file of a trial home, content-addressed, each object read
+"""Preservation: every file of a trial home, content-addressed, each object read
 back from the store and re-hashed after upload, then an index of what was preserved.
 
     <store>/objects/sha256/<first two hex>/<digest>     the bytes; the key is their sha256
     <store>/indexes/<trial>/<utc time>.json              {"files": {relative path: {"sha256", "size"}}, ...}
 
-Two stores behind one interface: `file://DIR` (the embedded default) and `s3://BUCKET/PREFIX` (boto3
-with s3transfer: multipart above 64 MiB, a SHA-256 checksum sent with every upload). A store's echo
-of a checksum is not trusted — moto, for one, accepts and echoes a wrong one — so preservation
-streams every object back and hashes what it reads. An index is written only after every object
+Any store of the registry (`evidence.stores.registry`) serves, through the `Store` protocol
+(`evidence.stores.base`). A store's echo of a checksum is not trusted — moto, for one, accepts and
+echoes a wrong one — so preservation streams every object back and hashes what it reads. An index is written only after every object
 verified, and is itself read back. `verify_index` repeats the whole read-back later (teardown does).
 
 Checkpoint payloads of ranks on SSH hosts stay on the hosts (tens of GB per rank at 1.7B), so each
@@ -19,25 +18,19 @@ bytes through its own link; `verify_index` does the same for them and reads back
 
 from __future__ import annotations
 
-import base64
 import datetime as _dt
 import hashlib
 import os
 import re
-import shutil
 from pathlib import Path
-from typing import Any, Callable, Iterator, Protocol
-from urllib.parse import urlparse
+from typing import Any, Callable, Iterator
 
 from evidence.canonical import (EvidenceFileError, bytes_sha256, canonical_bytes, canonical_sha256, file_sha256,
-                                fsync_file, parse_json, read_json, write_bytes_atomic, write_json_atomic)
+                                parse_json, read_json, write_json_atomic)
+from evidence.stores.base import PreservationError, Store
+from evidence.stores.registry import open_store
 
-CHUNK = 1 << 20
 PRESERVED = "preserved.json"  # in the home: where its evidence went, and the index's digest
-
-
-class PreservationError(RuntimeError):
-    """An object or index that does not read back as written, or a store that cannot be used."""
 
 
 HOST_PAYLOAD = re.compile(r"(^|/)checkpoints/step-[^/]+/(?!receipt\.json$|host\.json$)[^/]+$")
@@ -51,108 +44,6 @@ def _hash_stream(chunks: Iterator[bytes]) -> tuple[str, int]:
         h.update(c)
         n += len(c)
     return h.hexdigest(), n
-
-
-class Store(Protocol):
-    """What preservation and anchoring need of a store: a new store implements these five."""
-
-    url: str
-
-    def put_file(self, key: str, path: Path, sha256: str) -> None: ...
-    def put_bytes(self, key: str, data: bytes) -> None: ...
-    def size(self, key: str) -> int | None: ...
-    def list(self, prefix: str) -> list[str]: ...
-    def read_chunks(self, key: str) -> Iterator[bytes]: ...
-
-
-class FileStore:
-    def __init__(self, root: Path):
-        self.root = root
-        self.url = f"file://{root}/"
-
-    def put_file(self, key: str, path: Path, sha256: str) -> None:
-        dst = self.root / key
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dst.with_name(dst.name + ".part")
-        shutil.copyfile(path, tmp)
-        fsync_file(tmp)
-        os.replace(tmp, dst)
-
-    def put_bytes(self, key: str, data: bytes) -> None:
-        write_bytes_atomic(self.root / key, data)
-
-    def size(self, key: str) -> int | None:
-        p = self.root / key
-        return p.stat().st_size if p.is_file() else None
-
-    def list(self, prefix: str) -> list[str]:
-        """Every key under `prefix` (files being written, hidden or `.part`, left out)."""
-        top = self.root / prefix
-        base = top if prefix.endswith("/") or top.is_dir() else top.parent
-        return sorted(str(p.relative_to(self.root)) for p in base.rglob("*")
-                      if p.is_file() and not p.name.startswith(".") and not p.name.endswith(".part")
-                      and str(p.relative_to(self.root)).startswith(prefix))
-
-    def read_chunks(self, key: str) -> Iterator[bytes]:
-        with open(self.root / key, "rb") as f:
-            while chunk := f.read(CHUNK):
-                yield chunk
-
-
-class S3Store:
-    def __init__(self, bucket: str, prefix: str, session: Any = None, multipart_mb: int = 64):
-        import boto3
-        from boto3.s3.transfer import TransferConfig
-
-        self.bucket, self.prefix = bucket, prefix.strip("/") + "/" if prefix.strip("/") else ""
-        self.url = f"s3://{bucket}/{self.prefix}"
-        self.s3 = (session or boto3.Session()).client("s3")
-        self.transfer = TransferConfig(multipart_threshold=multipart_mb << 20,
-                                       multipart_chunksize=multipart_mb << 20)
-
-    def _key(self, key: str) -> str:
-        return self.prefix + key
-
-    def put_file(self, key: str, path: Path, sha256: str) -> None:
-        self.s3.upload_file(str(path), self.bucket, self._key(key), Config=self.transfer,
-                            ExtraArgs={"ChecksumAlgorithm": "SHA256", "Metadata": {"sha256": sha256}})
-
-    def put_bytes(self, key: str, data: bytes) -> None:
-        digest = base64.b64encode(hashlib.sha256(data).digest()).decode()
-        self.s3.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, ChecksumSHA256=digest)
-
-    def size(self, key: str) -> int | None:
-        from botocore.exceptions import ClientError
-
-        try:
-            return int(self.s3.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"])
-        except ClientError as e:
-            if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
-                return None
-            raise
-
-    def list(self, prefix: str) -> list[str]:
-        pages = self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self._key(prefix))
-        return sorted(o["Key"][len(self.prefix):] for page in pages for o in page.get("Contents", []))
-
-    def read_chunks(self, key: str) -> Iterator[bytes]:
-        body = self.s3.get_object(Bucket=self.bucket, Key=self._key(key))["Body"]
-        try:
-            while chunk := body.read(CHUNK):
-                yield chunk
-        finally:
-            body.close()
-
-
-def open_store(url: str, session: Any = None, **s3_options: Any) -> Store:
-    u = urlparse(url)
-    if u.scheme == "file":
-        return FileStore(Path(u.netloc + u.path) if u.netloc else Path(u.path))
-    if u.scheme == "s3":
-        if not u.netloc:
-            raise PreservationError(f"{url}: an s3 URL names a bucket (s3://BUCKET/PREFIX)")
-        return S3Store(u.netloc, u.path, session, **s3_options)
-    raise PreservationError(f"unknown evidence store '{url}' (file://DIR or s3://BUCKET/PREFIX)")
 
 
 def object_key(sha256: str) -> str:
@@ -171,14 +62,14 @@ def _files(home: Path) -> list[Path]:
     return sorted(p for p in home.rglob("*") if p.is_file() and not p.is_symlink() and p.name != PRESERVED)
 
 
-def _read_back(store: Any, key: str, sha256: str, size: int) -> None:
+def _read_back(store: Store, key: str, sha256: str, size: int) -> None:
     got, n = _hash_stream(store.read_chunks(key))
     if (got, n) != (sha256, size):
         raise PreservationError(f"{store.url}{key} reads back as {got} ({n} bytes), written as {sha256} "
                                 f"({size} bytes): the store does not hold what was uploaded")
 
 
-def _put_verified(store: Any, p: Path) -> tuple[str, int, bool]:
+def _put_verified(store: Store, p: Path) -> tuple[str, int, bool]:
     """One file into the store under its sha256 (unless the store holds that object already), then
     read back and hashed: uploaded now or earlier, it must read back. (sha256, size, uploaded now)."""
     digest, size = file_sha256(p), p.stat().st_size

@@ -1,0 +1,69 @@
+"""The report, recomputed from raw evidence in a trial home — or refused when the evidence disagrees —
+in three steps with their hand-offs visible: `verify` (evidence/report/verify.py) → `Verified` →
+`compute` (compute.py) → `Report` → `render` (render.py: report.json, report.md, the figures).
+
+Checks (verify), in order (the first failure stops the report with a message; nothing is changed or removed):
+  1. the commitments log's hash chain; the selection committed before every test evaluation; every
+     prepared input against the hash in the committed prepared.json;
+  2. every selected model against its receipt and the digest the selection names; every candidate's
+     rank results against the hashes committed in candidates.json, each result belonging to its rank;
+  3. each rank's documents per update against the committed global schedule (its contiguous slice)
+     and, for DiLoCo, its outer steps against the sync schedule (every H updates and the last);
+  4. every evaluation attempt's files against its receipt; every raw answer re-checked strictly
+     against the committed task answers, and the recorded verdict must match;
+  5. recovery comparison receipts found under the home, against their own digests;
+  6. the first committed serving probe (evidence/serving.py): its receipt, the fixed workload, the
+     attempt bound, and every stored figure against its own per-request records.
+Then (compute): accuracy per arm, paired gains (exact one-sided McNemar p, one-sided bounds), retention bounds,
+the serving phases (throughput ratio, failover overhead, token and model identity), the
+experiment's gates — each listed as passed or failed, the selection unchanged — and costs kept
+apart: active training, checkpoint, startup and whole-process seconds, allocated device-seconds,
+dollars where a price is known (none on the local cluster).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from evidence.report.compute import Report, compute
+from evidence.report.render import markdown, plots, write
+from evidence.report.verify import EvidenceError, Verified, verify
+
+__all__ = ["EvidenceError", "Report", "Verified", "build_report", "compute", "markdown", "plots", "report", "verify",
+           "write", "write_report", "write_report_numbered"]
+
+
+def report(home: str | Path, *, store: str | None = None, trial: str | None = None) -> Report:
+    """`store`: where the log's anchors are (default: the store preserved.json names, if any)."""
+    return compute(verify(home, store=store, trial=trial))
+
+
+def build_report(home: str | Path, *, store: str | None = None, trial: str | None = None) -> dict[str, Any]:
+    """The report as report.json holds it (its callers read it as JSON)."""
+    return report(home, store=store, trial=trial).model_dump()
+
+
+def write_report(home: str | Path, output: str | Path, *, store: str | None = None,
+                 trial: str | None = None) -> dict[str, Any]:
+    """Build the report and write it to `output` (with report.md and the figures beside it)."""
+    rep = report(home, store=store, trial=trial)
+    write(rep, Path(output))
+    return rep.model_dump()
+
+
+def write_report_numbered(home: str | Path, output: str | Path, *, store: str | None = None,
+                          trial: str | None = None) -> tuple[dict[str, Any], Path]:
+    """As `write_report`, but when `output` is evidence that this report would change (a report.json
+    preserved before the evidence grew), to the next free `<stem>-<n>`: built once, written once."""
+    from evidence.covered import CoveredFileError
+
+    rep, output = report(home, store=store, trial=trial), Path(output)
+    for n in range(1, 1000):
+        out = output if n == 1 else output.with_name(f"{output.stem}-{n}{output.suffix}")
+        try:
+            write(rep, out)
+            return rep.model_dump(), out
+        except CoveredFileError:
+            continue
+    raise EvidenceError(f"{output}: no free report name beside it")

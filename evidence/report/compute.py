@@ -1,0 +1,162 @@
+"""The report's second step: the statistics and gates, from evidence `verify` has checked — accuracy
+per arm, paired gains (exact one-sided McNemar p, one-sided bounds), retention bounds, the serving
+gates, the experiment's gates (passed, failed or not evaluated, the selection unchanged) and costs
+kept apart. Nothing here reads a file: the same `Verified` gives the same `Report`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from evidence.inputs import global_losses
+from evidence.placement import SERVING_PROBE, not_evaluated, unevaluated_gates
+from evidence.report.verify import Verified
+from evidence.serving import GATES as SERVING_GATES
+from evidence.serving import gates as serving_gates
+from evidence.stats import mcnemar_exact_greater, paired_bounds
+
+
+class Report(BaseModel):
+    """What `render` draws and report.json holds (`model_dump()`, its keys sorted when written)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: Literal["trial-report-v1"] = "trial-report-v1"
+    experiment: str
+    profile: str
+    commitments_head: str
+    anchors: dict[str, Any] | None
+    selection: dict[str, Any]
+    selection_committed_at_seq: int
+    arms: dict[str, dict[str, Any]]  # per trained arm: loss per update, payload bytes, costs
+    accuracy: dict[str, dict[str, Any]]  # per scored arm: cases, correct, accuracy, attempts
+    comparisons: dict[str, dict[str, Any]]  # "<arm> vs <arm>": paired bounds and McNemar p
+    gates: list[dict[str, Any]]  # {"gate", "value", "passed"} (passed None: not evaluated, with a reason)
+    failed_gates: list[str]
+    not_evaluated_gates: list[str]
+    not_run: dict[str, str]
+    evaluation_attempts: dict[str, dict[str, list[str]]]
+    recovery_comparisons: list[dict[str, Any]]
+    serving: dict[str, Any] | None
+    serving_attempts: list[str]
+
+
+def compute(v: Verified) -> Report:
+    exp, prepared, selection, cands = v.experiment, v.prepared, v.selection, v.candidates
+    acc, evaluations, skipped = exp["acceptance"], v.evaluations, v.not_run
+    arms: dict[str, Any] = {}
+    for name, cand in cands.items():
+        results = v.results[name]
+        n = len(results[0]["updates"])
+        losses = global_losses([r["updates"] for r in results])
+        ckpt = [sum(c["publish_seconds"] for c in r.get("checkpoints", {}).get("published", []))
+                for r in results]
+        t = [r["timers"] for r in results]
+        arms[name] = {
+            "kind": cand["kind"], "world_size": cand["world_size"], "updates": n,
+            "loss_per_update": losses,
+            "payload_bytes_per_update": results[0]["comm"]["training_payload_bytes_per_update"],
+            "costs": {
+                # the journal's per-update seconds: carried across resumes, checkpoints excluded
+                "active_training_seconds": max(sum(u["seconds"] for u in r["updates"]) for r in results),
+                "resumed": any(r.get("checkpoints", {}).get("restored") for r in results),
+                "checkpoint_seconds": max(ckpt) if ckpt else 0.0,
+                "startup_seconds": max(x["seed_verification_seconds"] + x["process_group_seconds"]
+                                       + x["model_load_seconds"] for x in t),
+                "training_loop_seconds": max(x["training_loop_seconds"] for x in t),
+                "whole_process_seconds": max(r["resources"]["wall_seconds_since_start"] for r in results),
+                "allocated_device_seconds": sum(r["resources"]["wall_seconds_since_start"] for r in results),
+                "dollars": None,
+                "dollars_note": "no price on the embedded local cluster (cloud prices arrive with infra)",
+            },
+        }
+
+    def used(role: str, arm: str) -> dict[str, Any] | None:
+        """The first complete attempt: retries are listed, never substituted for it."""
+        for a in evaluations.get(role, {}).get(arm, []):
+            if a["complete"]:
+                return a
+        return None
+
+    base = selection["baseline"]
+    accuracy, comparisons, gates = {}, {}, []
+    test_base = used("test", base)
+    for arm in [base, *cands]:
+        a = used("test", arm)
+        if a:
+            accuracy[arm] = {"cases": len(a["answers"]), "correct": sum(x["correct"] for x in a["answers"]),
+                             "accuracy": sum(x["correct"] for x in a["answers"]) / len(a["answers"]),
+                             "attempts": len(evaluations["test"][arm])}
+    conf = acc.get("confidence", 0.99)
+
+    def paired(a_arm: str, b_arm: str) -> dict[str, Any] | None:
+        a, b = used("test", a_arm), used("test", b_arm)
+        if not (a and b):
+            return None
+        bmap = {x["case_id"]: x["correct"] for x in b["answers"]}
+        xs = [bool(x["correct"]) for x in a["answers"]]
+        ys = [bool(bmap[x["case_id"]]) for x in a["answers"]]
+        pa = {p["probe"]: p["loss"] for p in b["probes"]}
+        out = {"accuracy_change": paired_bounds(xs, ys, conf).as_dict(),
+               "mcnemar_greater": mcnemar_exact_greater(xs, ys).as_dict()}
+        if len(a["probes"]) >= 2:
+            out["retention_loss_change"] = paired_bounds([p["loss"] for p in a["probes"]],
+                                                         [pa[p["probe"]] for p in a["probes"]], conf).as_dict()
+        return out
+
+    primary = selection["primary"]
+    for arm in cands:
+        c = paired(arm, base) if test_base else None
+        if c:
+            comparisons[f"{arm} vs {base}"] = c
+    p = comparisons.get(f"{primary} vs {base}")
+    if p:
+        gain = p["accuracy_change"]["mean_difference"] * 100
+        gates.append({"gate": f"gain ≥ {acc['min_gain_pp']} pp", "value": gain,
+                      "passed": gain >= acc["min_gain_pp"]})
+        gates.append({"gate": f"McNemar p ≤ {acc['p_max']}", "value": p["mcnemar_greater"]["p_value"],
+                      "passed": p["mcnemar_greater"]["p_value"] <= acc["p_max"]})
+        if "retention_loss_change" in p:
+            up = p["retention_loss_change"]["upper"]
+            gates.append({"gate": f"retention upper bound ≤ +{acc['retention_max_nats']} nats",
+                          "value": up, "passed": up <= acc["retention_max_nats"]})
+    if acc.get("noninferiority_vs") and used("test", primary) and used("test", acc["noninferiority_vs"]):
+        ni = paired(primary, acc["noninferiority_vs"])
+        comparisons[f"{primary} vs {acc['noninferiority_vs']}"] = ni
+        lo = ni["accuracy_change"]["lower"] * 100
+        gates.append({"gate": f"noninferiority lower bound ≥ {acc['noninferiority_pp']} pp vs "
+                              f"{acc['noninferiority_vs']}", "value": lo, "passed": lo >= acc["noninferiority_pp"]})
+    if acc.get("max_bytes_ratio_vs") and acc["max_bytes_ratio_vs"] in arms and primary in arms:
+        r = arms[primary]["payload_bytes_per_update"] / arms[acc["max_bytes_ratio_vs"]]["payload_bytes_per_update"]
+        gates.append({"gate": f"bytes ≤ {acc['max_bytes_ratio']} × {acc['max_bytes_ratio_vs']}", "value": r,
+                      "passed": r <= acc["max_bytes_ratio"]})
+        if acc.get("max_active_ratio"):
+            ra = (arms[primary]["costs"]["active_training_seconds"]
+                  / arms[acc["max_bytes_ratio_vs"]]["costs"]["active_training_seconds"])
+            gates.append({"gate": f"active time ≤ {acc['max_active_ratio']} × {acc['max_bytes_ratio_vs']}",
+                          "value": ra, "passed": ra <= acc["max_active_ratio"]})
+    if acc.get("min_speedup_vs") and acc["min_speedup_vs"] in arms and primary in arms:
+        for k in ("active_training_seconds", "whole_process_seconds"):
+            sp = arms[acc["min_speedup_vs"]]["costs"][k] / arms[primary]["costs"][k]
+            gates.append({"gate": f"{k.split('_')[0]} speedup ≥ {acc['min_speedup']}", "value": sp,
+                          "passed": sp >= acc["min_speedup"]})
+
+    gates += unevaluated_gates(acc, primary, base, skipped, {g["gate"] for g in gates})
+
+    gates += ([not_evaluated(g, f"{SERVING_PROBE} {skipped[SERVING_PROBE]}") for g in SERVING_GATES]
+              if v.serving is None and SERVING_PROBE in skipped else serving_gates(v.serving))
+
+    return Report(
+        experiment=exp["name"], profile=prepared["experiment"]["profile_name"],
+        commitments_head=v.entries[-1]["hash"], anchors=v.anchors, selection=selection,
+        selection_committed_at_seq=v.selection_entry["seq"],
+        arms=arms, accuracy=accuracy, comparisons=comparisons,
+        gates=gates, failed_gates=[g["gate"] for g in gates if g["passed"] is False],
+        not_evaluated_gates=[g["gate"] for g in gates if g["passed"] is None], not_run=skipped,
+        evaluation_attempts={role: {arm: [a["attempt"] for a in att] for arm, att in d.items()}
+                             for role, d in evaluations.items()},
+        recovery_comparisons=v.recoveries,
+        serving=v.serving, serving_attempts=v.serving_attempts,
+    )

@@ -1,0 +1,166 @@
+"""The report's last step: a computed `Report` drawn as Markdown and PNG figures and written beside
+report.json — unless any file would replace evidence (`evidence.covered`). Drawn from the report's
+own numbers; nothing else is read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from evidence.canonical import json_bytes, write_bytes_atomic
+from evidence.covered import guard_writes
+from evidence.report.compute import Report
+
+
+def markdown(rep: Report) -> str:
+    lines = [f"# {rep.experiment} ({rep.profile}) — trial report", "",
+             f"Selection (committed at log entry {rep.selection_committed_at_seq}, fixed by the rules): "
+             f"primary **{rep.selection['primary']}**, serving {rep.selection['serving']}.", "",
+             _anchors_line(rep.anchors), "",
+             "## Gates", "", "| gate | value | result |", "|---|---|---|"]
+    for g in rep.gates:
+        lines.append(f"| {g['gate']} | — | not evaluated: {g['reason']} |" if g["passed"] is None else
+                     f"| {g['gate']} | {g['value']:.4g} | {'passed' if g['passed'] else '**FAILED**'} |")
+    if rep.not_run:
+        lines += ["", "## Not run", "", "Decided from the cluster before anything trained (placement.json, committed): "
+                  "never launched, never a candidate, never scored; the gates that need them are not evaluated.", ""]
+        lines += [f"- {what}: {why}" for what, why in rep.not_run.items()]
+    lines += ["", "## Test accuracy", "", "| arm | correct / cases | accuracy | attempts |", "|---|---|---|---|"]
+    for arm, a in rep.accuracy.items():
+        lines.append(f"| {arm} | {a['correct']} / {a['cases']} | {a['accuracy']:.3f} | {a['attempts']} |")
+    lines += ["", "## Paired comparisons", "",
+              "| comparison | Δ accuracy | one-sided lower | McNemar p | Δ retention loss upper |", "|---|---|---|---|---|"]
+    for k, c in rep.comparisons.items():
+        ret = c.get("retention_loss_change", {}).get("upper")
+        lines.append(f"| {k} | {c['accuracy_change']['mean_difference']:+.4f} | {c['accuracy_change']['lower']:+.4f} "
+                     f"| {c['mcnemar_greater']['p_value']:.4g} | {'' if ret is None else f'{ret:+.4f}'} |")
+    lines += ["", "## Training and costs (kept apart)", "",
+              "| arm | ranks | loss first → last | payload B/update | active s | checkpoint s | startup s "
+              "| whole-process s | device-seconds |", "|---|---|---|---|---|---|---|---|---|"]
+    for arm, a in rep.arms.items():
+        c = a["costs"]
+        lines.append(f"| {arm} | {a['world_size']} | {a['loss_per_update'][0]:.4f} → {a['loss_per_update'][-1]:.4f} "
+                     f"| {a['payload_bytes_per_update']:,.0f} | {c['active_training_seconds']:.2f} "
+                     f"| {c['checkpoint_seconds']:.2f} | {c['startup_seconds']:.2f} | {c['whole_process_seconds']:.2f} "
+                     f"| {c['allocated_device_seconds']:.2f} |")
+    lines += ["", "Dollars: not applicable on the embedded local cluster (no price).", ""]
+    lines += _serving_markdown(rep.serving, rep.serving_attempts)
+    if rep.recovery_comparisons:
+        lines += ["## Recovery", ""] + [f"- {r['file']}: identical={r['identical']}, max |Δ| = {r['max_abs_diff']}"
+                                        for r in rep.recovery_comparisons] + [""]
+    return "\n".join(lines)
+
+
+def _anchors_line(a: dict[str, Any] | None) -> str:
+    if a is None:
+        return "Commitments log: hash chain checked; no evidence store was known, so its anchors were not."
+    return (f"Commitments log: {a['anchored']} of {a['entries']} entries match their anchors in {a['store']}"
+            + (f"; entries {a['not_anchored']} were not anchored." if a["not_anchored"] else "."))
+
+
+def _serving_markdown(sv: dict[str, Any] | None, attempts: list[str]) -> list[str]:
+    if sv is None:
+        return ["## Serving", "", "No committed serving probe." + (f" Started: {', '.join(attempts)}." if attempts else ""), ""]
+    out = ["## Serving", "",
+           f"{sv['attempt']} ({len(attempts)} probe attempt(s)); {sv['replicas']} replicas; stopped for the failure "
+           f"phase: {(sv.get('stopped') or {}).get('replica')}.", "",
+           "| phase | answered | failed | retries | wall s | req/s | p50 s | p90 s | p99 s |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for p, f in sv["phases"].items():
+        lat = f["latency_seconds"]
+        cell = lambda x: "—" if x is None else f"{x:.3f}"  # noqa: E731
+        out.append(f"| {p} | {f['completed']}/{f['requests']} | {f['failed']} | {f['retries']} | {f['wall_seconds']:.2f} "
+                   f"| {cell(f['throughput_rps'])} | {cell(lat['p50'])} | {cell(lat['p90'])} | {cell(lat['p99'])} |")
+    out.append("")
+    if "throughput_ratio_replicas_vs_single" in sv:
+        out.append(f"- throughput, {sv['replicas']} replicas / 1 replica: {sv['throughput_ratio_replicas_vs_single']:.3f}")
+    if "failover" in sv:
+        fo = sv["failover"]
+        out.append(f"- failover: {fo['extra_retries']} extra retries, p50 latency {fo['extra_latency_p50_seconds']:+.3f} s, "
+                   f"p90 {fo['extra_latency_p90_seconds']:+.3f} s, wall × {fo['wall_ratio_failure_vs_replicas']:.3f}")
+    out.append(f"- tokens: {sv['tasks_answered']} tasks, {len(sv['tasks_with_differing_tokens'])} with differing "
+               f"tokens; model identities: {len(sv['model_identities'])} (selected: {sv['model_matches_selection']})")
+    return out + [""]
+
+
+def plots(rep: Report, out_dir: Path, stem: str) -> list[str]:
+    """PNG figures beside the Markdown: loss per update, bytes per update, accuracy with one-sided
+    bounds, costs. Drawn from the report's own numbers (nothing else is read)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = []
+
+    def save(fig, name: str) -> None:
+        fig.tight_layout()
+        fig.savefig(out_dir / f"{stem}-{name}.png", dpi=110)
+        plt.close(fig)
+        names.append(f"{stem}-{name}.png")
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for arm, a in rep.arms.items():
+        ax.plot(range(1, len(a["loss_per_update"]) + 1), a["loss_per_update"], label=arm)
+    ax.set_xlabel("update")
+    ax.set_ylabel("global weighted response loss")
+    ax.legend(fontsize=8)
+    save(fig, "loss")
+
+    fig, ax = plt.subplots(figsize=(6, 3))
+    arms = list(rep.arms)
+    ax.bar(arms, [rep.arms[a]["payload_bytes_per_update"] / 1e6 for a in arms])
+    ax.set_ylabel("logical payload MB / update / rank")
+    save(fig, "bytes")
+
+    if rep.accuracy:
+        fig, ax = plt.subplots(figsize=(6, 3))
+        accs = list(rep.accuracy)
+        ax.bar(accs, [rep.accuracy[a]["accuracy"] for a in accs])
+        base = rep.selection["baseline"]
+        for i, a in enumerate(accs):
+            c = rep.comparisons.get(f"{a} vs {base}")
+            if c:  # the one-sided lower bound of the gain, drawn from the seed's accuracy
+                lo = rep.accuracy[base]["accuracy"] + c["accuracy_change"]["lower"]
+                ax.plot([i - 0.3, i + 0.3], [lo, lo], color="black")
+        ax.set_ylabel("test exact accuracy (bar: lower bound)")
+        ax.set_ylim(0, 1)
+        save(fig, "accuracy")
+
+    fig, ax = plt.subplots(figsize=(6, 3))
+    keys = ("active_training_seconds", "checkpoint_seconds", "startup_seconds", "whole_process_seconds")
+    width = 0.2
+    for k_i, k in enumerate(keys):
+        ax.bar([i + k_i * width for i in range(len(arms))], [rep.arms[a]["costs"][k] for a in arms],
+               width, label=k.replace("_seconds", "").replace("_", " "))
+    ax.set_xticks([i + 1.5 * width for i in range(len(arms))], arms)
+    ax.set_ylabel("seconds")
+    ax.legend(fontsize=7)
+    save(fig, "costs")
+
+    if rep.serving:
+        ph = rep.serving["phases"]
+        fig, (a1, a2) = plt.subplots(1, 2, figsize=(7, 3))
+        a1.bar(list(ph), [f["throughput_rps"] or 0 for f in ph.values()])
+        a1.set_ylabel("answered requests / s")
+        for q in ("p50", "p90", "p99"):
+            a2.plot(list(ph), [f["latency_seconds"][q] or 0 for f in ph.values()], marker="o", label=q)
+        a2.set_ylabel("latency s (retries included)")
+        a2.legend(fontsize=7)
+        save(fig, "serving")
+    return names
+
+
+def write(rep: Report, output: Path) -> None:
+    """Render every file the report makes, then write them — unless any would replace a file of
+    evidence (`evidence.covered`): then nothing is written."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        figures = plots(rep, Path(tmp), output.stem)
+        writes = {output.parent / n: (Path(tmp) / n).read_bytes() for n in figures}
+    md = markdown(rep) + "\n## Figures\n\n" + "".join(f"![{n}]({n})\n\n" for n in figures)
+    writes = {output: json_bytes(rep.model_dump()), **writes, output.with_suffix(".md"): md.encode("utf-8")}
+    for path, data in guard_writes(writes).items():
+        write_bytes_atomic(path, data)
