@@ -1,9 +1,9 @@
 """The launch layer (orchestrate/launch/): a rank's command and environment are built once, the same
 for this machine and an SSH host but for what the policy says differs; the reasons a group fails
 are the strings the evidence records; and no other module of the controller sets a rank's
-environment, so changing it is a change to command.py alone. The spawners themselves, given these,
-are run for real in test_checkpoints.py, test_guard.py (local) and test_remote.py (SSH), where the
-environment each spawner really hands a rank is compared."""
+environment, so changing it is a change to command.py alone. The environment each spawner really
+hands a rank is compared in test_remote.py (it needs SSH hosts); the spawners run for real in
+test_checkpoints.py and test_guard.py (local) and test_remote.py (SSH)."""
 
 from __future__ import annotations
 
