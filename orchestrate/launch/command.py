@@ -70,8 +70,9 @@ class Site:
 
 @dataclass(frozen=True)
 class Rendezvous:
-    """A group's meeting point: rank 0 listens on `port` at `address`; `interface` is the NIC that
-    address is on (None: the system's choice, e.g. loopback)."""
+    """A group's meeting point as one rank sees it: rank 0 listens on `port` at `address`;
+    `interface` is the rank's own host's NIC on the network that reaches it (None: the system's
+    choice, e.g. loopback here), where gloo and NCCL bind."""
 
     world: int
     address: str
