@@ -24,7 +24,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from make_arch_seed import parameter_shapes  # noqa: E402  (bench/ is on sys.path when run as a script)
-from orchestrate.local import free_port  # noqa: E402
+from orchestrate.launch.command import free_port  # noqa: E402
 
 
 def worker(rank: int, world: int, port: int, variants: list[str], steps: int,

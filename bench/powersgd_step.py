@@ -38,7 +38,7 @@ import torch.multiprocessing as mp  # noqa: E402
 from torch import nn  # noqa: E402
 
 from make_arch_seed import parameter_shapes  # noqa: E402  (bench/ is on sys.path when run as a script)
-from orchestrate.local import free_port  # noqa: E402
+from orchestrate.launch.command import free_port  # noqa: E402
 
 RANK, DENSE = 32, 2
 SMALL = dict(vocab_size=4096, hidden_size=256, intermediate_size=1024, num_hidden_layers=2,

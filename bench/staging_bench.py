@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from orchestrate.cluster import netns_cluster  # noqa: E402
-from orchestrate.local import free_port  # noqa: E402
+from orchestrate.launch.command import free_port  # noqa: E402
 from orchestrate.netns import NetnsHosts  # noqa: E402
 from orchestrate.remote import stage_reports, wheelhouse_lock  # noqa: E402
 

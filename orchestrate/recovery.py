@@ -68,7 +68,9 @@ IO_BASELINE = {"TRIAL_IO_BASELINE": "1"}  # checkpoint write/restore next to a p
 
 def recovery_trial(base: Path, *, experiment_chain: list, arm: str, model_dir: Path, from_step: int,
                    kill_rank: int, kill_after: int, say: Callable[[str], None]) -> dict[str, Any]:
-    from orchestrate.local import local_launch, supervise, threads_per_rank, train_argv
+    from orchestrate.launch.command import Site, local_argv, threads_per_rank, train_argv
+    from orchestrate.launch.local import local_launch
+    from orchestrate.launch.supervise import supervise
     from training.prepare import prepare_chain
     from training.results import load_results
 
@@ -90,7 +92,7 @@ def recovery_trial(base: Path, *, experiment_chain: list, arm: str, model_dir: P
 
     say(f"[1/3] {arm}: uninterrupted run, {updates} updates, a group checkpoint every {every}")
     t0 = time.monotonic()
-    first = supervise(local_launch(train_argv(uninterrupted, arm, model_dir, threads), world,
+    first = supervise(local_launch(local_argv(train_argv(Site.here(uninterrupted, model_dir), arm, threads)), world,
                                    heartbeats=hb(uninterrupted)),
                       log_root=uninterrupted / "logs" / arm, max_restarts=0, env=IO_BASELINE)
     if not first[-1].ok:
@@ -101,7 +103,7 @@ def recovery_trial(base: Path, *, experiment_chain: list, arm: str, model_dir: P
         f"is killed after update {kill_after}; the supervisor restarts from the common manifest")
     seed_recovered_home(uninterrupted, recovered, arm, world, from_step)
     t0 = time.monotonic()
-    attempts = supervise(local_launch(train_argv(recovered, arm, model_dir, threads), world,
+    attempts = supervise(local_launch(local_argv(train_argv(Site.here(recovered, model_dir), arm, threads)), world,
                                       heartbeats=hb(recovered), echo=lambda line: say(f"  {line}")),
                          log_root=recovered / "logs" / arm, max_restarts=1, env=IO_BASELINE,
                          first_env={"TRIAL_FAULT_KILL": f"{kill_rank}:{kill_after}"},

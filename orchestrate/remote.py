@@ -1,5 +1,6 @@
-"""Ranks on hosts reached over SSH: stage what they need, launch one process per rank, supervise the
-group with the same rules as the local launcher, collect what they wrote.
+"""What goes to SSH hosts before their ranks run, and what comes back after: stage what they need,
+collect what they wrote, preserve what stays on them. The ranks themselves are started and watched by
+orchestrate/launch/ssh.py.
 
 Staging, per host under its root: the wheelhouse (every file checked against the lock's sha256 after
 upload) less what the host's own Python already has at the same version (the AMI's torch), installed
@@ -9,13 +10,6 @@ bucket, and every host fetches and hashes it there, in region (`evidence.relay`)
 wheel (and the fetcher's boto3, where the host lacks it) and a manifest go over SSH. Then every host reports an environment digest — its Python,
 every installed distribution and version, the project's installed files — and nothing trains unless
 all hosts report the same one.
-
-A remote rank is the command of one SSH exec channel. A wrapper writes its pid first, so the
-supervisor can signal it by pid (`kill -TERM <pid>`), and its stderr streams into the local log. A
-host that stops answering (no liveness probe answered for `unreachable_s`, decided on the clock by a
-watcher thread per rank) fails the group like a non-zero exit: the others are stopped; the
-unreachable one cannot be, and the result says so. A channel that ends with its connection carries no
-exit status; the rank is then followed by pid, and once gone fails as "lost", never as a success.
 """
 
 from __future__ import annotations
@@ -23,17 +17,15 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import signal
-import threading
 import time
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from evidence.canonical import canonical_sha256, file_sha256
 from evidence.stores import HOST_PAYLOAD
 from orchestrate.cluster import Cluster, Host
-from orchestrate.local import GroupResult, free_port, run_group
-from orchestrate.transport import SSHTransport, Transport, TransportError
+from orchestrate.launch.command import python_command
+from orchestrate.transport import Transport, TransportError
 
 ENV_DIGEST = r"""
 import hashlib, importlib.metadata as m, json, pathlib, sys
@@ -103,16 +95,6 @@ def check_host_python(t: Transport, host: Host) -> str:
                            f"was uploaded (name an interpreter >= {need} as the host's python in the cluster "
                            "description, e.g. the AMI's own PyTorch environment)")
     return version
-
-
-def python_command(host: Host, *argv: str, python: str | None = None, replace_shell: bool = False) -> str:
-    """`python -P ARGV…` with the host's staged packages on the path, arguments quoted: the one way
-    the controller runs the project's Python on a host (status's stdlib-only script runs isolated
-    instead, `-I`, on any Python). `-P` keeps the working directory off `sys.path`, so only the
-    staged site can supply `training` or `evidence`. `replace_shell` execs Python in the shell's
-    place, so it keeps the pid the shell wrote (a rank is signalled by that pid)."""
-    return (f"PYTHONPATH={shlex.quote(host.root + '/site')} {'exec ' if replace_shell else ''}"
-            f"{shlex.quote(python or host.python)} -P " + " ".join(map(shlex.quote, argv)))
 
 
 def host_python(t: Transport, host: Host, code: str, *args: str, python: str | None = None,
@@ -313,208 +295,6 @@ def stage_reports(cluster: Cluster, transports: list[Transport], *, wheel_dir: P
         raise StagingError("hosts report different environments, nothing trains: "
                            + ", ".join(f"{r['host']} {r['digest'][:16]}" for r in reports))
     return digests.pop(), reports
-
-
-def liveness_probe(pidfile: str, heartbeat: str | None = None) -> str:
-    """The shell line a watcher runs on the host: `pid:alive` or `pid:gone` for the pid in `pidfile`,
-    and `beat:<mtime>` of the heartbeat file when one is given. Tagged, so whatever else a login shell
-    prints cannot be taken for an answer. The pid's state comes from /proc: a zombie has exited and
-    waits only for its parent to reap it, yet `kill -0` would still find it."""
-    state = (f"p=$(cat {shlex.quote(pidfile)} 2>/dev/null); "
-             "case \"$(sed -n 's/^.*) \\(.\\).*$/\\1/p' /proc/${p:-none}/stat 2>/dev/null)\" in "
-             "''|Z|X) echo pid:gone;; *) echo pid:alive;; esac")
-    beat = f"; echo beat:$(stat -c %Y {shlex.quote(heartbeat)} 2>/dev/null)" if heartbeat else ""
-    return f"{state}{beat}; true"
-
-
-class RemoteRank:
-    """Popen's interface (poll, send_signal, kill, wait, returncode) for a rank on an SSH host.
-
-    Liveness is decided on the wall clock, not on a probe's return: a watcher thread asks the host
-    every `probe_every_s` whether the rank's pid is there (and, when given, the heartbeat's mtime),
-    and `poll` fails the rank once no answer has come for `unreachable_s`. A probe that blocks — a
-    reconnect to a dead address, paramiko waiting out a key exchange on a connection that no longer
-    carries packets — delays only the next probe, never the decision or the other ranks' supervision.
-    """
-
-    def __init__(self, t: SSHTransport, command: str, env: dict[str, str], log: Path, pidfile: str,
-                 *, unreachable_s: float = 10.0, probe_every_s: float = 1.0, probe_timeout_s: float = 2.0,
-                 heartbeat: str | None = None):
-        self.t, self.log, self.pidfile = t, log, pidfile
-        self.unreachable_s, self.probe_every_s, self.probe_timeout_s = unreachable_s, probe_every_s, probe_timeout_s
-        self.returncode: int | None = None
-        self.why: str | None = None
-        self.unstoppable = False
-        self.heartbeat_mtime: float | None = None  # the last heartbeat mtime the host reported
-        self.pid_alive: bool | None = None  # whether the rank's pid ran at the last answer
-        self.chan = t.start(f"echo $$ > {pidfile}; {command}", env)  # `command` execs its program: the same pid
-        self._log = open(log, "ab")
-        self._out = open(log.with_suffix(".out"), "ab")
-        self._answered = time.monotonic()  # when the host last answered a probe
-        self._killed_at: float | None = None  # when kill() last sent SIGKILL
-        self._stop = threading.Event()
-        self._probe = liveness_probe(pidfile, heartbeat)
-        self._watcher = threading.Thread(target=self._watch, name=f"liveness {t.name}", daemon=True)
-        self._watcher.start()
-
-    def _watch(self) -> None:
-        while not self._stop.wait(self.probe_every_s):
-            try:
-                out = self.t.run(self._probe, timeout=self.probe_timeout_s).stdout.split()
-            except Exception:  # noqa: BLE001 — no answer, whatever paramiko raised; the clock decides
-                continue
-            self._answered = time.monotonic()
-            for word in out:
-                if word in ("pid:alive", "pid:gone"):
-                    self.pid_alive = word == "pid:alive"
-                elif word.startswith("beat:") and word[5:].isdigit():
-                    self.heartbeat_mtime = float(word[5:])
-
-    def silent_for(self) -> float:
-        """Seconds since the host last answered a liveness probe."""
-        return time.monotonic() - self._answered
-
-    def _drain(self) -> None:
-        while self.chan.recv_stderr_ready():
-            self._log.write(self.chan.recv_stderr(65536))
-        while self.chan.recv_ready():
-            self._out.write(self.chan.recv(65536))
-        self._log.flush()
-        self._out.flush()
-
-    def poll(self) -> int | None:
-        if self.returncode is not None:
-            return self.returncode
-        self._drain()
-        if self.chan.exit_status_ready() and self.chan.status_event.is_set() and not self._connection_died():
-            self._drain()
-            self.returncode = self.chan.recv_exit_status()
-            self._close()
-            return self.returncode
-        # a channel closed without an exit status means the connection died, not necessarily the
-        # rank: the watcher's answers decide whether the host is still there, and whether the rank is
-        if self.silent_for() > self.unreachable_s:
-            self.returncode, self.why, self.unstoppable = 255, "unreachable", True
-            self._close()
-        elif self.chan.closed and self.pid_alive is False:  # gone, its status lost with the connection:
-            self.returncode, self.why = 255, "lost"  # never taken for success
-            self._close()
-        return self.returncode
-
-    def _connection_died(self) -> bool:
-        """The channel ended with the connection, carrying no status: paramiko then reports -1, as it
-        does for a rank killed by a signal over a live connection (it ignores exit-signal); only the
-        latter is the rank's end. sshd sends EOF before it closes a channel, a dying connection does
-        not, and paramiko closes the channels before it marks the transport inactive: so no EOF, or
-        an inactive transport, means the connection died."""
-        if self.chan.exit_status != -1:
-            return False
-        tr = self.chan.get_transport()
-        return not self.chan.eof_received or tr is None or not tr.is_active()
-
-    def _remote(self, command: str, timeout: float) -> int | None:
-        """The status of a short command on the host, or None when none came: run in its own thread,
-        joined for a bounded time, since paramiko can block past any timeout it is given (a command's
-        start waits without one; a key exchange holds sends for 30 s). The bound covers `run`'s own
-        (each phase of a reconnect, the open and the command, `timeout` each) with room to spare."""
-        box: list[int] = []
-
-        def go() -> None:
-            try:
-                box.append(self.t.run(command, timeout=timeout).status)
-            except Exception:  # noqa: BLE001 — paramiko raises many kinds
-                pass
-        th = threading.Thread(target=go, name=f"remote {self.t.name}", daemon=True)
-        th.start()
-        th.join(timeout * 5 + 1.0)
-        return box[0] if box else None
-
-    def send_signal(self, sig: int) -> None:
-        """Deliver `sig` by pid. Whether the host can be reached is the watcher's to say, not this
-        send's: a send that comes back late must not make a reachable rank unstoppable."""
-        if self.returncode is None:
-            self._remote(f"kill -{int(sig)} $(cat {self.pidfile})", timeout=2.0)
-
-    def kill(self) -> None:
-        if self.returncode is not None:
-            return
-        self._killed_at = time.monotonic()
-        self.send_signal(signal.SIGKILL)
-        if self.silent_for() > self.unreachable_s:  # the host is gone: it can be neither stopped nor waited for
-            self.returncode, self.why, self.unstoppable = 255, self.why or "unreachable", True
-            self._close()
-
-    def wait(self, timeout: float | None = None) -> int:
-        """Until the rank's end is seen, or its host's silence decides it; after `kill`, the kill is
-        sent again every 5 s in case one did not land."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError
-            if self._killed_at is not None and time.monotonic() - self._killed_at > 5.0:
-                self.kill()
-            time.sleep(0.05)
-        return self.returncode
-
-    def stop_watching(self, wait: bool = True) -> None:
-        """End the watcher before the connection is closed, so it cannot reopen one (bounded: a probe
-        blocked inside paramiko is left to end on its own; the thread is a daemon). `wait=False` only
-        asks, so a group's watchers can all be asked before any is waited for."""
-        self._stop.set()
-        if wait and self._watcher is not threading.current_thread():
-            self._watcher.join(timeout=2 * self.probe_timeout_s + 1)
-
-    def _close(self) -> None:
-        self._stop.set()
-        try:
-            self.chan.close()
-        except Exception:  # noqa: BLE001
-            pass
-        self._log.close()
-        self._out.close()
-
-
-def launch_remote_group(cluster: Cluster, argv_for: Callable[[Host], Sequence[str]], world: int, *,
-                        log_dir: Path, env: dict[str, str] | None = None,
-                        heartbeats: Sequence[str] = (), stale_s: float = 600.0, unreachable_s: float = 10.0,
-                        grace_s: float = 10.0, echo: Callable[[str], None] | None = None,
-                        guard: Callable[[], str | None] | None = None) -> GroupResult:
-    """One rank per host of `cluster` (ranks 0..world-1), rank identity from the environment,
-    rendezvous at rank 0's private address; supervised by `run_group`."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    hosts = cluster.by_rank[:world]
-    master = hosts[0].private_address
-    port = free_port("0.0.0.0")  # a port number; it is opened on rank 0's host by the rank itself
-    procs, logs = [], [log_dir / f"rank-{r}.log" for r in range(world)]
-    try:
-        for r, h in enumerate(hosts):
-            t = cluster.transport(h)
-            e = {**(env or {}), "WORLD_SIZE": str(world), "RANK": str(r), "LOCAL_RANK": "0",
-                 "MASTER_ADDR": master, "MASTER_PORT": str(port), "PYTHONUNBUFFERED": "1"}
-            if h.interface:
-                e |= {"GLOO_SOCKET_IFNAME": h.interface, "NCCL_SOCKET_IFNAME": h.interface}
-            logs[r].write_bytes(b"")
-            cmd = f"cd {shlex.quote(h.root)} && " + python_command(h, *argv_for(h), replace_shell=True)
-            beat = f"{h.root}/{heartbeats[r]}" if r < len(heartbeats) else None
-            procs.append(RemoteRank(t, cmd, e, logs[r], f"{h.root}/rank-{r}.pid", unreachable_s=unreachable_s,
-                                    heartbeat=beat))
-    except BaseException:
-        for p in procs:
-            p.kill()
-            p.stop_watching()
-            p.t.close()
-        raise
-    # heartbeats come from each rank's watcher (its probe reads the mtime too): reading them never
-    # blocks supervision, and while the host does not answer the last value stays, so no progress
-    beats = [(lambda p=p: p.heartbeat_mtime) for p in procs[:len(heartbeats)]]
-    try:
-        return run_group(procs, logs, grace_s=grace_s, echo=echo, heartbeats=beats, stale_s=stale_s, guard=guard)
-    finally:
-        for p in procs:
-            p.stop_watching(wait=False)
-        for p in procs:  # one connection per rank per attempt: closed with the attempt
-            p.stop_watching()
-            p.t.close()
 
 
 KEEP_ON_HOST = HOST_PAYLOAD

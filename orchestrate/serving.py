@@ -31,7 +31,6 @@ import shlex
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -46,6 +45,8 @@ from evidence.commitments import CommitmentLog
 from evidence.receipts import make_receipt
 from evidence.serving import (CONCURRENCY, MAX_ATTEMPTS, PHASES, REQUESTS, comparisons, phase_figures,
                               warmup_workload, workload)
+from orchestrate.launch.command import Site, host_command, local_argv, process_env, serve_argv
+from orchestrate.launch.ssh import liveness_probe
 from training.errors import TrainError
 
 if TYPE_CHECKING:
@@ -150,17 +151,15 @@ class LocalReplicas:
 
     def __enter__(self) -> "LocalReplicas":
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(self.threads)}
+        site = Site.here(self.home, self.seed_dir)
         try:
             for k in range(self.count):
-                env["LOCAL_RANK"] = str(k)  # on a CUDA profile, replica k takes GPU k (and its lock)
+                # on a CUDA profile, replica k takes GPU k (and its lock): LOCAL_RANK=k
+                env = process_env(k, here=True, threads=self.threads, inherited=os.environ)
                 ready = self.log_dir / f"replica-{k}.ready.json"
                 ready.unlink(missing_ok=True)
-                argv = [sys.executable, "-m", "training", "serve", "--home", str(self.home),
-                        "--name", f"replica-{k}", "--host", "127.0.0.1", "--port", "0",
-                        "--ready-file", str(ready), "--threads", str(self.threads)]
-                argv += ["--arm", self.arm] if self.arm else []
-                argv += ["--model-dir", str(self.seed_dir)] if self.seed_dir else []
+                argv = local_argv(serve_argv(site, f"replica-{k}", "127.0.0.1", str(ready), threads=self.threads,
+                                             arm=self.arm))
                 with open(self.log_dir / f"replica-{k}.log", "ab") as log:
                     self.procs.append(subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                                        env=env, start_new_session=True))
@@ -374,25 +373,16 @@ class RemoteReplicas:
                          for r, e in zip(self.replicas, self.endpoints))
 
     def _start(self, rep: "RemoteReplica") -> None:
-        from orchestrate.remote import python_command
-
         h = rep.host
-        argv = ["-m", "training", "serve", "--home", f"{h.root}/home", "--name", rep.name,
-                "--host", h.private_address, "--port", "0", "--ready-file", rep.ready,
-                "--model-dir", f"{h.root}/seed"]
-        argv += ["--arm", self.arm] if self.arm else []
-        argv += ["--threads", str(self.threads)] if self.threads else []
+        argv = serve_argv(Site.on(h), rep.name, h.private_address, rep.ready, threads=self.threads, arm=self.arm)
         # the shell writes its pid, then execs Python in its place: the pid is the replica's; setsid
         # keeps it out of the SSH session, so it lives exactly as long as its pid is not signalled
-        inner = f"echo $$ > {shlex.quote(rep.pidfile)}; cd {shlex.quote(h.root)} && " + \
-            python_command(h, *argv, replace_shell=True)
+        inner = f"echo $$ > {shlex.quote(rep.pidfile)}; " + host_command(h, argv)
         q = shlex.quote
         cmd = (f"mkdir -p {q(rep.dir)} && rm -f {q(rep.pidfile)} {q(rep.ready)} && : > {q(rep.log)} && "
                f"(setsid bash -c {q(inner)} > {q(rep.log)} 2>&1 < /dev/null &) && "
                f"for i in $(seq 200); do test -s {q(rep.pidfile)} && break; sleep 0.05; done; cat {q(rep.pidfile)}")
-        env = {"PYTHONUNBUFFERED": "1", "LOCAL_RANK": "0", **self.env}  # the host's own first device
-        if self.threads:
-            env["OMP_NUM_THREADS"] = str(self.threads)
+        env = process_env(0, here=False, threads=self.threads, inherited=self.env)  # the host's own first device
         rep.started = True
         r = rep.t.run(cmd, env=env, timeout=60)
         out = r.stdout.strip()
@@ -409,8 +399,6 @@ class RemoteReplicas:
 
     def _alive(self, rep: "RemoteReplica") -> bool | None:
         """Whether the replica's pid still runs on its host (a zombie has exited); None: no answer."""
-        from orchestrate.remote import liveness_probe
-
         try:
             out = rep.t.run(liveness_probe(rep.pidfile), timeout=20).stdout.split()
         except Exception:  # noqa: BLE001
@@ -418,8 +406,6 @@ class RemoteReplicas:
         return True if "pid:alive" in out else False if "pid:gone" in out else None
 
     def _wait_ready(self, rep: "RemoteReplica") -> None:
-        from orchestrate.remote import liveness_probe
-
         q = shlex.quote
         probe_line = f"if test -s {q(rep.ready)}; then echo ready; else {liveness_probe(rep.pidfile)}; fi"
         deadline = time.monotonic() + self.start_timeout_s

@@ -30,22 +30,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from evidence.commitments import LOG_NAME, CommitmentLog
-from orchestrate.cluster import Cluster, Host
+from orchestrate.cluster import Cluster
 from orchestrate.guard import Guard, Polled, host_bytes
-from orchestrate.local import GroupResult, local_launch, supervise, threads_per_rank, train_argv
 from evidence.attempts import attempts
 from evidence.canonical import read_json
-from orchestrate.remote import (collect, host_parts, host_python, launch_remote_group, python_command,
-                                stage_reports)
+from orchestrate.launch.command import (Site, cluster_env, evaluate_argv, host_command, local_argv, process_env,
+                                        threads_per_rank, train_argv)
+from orchestrate.launch.local import local_launch
+from orchestrate.launch.ssh import launch_remote_group
+from orchestrate.launch.supervise import GroupResult, supervise
+from orchestrate.remote import collect, host_parts, host_python, stage_reports
 from orchestrate.placement import Devices, hosts_devices, local_devices
 from orchestrate.transport import Transport, TransportError
 
 if TYPE_CHECKING:
     from orchestrate.serving import LocalReplicas, RemoteReplicas
-
-AWS_NCCL = {"NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple", "NCCL_IB_DISABLE": "1"}
-"""On AWS hosts (no EFA on g6e): one fixed algorithm and protocol, so the bytes on the wire are the
-ones the plan predicted and every run of an arm moves data the same way."""
 
 STAGED = ("prepared.json", "prepare-record.json", LOG_NAME)
 
@@ -80,7 +79,7 @@ class LocalPlacement:
         first = can()
         if not first and set_aside_unfinished(home, arm.name, w):
             echo(f"an unfinished earlier attempt was moved to {home / 'runs' / arm.name / 'attempts'}")
-        argv = train_argv(home, arm.name, self.model_dir, threads_per_rank(w))
+        argv = local_argv(train_argv(Site.here(home, self.model_dir), arm.name, threads_per_rank(w)))
         launch = local_launch(argv, w, heartbeats=[d / "heartbeat.json" for d in rank_dirs], echo=echo,
                               guard=self.guard)
         return supervise(launch, log_root=home / "logs" / arm.name, max_restarts=max_restarts,
@@ -117,7 +116,7 @@ class RemotePlacement:
         self.cluster, self.home, self.model_dir, self.wheel_dir, self.say = cluster, home, model_dir, wheel_dir, say
         self.hosts = cluster.by_rank
         self.ts: list[Transport] = [cluster.transport(h) for h in self.hosts]
-        self.env = dict(AWS_NCCL) if cluster.source == "pulumi" else {}
+        self.env = cluster_env(cluster.source)
         # hosts sharing this machine's cores (network namespaces) split them; real hosts use their own
         self.shared_cores = cluster.source == "netns"
         self.guard_ts: list[Transport] = []
@@ -246,16 +245,11 @@ class RemotePlacement:
         self._push_log(range(w))
         threads = threads_per_rank(w) if self.shared_cores else None
 
-        def argv_for(extra: list[str]) -> Callable[[Host], list[str]]:
-            return lambda h: ["-m", "training", "train", "--home", f"{h.root}/home", "--arm", arm.name,
-                              "--model-dir", f"{h.root}/seed", *(["--threads", str(threads)] if threads else []),
-                              *extra]
-
         beats = [f"home/runs/{arm.name}/rank-{r}/heartbeat.json" for r in range(w)]
 
         def launch(extra: list[str], log_dir: Path, env: dict[str, str]) -> GroupResult:
-            e = {**self.env, **env, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
-            return launch_remote_group(self.cluster, argv_for(extra), w, log_dir=log_dir, env=e, echo=echo,
+            return launch_remote_group(self.cluster, lambda h: train_argv(Site.on(h), arm.name, threads, extra), w,
+                                       log_dir=log_dir, env={**self.env, **env}, threads=threads, echo=echo,
                                        heartbeats=beats, guard=self.guard)
 
         attempts = supervise(launch, log_root=home / "logs" / arm.name, max_restarts=max_restarts,
@@ -285,10 +279,9 @@ class RemotePlacement:
         if unfinished and not retry:
             retry = f"attempt(s) {', '.join(Path(u).name for u in unfinished)} on {h.name} did not finish"
         self._push_selected(home, 0, sorted(d.name for d in (home / "runs").iterdir()))
-        cmd = f"cd {shlex.quote(h.root)} && " + python_command(
-            h, "-m", "training", "evaluate", "--home", f"{h.root}/home", "--arm", arm, "--role", role,
-            "--model-dir", f"{h.root}/seed", *(["--retry", retry] if retry else []))
-        env = {"OMP_NUM_THREADS": str(os.cpu_count() or 1)} if self.shared_cores else {}
+        cmd = host_command(h, evaluate_argv(Site.on(h), arm, role, retry))
+        # hosts sharing this machine's cores: scoring runs alone, so it takes them all
+        env = process_env(0, here=False, threads=threads_per_rank(1) if self.shared_cores else None)
         r = t.run(cmd, env=env, timeout=6 * 3600)
         if r.status != 0:
             raise TransportError(f"{h.name}: evaluate {arm} exited {r.status}: {r.stderr.strip()[-800:]}")

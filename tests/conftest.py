@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.local import free_port
+from orchestrate.launch.command import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 

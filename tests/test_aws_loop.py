@@ -98,7 +98,7 @@ def cloud(monkeypatch):
     import boto3
     from moto.server import ThreadedMotoServer
 
-    from orchestrate.local import free_port
+    from orchestrate.launch.command import free_port
 
     port = free_port()
     env = {"AWS_ENDPOINT_URL": f"http://198.18.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",

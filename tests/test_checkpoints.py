@@ -128,7 +128,8 @@ def test_a_torn_receipt_is_refused_by_name_and_not_restarted(killed, tiny_seed, 
     """A checkpoint receipt cut short (a torn write, a full disk) is damaged evidence: the rank that
     meets it refuses naming the file (exit 2), and the supervisor does not restart the group into the
     same refusal. Before, json's error killed the rank with exit 1 and the group was restarted."""
-    from orchestrate.local import local_launch, supervise
+    from orchestrate.launch.local import local_launch
+    from orchestrate.launch.supervise import supervise
 
     receipt = rank_dir(killed, 1) / "checkpoints" / "step-000008" / "receipt.json"
     receipt.write_bytes(receipt.read_bytes()[:57])
@@ -192,7 +193,8 @@ def test_resume_without_checkpoints_says_so(home_copy, tiny_seed):
 
 def supervised_with_fault(smoke_home, tmp_path, tiny_seed, fault: str):
     """A copy of the smoke home trained by the supervisor, the first attempt with TRIAL_FAULT_KILL."""
-    from orchestrate.local import local_launch, supervise
+    from orchestrate.launch.local import local_launch
+    from orchestrate.launch.supervise import supervise
 
     home = tmp_path / "home"
     shutil.copytree(smoke_home, home)
@@ -220,7 +222,8 @@ def test_a_rank_that_refuses_its_inputs_is_not_restarted(tmp_path, tiny_seed):
     """Ranks that refuse their own inputs (a home never prepared) exit 2; a restart would meet the same
     refusal after loading everything again, so the supervisor stops after one attempt and says why.
     A group that failed otherwise is restarted."""
-    from orchestrate.local import local_launch, supervise
+    from orchestrate.launch.local import local_launch
+    from orchestrate.launch.supervise import supervise
 
     said: list[str] = []
     attempts = supervise(local_launch(argv(tmp_path / "never-prepared", tiny_seed), 2), log_root=tmp_path / "logs",
@@ -235,7 +238,7 @@ def test_a_rank_that_refuses_its_inputs_is_not_restarted(tmp_path, tiny_seed):
 
 def test_heartbeat_timeout_stops_a_hung_group(tmp_path):
     """A rank that stops making progress (here: sleeps) is treated as failed and stopped."""
-    from orchestrate.local import launch_group
+    from orchestrate.launch.local import launch_group
 
     hb = [tmp_path / f"hb{r}" for r in range(2)]
     script = ("import os, sys, time, pathlib; r = int(os.environ['RANK']); "
@@ -456,7 +459,7 @@ def test_a_deferred_file_keeps_its_size_and_entry_checks(tmp_path):
     ([-15, -15], None, "guard", None),
 ])
 def test_what_counts_as_a_refusal(codes, first, reason, refused):
-    from orchestrate.local import GroupResult
+    from orchestrate.launch.supervise import GroupResult
 
     res = GroupResult(codes=codes, logs=[], seconds=0.0, first_failure=first, reason=reason)
     assert res.refused == refused

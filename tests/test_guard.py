@@ -14,7 +14,8 @@ import pytest
 from evidence.commitments import LOG_NAME, CommitmentLog
 from orchestrate.cluster import local_cluster
 from orchestrate.guard import COUNTERS, Guard, parse_counters
-from orchestrate.local import launch_group, local_launch, supervise
+from orchestrate.launch.local import launch_group, local_launch
+from orchestrate.launch.supervise import supervise
 from orchestrate.transport import LocalTransport, TransportError
 from training.runs import latest_common
 

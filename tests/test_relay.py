@@ -118,7 +118,7 @@ def test_four_hosts_staged_through_the_bucket(smoke_home, tiny_seed, tmp_path, m
     from moto.server import ThreadedMotoServer
 
     from orchestrate.cluster import netns_cluster
-    from orchestrate.local import free_port
+    from orchestrate.launch.command import free_port
     from orchestrate.netns import NetnsHosts
     from orchestrate.remote import stage_reports
 

@@ -6,6 +6,7 @@ different environment refused, and a host cut off mid-run detected within the bo
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -19,8 +20,11 @@ import pytest
 from conftest import ROOT
 from evidence.canonical import read_json
 from orchestrate.cluster import netns_cluster
+from orchestrate.launch.command import local_argv
+from orchestrate.launch.local import launch_group
+from orchestrate.launch.ssh import launch_remote_group
 from orchestrate.netns import NetnsHosts
-from orchestrate.remote import StagingError, collect, launch_remote_group, stage
+from orchestrate.remote import StagingError, collect, stage
 from orchestrate.status import trial_status
 from orchestrate.transport import TransportError
 
@@ -170,6 +174,33 @@ def test_two_hosts_train_and_collect(staged, smoke_home, tmp_path):
         [(True, "finished", "clean-pair", len(r1["updates"]))] * 2, st["hosts"]
     assert r1["rank"] == 1 and r1["world_size"] == 2
     assert (tmp_path / "logs" / "rank-0.out").read_text().strip()  # the rank's JSON summary came back
+
+
+ENV_OUT = "import json, os; print(json.dumps(dict(os.environ)))"
+POLICY = ("PYTHONUNBUFFERED", "OMP_NUM_THREADS", "LOCAL_RANK", "WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT",
+          "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TRIAL_X")
+
+
+def test_both_spawners_hand_a_rank_the_same_environment(staged, tmp_path):
+    """The environment a rank really starts with, on this machine and on an SSH host: the same
+    policy (command.process_env), differing only where it says — the device (rank r takes GPU r
+    here, a host's own GPU 0 there), the rendezvous address and the hosts' private interface."""
+    cluster, _, _ = staged
+    extra = {"TRIAL_X": "1", "OMP_NUM_THREADS": "1"}
+    here = launch_group(local_argv(["-c", ENV_OUT]), 2, log_dir=tmp_path / "here", env=extra)
+    there = launch_remote_group(cluster, lambda h: ["-c", ENV_OUT], 2, log_dir=tmp_path / "there", env=extra,
+                                threads=3)
+    assert here.ok and there.ok, (here, there)
+    for r in range(2):
+        got = [{k: v for k, v in json.loads((tmp_path / d / f"rank-{r}.out").read_text()).items() if k in POLICY}
+               for d in ("here", "there")]
+        h = cluster.by_rank[r]
+        same = {k: got[0].get(k) for k in ("PYTHONUNBUFFERED", "OMP_NUM_THREADS", "WORLD_SIZE", "RANK", "TRIAL_X")}
+        assert same == {k: got[1].get(k) for k in same} == {"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+                                                            "WORLD_SIZE": "2", "RANK": str(r), "TRIAL_X": "1"}
+        assert (got[0]["LOCAL_RANK"], got[1]["LOCAL_RANK"]) == (str(r), "0")
+        assert (got[0]["MASTER_ADDR"], got[1]["MASTER_ADDR"]) == ("127.0.0.1", cluster.by_rank[0].private_address)
+        assert got[1]["GLOO_SOCKET_IFNAME"] == got[1]["NCCL_SOCKET_IFNAME"] == h.interface == "eth0"
 
 
 def test_host_cut_off_mid_run_is_detected(staged, hosts, tmp_path):

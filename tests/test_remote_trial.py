@@ -110,7 +110,8 @@ def test_transfer_guard_stops_a_group_from_host_counters(hosts, tiny_seed, smoke
     """Host 1's guard is set 20 MB above what it has moved so far; a 2-rank run all-reduces about
     13 MB per update, so the controller stops the group within a few updates, before it finishes."""
     from orchestrate.guard import Guard, Polled, host_bytes
-    from orchestrate.remote import launch_remote_group, stage
+    from orchestrate.launch.ssh import launch_remote_group
+    from orchestrate.remote import stage
     from orchestrate.trial import build_wheelhouse
 
     desc = netns_cluster(hosts, "file:///unused", python=sys.executable)

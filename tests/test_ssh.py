@@ -18,8 +18,8 @@ import time
 import pytest
 
 from conftest import proc_state
+from orchestrate.launch.ssh import RemoteRank, liveness_probe
 from orchestrate.netns import NetnsHosts
-from orchestrate.remote import RemoteRank, liveness_probe
 from orchestrate.transport import SSHTransport, TransportError
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("/usr/sbin/sshd") is None,

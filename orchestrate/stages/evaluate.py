@@ -98,7 +98,7 @@ def serve_probe(cfg: Resolved, home: Path, progress: Progress, retry: str | None
     """The serving probe: one replica per rank of the serving arm (at least two), where the trial's
     ranks run — processes on this machine for the embedded local cluster (no placement, or a
     LocalPlacement), one per host for SSH hosts (a RemotePlacement), reached over SSH forwards."""
-    from orchestrate.local import threads_per_rank
+    from orchestrate.launch.command import threads_per_rank
     from orchestrate.serving import local_probe, replicas_probe
     from orchestrate.trial import RemotePlacement
 

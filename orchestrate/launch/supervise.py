@@ -1,20 +1,20 @@
-"""The embedded local cluster's launcher: one process per rank on this machine, gloo over loopback.
+"""A group of rank processes watched as one, and restarted as one.
 
-The group is supervised as a unit: when any rank exits non-zero, the others are stopped (SIGTERM,
-then SIGKILL after a grace period), by their own pids only, so a failed rank never leaves peers
-blocked in a collective. Rank 0's progress goes to the console; every rank's full output is kept in
-`log_dir/rank-<r>.log` (rank 0's lines are echoed as they arrive), stdout in `rank-<r>.out`.
+`run_group` watches started ranks (anything with Popen's interface: a local process, an SSH rank):
+when any rank fails — a non-zero exit, a heartbeat that stopped changing, a host gone silent — every
+other rank is stopped (SIGTERM, then SIGKILL after a grace period), by its own pid only, so a failed
+rank never leaves peers blocked in a collective. Why the group ended is a `Reason`, recorded with
+the failure (the recovery trial's report stores its value). `supervise` is the restart rule: the
+same membership again, with `--resume` from the latest common checkpoint, unless the failure was one
+a restart would meet again.
 """
 
 from __future__ import annotations
 
-import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -29,18 +29,30 @@ SUPERVISOR_STOPS = (-signal.SIGTERM, -signal.SIGKILL)
 """How a rank that the supervisor stopped ends (Popen's status for a death by that signal)."""
 
 
+class Reason(StrEnum):
+    """Why a group failed. A `str`: records keep the value (`"exit"`), byte for byte as before."""
+
+    EXIT = "exit"  # a rank exited non-zero
+    HEARTBEAT = "heartbeat"  # a rank's heartbeat stopped changing (a hang)
+    UNREACHABLE = "unreachable"  # a rank's host stopped answering (cut off)
+    LOST = "lost"  # its connection died and the rank is gone, its exit status unknown
+    GUARD = "guard"  # the controller stopped the group: its deadline or a transfer guard
+
+
 @dataclass
 class GroupResult:
     codes: list[int]
     logs: list[Path]
     seconds: float
     first_failure: int | None  # the rank whose failure was observed first, if any
-    reason: str | None = None  # "exit" (non-zero), "heartbeat" (no progress), "unreachable" (host cut off),
-    #                            "lost" (its connection died and the rank is gone, exit status unknown),
-    #                            "guard" (the controller stopped the group: deadline or transfer)
+    reason: Reason | None = None  # why it failed (None: it did not)
     guard: str | None = None  # what the guard said
     failure_observed_at: float | None = None  # unix time the supervisor saw it
     survivors_stopped_at: float | None = None  # unix time every other rank had exited
+
+    def __post_init__(self) -> None:
+        if self.reason is not None:  # a plain string of Reason's values is taken as that reason
+            self.reason = Reason(self.reason)
 
     @property
     def ok(self) -> bool:
@@ -54,7 +66,7 @@ class GroupResult:
         exit was neither that nor the supervisor's own stop. Anything else (a crash, a kill, a busy
         GPU, a silent host) is not a refusal, and the group may be restarted."""
         r = self.first_failure
-        if self.reason != "exit" or r is None:
+        if self.reason is not Reason.EXIT or r is None:
             return None
         if self.codes[r] == PEER_FAILED_EXIT:
             causes = [q for q, c in enumerate(self.codes) if c not in (0, PEER_FAILED_EXIT, *SUPERVISOR_STOPS)]
@@ -62,61 +74,14 @@ class GroupResult:
         return r if self.codes[r] == USER_ERROR_EXIT else None
 
     def failure_text(self, lines: int = 20) -> str:
-        if self.reason == "guard":
+        if self.reason is Reason.GUARD:
             return f"stopped by the controller's guard: {self.guard}"
         r = self.first_failure if self.first_failure is not None else 0
         tail = self.logs[r].read_text(errors="replace").splitlines()[-lines:]
-        why = {"heartbeat": "stopped making progress", "unreachable": "became unreachable",
-               "lost": "ended after its connection died (exit status unknown)"}.get(
-            self.reason or "", f"exited {self.codes[r]}")
+        why = {Reason.HEARTBEAT: "stopped making progress", Reason.UNREACHABLE: "became unreachable",
+               Reason.LOST: "ended after its connection died (exit status unknown)"}.get(
+            self.reason, f"exited {self.codes[r]}")
         return f"rank {r} {why} (log {self.logs[r]}):\n" + "\n".join(tail)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def threads_per_rank(world: int) -> int:
-    return max(1, (os.cpu_count() or 1) // world)
-
-
-def train_argv(home: Path, arm: str, model_dir: Path, threads: int) -> list[str]:
-    """One rank's command on this machine (rank identity comes from the environment)."""
-    return [sys.executable, "-m", "training", "train", "--home", str(home), "--arm", arm,
-            "--model-dir", str(model_dir), "--threads", str(threads)]
-
-
-def launch_group(argv: Sequence[str], world: int, *, log_dir: Path, cwd: Path | None = None,
-                 env: dict[str, str] | None = None, port: int | None = None,
-                 grace_s: float = 10.0, echo: Callable[[str], None] | None = None,
-                 heartbeats: Sequence[Path] | None = None, stale_s: float = 600.0,
-                 guard: Callable[[], str | None] | None = None) -> GroupResult:
-    """Start one process per rank on this machine and supervise them as a group (`run_group`)."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    port = port or free_port()
-    procs: list[subprocess.Popen] = []
-    logs = [log_dir / f"rank-{r}.log" for r in range(world)]
-    for r in range(world):
-        e = dict(os.environ, **(env or {}), WORLD_SIZE=str(world), RANK=str(r),
-                 LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                 PYTHONUNBUFFERED="1")
-        e.setdefault("OMP_NUM_THREADS", str(threads_per_rank(world)))
-        # stderr (progress, errors) is the log; stdout (the rank's JSON summary) is kept apart
-        with open(logs[r], "w") as fh, open(logs[r].with_suffix(".out"), "w") as fo:
-            procs.append(subprocess.Popen(list(argv), cwd=cwd, env=e, stdout=fo, stderr=fh))
-    return run_group(procs, logs, grace_s=grace_s, echo=echo,
-                     heartbeats=[_mtime(p) for p in heartbeats or []], stale_s=stale_s, guard=guard)
-
-
-def _mtime(path: Path) -> Callable[[], float | None]:
-    def read() -> float | None:
-        try:
-            return path.stat().st_mtime
-        except OSError:
-            return None
-    return read
 
 
 def run_group(procs: Sequence[Any], logs: list[Path], *, grace_s: float = 10.0,
@@ -146,7 +111,7 @@ def run_group(procs: Sequence[Any], logs: list[Path], *, grace_s: float = 10.0,
 
 class _Supervision:
     failed: int | None = None
-    reason: str | None = None
+    reason: Reason | None = None
     guard: str | None = None
     observed_at: float | None = None
     stopped_at: float | None = None
@@ -191,11 +156,11 @@ class _Supervision:
             if failed or stale or said:
                 self.observed_at = time.time()
                 if failed:
-                    self.failed, self.reason = failed[0], getattr(procs[failed[0]], "why", None) or "exit"
+                    self.failed, self.reason = failed[0], Reason(getattr(procs[failed[0]], "why", None) or Reason.EXIT)
                 elif stale:
-                    self.failed, self.reason = stale[0], "heartbeat"
+                    self.failed, self.reason = stale[0], Reason.HEARTBEAT
                 else:
-                    self.reason, self.guard = "guard", said
+                    self.reason, self.guard = Reason.GUARD, said
                     if echo:
                         echo(f"guard: {said}; stopping every rank")
                 for p in procs:
@@ -221,13 +186,6 @@ Launch = Callable[[list[str], Path, dict[str, str]], GroupResult]
 """Start and supervise one attempt of a group: (extra arguments, log directory, environment) → result."""
 
 
-def local_launch(argv: Sequence[str], world: int, *, heartbeats: Sequence[Path] = (), stale_s: float = 600.0,
-                 echo: Callable[[str], None] | None = None, guard: Callable[[], str | None] | None = None) -> Launch:
-    """Attempts of `argv` as `world` processes on this machine (`launch_group`)."""
-    return lambda extra, log_dir, env: launch_group([*argv, *extra], world, log_dir=log_dir, env=env, echo=echo,
-                                                    heartbeats=heartbeats, stale_s=stale_s, guard=guard)
-
-
 def supervise(launch: Launch, *, log_root: Path, max_restarts: int = 1,
               first_env: dict[str, str] | None = None, env: dict[str, str] | None = None,
               echo: Callable[[str], None] | None = None, resume_first: bool = False,
@@ -250,7 +208,7 @@ def supervise(launch: Launch, *, log_root: Path, max_restarts: int = 1,
         e = {**(env or {}), **((first_env or {}) if i == 0 else {})}
         res = launch(["--resume"] if resume else [], log_root / f"attempt-{start + i}", e)
         attempts.append(res)
-        if res.ok or res.reason == "guard":  # a guard's stop is final: no restart past a deadline
+        if res.ok or res.reason is Reason.GUARD:  # a guard's stop is final: no restart past a deadline
             break
         if echo:
             echo(f"group failed: {res.failure_text(lines=3)}")
