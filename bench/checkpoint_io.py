@@ -6,7 +6,7 @@ Builds a state of `--gib` GiB of float32 tensors (on the GPU when --device cuda,
 training state), then times, alternately and `--repeats` times each:
   plain     write + fsync of as many bytes from one buffer (the disk's sequential rate here)
   reread    torch.save to a file, fsync, then sha256 by reading the file back (the first receipt path)
-  hashed    training.checkpoint.save_hashed: raw tensor bytes through pinned buffers, a tree sha256
+  hashed    training.checkpoint.state_file.save_hashed: raw tensor bytes through pinned buffers, a tree sha256
             on other threads while they are written, then fsync (what checkpoints use now)
 and, first, this CPU's in-memory rates of one sha256 and of the tree digest (the hashing bound).
 and prints each one's rate and its fraction of the plain rate (the issue's target: ≥ 80 %). Then the
@@ -33,7 +33,8 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from evidence.canonical import TreeSha256, file_sha256, file_tree_sha256  # noqa: E402
-from training.checkpoint import load_state, plain_write_seconds, save_hashed  # noqa: E402
+from training.checkpoint.disk_baseline import plain_write_seconds  # noqa: E402
+from training.checkpoint.state_file import load_state, save_hashed  # noqa: E402
 
 
 def reread(state: dict, path: Path) -> str:

@@ -24,7 +24,7 @@ COPY_HOME = ("inputs", "prepared.json", "prepare-record.json", "commitments.json
 
 def seed_recovered_home(src: Path, dst: Path, arm: str, world: int, step: int) -> None:
     """Copy the prepared inputs and each rank's step-`step` checkpoint + manifest into `dst`."""
-    from training.checkpoint import checkpoint_dir, manifest_path
+    from training.runs import checkpoint_dir, manifest_path
 
     if dst.exists():
         raise FileExistsError(f"{dst} exists; a recovery trial starts from a fresh directory")
@@ -46,7 +46,8 @@ def compare_homes(a: Path, b: Path, arm: str, step: int, ra: list[dict[str, Any]
                   rb: list[dict[str, Any]]) -> dict[str, Any]:
     """Every rank's checkpointed state at `step` in home a against home b, tensor by tensor; `ra`,
     `rb` are the two runs' result files, already read by the caller."""
-    from training.checkpoint import compare_states, load_rank_state
+    from training.checkpoint.compare import compare_states
+    from training.checkpoint.group import load_rank_state
 
     ranks = []
     for r in range(len(ra)):

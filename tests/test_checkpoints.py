@@ -85,7 +85,8 @@ def test_resume_is_exact(killed, full_pair, tiny_seed):
         assert [u["loss_sum_local"] for u in got["updates"]] == [u["loss_sum_local"] for u in want["updates"]]
         io = got["checkpoints"]["io"]
         assert io["plain_write_bytes"] > 0 and io["restore_seconds"] > 0
-    from training.checkpoint import compare_states, load_rank_state
+    from training.checkpoint.compare import compare_states
+    from training.checkpoint.group import load_rank_state
 
     for r in range(2):
         a, _ = load_rank_state(rank_dir(killed, r), 16, r)
@@ -96,7 +97,8 @@ def test_resume_is_exact(killed, full_pair, tiny_seed):
 
 
 def test_compare_states_sees_a_single_changed_element(full_pair):
-    from training.checkpoint import compare_states, load_rank_state
+    from training.checkpoint.compare import compare_states
+    from training.checkpoint.group import load_rank_state
 
     a, _ = load_rank_state(rank_dir(full_pair, 0), 16, 0)
     b, _ = load_rank_state(rank_dir(full_pair, 0), 16, 0)
@@ -290,7 +292,7 @@ def test_kill_while_a_manifest_is_published(smoke_home, tmp_path, tiny_seed, ful
 
 
 def test_compare_states_never_calls_nan_identical():
-    from training.checkpoint import compare_states
+    from training.checkpoint.compare import compare_states
 
     a, b = {"model": {"w": torch.tensor([1.0, 2.0])}}, {"model": {"w": torch.tensor([float("nan"), 2.0])}}
     assert not compare_states(a, b)["identical"] and not compare_states(b, a)["identical"]
@@ -321,7 +323,8 @@ def test_save_hashed_round_trips_the_state_and_its_digest_is_the_files(tmp_path)
     import numpy as np
 
     from evidence.canonical import TREE_PIECE, file_tree_sha256
-    from training.checkpoint import CHUNK, MAGIC, CheckpointError, load_state, save_hashed
+    from training.checkpoint.state_file import CHUNK, MAGIC, load_state, save_hashed
+    from training.errors import CheckpointError
 
     dev = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
     g = torch.Generator().manual_seed(3)
@@ -391,7 +394,7 @@ def test_save_hashed_round_trips_the_state_and_its_digest_is_the_files(tmp_path)
         load_state(tmp_path / "table.bin", expect=entry)
 
     # many large tensors (a long table in the header): every one lands where the table says
-    from training.checkpoint import INLINE_MAX
+    from training.checkpoint.state_file import INLINE_MAX
 
     many = {i: torch.full((INLINE_MAX + 7 * i,), i % 251, dtype=torch.uint8) for i in range(97)}
     save_hashed(many, tmp_path / "many.bin")

@@ -78,7 +78,7 @@ def resume_check(home: Path, rel: str) -> tuple[int, str, BaseException | None] 
     """What a resume does with a damaged checkpoint file or manifest: the step every rank holds an
     identical manifest for is chosen (None: the damaged step is not that one), then that rank's
     state for it is verified and loaded."""
-    from training.checkpoint import load_rank_state
+    from training.checkpoint.group import load_rank_state
     from training.errors import USER_ERRORS
     from training.runs import latest_common, local_manifests
 

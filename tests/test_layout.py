@@ -73,3 +73,15 @@ def test_the_arm_registry_and_the_plan_import_no_torch():
             "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_what_the_controller_reads_of_training_imports_no_torch():
+    """orchestrate reads run and checkpoint paths (`training.runs`, also over SSH with `python -c`) and
+    `training.train.resolved_from_prepared`; neither may pull torch onto the controller."""
+    import subprocess
+    import sys
+
+    code = ("import sys, training.runs, training.train, training.checkpoint; "
+            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr

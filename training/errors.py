@@ -31,6 +31,10 @@ PEER_FAILED_EXIT = 3
 DEVICE_BUSY_EXIT = 75
 
 
+class CheckpointError(TrainError):
+    """A checkpoint or manifest that cannot be used; the message names rank and file."""
+
+
 class PeerFailed(TrainError):
     """Another rank failed at a step every rank must pass; its log names the cause."""
 

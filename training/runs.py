@@ -1,8 +1,18 @@
 """Where an arm's files live, which checkpoints every rank holds, and setting unfinished work aside.
 
+Layout, per rank (each rank writes only under its own directory, so ranks on different hosts need
+no shared filesystem):
+
+    runs/<arm>/rank-<r>/checkpoints/step-000064/state.bin      this rank's whole training state
+    runs/<arm>/rank-<r>/checkpoints/step-000064/receipt.json   tree sha256 of state.bin + (rank, step, …)
+    runs/<arm>/rank-<r>/checkpoints/step-000064/host.json      hostname: recorded, not in the receipt
+    runs/<arm>/rank-<r>/manifests/step-000064.json             every rank's receipt digest
+    runs/<arm>/rank-<r>/orphaned/attempt-<n>/                  steps after the one resumed from
+
 Torch-free on purpose: the controller runs these against hosts' homes over SSH (`python -c`), and
 importing torch there costs seconds per host per arm only to hash a few JSON manifests or rename
-directories. `training.checkpoint` writes and loads the states these names point to.
+directories. `training.checkpoint.group` publishes and restores the states these names point to;
+`training.checkpoint.state_file` is the format of `state.bin`.
 """
 
 from __future__ import annotations
@@ -10,12 +20,27 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from evidence.attempts import next_attempt
 from evidence.canonical import canonical_sha256, read_json
 from training.results import finished
+
+STATE = "state.bin"
 
 
 def run_dir(home: Path, arm: str) -> Path:
     return home / "runs" / arm
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def checkpoint_dir(rank_dir: Path, step: int) -> Path:
+    return rank_dir / "checkpoints" / step_name(step)
+
+
+def manifest_path(rank_dir: Path, step: int) -> Path:
+    return rank_dir / "manifests" / f"{step_name(step)}.json"
 
 
 def _set_aside(path: Path) -> None:
@@ -94,3 +119,28 @@ def latest_common(held: list[dict[int, str]]) -> int | None:
     common = [s for s in set.intersection(*(set(h) for h in held))
               if all(h[s] == held[0][s] for h in held)]
     return max(common, default=None)
+
+
+def orphan_after(rank_dir: Path, step: int) -> list[str]:
+    """Move checkpoints and manifests beyond `step` to orphaned/attempt-<n>/ (kept, not deleted)."""
+    later = [p for p in (rank_dir / "checkpoints").glob("*step-*") if _step_of(p) > step]
+    later += [p for p in (rank_dir / "manifests").glob("step-*.json") if _step_of(p) > step]
+    if not later:
+        return []
+    base = rank_dir / "orphaned"
+    dest = base / f"attempt-{next_attempt(base)}"
+    moved = []
+    for p in later:
+        d = dest / p.parent.name
+        d.mkdir(parents=True, exist_ok=True)
+        p.rename(d / p.name)
+        moved.append(f"{p.parent.name}/{p.name}")
+    return moved
+
+
+def _step_of(p: Path) -> int:
+    name = p.name.lstrip(".").removesuffix(".json").removesuffix(".partial")
+    try:
+        return int(name[5:])
+    except ValueError:
+        return -1
