@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the lent GPU machine (issue #9; 1 or 2 GPUs), writing under $OUT:
-#   tests     the arms' equivalence tests on CUDA with NCCL ($TEST_FILES, default tests/test_arms.py,
+#   tests     the arms' equivalence tests on CUDA with NCCL ($TEST_FILES, default tests/training/test_arms.py,
 #             selected by $TEST_K; default: its 2-rank cases)
 #   recovery  the recovery trial on 2 GPUs (clean-pair, cuda-smoke: kill rank 1 after 11, resume from 8)
 #   io        bench/checkpoint_io.py: checkpoint write against a plain write + fsync, from GPU tensors
@@ -38,7 +38,7 @@ seed17() {
 }
 step_tests() {
   TRIAL_TEST_DEVICE=cuda TRIAL_TEST_TINY_SEED=$PWD/.seeds/tiny timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -p no:cacheprovider \
-    --tb=short ${TEST_FILES:-tests/test_arms.py} -k "${TEST_K:-not four and not diloco_equals and not outer_step_formula and not chunked_mean}" \
+    --tb=short ${TEST_FILES:-tests/training/test_arms.py} -k "${TEST_K:-not four and not diloco_equals and not outer_step_formula and not chunked_mean}" \
     > "$OUT/cuda-arms-tests.txt" 2>&1
   grep -E "^E |passed|failed" "$OUT/cuda-arms-tests.txt" | tail -30
   echo "arms tests on CUDA: $((SECONDS - s)) s"; s=$SECONDS

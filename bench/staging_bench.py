@@ -2,7 +2,7 @@
 the wall time to stage N hosts with the same seed and a prepared home, one host after another
 (`--workers 1`, as staging was before) and all at once (the default now); over SSH alone (`ssh`) and
 through the trial's bucket (`relay`: moto's S3 server on the hosts' bridge, 198.18.0.1, as
-tests/test_aws_loop.py runs it — the controller uploads each artifact once, the hosts fetch it).
+tests/orchestrate/test_aws_loop.py runs it — the controller uploads each artifact once, the hosts fetch it).
 
     sudo .venv/bin/python bench/staging_bench.py --hosts 4 --seed .seeds/smollm2-135m [--workers 1,4] \
         [--modes ssh,relay]

@@ -51,7 +51,7 @@ def not_run(placement: dict[str, Any] | None) -> dict[str, str]:
 
 def rule_gates(acc: dict[str, Any], primary: str, baseline: str) -> list[tuple[str, tuple[str, ...]]]:
     """Every acceptance gate the report evaluates from the experiment's rules, with the arms it needs
-    (names as evidence/report/compute.py writes them; tests/test_placement.py checks that they agree)."""
+    (names as evidence/report/compute.py writes them; tests/orchestrate/test_placement.py checks that they agree)."""
     out: list[tuple[str, tuple[str, ...]]] = [
         (f"gain ≥ {acc['min_gain_pp']} pp", (primary, baseline)),
         (f"McNemar p ≤ {acc['p_max']}", (primary, baseline)),

@@ -275,10 +275,10 @@ REACHES = {
 }
 # What the names cannot tell, by node id pattern (fnmatch).
 EXPLICIT = {
-    "tests/test_anchors.py::*[[]s3[]]": {"aws"},  # store_url asks for `aws` by getfixturevalue
+    "tests/evidence/test_anchors.py::*[[]s3[]]": {"aws"},  # store_url asks for `aws` by getfixturevalue
     # a whole trial through `orchestrate run` in this process (CliRunner); its ranks are subprocesses
-    "tests/test_cli.py::test_run_reports_an_arm_the_gpus_cannot_place_and_runs_the_rest": {"dist"},
-    "tests/test_seed.py::test_smollm2_135m_materializes_to_the_pinned_weights": {"slow"},  # the 135M GGUF
+    "tests/orchestrate/test_cli.py::test_run_reports_an_arm_the_gpus_cannot_place_and_runs_the_rest": {"dist"},
+    "tests/training/test_seed.py::test_smollm2_135m_materializes_to_the_pinned_weights": {"slow"},  # the 135M GGUF
 }
 MARKERS = ("unit", "dist", "ssh", "aws", "slow", "cuda")
 TESTS = Path(__file__).resolve().parent
@@ -286,7 +286,7 @@ TESTS = Path(__file__).resolve().parent
 
 def _ours(obj) -> bool:
     code = getattr(obj, "__code__", None)
-    return code is not None and Path(code.co_filename).resolve().parent == TESTS
+    return code is not None and Path(code.co_filename).resolve().is_relative_to(TESTS)
 
 
 def _reached(func, seen: set[int], out: set[str]) -> None:

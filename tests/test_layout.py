@@ -5,7 +5,8 @@ A host runs `training` (and `evidence`) without `orchestrate` or `infra` install
 evidence with `evidence` alone; the plan reads the same arm kinds the trainer runs, on a controller
 that never imports torch for it. An import that reaches back up the graph would work on the
 controller and fail on a host, so every import in every module is read here, including those inside
-functions (the lazy ones are where such a reach usually hides).
+functions (the lazy ones are where such a reach usually hides). And tests/ mirrors the packages, so a
+new test has one home.
 """
 
 from __future__ import annotations
@@ -85,3 +86,26 @@ def test_what_the_controller_reads_of_training_imports_no_torch():
             "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+PROJECT_WIDE = {"test_layout.py", "test_markers.py"}  # they test the tree itself, not one package
+
+
+def misplaced_tests(tests: Path) -> list[str]:
+    """Test files not under tests/<package>/ for one of our packages (the project-wide ones aside), so
+    that a new test of `orchestrate` has one obvious home: tests/orchestrate/."""
+    bad = [p.name for p in tests.glob("test_*.py") if p.name not in PROJECT_WIDE]
+    for d in sorted(p for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))):
+        if d.name not in OURS:
+            bad += [f"{d.name}/{p.name}" for p in d.rglob("test_*.py")]
+    return bad
+
+
+def test_tests_mirror_the_packages(tmp_path):
+    assert misplaced_tests(ROOT / "tests") == []
+    (tmp_path / "training").mkdir()
+    (tmp_path / "training" / "test_ok.py").write_text("")
+    (tmp_path / "test_stray.py").write_text("")
+    (tmp_path / "helpers").mkdir()
+    (tmp_path / "helpers" / "test_elsewhere.py").write_text("")
+    assert sorted(misplaced_tests(tmp_path)) == ["helpers/test_elsewhere.py", "test_stray.py"]

@@ -26,20 +26,20 @@ def marks() -> dict[str, set[str]]:
 
 
 def test_known_tests_get_their_markers(marks):
-    assert marks["tests/test_checker.py::test_deep_nesting_is_malformed_not_a_crash"] == {"unit"}
-    assert marks["tests/test_commitments.py::test_edited_entry_detected"] == {"unit"}
-    assert "ssh" in marks["tests/test_ssh.py::test_host_keys_are_pinned"]  # the module-scoped NetnsHosts fixture
-    assert "ssh" in marks["tests/test_netns_hosts.py::test_a_second_set_in_the_same_process_is_refused_at_once"]
-    assert {"dist", "cuda"} <= marks["tests/test_arms.py::test_ddp_four_ranks_equals_single"]  # run_worker
-    assert "dist" in marks["tests/test_report.py::test_full_trial_report"]  # the `trained` fixture's ranks
-    assert "dist" in marks["tests/test_cli.py::test_orchestrate_run_smoke"]  # finished_trial
-    assert marks["tests/test_cloud.py::test_reconcile_reports_what_still_bills"] >= {"aws"}  # moto
-    assert "aws" in marks["tests/test_infra.py::test_hosts"]  # the Pulumi program under mocks
-    assert {"aws", "ssh"} <= marks["tests/test_aws_loop.py::test_the_aws_loop_in_emulation"]
-    anchors = "tests/test_anchors.py::test_a_cut_log_and_an_unanchored_tail"
+    assert marks["tests/evidence/test_checker.py::test_deep_nesting_is_malformed_not_a_crash"] == {"unit"}
+    assert marks["tests/evidence/test_commitments.py::test_edited_entry_detected"] == {"unit"}
+    assert "ssh" in marks["tests/orchestrate/test_ssh.py::test_host_keys_are_pinned"]  # the module-scoped NetnsHosts fixture
+    assert "ssh" in marks["tests/orchestrate/test_netns_hosts.py::test_a_second_set_in_the_same_process_is_refused_at_once"]
+    assert {"dist", "cuda"} <= marks["tests/training/test_arms.py::test_ddp_four_ranks_equals_single"]  # run_worker
+    assert "dist" in marks["tests/evidence/test_report.py::test_full_trial_report"]  # the `trained` fixture's ranks
+    assert "dist" in marks["tests/orchestrate/test_cli.py::test_orchestrate_run_smoke"]  # finished_trial
+    assert marks["tests/orchestrate/test_cloud.py::test_reconcile_reports_what_still_bills"] >= {"aws"}  # moto
+    assert "aws" in marks["tests/infra/test_infra.py::test_hosts"]  # the Pulumi program under mocks
+    assert {"aws", "ssh"} <= marks["tests/orchestrate/test_aws_loop.py::test_the_aws_loop_in_emulation"]
+    anchors = "tests/evidence/test_anchors.py::test_a_cut_log_and_an_unanchored_tail"
     assert marks[f"{anchors}[file]"] == {"unit"} and "aws" in marks[f"{anchors}[s3]"]  # EXPLICIT
-    assert "slow" in marks["tests/test_scoring.py::test_batched_answers_equal_one_at_a_time_token_for_token"]
-    assert marks["tests/test_powersgd.py::test_cholesky_qr2_falls_back_where_cholesky_cannot"] == {"unit", "cuda"}
+    assert "slow" in marks["tests/training/test_scoring.py::test_batched_answers_equal_one_at_a_time_token_for_token"]
+    assert marks["tests/training/test_powersgd.py::test_cholesky_qr2_falls_back_where_cholesky_cannot"] == {"unit", "cuda"}
 
 
 def test_every_test_is_unit_or_marked_otherwise(marks):

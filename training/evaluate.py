@@ -93,7 +93,7 @@ def generate_answers(model: Any, tok: Any, cases: list[dict[str, Any]], *, batch
     Prompts are left-padded and masked; `generate` derives each row's positions from the mask
     (cumulative sum − 1), so a padded row sees the positions and keys its prompt has alone: in exact
     arithmetic batching changes nothing. What can differ is rounding, since another batch shape may
-    pick other kernels; tests/test_scoring.py checks token-for-token equality with one-at-a-time
+    pick other kernels; tests/training/test_scoring.py checks token-for-token equality with one-at-a-time
     generation on CPU in FP32, and bench/scoring_bench.py measures it on the GPU for each dtype.
     `autocast_dtype` (CUDA only) runs generation's matmuls in that dtype. `after(done)` is called
     after each batch with the number of cases answered."""

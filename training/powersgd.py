@@ -9,7 +9,7 @@ hook runs the same algorithm as torch's — P = MQ, all-reduce P, orthogonalize 
 Q, M ≈ PQᵀ, error feedback, warm-started Q — on torch's `PowerSGDState` (so the dense warm-up, which
 it leaves to torch's hook, and the checkpointed state are unchanged), with the orthogonalization a
 parameter. With torch's own orthogonalization it gives torch's result bit for bit
-(tests/test_powersgd.py). It does not log torch's periodic compression statistics (the counters are
+(tests/training/test_powersgd.py). It does not log torch's periodic compression statistics (the counters are
 kept).
 """
 
@@ -33,7 +33,7 @@ def cholesky_qr2(matrices: torch.Tensor, epsilon: float = 0.0) -> None:
     Two passes of X ← X·L⁻ᵀ, L the Cholesky factor of XᵀX (CholeskyQR2), in FP64: the r × r Gram
     matrices and the n × r solves are small next to the gradient, FP64 squares away FP32's
     condition-number limit (FP32 inputs up to a condition number of 1e9 came out orthonormal to
-    1e-6, tests/test_powersgd.py), and no TF32 setting can touch it. Any invertible factor keeps
+    1e-6, tests/training/test_powersgd.py), and no TF32 setting can touch it. Any invertible factor keeps
     the span, so the first pass's tiny diagonal shift only lets an exactly singular (e.g. all-zero)
     matrix factorize. A matrix whose result is still not orthonormal to 1e-4 is redone by
     Householder QR (one host sync per call). `epsilon` is accepted for the hook's signature."""

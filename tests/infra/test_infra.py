@@ -21,7 +21,7 @@ from infra.plan import BudgetError, TrialConfig, arm_traffic, estimate
 from infra.userdata import GUARD_SCRIPT
 from conftest import public_key
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NOW = dt.datetime(2026, 11, 30, 0, 0, tzinfo=dt.timezone.utc)
 PARAMS = 1_711_376_384
 OPERATOR_KEY = public_key()
@@ -541,7 +541,7 @@ def test_the_shipped_stack_asks_for_what_is_the_users(tmp_path):
 
 def test_destroy_is_refused_by_a_hook_on_every_host():
     """Each instance registers the `before_delete` hook that refuses an unpreserved trial (infra/teardown.py;
-    what the hook does is tested against moto's S3 in tests/test_teardown.py), and carries the bucket it reads."""
+    what the hook does is tested against moto's S3 in tests/infra/test_teardown.py), and carries the bucket it reads."""
     from pulumi.runtime.mocks import MockMonitor
 
     class Monitor(MockMonitor):

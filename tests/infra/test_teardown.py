@@ -2,7 +2,7 @@
 it refuses naming the store; a trial home preserved into the trial's prefix lets the delete go on; a
 preserved object altered afterwards is refused naming the home's file; `abandon_unpreserved` lets an
 unpreserved delete go on and leaves that choice in the bucket. (That the program registers the hook on
-every instance: tests/test_infra.py.)"""
+every instance: tests/infra/test_infra.py.)"""
 
 from __future__ import annotations
 

@@ -188,7 +188,7 @@ def test_powersgd_orthogonalizations_compress_alike(two):
     rounding. Rounding here is FP32 over the 49,152-row embedding: its compressed gradient differs by
     ~1e-4 (relative) between any two orthogonalizations, torch's own Gram-Schmidt and Householder
     QR included. (Parameters are not compared: Adam turns rounding in a near-zero gradient element
-    into a step of up to lr; tests/test_powersgd.py compares the gradients themselves.)"""
+    into a step of up to lr; tests/training/test_powersgd.py compares the gradients themselves.)"""
     a, b = load(two, "psgd-compressed-torch", 2)[0], load(two, "psgd-compressed-cholesky-qr2", 2)[0]
     assert [r["comm"]["gradient"]["payload_bytes"] for r in a["records"]] == \
         [r["comm"]["gradient"]["payload_bytes"] for r in b["records"]]

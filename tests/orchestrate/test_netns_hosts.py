@@ -23,7 +23,7 @@ from orchestrate.netns import NetnsError, NetnsHosts
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("/usr/sbin/sshd") is None,
                                 reason="needs root and openssh-server (CI installs both)")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # A child that opens one set of test hosts, prints its bridge, namespace and sshd pid, then waits.
 HOLDER = textwrap.dedent("""

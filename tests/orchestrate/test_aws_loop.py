@@ -10,7 +10,7 @@ budget, topic and transfer alarm exist there under the outputs' names). Then the
   passing on the preserved trial and refusing an unpreserved one.
 
 What this does not show: host keys come from `--host-keys` here (the console reader, tested with real
-consoles' format and real sshd keys in tests/test_host_keys.py, cannot read these hosts' keys from
+consoles' format and real sshd keys in tests/orchestrate/test_host_keys.py, cannot read these hosts' keys from
 moto, whose console is a fixed text); Pulumi itself creates nothing (mocks), so the hook is called as
 the engine would call it, with the instance's inputs.
 """

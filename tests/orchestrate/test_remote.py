@@ -127,7 +127,7 @@ def test_the_minimum_python_is_pyprojects():
 
     from orchestrate.remote import MIN_PYTHON
 
-    req = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["requires-python"]
+    req = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]["requires-python"]
     assert req == ">=" + ".".join(map(str, MIN_PYTHON))
 
 
