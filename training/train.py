@@ -144,7 +144,9 @@ class RankRun:
 
     def __init__(self, home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_name: str, *,
                  threads: int | None = None, say: Callable[[str], None] | None = None, resume: bool = False):
-        from training import runtime
+        import torch.distributed  # noqa: F401  the rank's imports come before its clock starts, so that
+        import training.checkpoint.group  # noqa: F401  process_seconds_in_train is the train phases' own
+        from training import comm, corpus, prepare, runtime, seed, trainer  # noqa: F401  (imports vary by host)
 
         self.t_start = time.perf_counter()
         self.home, self.model_dir, self.arm_name = Path(home), Path(model_dir), arm_name

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from evidence.inputs import global_losses
 from evidence.placement import SERVING_PROBE, not_evaluated, unevaluated_gates
-from evidence.report.verify import Verified
+from evidence.report.verify import EvidenceError, Verified
 from evidence.serving import GATES as SERVING_GATES
 from evidence.serving import gates as serving_gates
 from evidence.stats import mcnemar_exact_greater, paired_bounds
@@ -148,15 +148,18 @@ def compute(v: Verified) -> Report:
     gates += ([not_evaluated(g, f"{SERVING_PROBE} {skipped[SERVING_PROBE]}") for g in SERVING_GATES]
               if v.serving is None and SERVING_PROBE in skipped else serving_gates(v.serving))
 
-    return Report(
-        experiment=exp["name"], profile=prepared["experiment"]["profile_name"],
-        commitments_head=v.entries[-1]["hash"], anchors=v.anchors, selection=selection,
-        selection_committed_at_seq=v.selection_entry["seq"],
-        arms=arms, accuracy=accuracy, comparisons=comparisons,
-        gates=gates, failed_gates=[g["gate"] for g in gates if g["passed"] is False],
-        not_evaluated_gates=[g["gate"] for g in gates if g["passed"] is None], not_run=skipped,
-        evaluation_attempts={role: {arm: [a["attempt"] for a in att] for arm, att in d.items()}
-                             for role, d in evaluations.items()},
-        recovery_comparisons=v.recoveries,
-        serving=v.serving, serving_attempts=v.serving_attempts,
-    )
+    try:  # evidence that passed its checks yet holds a value of the wrong type is still refused as evidence
+        return Report(
+            experiment=exp["name"], profile=prepared["experiment"]["profile_name"],
+            commitments_head=v.entries[-1]["hash"], anchors=v.anchors, selection=selection,
+            selection_committed_at_seq=v.selection_entry["seq"],
+            arms=arms, accuracy=accuracy, comparisons=comparisons,
+            gates=gates, failed_gates=[g["gate"] for g in gates if g["passed"] is False],
+            not_evaluated_gates=[g["gate"] for g in gates if g["passed"] is None], not_run=skipped,
+            evaluation_attempts={role: {arm: [a["attempt"] for a in att] for arm, att in d.items()}
+                                 for role, d in evaluations.items()},
+            recovery_comparisons=v.recoveries,
+            serving=v.serving, serving_attempts=v.serving_attempts,
+        )
+    except ValidationError as e:
+        raise EvidenceError(f"report: the trial's evidence does not fit the report: {e}") from None

@@ -17,12 +17,15 @@ STORES: dict[str, type[Store]] = {
 }
 
 
-def store_class(url: str) -> type[Store]:
+def store_class(url: str, *, whole: bool = True) -> type[Store]:
     """The class that serves `url`'s scheme, without opening anything (a cluster description is
     checked with this, on a controller that may lack the store's client library); refused naming the
-    known schemes."""
-    _, sep, rest = url.partition("://")
-    cls = STORES.get(urlparse(url).scheme) if sep and rest else None
+    known schemes. `whole`: the URL must also be written out, `scheme://` and a location, as a
+    cluster description must; opening a store asks only for a known scheme (`file:/dir` opens)."""
+    scheme = urlparse(url).scheme
+    cls = STORES.get(scheme)
+    if whole and not (url.startswith(f"{scheme}://") and url[len(scheme) + 3:]):
+        cls = None
     if cls is None:
         raise PreservationError(f"unknown evidence store '{url}' (known: {known_forms()})")
     return cls
@@ -35,4 +38,4 @@ def known_forms() -> str:
 
 def open_store(url: str, session: Any = None, **options: Any) -> Store:
     """The store `url` names; `options` go to its class (an S3 store's `multipart_mb`)."""
-    return store_class(url).from_url(url, session, **options)
+    return store_class(url, whole=False).from_url(url, session, **options)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -10,6 +11,7 @@ import pytest
 from conftest import SMOKE_ARMS as ARMS
 from conftest import run_cli
 from evidence.canonical import read_json
+from evidence.report import EvidenceError, compute, verify
 
 
 def evaluate(home, arm, seed, *extra):
@@ -189,3 +191,12 @@ def test_a_gate_without_its_evidence_is_shown_not_dropped(trained, tmp_path, tin
     rep = read_json(tmp_path / "r2.json")
     assert rep["accuracy"]["seed"]["attempts"] == 2
     assert {g["gate"] for g in rep["gates"] if g["passed"] is not None} >= {"gain ≥ 5.0 pp", "McNemar p ≤ 0.01"}
+
+
+def test_evidence_of_the_wrong_type_is_refused_as_evidence(copy):
+    """A value that passed the checks but does not fit the report (a reason that is not text) is the
+    evidence's fault: refused as such (the CLI's exit 2), not a traceback."""
+    v = verify(copy)
+    compute(v)  # the trial as it is fits
+    with pytest.raises(EvidenceError, match="does not fit the report.*not_run"):
+        compute(dataclasses.replace(v, not_run={**v.not_run, "some-arm": 3}))

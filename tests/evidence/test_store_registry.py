@@ -100,3 +100,13 @@ def test_an_unknown_scheme_is_refused_naming_the_known_ones(tmp_path):
         _cluster("ftp://x/y")
     with pytest.raises(ValidationError, match="unknown evidence store 's3://'"):
         _cluster("s3://")  # a scheme and nothing after it names no store
+    with pytest.raises(ValidationError, match="unknown evidence store 'S3://b/p'"):
+        _cluster("S3://b/p")  # a cluster description writes the URL out as the registry spells it
+
+
+def test_opening_asks_only_for_a_known_scheme(tmp_path):
+    """Opening a store takes the short forms it always took (`file:/dir`); a cluster description
+    must write the URL out (above)."""
+    assert open_store(f"file:{tmp_path}").root == tmp_path
+    with pytest.raises(PreservationError, match="an s3 URL names a bucket"):
+        open_store("s3://")
