@@ -198,5 +198,5 @@ def test_evidence_of_the_wrong_type_is_refused_as_evidence(copy):
     evidence's fault: refused as such (the CLI's exit 2), not a traceback."""
     v = verify(copy)
     compute(v)  # the trial as it is fits
-    with pytest.raises(EvidenceError, match="does not fit the report.*not_run"):
+    with pytest.raises(EvidenceError, match=r"(?s)does not fit the report.*not_run"):
         compute(dataclasses.replace(v, not_run={**v.not_run, "some-arm": 3}))
