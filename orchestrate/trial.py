@@ -330,6 +330,10 @@ class RemotePlacement:
             t.close()
 
 
+PACKAGES = ("training", "evidence", "orchestrate", "infra")
+"""What the project's wheel holds (pyproject.toml's `packages.find`)."""
+
+
 def build_wheelhouse(out: Path, extra: Path | None = None) -> Path:
     """The project's own wheel, plus every wheel in `extra` (a host without this project's
     dependencies needs them all: torch, transformers, … — `pip download` them for the hosts' Python)."""
@@ -339,8 +343,16 @@ def build_wheelhouse(out: Path, extra: Path | None = None) -> Path:
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                        "-w", str(out), str(root)], capture_output=True, text=True)
+    # built from a copy of the sources as they are now: setuptools builds in place and never clears
+    # its build/lib, so a module since removed or renamed would otherwise ship to every host
+    with tempfile.TemporaryDirectory(prefix="trials-wheel-") as tmp:
+        src = Path(tmp)
+        for name in ("pyproject.toml", "README.md"):
+            shutil.copy2(root / name, src / name)
+        for pkg in PACKAGES:
+            shutil.copytree(root / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        p = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                            "-w", str(out), str(src)], capture_output=True, text=True)
     if p.returncode != 0:
         raise StagingError(f"building the project wheel failed: {p.stderr.strip()[-800:]}")
     if extra is not None:

@@ -259,3 +259,26 @@ def test_work_on_all_hosts_ends_at_the_first_failure():
         run_on_hosts(work, [0, 1, 2, 3], conns)
     assert time.monotonic() - t0 < 3 and all(c.closed.is_set() for c in conns)
     assert run_on_hosts(lambda k: k * 2, [0, 1, 2], []) == [0, 2, 4]
+
+
+def test_the_hosts_wheel_holds_the_sources_as_they_are_now(tmp_path):
+    """setuptools builds in place and never clears build/lib: a module removed since an earlier
+    build must not ride along to the hosts in the next wheel."""
+    import zipfile
+
+    from orchestrate.trial import build_wheelhouse
+
+    root = Path(__file__).resolve().parents[2]
+    stale = root / "build" / "lib" / "orchestrate" / "removed_since_test.py"
+    made = [d for d in (root / "build", root / "build" / "lib", stale.parent) if not d.exists()]
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale.write_text("RAN = True\n")
+    try:
+        (wheel,) = build_wheelhouse(tmp_path / "wheels").glob("trials-*.whl")
+        names = zipfile.ZipFile(wheel).namelist()
+    finally:
+        stale.unlink()
+        for d in reversed(made):
+            d.rmdir()
+    assert "orchestrate/trial.py" in names and "orchestrate/launch/command.py" in names
+    assert "orchestrate/removed_since_test.py" not in names
