@@ -1,5 +1,10 @@
-"""Every rank's checkpointed state at every published step, old trial vs new, tensor by tensor
-(loaded by the new code: also shows old files still load), plus final parameter digests."""
+"""Every rank's checkpointed state at every published step of two trials, tensor by tensor, plus the
+final parameters' digests: `bench/compare_homes.py`'s facts down to the saved state.
+
+    PYTHONPATH=. python bench/compare_states.py TRIALS_OLD TRIALS_NEW
+
+The states are loaded by the code on PYTHONPATH, so a comparison across a change also shows that the
+old code's files still load. Exit status 1 when any state or digest differs."""
 import json, sys
 from pathlib import Path
 from training.checkpoint.compare import compare_states
@@ -28,3 +33,4 @@ for home in sorted(p for p in old.iterdir() if (p / "runs").is_dir()):
             assert b"training.checkpoint" in raw and b"training.checkpoint" in raw2
         print("; ".join(line))
 print("ALL IDENTICAL" if ok else "SOME DIFFER")
+sys.exit(0 if ok else 1)
