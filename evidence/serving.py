@@ -70,6 +70,18 @@ def phase_figures(records: list[dict[str, Any]], wall_seconds: float) -> dict[st
     }
 
 
+def derived_figures(records: list[dict[str, Any]], wall_seconds: float) -> dict[str, Any]:
+    """Figures the report derives from a phase's records beside the stored ones (which stay as the
+    probe wrote them, so earlier probes still verify): the p95 latency, and the tokens the replicas
+    generated for completed requests, per second of the phase's wall time (cached answers count no
+    generation)."""
+    done = [r for r in records if r["outcome"] == "ok"]
+    generated = sum(len(r["response"]["token_ids"]) for r in done if not r["response"].get("cached"))
+    return {"latency_p95_seconds": percentile([r["latency_seconds"] for r in done], 95),
+            "generated_tokens": generated,
+            "generated_tokens_per_second": generated / wall_seconds if wall_seconds > 0 else None}
+
+
 def _count(xs) -> dict[str, int]:
     out: dict[str, int] = {}
     for x in xs:
@@ -79,7 +91,8 @@ def _count(xs) -> dict[str, int]:
 
 def comparisons(phases: dict[str, dict[str, Any]], warmup: list[dict[str, Any]]) -> dict[str, Any]:
     """Across phases: throughput ratio, failover overhead, token and model identity per task."""
-    fig = {p: d["figures"] for p, d in phases.items()}  # written by run_phase; the report checks them first
+    # written by run_phase (the report checks them first), with what the report derives beside them
+    fig = {p: {**d["figures"], **derived_figures(d["requests"], d["wall_seconds"])} for p, d in phases.items()}
     tokens: dict[str, set[tuple[int, ...]]] = {}
     models: set[str] = set()
     for rec in [*warmup, *(r for d in phases.values() for r in d["requests"])]:

@@ -48,7 +48,11 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
                                                             "hosts' Python (the project's own wheel is built)"),
         record: Optional[Path] = typer.Option(None, help="the run's record (stage seconds, arms not run, scoring "
                                                         "speed) as JSON; default "
-                                                        "<trials>/run-records/<home>-<time>.json")
+                                                        "<trials>/run-records/<home>-<time>.json"),
+        share_gpus: bool = typer.Option(False, "--share-gpus", help="embedded local cluster, CUDA profile: run an "
+                                        "arm of N ranks (and the probe's replicas) on fewer GPUs, rank r on GPU r mod "
+                                        "M, reducing through gloo; committed in placement.json. Learning verdicts are "
+                                        "real, timing gates are marked not comparable")
         ) -> None:
     """Run ARM's experiment: seed → prepare → commit → place → train every arm the cluster can place →
     select → score → serve → report → preserve, on the embedded local cluster or a cluster's SSH hosts.
@@ -91,7 +95,7 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
             for home in prepare(cfg, chain, home_of, md, store_url, progress):
                 pass  # home: the last one reached, which the run's record names however the run ends
         clock.about["home"] = str(home)
-        placement = make_placement(desc, home, md, trials, wheelhouse, progress)
+        placement = make_placement(desc, home, md, trials, wheelhouse, progress, share_gpus=share_gpus)
         with clock(Stage.PLACEMENT):
             skipped = place_arms(cfg, home, placement, progress)
         clock.about["not_run"] = skipped
@@ -160,7 +164,8 @@ def show_report(rep: dict) -> None:
     from rich.text import Text
 
     for g in rep["gates"]:
-        con.print(f"  gate {g['gate']}: " + (f"not evaluated ({g['reason']})" if g["passed"] is None else
+        con.print(f"  gate {g['gate']}: " + (f"{g['value']:.4g} → {g['reason']}" if g.get("comparable") is False else
+                                             f"not evaluated ({g['reason']})" if g["passed"] is None else
                                              f"{g['value']:.4g} → {'passed' if g['passed'] else 'FAILED'}"),
                   highlight=False)
     t = Table(title=f"{rep['experiment']}/{rep['profile']}: result (primary {rep['selection']['primary']})")
@@ -173,9 +178,13 @@ def show_report(rep: dict) -> None:
         t.add_row(Text(what), Text(why), "—", "—")
     con.print(t)
     failed, unevaluated = rep.get("failed_gates", []), rep.get("not_evaluated_gates", [])
-    con.print(f"gates: {len(rep['gates']) - len(failed) - len(unevaluated)} of {len(rep['gates'])} passed"
+    incomparable = rep.get("not_comparable_gates", [])
+    con.print(f"gates: {len(rep['gates']) - len(failed) - len(unevaluated) - len(incomparable)} of "
+              f"{len(rep['gates'])} passed"
               + (f"; failed: {'; '.join(failed)}" if failed else "")
-              + (f"; not evaluated: {'; '.join(unevaluated)}" if unevaluated else ""), highlight=False)
+              + (f"; not evaluated: {'; '.join(unevaluated)}" if unevaluated else "")
+              + (f"; not comparable (GPUs shared on purpose): {'; '.join(incomparable)}" if incomparable else ""),
+              highlight=False)
 
 
 @app.command()
@@ -527,7 +536,9 @@ def recovery_trial_cmd(
         kill_rank: int = typer.Option(1, help="the rank to kill"),
         kill_after: int = typer.Option(75, help="kill it after this many updates"),
         out: Path = typer.Option(Path("trials/recovery"), help="a fresh directory for the trial"),
-        seeds: Path = typer.Option(Path(".seeds"), help="where seed models are materialized")) -> None:
+        seeds: Path = typer.Option(Path(".seeds"), help="where seed models are materialized"),
+        share_gpus: bool = typer.Option(False, "--share-gpus", help="CUDA profile with fewer GPUs than ranks: the "
+                                        "ranks share them (gloo between them); the comparison stays exact")) -> None:
     """Kill a rank mid-run, restart from the common checkpoint, compare with an uninterrupted run."""
     import json
 
@@ -544,7 +555,7 @@ def recovery_trial_cmd(
         md = seeds / chain[-1].profile.seed
         materialize(chain[-1].profile.seed, md)
         rep = recovery_trial(out, experiment_chain=chain, arm=arm, model_dir=md, from_step=from_step,
-                             kill_rank=kill_rank, kill_after=kill_after,
+                             kill_rank=kill_rank, kill_after=kill_after, share_gpus=share_gpus,
                              say=lambda m: con.print(m, highlight=False))
     except (*USER_ERRORS, ValueError, RuntimeError) as e:
         say("error:", str(e), style="bold red")

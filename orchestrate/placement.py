@@ -16,7 +16,11 @@ it (recorded beside the environment digest, not inside it: hosts with different 
 different environments); a planned host's from its instance type (infra/prices.py).
 
 An arm that cannot be placed is "not run: needs N GPUs, the cluster has M" (or N hosts): never
-launched, so never restarted into the same refusal, and the arms that can run still do. `orchestrate
+launched, so never restarted into the same refusal, and the arms that can run still do. Unless the run
+shares GPUs on purpose (`orchestrate run --share-gpus`, the embedded local cluster only): then an arm of
+N ranks on M < N GPUs runs with rank r on GPU r mod M, the probe's replicas likewise, and the record
+says so per arm ("shared": {"ranks": N, "gpus": M}), so the report can mark the timing gates of those
+arms not comparable (training/sharing.py says what sharing changes). `orchestrate
 run` writes the decision to `placement.json` and commits it before the first arm launches
 (evidence/placement.py says what select and the report do with it).
 """
@@ -47,10 +51,12 @@ class Devices:
     #                               not asked, or SSH hosts, whose replicas run on the hosts)
     gpus_from: str  # where the counts came from
     one_rank_per_host: bool  # SSH hosts; the local cluster's ranks share this machine's GPUs
+    share_gpus: bool = False  # the operator's --share-gpus: more ranks than GPUs run, GPUs shared
 
     def as_dict(self) -> dict[str, Any]:
         return {"source": self.source, "hosts": self.hosts, "gpus_per_host": list(self.gpus_per_host),
-                "controller_gpus": self.controller_gpus, "gpus_from": self.gpus_from}
+                "controller_gpus": self.controller_gpus, "gpus_from": self.gpus_from,
+                **({"share_gpus": True} if self.share_gpus else {})}
 
 
 def trial_device(cfg: Any) -> str:
@@ -71,18 +77,28 @@ def visible_gpus(env: Mapping[str, str] | None = None) -> tuple[int, str]:
     return torch.cuda.device_count(), "torch.cuda.device_count()"
 
 
-def local_devices(hosts: int | None, device: str, env: Mapping[str, str] | None = None) -> Devices:
-    """The embedded local cluster: `hosts` slots (None: as many as an arm needs) on this machine."""
+def local_devices(hosts: int | None, device: str, env: Mapping[str, str] | None = None, *,
+                  share_gpus: bool = False) -> Devices:
+    """The embedded local cluster: `hosts` slots (None: as many as an arm needs) on this machine;
+    `share_gpus`: the operator lets more processes than GPUs share them."""
     if device != "cuda":
-        return Devices("local", hosts, (None,), None, "not counted (a CPU profile needs no GPU)", False)
+        return Devices("local", hosts, (None,), None, "not counted (a CPU profile needs no GPU)", False, share_gpus)
     n, src = visible_gpus(env)
-    return Devices("local", hosts, (n,), n, src, False)
+    return Devices("local", hosts, (n,), n, src, False, share_gpus)
 
 
 def hosts_devices(source: str, gpus_per_host: list[int | None], controller_gpus: int | None,
                   gpus_from: str) -> Devices:
     """Hosts that each run one rank (SSH hosts, or a planned stack)."""
     return Devices(source, len(gpus_per_host), tuple(gpus_per_host), controller_gpus, gpus_from, True)
+
+
+def shared(n: int, device: str, d: Devices) -> dict[str, int] | None:
+    """{"gpus": M} when `n` processes on this machine will share its M GPUs on purpose, else None."""
+    m = d.gpus_per_host[0]
+    if device != "cuda" or d.one_rank_per_host or not d.share_gpus or not m or n <= m:
+        return None
+    return {"gpus": m}
 
 
 def _arm_reason(world: int, device: str, d: Devices) -> str | None:
@@ -92,7 +108,9 @@ def _arm_reason(world: int, device: str, d: Devices) -> str | None:
         return None
     if not d.one_rank_per_host:
         m = d.gpus_per_host[0]
-        return None if m is None or world <= m else f"not run: needs {world} GPUs, the cluster has {m}"
+        if m is None or world <= m or shared(world, device, d):
+            return None
+        return f"not run: needs {world} GPUs, the cluster has {m}"
     usable = sum(1 for g in d.gpus_per_host if g)  # one rank per host: a host's first GPU
     bare = [r for r, g in enumerate(d.gpus_per_host[:world]) if g == 0]
     if not bare:
@@ -115,7 +133,9 @@ def place(arms: list[Any], serving_arm: str, device: str, d: Devices) -> dict[st
         if not a.trains:
             continue
         why = _arm_reason(a.world_size, device, d)
-        rows.append({"arm": a.name, "kind": a.kind, "world_size": a.world_size, "runs": why is None, "reason": why})
+        row = {"arm": a.name, "kind": a.kind, "world_size": a.world_size, "runs": why is None, "reason": why}
+        sh = shared(a.world_size, device, d) if why is None else None
+        rows.append(row | ({"shared": {"ranks": a.world_size, **sh}} if sh else {}))
     by_name = {r["arm"]: r for r in rows}
     sv = next(a for a in arms if a.name == serving_arm)
     replicas = max(2, sv.world_size)  # the probe's last phase stops one replica
@@ -130,9 +150,12 @@ def place(arms: list[Any], serving_arm: str, device: str, d: Devices) -> dict[st
         elif device == "cuda" and bare:
             why = (f"not run: needs {replicas} GPUs (one replica per host, on its first GPU), and rank "
                    f"{bare[0]}'s host has none")
-    elif device == "cuda" and d.controller_gpus is not None and replicas > d.controller_gpus:
+    elif (device == "cuda" and d.controller_gpus is not None and replicas > d.controller_gpus
+          and not shared(replicas, device, d)):
         why = f"not run: needs {replicas} GPUs (one per replica), the cluster has {d.controller_gpus}"
-    return {"arms": rows, "serving": {"arm": serving_arm, "replicas": replicas, "runs": why is None, "reason": why}}
+    sh = shared(replicas, device, d) if why is None else None
+    return {"arms": rows, "serving": {"arm": serving_arm, "replicas": replicas, "runs": why is None, "reason": why,
+                                      **({"shared": {"replicas": replicas, **sh}} if sh else {})}}
 
 
 def placement_record(cfg: Any, d: Devices) -> dict[str, Any]:
@@ -158,12 +181,25 @@ def commit_placement(cfg: Any, home: Path, d: Devices, *, finished: set[str] = f
         log.append("placement", PLACEMENT, {"not_run": sorted(not_run(fresh))})
         return fresh, True
     now = {r["arm"]: r for r in fresh["arms"]}
+    hint = lambda row: (" (it shares GPUs there: run with --share-gpus)"  # noqa: E731
+                        if row.get("shared") and not d.share_gpus else "")
     for r in committed["arms"]:
         if r["runs"] and r["arm"] not in finished and not now.get(r["arm"], {"runs": True})["runs"]:
-            raise ClusterError(f"{home}'s committed placement runs {r['arm']} ({r['world_size']} ranks), which is "
-                               f"not finished, and this cluster cannot: {now[r['arm']]['reason']}. A home's "
+            raise ClusterError(f"{home}'s committed placement runs {r['arm']} ({r['world_size']} ranks){hint(r)}, "
+                               f"which is not finished, and this cluster cannot: {now[r['arm']]['reason']}. A home's "
                                "placement is fixed at its first run: run it where it was placed")
     if committed["serving"]["runs"] and not probed and not fresh["serving"]["runs"]:
-        raise ClusterError(f"{home}'s committed placement runs the serving probe, and this cluster cannot: "
-                           f"{fresh['serving']['reason']}")
+        raise ClusterError(f"{home}'s committed placement runs the serving probe{hint(committed['serving'])}, and "
+                           f"this cluster cannot: {fresh['serving']['reason']}")
     return committed, False
+
+
+def committed_share(home: Path, arm: str | None = None) -> int | None:
+    """How many GPUs the committed placement has `arm`'s ranks (None: the serving probe's replicas)
+    share on purpose; None where they do not share (or the home has no placement). The launch
+    follows the committed decision, never the option of a later run."""
+    rec = committed_placement(home)
+    if rec is None:
+        return None
+    row = rec["serving"] if arm is None else next((r for r in rec["arms"] if r["arm"] == arm), {})
+    return (row.get("shared") or {}).get("gpus")

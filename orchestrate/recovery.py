@@ -64,11 +64,34 @@ def compare_homes(a: Path, b: Path, arm: str, step: int, ra: list[dict[str, Any]
     }
 
 
+def _shared(world: int, device: str, share_gpus: bool, say: Callable[[str], None]) -> int | None:
+    """How many GPUs the ranks share (None: one each, or the CPU); refuses, before anything is
+    prepared, a CUDA arm with more ranks than GPUs unless the operator shares them on purpose."""
+    from orchestrate.placement import visible_gpus
+
+    if device != "cuda":
+        if share_gpus:
+            say("--share-gpus: the profile runs on the CPU; there is no GPU to share")
+        return None
+    n, src = visible_gpus()
+    if n < 1:
+        raise ValueError(f"the profile runs on CUDA and this machine has no GPU ({src})")
+    if world <= n:
+        return None
+    if not share_gpus:
+        raise ValueError(f"the arm has {world} ranks and this machine {n} GPU(s) ({src}): pass --share-gpus to "
+                         f"run them sharing the GPUs (rank r on GPU r mod {n}, gloo between them)")
+    say(f"{world} ranks share {n} GPU(s) (--share-gpus): gloo between them; the comparison is exact, the timings "
+        "are not those of a GPU per rank")
+    return n
+
+
 IO_BASELINE = {"TRIAL_IO_BASELINE": "1"}  # checkpoint write/restore next to a plain write of the same bytes
 
 
 def recovery_trial(base: Path, *, experiment_chain: list, arm: str, model_dir: Path, from_step: int,
-                   kill_rank: int, kill_after: int, say: Callable[[str], None]) -> dict[str, Any]:
+                   kill_rank: int, kill_after: int, say: Callable[[str], None],
+                   share_gpus: bool = False) -> dict[str, Any]:
     from orchestrate.launch.command import Site, local_argv, threads_per_rank, train_argv
     from orchestrate.launch.local import local_launch
     from orchestrate.launch.supervise import supervise
@@ -85,6 +108,7 @@ def recovery_trial(base: Path, *, experiment_chain: list, arm: str, model_dir: P
     if kill_after >= (from_step // every + 1) * every:
         say(f"note: a checkpoint is published after update {(from_step // every + 1) * every}, "
             f"before the kill at {kill_after}: the restart will resume from that later step")
+    gpus = _shared(world, cfg.profile.device, share_gpus, say)
     uninterrupted, recovered = base / "uninterrupted", base / "recovered"
     list(prepare_chain(experiment_chain, lambda c: uninterrupted if c is cfg else base / c.experiment.name,
                        model_dir))  # earlier experiments under their names: the no-recurrence proof
@@ -94,7 +118,7 @@ def recovery_trial(base: Path, *, experiment_chain: list, arm: str, model_dir: P
     say(f"[1/3] {arm}: uninterrupted run, {updates} updates, a group checkpoint every {every}")
     t0 = time.monotonic()
     first = supervise(local_launch(local_argv(train_argv(Site.here(uninterrupted, model_dir), arm, threads)), world,
-                                   heartbeats=hb(uninterrupted)),
+                                   heartbeats=hb(uninterrupted), share_gpus=gpus),
                       log_root=uninterrupted / "logs" / arm, max_restarts=0, env=IO_BASELINE)
     if not first[-1].ok:
         raise RuntimeError(f"the uninterrupted run failed: {first[-1].failure_text()}")
@@ -105,7 +129,8 @@ def recovery_trial(base: Path, *, experiment_chain: list, arm: str, model_dir: P
     seed_recovered_home(uninterrupted, recovered, arm, world, from_step)
     t0 = time.monotonic()
     attempts = supervise(local_launch(local_argv(train_argv(Site.here(recovered, model_dir), arm, threads)), world,
-                                      heartbeats=hb(recovered), echo=lambda line: say(f"  {line}")),
+                                      heartbeats=hb(recovered), echo=lambda line: say(f"  {line}"),
+                                      share_gpus=gpus),
                          log_root=recovered / "logs" / arm, max_restarts=1, env=IO_BASELINE,
                          first_env={"TRIAL_FAULT_KILL": f"{kill_rank}:{kill_after}"},
                          resume_first=True, echo=lambda line: say(f"  {line}"))
@@ -126,6 +151,7 @@ def recovery_trial(base: Path, *, experiment_chain: list, arm: str, model_dir: P
         "format": "trial-recovery-comparison-v1",
         "experiment": cfg.experiment.name, "profile": cfg.profile_name, "arm": arm,
         "world_size": world, "updates": updates, "checkpoint_every": every,
+        "device": cfg.profile.device, "shared": {"ranks": world, "gpus": gpus} if gpus else None,
         "from_step": from_step, "kill": {"rank": kill_rank, "after_update": kill_after},
         "failure": {
             "killed_at": killed["at"], "observed_rank": fail.first_failure, "reason": fail.reason,

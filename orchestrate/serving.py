@@ -45,7 +45,7 @@ from evidence.commitments import CommitmentLog
 from evidence.receipts import make_receipt
 from evidence.serving import (CONCURRENCY, MAX_ATTEMPTS, PHASES, REQUESTS, comparisons, phase_figures,
                               warmup_workload, workload)
-from orchestrate.launch.command import Site, host_command, local_argv, process_env, serve_argv
+from orchestrate.launch.command import Site, host_command, local_argv, process_env, serve_argv, device_share
 from orchestrate.launch.ssh import liveness_probe
 from training.errors import TrainError
 
@@ -145,6 +145,7 @@ class LocalReplicas:
     threads: int = 1
     seed_dir: Path | None = None
     arm: str | None = None
+    share_gpus: int | None = None  # the committed placement's: the replicas share this many GPUs
     start_timeout_s: float = 900.0
     procs: list[subprocess.Popen] = field(default_factory=list)
     endpoints: list[Endpoint] = field(default_factory=list)
@@ -152,10 +153,11 @@ class LocalReplicas:
     def __enter__(self) -> "LocalReplicas":
         self.log_dir.mkdir(parents=True, exist_ok=True)
         site = Site.here(self.home, self.seed_dir)
+        share = device_share(self.share_gpus, "replicas")
         try:
             for k in range(self.count):
-                # on a CUDA profile, replica k takes GPU k (and its lock): LOCAL_RANK=k
-                env = process_env(k, here=True, threads=self.threads, inherited=os.environ)
+                # on a CUDA profile, replica k takes GPU k (and its lock): LOCAL_RANK=k; sharing, GPU k mod M
+                env = process_env(k, here=True, threads=self.threads, inherited=os.environ, share=share)
                 ready = self.log_dir / f"replica-{k}.ready.json"
                 ready.unlink(missing_ok=True)
                 argv = local_argv(serve_argv(site, f"replica-{k}", "127.0.0.1", str(ready), threads=self.threads,

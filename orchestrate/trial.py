@@ -63,8 +63,9 @@ class Placement(Protocol):
 class LocalPlacement:
     """The embedded local cluster: every rank a process on this machine, gloo over loopback."""
 
-    def __init__(self, model_dir: Path, guard: Guard | None = None, hosts: int | None = None):
-        self.model_dir, self.guard, self.hosts = model_dir, guard, hosts
+    def __init__(self, model_dir: Path, guard: Guard | None = None, hosts: int | None = None,
+                 share_gpus: bool = False):
+        self.model_dir, self.guard, self.hosts, self.share_gpus = model_dir, guard, hosts, share_gpus
 
     def train(self, home: Path, arm: Any, *, max_restarts: int, echo: Callable[[str], None]) -> list[GroupResult]:
         from training.runs import latest_common, local_manifests, set_aside_unfinished
@@ -80,8 +81,13 @@ class LocalPlacement:
         if not first and set_aside_unfinished(home, arm.name, w):
             echo(f"an unfinished earlier attempt was moved to {home / 'runs' / arm.name / 'attempts'}")
         argv = local_argv(train_argv(Site.here(home, self.model_dir), arm.name, threads_per_rank(w)))
+        from orchestrate.placement import committed_share
+
+        gpus = committed_share(home, arm.name)  # as the home's committed placement decided
+        if gpus:
+            echo(f"{w} ranks share {gpus} GPU(s) as placed (--share-gpus): gloo between them; timings not comparable")
         launch = local_launch(argv, w, heartbeats=[d / "heartbeat.json" for d in rank_dirs], echo=echo,
-                              guard=self.guard)
+                              guard=self.guard, share_gpus=gpus)
         return supervise(launch, log_root=home / "logs" / arm.name, max_restarts=max_restarts,
                          resume_first=first, can_resume=can, echo=echo)
 
@@ -92,13 +98,15 @@ class LocalPlacement:
 
     def devices(self, device: str) -> Devices:
         """This machine's GPUs, shared by every rank (orchestrate/placement.py)."""
-        return local_devices(self.hosts, device)
+        return local_devices(self.hosts, device, share_gpus=self.share_gpus)
 
     def replicas(self, home: Path, arm: str, n: int) -> "LocalReplicas":
         """The serving probe's `n` replicas: processes on this machine, on loopback."""
+        from orchestrate.placement import committed_share
         from orchestrate.serving import LocalReplicas
 
-        return LocalReplicas(home, n, home / "logs" / "serving", threads=threads_per_rank(n), arm=arm)
+        return LocalReplicas(home, n, home / "logs" / "serving", threads=threads_per_rank(n), arm=arm,
+                             share_gpus=committed_share(home))
 
     def close(self) -> None:
         pass

@@ -46,6 +46,28 @@ SMOKE_ARMS = ("clean-single", "damaged-single", "clean-pair")
 
 
 @pytest.fixture(scope="session")
+def ltw_home(tmp_path_factory, smoke_home, tiny_seed):
+    """local-training-windows/smoke prepared once (after cooperative-learning's); copy before altering."""
+    from training.config import resolve
+    from training.prepare import prepare
+
+    home = tmp_path_factory.mktemp("homes") / "ltw"
+    prepare(resolve("local-training-windows", "smoke"), home, tiny_seed, previous_home=str(smoke_home))
+    return home
+
+
+@pytest.fixture(scope="session")
+def batched_home(tmp_path_factory, ltw_home, tiny_seed):
+    """batched-learning/smoke prepared once (after local-training-windows'); copy before altering."""
+    from training.config import resolve
+    from training.prepare import prepare
+
+    home = tmp_path_factory.mktemp("homes") / "batched"
+    prepare(resolve("batched-learning", "smoke"), home, tiny_seed, previous_home=str(ltw_home))
+    return home
+
+
+@pytest.fixture(scope="session")
 def trained(tmp_path_factory, smoke_home, tiny_seed) -> Path:
     """Every arm of cooperative-learning/smoke trained (no selection yet); copy before altering."""
     home = tmp_path_factory.mktemp("trained") / "home"

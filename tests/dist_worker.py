@@ -4,8 +4,10 @@ Rank identity comes from the environment (WORLD_SIZE, RANK, MASTER_ADDR, MASTER_
 real run. Each job writes `OUT/<job name>-rank<r>.pt`; an exception in a job is recorded there
 (type and message) and the next job runs, so a test can assert on the failure itself.
 
-`TRIAL_TEST_DEVICE=cuda` runs the same jobs on one GPU per rank with NCCL (the GPU machine's check of
-the same equivalences); results are saved on the CPU either way.
+`TRIAL_TEST_DEVICE=cuda` runs the same jobs on the GPU (the GPU machine's check of the same
+equivalences): one GPU per rank with NCCL where there are enough, else the ranks share the GPUs
+through gloo, exactly as `orchestrate run --share-gpus` places them (training.runtime.DeviceShare);
+results are saved on the CPU either way.
 """
 
 from __future__ import annotations
@@ -155,9 +157,17 @@ def run_outer(job: dict, rank: int, world: int) -> dict:
 
 def main() -> None:
     out, model_dir, jobs = Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
-    if CUDA:
-        torch.cuda.set_device(int(os.environ["RANK"]) % torch.cuda.device_count())
-    dist.init_process_group("nccl" if CUDA else "gloo")
+    from training.runtime import DeviceShare, group_backend, pick_device
+
+    world = int(os.environ["WORLD_SIZE"])
+    share = None
+    if CUDA and world > torch.cuda.device_count():
+        share = DeviceShare(torch.cuda.device_count(), f"dist-worker-{os.environ['MASTER_PORT']}")
+    dev = pick_device("cuda" if CUDA else "cpu", int(os.environ["RANK"]), share)
+    dist.init_process_group(group_backend(dev, share))
+    if int(os.environ["RANK"]) == 0:
+        print(f"dist_worker: {world} ranks on {dev.type}, backend {dist.get_backend()}"
+              + (f", sharing {share.gpus} GPU(s)" if share else ""), file=sys.stderr)
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     for job in jobs:

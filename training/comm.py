@@ -122,6 +122,8 @@ def gather_rows(row: bytes, device: torch.device | str = "cpu") -> list[bytes]:
     world = dist.get_world_size() if dist.is_initialized() else 1
     if world == 1:
         return [row]
+    if dist.get_backend() == "gloo":  # gloo (ranks that share a GPU) stages a CUDA tensor through the host anyway
+        device = "cpu"
     mine = torch.tensor(list(row) or [0], dtype=torch.uint8, device=device)
     every = torch.empty(world * mine.numel(), dtype=torch.uint8, device=device)
     getattr(dist, GATHER)(every, mine)

@@ -24,12 +24,14 @@ import torch.distributed as dist
 
 from evidence.canonical import canonical_sha256
 from training.errors import DeviceBusy, RuntimeSetupError
+from training.sharing import SHARED_GPUS_ENV, DeviceShare
 
 _PROCESS_T0 = time.monotonic()
 NUMERIC_ENV = ("NCCL_ALGO", "NCCL_PROTO", "CUBLAS_WORKSPACE_CONFIG", "NVIDIA_TF32_OVERRIDE")
 RUNTIME_ENV = NUMERIC_ENV + ("OMP_NUM_THREADS", "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME",
                              "GLOO_SOCKET_IFNAME", "NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE",
-                             "NCCL_NVLS_ENABLE", "PYTORCH_CUDA_ALLOC_CONF", "CUDA_VISIBLE_DEVICES")
+                             "NCCL_NVLS_ENABLE", "PYTORCH_CUDA_ALLOC_CONF", "CUDA_VISIBLE_DEVICES",
+                             "TRIAL_SHARED_GPUS", "TRIAL_DEVICE_JOB")
 
 
 
@@ -58,23 +60,31 @@ class RankInfo:
                    int(port) if port else None)
 
 
-def pick_device(kind: str, local_rank: int) -> torch.device:
+def pick_device(kind: str, local_rank: int, share: DeviceShare | None = None) -> torch.device:
     if kind == "cuda":
         if not torch.cuda.is_available():
             raise RuntimeSetupError("this profile trains on CUDA but no CUDA device is visible "
                                     "(use the cpu or smoke profile on this machine)")
         n = torch.cuda.device_count()
-        if not 0 <= local_rank < n:  # sharing a GPU would only meet the other rank's device lock
+        if share is not None:
+            if share.gpus > n:
+                raise RuntimeSetupError(f"{SHARED_GPUS_ENV}={share.gpus} but {n} GPU(s) are visible")
+            index = local_rank % share.gpus
+        elif not 0 <= local_rank < n:  # sharing a GPU unasked would only meet the other rank's device lock
             raise RuntimeSetupError(f"LOCAL_RANK={local_rank} has no GPU of its own: {n} visible; every rank "
-                                    f"on a host needs its own GPU (orchestrate run reports an arm that needs "
-                                    f"more GPUs than the cluster has as not run, before anything launches)")
-        torch.cuda.set_device(local_rank)
+                                    f"on a host needs its own GPU unless the run shares them on purpose "
+                                    f"(orchestrate run --share-gpus); without it, orchestrate run reports an arm "
+                                    f"that needs more GPUs than the cluster has as not run, before anything launches")
+        else:
+            index = local_rank
+        torch.cuda.set_device(index)
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 
-def device_lock(device: torch.device) -> Any:
-    """Hold an exclusive OS lock on a GPU for the life of the process, or refuse at once.
+def device_lock(device: torch.device, share: DeviceShare | None = None) -> Any:
+    """Hold an OS lock on a GPU for the life of the process, or refuse at once: exclusively, or
+    shared with the other processes of `share.job` alone (`hold_device`).
 
     Taken before the model is allocated, so an overlapping job by the same user fails fast instead
     of both jobs running out of memory halfway.
@@ -82,23 +92,60 @@ def device_lock(device: torch.device) -> Any:
     if device.type != "cuda":
         return None
     path = Path(os.environ.get("TRIAL_LOCK_DIR", "/tmp")) / f"trials-{os.getuid()}-cuda{device.index}.lock"
-    fh = open(path, "a+")
+    return hold_device(path, share.job if share else None, f"GPU {device.index}")
+
+
+def hold_device(path: Path, job: str | None, what: str) -> Any:
+    """Take `path`'s flock for `job` (None: exclusively) and return the open file that holds it.
+
+    The processes of one job hold it shared and name their job in `<path>.job`; anyone else meets
+    either an exclusive holder or another job's name and is refused (DeviceBusy). Every decision is
+    made under a short exclusive flock on `<path>.meta`, so taking the lock and naming the job, or
+    reading the name, happen as one step; the kernel drops a holder's lock when it ends however it
+    ends, and the first taker after the last holder renames the job, so a stale name refuses no one."""
+    meta = open(path.with_name(path.name + ".meta"), "a+")
     try:
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        fh.close()
-        raise DeviceBusy(f"GPU {device.index} is in use by another training or evaluation job "
-                                f"(lock {path}); wait for it or pick another GPU") from None
-    return fh
+        fcntl.flock(meta, fcntl.LOCK_EX)
+        fh = open(path, "a+")
+        owner = path.with_name(path.name + ".job")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pass
+        else:  # free
+            if job is not None:
+                owner.write_text(job)
+                fcntl.flock(fh, fcntl.LOCK_SH)  # no one can come between: they wait for `meta`
+            return fh
+        try:
+            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fh.close()
+            raise DeviceBusy(f"{what} is in use by another training or evaluation job (lock {path}); wait for "
+                             "it or pick another GPU") from None
+        holder = owner.read_text() if owner.is_file() else "?"
+        if job is None or holder != job:
+            fh.close()
+            raise DeviceBusy(f"{what} is shared by the processes of job {holder} (lock {path})"
+                             + ("" if job is None else f", not {job}") + "; wait for it or pick another GPU")
+        return fh
+    finally:
+        meta.close()
 
 
-def init_group(info: RankInfo, device: torch.device, timeout_s: float = 600) -> None:
+def group_backend(device: torch.device, share: DeviceShare | None) -> str:
+    """NCCL for a GPU of its own, gloo on CPU and for ranks that share GPUs (DeviceShare says why)."""
+    return "nccl" if device.type == "cuda" and share is None else "gloo"
+
+
+def init_group(info: RankInfo, device: torch.device, timeout_s: float = 600,
+               share: DeviceShare | None = None) -> None:
     if info.world_size == 1:
         return
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    backend = group_backend(device, share)
     dist.init_process_group(backend, rank=info.rank, world_size=info.world_size,
                             timeout=timedelta(seconds=timeout_s),
-                            device_id=device if device.type == "cuda" else None)
+                            device_id=device if backend == "nccl" else None)
 
 
 def configure_numerics(device: torch.device) -> None:
@@ -110,7 +157,7 @@ def configure_numerics(device: torch.device) -> None:
 
 
 def numerical_profile(device: torch.device, *, dtype: str, arm: dict[str, Any],
-                      attention: str) -> dict[str, Any]:
+                      attention: str, backend: str | None = None) -> dict[str, Any]:
     import transformers
 
     prof: dict[str, Any] = {
@@ -124,7 +171,7 @@ def numerical_profile(device: torch.device, *, dtype: str, arm: dict[str, Any],
         "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
         "tf32_cudnn": torch.backends.cudnn.allow_tf32,
         "cudnn_deterministic": torch.backends.cudnn.deterministic,
-        "backend": "nccl" if device.type == "cuda" else "gloo",
+        "backend": backend or group_backend(device, None),
         "env": {k: os.environ.get(k) for k in NUMERIC_ENV},
         "arm": arm,
     }

@@ -117,7 +117,7 @@ def load_replica(home: str | os.PathLike[str], *, arm: str | None = None, seed_d
     from evidence.commitments import CommitmentLog
     from training.evaluate import generation_budget, model_dir_for
     from training.prepare import load_cases, require_prepared
-    from training.runtime import device_lock, pick_device
+    from training.runtime import DeviceShare, device_lock, pick_device
     from training.seed import load_tokenizer, quiet_libraries
     from training.train import resolved_from_prepared
     from training.trainer import parameter_digest
@@ -132,8 +132,9 @@ def load_replica(home: str | os.PathLike[str], *, arm: str | None = None, seed_d
         raise ServeError(f"arm '{arm}' is marked not servable in the experiment's rules")
     model_dir, receipt_digest = model_dir_for(home, arm, selection, seed_dir, prepared)
     receipt = read_json(model_dir / "receipt.json")
-    device = pick_device(cfg.profile.device, int(os.environ.get("LOCAL_RANK", "0")))
-    lock = device_lock(device)
+    share = DeviceShare.from_env()  # the probe's replicas sharing GPUs on purpose
+    device = pick_device(cfg.profile.device, int(os.environ.get("LOCAL_RANK", "0")), share)
+    lock = device_lock(device, share)
     if threads:
         torch.set_num_threads(threads)
     quiet_libraries()

@@ -224,8 +224,9 @@ class RankRun:
             torch.set_num_threads(self.threads)
         if self.cfg.profile.device == "cuda":
             os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
-        self.device = device = runtime.pick_device(self.cfg.profile.device, info.local_rank)
-        self.device_lock = runtime.device_lock(device)  # held for the life of the run
+        self.share = share = runtime.DeviceShare.from_env()  # ranks that share GPUs on purpose (gloo)
+        self.device = device = runtime.pick_device(self.cfg.profile.device, info.local_rank, share)
+        self.device_lock = runtime.device_lock(device, share)  # held for the life of the run
 
         t0 = time.perf_counter()
         failure: Exception | None = None
@@ -240,7 +241,7 @@ class RankRun:
         self.timers["seed_verification_seconds"] = time.perf_counter() - t0
 
         t0 = time.perf_counter()
-        runtime.init_group(info, device)
+        runtime.init_group(info, device, share=share)
         self.timers["process_group_seconds"] = time.perf_counter() - t0
         barrier_ok(failure is None, "seed verification", device)
         if failure is not None:
@@ -297,7 +298,8 @@ class RankRun:
                         # rows per forward only where set, so other runs' profiles (and digests) stay as they were
                         **({"pack_rows": spec.pack_rows} if spec.pack_rows > 1 else {})}
         numerics = runtime.numerical_profile(self.device, dtype=prof.dtype, arm=arm_numerics,
-                                             attention=choice["attention"])
+                                             attention=choice["attention"],
+                                             backend=runtime.group_backend(self.device, self.share))
         return spec, numerics, runtime.profile_digest(numerics)
 
     def agree(self, ledger: Any, numerics: dict[str, Any], numerics_digest: str) -> None:

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from evidence.inputs import global_losses
-from evidence.placement import SERVING_PROBE, not_evaluated, unevaluated_gates
+from evidence.placement import SERVING_PROBE, not_comparable, not_evaluated, shared_text, unevaluated_gates
 from evidence.report.verify import EvidenceError, Verified
 from evidence.serving import GATES as SERVING_GATES
 from evidence.serving import gates as serving_gates
@@ -33,10 +33,13 @@ class Report(BaseModel):
     arms: dict[str, dict[str, Any]]  # per trained arm: loss per update, payload bytes, costs
     accuracy: dict[str, dict[str, Any]]  # per scored arm: cases, correct, accuracy, attempts
     comparisons: dict[str, dict[str, Any]]  # "<arm> vs <arm>": paired bounds and McNemar p
-    gates: list[dict[str, Any]]  # {"gate", "value", "passed"} (passed None: not evaluated, with a reason)
+    gates: list[dict[str, Any]]  # {"gate", "value", "passed"} (passed None: not evaluated, or not
+    #                              comparable ("comparable": False, the value kept), with a reason)
     failed_gates: list[str]
     not_evaluated_gates: list[str]
+    not_comparable_gates: list[str]
     not_run: dict[str, str]
+    shared: dict[str, str]  # arm (or the serving probe) → "N ranks shared M GPUs"
     evaluation_attempts: dict[str, dict[str, list[str]]]
     recovery_comparisons: list[dict[str, Any]]
     serving: dict[str, Any] | None
@@ -45,7 +48,7 @@ class Report(BaseModel):
 
 def compute(v: Verified) -> Report:
     exp, prepared, selection, cands = v.experiment, v.prepared, v.selection, v.candidates
-    acc, evaluations, skipped = exp["acceptance"], v.evaluations, v.not_run
+    acc, evaluations, skipped, on_shared = exp["acceptance"], v.evaluations, v.not_run, v.shared
     arms: dict[str, Any] = {}
     for name, cand in cands.items():
         results = v.results[name]
@@ -135,13 +138,15 @@ def compute(v: Verified) -> Report:
         if acc.get("max_active_ratio"):
             ra = (arms[primary]["costs"]["active_training_seconds"]
                   / arms[acc["max_bytes_ratio_vs"]]["costs"]["active_training_seconds"])
-            gates.append({"gate": f"active time ≤ {acc['max_active_ratio']} × {acc['max_bytes_ratio_vs']}",
-                          "value": ra, "passed": ra <= acc["max_active_ratio"]})
+            gates.append(not_comparable(
+                {"gate": f"active time ≤ {acc['max_active_ratio']} × {acc['max_bytes_ratio_vs']}",
+                 "value": ra, "passed": ra <= acc["max_active_ratio"]}, (primary, acc["max_bytes_ratio_vs"]), on_shared))
     if acc.get("min_speedup_vs") and acc["min_speedup_vs"] in arms and primary in arms:
         for k in ("active_training_seconds", "whole_process_seconds"):
             sp = arms[acc["min_speedup_vs"]]["costs"][k] / arms[primary]["costs"][k]
-            gates.append({"gate": f"{k.split('_')[0]} speedup ≥ {acc['min_speedup']}", "value": sp,
-                          "passed": sp >= acc["min_speedup"]})
+            gates.append(not_comparable({"gate": f"{k.split('_')[0]} speedup ≥ {acc['min_speedup']}", "value": sp,
+                                         "passed": sp >= acc["min_speedup"]}, (primary, acc["min_speedup_vs"]),
+                                        on_shared))
 
     gates += unevaluated_gates(acc, primary, base, skipped, {g["gate"] for g in gates})
 
@@ -155,7 +160,9 @@ def compute(v: Verified) -> Report:
             selection_committed_at_seq=v.selection_entry["seq"],
             arms=arms, accuracy=accuracy, comparisons=comparisons,
             gates=gates, failed_gates=[g["gate"] for g in gates if g["passed"] is False],
-            not_evaluated_gates=[g["gate"] for g in gates if g["passed"] is None], not_run=skipped,
+            not_evaluated_gates=[g["gate"] for g in gates if g["passed"] is None and g.get("comparable", True)],
+            not_comparable_gates=[g["gate"] for g in gates if g.get("comparable", True) is False], not_run=skipped,
+            shared={k: shared_text(k, s).split(": ", 1)[1] for k, s in on_shared.items()},
             evaluation_attempts={role: {arm: [a["attempt"] for a in att] for arm, att in d.items()}
                                  for role, d in evaluations.items()},
             recovery_comparisons=v.recoveries,

@@ -10,6 +10,7 @@ from typing import Any
 
 from evidence.canonical import json_bytes, write_bytes_atomic
 from evidence.covered import guard_writes
+from evidence.placement import SERVING_PROBE
 from evidence.report.compute import Report
 
 
@@ -20,8 +21,14 @@ def markdown(rep: Report) -> str:
              _anchors_line(rep.anchors), "",
              "## Gates", "", "| gate | value | result |", "|---|---|---|"]
     for g in rep.gates:
-        lines.append(f"| {g['gate']} | — | not evaluated: {g['reason']} |" if g["passed"] is None else
+        lines.append(f"| {g['gate']} | {g['value']:.4g} | {g['reason']} |" if g.get("comparable") is False else
+                     f"| {g['gate']} | — | not evaluated: {g['reason']} |" if g["passed"] is None else
                      f"| {g['gate']} | {g['value']:.4g} | {'passed' if g['passed'] else '**FAILED**'} |")
+    if rep.shared:
+        lines += ["", "## GPUs shared on purpose", "", "Placed so at the operator's request (`--share-gpus`, committed in "
+                  "placement.json): the learning results stand, the seconds are not those of a GPU per process, so "
+                  "the gates that compare them are shown not comparable, with their figures.", ""]
+        lines += [f"- {what}: {how}" for what, how in rep.shared.items()]
     if rep.not_run:
         lines += ["", "## Not run", "", "Decided from the cluster before anything trained (placement.json, committed): "
                   "never launched, never a candidate, never scored; the gates that need them are not evaluated.", ""]
@@ -45,7 +52,7 @@ def markdown(rep: Report) -> str:
                      f"| {c['checkpoint_seconds']:.2f} | {c['startup_seconds']:.2f} | {c['whole_process_seconds']:.2f} "
                      f"| {c['allocated_device_seconds']:.2f} |")
     lines += ["", "Dollars: not applicable on the embedded local cluster (no price).", ""]
-    lines += _serving_markdown(rep.serving, rep.serving_attempts)
+    lines += _serving_markdown(rep.serving, rep.serving_attempts, rep.shared.get(SERVING_PROBE))
     if rep.recovery_comparisons:
         lines += ["## Recovery", ""] + [f"- {r['file']}: identical={r['identical']}, max |Δ| = {r['max_abs_diff']}"
                                         for r in rep.recovery_comparisons] + [""]
@@ -59,22 +66,25 @@ def _anchors_line(a: dict[str, Any] | None) -> str:
             + (f"; entries {a['not_anchored']} were not anchored." if a["not_anchored"] else "."))
 
 
-def _serving_markdown(sv: dict[str, Any] | None, attempts: list[str]) -> list[str]:
+def _serving_markdown(sv: dict[str, Any] | None, attempts: list[str], shared: str | None = None) -> list[str]:
     if sv is None:
         return ["## Serving", "", "No committed serving probe." + (f" Started: {', '.join(attempts)}." if attempts else ""), ""]
     out = ["## Serving", "",
            f"{sv['attempt']} ({len(attempts)} probe attempt(s)); {sv['replicas']} replicas; stopped for the failure "
            f"phase: {(sv.get('stopped') or {}).get('replica')}.", "",
-           "| phase | answered | failed | retries | wall s | req/s | p50 s | p90 s | p99 s |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "| phase | answered | failed | retries | wall s | req/s | p50 s | p90 s | p95 s | p99 s | generated tok/s |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for p, f in sv["phases"].items():
         lat = f["latency_seconds"]
         cell = lambda x: "—" if x is None else f"{x:.3f}"  # noqa: E731
         out.append(f"| {p} | {f['completed']}/{f['requests']} | {f['failed']} | {f['retries']} | {f['wall_seconds']:.2f} "
-                   f"| {cell(f['throughput_rps'])} | {cell(lat['p50'])} | {cell(lat['p90'])} | {cell(lat['p99'])} |")
+                   f"| {cell(f['throughput_rps'])} | {cell(lat['p50'])} | {cell(lat['p90'])} "
+                   f"| {cell(f.get('latency_p95_seconds'))} | {cell(lat['p99'])} "
+                   f"| {cell(f.get('generated_tokens_per_second'))} |")
     out.append("")
     if "throughput_ratio_replicas_vs_single" in sv:
-        out.append(f"- throughput, {sv['replicas']} replicas / 1 replica: {sv['throughput_ratio_replicas_vs_single']:.3f}")
+        out.append(f"- throughput, {sv['replicas']} replicas / 1 replica: {sv['throughput_ratio_replicas_vs_single']:.3f}"
+                   + (f" (the replicas shared {shared.split(' shared ')[1]}: not a measure of scaling)" if shared else ""))
     if "failover" in sv:
         fo = sv["failover"]
         out.append(f"- failover: {fo['extra_retries']} extra retries, p50 latency {fo['extra_latency_p50_seconds']:+.3f} s, "

@@ -16,7 +16,9 @@ from evidence.canonical import EvidenceFileError, canonical_sha256, file_sha256,
 from evidence.checker import check_answer
 from evidence.commitments import CommitmentLog
 from evidence.inputs import changed_input, load_cases
-from evidence.placement import committed_placement, not_run
+from evidence.placement import committed_placement, not_run, shared
+
+SHARED_GPUS_ENV = "TRIAL_SHARED_GPUS"  # what a rank records of its placement (training/sharing.py)
 from evidence.receipts import verify_receipt
 from evidence.schedule import due_after as schedule_due
 from evidence.serving import ServingEvidenceError, check_probe
@@ -145,6 +147,7 @@ class Verified:
     selection: dict[str, Any]
     candidates: dict[str, dict[str, Any]]  # arm → its candidates.json entry
     not_run: dict[str, str]  # what the committed placement did not run → why
+    shared: dict[str, dict[str, int]]  # what it ran on GPUs shared on purpose (arm, or the probe) → how
     results: dict[str, list[dict[str, Any]]]  # arm → its ranks' results, each against the schedule
     evaluations: dict[str, dict[str, list[dict[str, Any]]]]  # role → arm → its attempts, re-checked
     recoveries: list[dict[str, Any]]  # recovery comparison receipts, each against its digest
@@ -216,6 +219,7 @@ def verify(home: str | Path, *, store: str | None = None, trial: str | None = No
     serving, serving_attempts = _serving(home, entries, selection, cases)
     return Verified(entries=entries, selection_entry=sel_entry, anchors=anchors, prepared=prepared,
                     selection=selection, candidates=cands, not_run=skipped, results=results,
+                    shared=_shared(home, results),
                     evaluations=evaluations, recoveries=recoveries, serving=serving,
                     serving_attempts=serving_attempts)
 
@@ -233,6 +237,21 @@ def _not_run(home: Path, exp: dict[str, Any], cands: dict[str, Any]) -> dict[str
         raise EvidenceError(f"arm(s) {', '.join(missing)} are neither candidates nor not run by the "
                             "committed placement")
     return skipped
+
+
+def _shared(home: Path, results: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, int]]:
+    """What ran on shared GPUs, by the committed placement, which every rank's own record must
+    confirm: a rank records the TRIAL_SHARED_GPUS it was started with (training/runtime.py), so a
+    placement edited after the fact, or ranks started otherwise than placed, are refused."""
+    on_shared = shared(committed_placement(home))  # verified already by _not_run
+    for arm, ranks in results.items():
+        want = str(on_shared[arm]["gpus"]) if arm in on_shared else None
+        got = sorted({str(((r.get("runtime") or {}).get("env") or {}).get(SHARED_GPUS_ENV)) for r in ranks})
+        if got != [str(want)]:
+            raise EvidenceError(f"{arm}: the committed placement " + (f"shares {want} GPU(s) between its ranks"
+                                if want else "gives each rank a device of its own") +
+                                f", but its ranks recorded {SHARED_GPUS_ENV}={', '.join(got)}")
+    return on_shared
 
 
 def _serving(home: Path, entries: list[dict], selection: dict, cases: dict[str, dict]

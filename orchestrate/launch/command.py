@@ -14,6 +14,10 @@ interpreter, `host_command` with a host's staged Python (`python_command`). The 
     GLOO/NCCL_SOCKET_IFNAME
                          the host's private interface, where the rendezvous address is
     AWS_NCCL             on AWS hosts, the fixed collective algorithm (`cluster_env`)
+    TRIAL_SHARED_GPUS, TRIAL_DEVICE_JOB
+                         only where the committed placement shares GPUs on purpose (`--share-gpus`):
+                         process k takes GPU k mod M, its group reduces through gloo, and the
+                         device lock admits this job's processes alone (training/sharing.py)
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
+
+from training.sharing import DeviceShare
 
 if TYPE_CHECKING:
     from orchestrate.cluster import Host
@@ -102,8 +108,14 @@ def evaluate_argv(site: Site, arm: str, role: str, retry: str | None = None) -> 
             *(["--model-dir", site.model_dir] if site.model_dir else []), *(["--retry", retry] if retry else [])]
 
 
+def device_share(gpus: int | None, job: str) -> DeviceShare | None:
+    """The share for one job's processes on `gpus` GPUs of this machine (None: a GPU each), named
+    uniquely on this machine: `job`, this controller's pid and a fresh nonce."""
+    return None if gpus is None else DeviceShare(gpus, f"{job}:{os.getpid()}:{os.urandom(4).hex()}")
+
+
 def process_env(index: int, *, here: bool, threads: int | None, inherited: Mapping[str, str] = {},
-                group: Rendezvous | None = None) -> dict[str, str]:
+                group: Rendezvous | None = None, share: DeviceShare | None = None) -> dict[str, str]:
     """The environment of the `index`-th process of a group (rank `index` of `group`, when it is a
     rendezvous), started on this machine (`here`: its processes share its GPUs) or on a host of its
     own: `inherited` (this machine's environment with the caller's additions, or what is sent to a
@@ -117,6 +129,12 @@ def process_env(index: int, *, here: bool, threads: int | None, inherited: Mappi
                 "MASTER_PORT": str(group.port)}
         if group.interface:
             env |= {"GLOO_SOCKET_IFNAME": group.interface, "NCCL_SOCKET_IFNAME": group.interface}
+    for k in DeviceShare(1, "-").env():  # never inherited: only a placement that shares sets them
+        env.pop(k, None)
+    if share is not None:
+        if not here:
+            raise ValueError("GPUs are shared only by processes on this machine (SSH hosts run one rank each)")
+        env |= share.env()
     return env
 
 

@@ -24,15 +24,20 @@ class GuardStopped(Exception):
 
 
 def make_placement(desc: Cluster | None, home: Path, model_dir: Path, trials: Path, wheelhouse: Optional[Path],
-                   progress: Progress) -> Placement:
+                   progress: Progress, *, share_gpus: bool = False) -> Placement:
     """Where the ranks run: this machine for the embedded local cluster, else the cluster's SSH hosts,
-    staged from a wheelhouse built here (the hosts install offline, so every wheel comes from us)."""
+    staged from a wheelhouse built here (the hosts install offline, so every wheel comes from us).
+    `share_gpus`: the operator lets ranks share this machine's GPUs (the local cluster only)."""
+    from orchestrate.cluster import ClusterError
     from orchestrate.guard import Guard
     from orchestrate.trial import LocalPlacement, RemotePlacement, build_wheelhouse
 
     if desc is None or desc.source == "local":
         return LocalPlacement(model_dir, guard=Guard(deadline=desc.deadline) if desc else None,
-                              hosts=len(desc.hosts) if desc else None)
+                              hosts=len(desc.hosts) if desc else None, share_gpus=share_gpus)
+    if share_gpus:
+        raise ClusterError(f"--share-gpus shares this machine's GPUs between the embedded local cluster's ranks; "
+                           f"the {desc.source} cluster runs one rank per host, on its own GPU: drop the option")
     with progress.status("building the wheelhouse…"):
         wheels = build_wheelhouse(trials / ".wheelhouse", wheelhouse)
     return RemotePlacement(desc, home, model_dir, wheel_dir=wheels, say=lambda m: progress.line(f"  {m}"))
@@ -54,13 +59,28 @@ def place_arms(cfg: Resolved, home: Path, placement: Placement, progress: Progre
     if rec is None:
         return {}
     skipped = not_run(rec)
+    if d.share_gpus and pl.trial_device(cfg) != "cuda":
+        progress.line(f"  --share-gpus: profile {cfg.profile_name} runs on the CPU; there is no GPU to share")
+    elif d.share_gpus and not now and not rec["cluster"].get("share_gpus"):
+        progress.line("  --share-gpus: this home's placement was committed at its first run without it and stands; "
+                      "to share GPUs, run in a fresh --trials directory")
     gpus = ("a CPU profile, no GPU needed" if pl.trial_device(cfg) != "cuda" else
             f"{d.gpus_per_host[0]} GPU(s) on this machine ({d.gpus_from})" if not d.one_rank_per_host else
             f"GPUs per host {list(d.gpus_per_host)} ({d.gpus_from})")
     progress.say("place", f"{cfg.experiment.name}/{cfg.profile_name} on the {d.source} cluster, {gpus}: "
                  + ("committed" if now else "as committed at this home's first run"))
+    for r in [*rec["arms"], rec["serving"]]:
+        if r.get("shared"):
+            n = r["shared"].get("ranks") or r["shared"]["replicas"]
+            progress.line(f"  {r['arm'] if 'world_size' in r else SERVING_PROBE}: {n} "
+                          f"{'ranks' if 'world_size' in r else 'replicas'} share {r['shared']['gpus']} GPU(s) "
+                          "(--share-gpus): learning verdicts real, timing gates not comparable")
     for what, why in skipped.items():
         progress.line(f"  {what}: {why}")
+    if any("GPUs, the cluster has" in why for why in skipped.values()) and not d.one_rank_per_host \
+            and not d.share_gpus:
+        progress.line("  (orchestrate run --share-gpus runs them on the GPUs there are, ranks sharing a GPU: the "
+                      "learning verdicts are real, the timing gates are marked not comparable)")
     if skipped:
         runs = [r["arm"] for r in rec["arms"] if r["runs"]]
         acc = cfg.experiment.acceptance

@@ -26,26 +26,6 @@ def ok(res):
     assert all(code == 0 for code, _ in res), "\n".join(o[-2000:] for _, o in res)
 
 
-@pytest.fixture(scope="session")
-def ltw_home(tmp_path_factory, smoke_home, tiny_seed):
-    from training.config import resolve
-    from training.prepare import prepare
-
-    home = tmp_path_factory.mktemp("homes") / "ltw"
-    prepare(resolve("local-training-windows", "smoke"), home, tiny_seed, previous_home=str(smoke_home))
-    return home
-
-
-@pytest.fixture(scope="session")
-def batched_home(tmp_path_factory, ltw_home, tiny_seed):
-    from training.config import resolve
-    from training.prepare import prepare
-
-    home = tmp_path_factory.mktemp("homes") / "batched"
-    prepare(resolve("batched-learning", "smoke"), home, tiny_seed, previous_home=str(ltw_home))
-    return home
-
-
 def test_single_and_pair(home_copy, tiny_seed):
     home = home_copy
     ok(run_ranks(train_argv(home, "clean-single", tiny_seed), 1))
