@@ -558,7 +558,10 @@ def replicas_probe(home: Path, arm: str, replicas: int, make: Callable[[], Conte
 def local_probe(home: Path, arm: str, replicas: int, *, threads: int = 1, seed_dir: Path | None = None,
                 retry: str | None = None, timeouts: Timeouts | None = None,
                 say: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
-    """The probe against `replicas` replica processes on this machine."""
+    """The probe against `replicas` replica processes on this machine, sharing its GPUs where the
+    home's committed placement says so (`--share-gpus`)."""
+    from orchestrate.placement import committed_share
+
     return replicas_probe(home, arm, replicas, lambda: LocalReplicas(
-        home, replicas, home / "logs" / "serving", threads=threads, seed_dir=seed_dir, arm=arm),
-        retry=retry, timeouts=timeouts, say=say)
+        home, replicas, home / "logs" / "serving", threads=threads, seed_dir=seed_dir, arm=arm,
+        share_gpus=committed_share(home)), retry=retry, timeouts=timeouts, say=say)
