@@ -178,6 +178,14 @@ step_recovery() {
     $(find "$STUDY/recovery" -name 'fault.json' -o -path '*/logs/*' -name '*.log' 2>/dev/null)
   echo "step recovery: $((SECONDS - s)) s"; s=$SECONDS
 }
+step_recovery_tiny() {  # the co-located recovery with the tiny seed (no seed wheel needed): kill after 11, from 8
+  local t0=$SECONDS
+  timeout "${REC_TIMEOUT:-200}" python3 -m orchestrate recovery-trial --arm diloco-four --profile cuda-smoke \
+    --from-step 8 --kill-after 11 --share-gpus --out "$STUDY/recovery-tiny" --seeds .seeds > "$STUDY/recovery-tiny-run.log" 2>&1
+  echo "recovery-trial (tiny): exit $? in $((SECONDS - t0)) s"
+  grep -vE "^  update [0-9]+/|^\s*$" "$STUDY/recovery-tiny-run.log" | tail -12
+  bundle recovery-tiny "$STUDY/recovery-tiny-run.log" "$STUDY/recovery-tiny/recovery-comparison.json"
+}
 for step in ${STEPS:-smoke}; do
   "step_$step"
 done

@@ -98,16 +98,20 @@ class Replica:
     def _generate(self, case: dict[str, Any]) -> list[int]:
         import torch
 
-        from training.evaluate import prompt_text
+        from training.evaluate import answer_tokens, eos_ids, prompt_text
 
         enc = self.tokenizer(prompt_text(self.tokenizer, case), add_special_tokens=False,
                              return_tensors="pt").to(self.device)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None \
             else self.tokenizer.eos_token_id
+        eos = eos_ids(self.model, self.tokenizer)
         with torch.no_grad():
+            # stop at every end token an answer stops at, as scoring does (training/evaluate.py): a model
+            # saved without <|im_end|> in its generation config otherwise runs every request to the
+            # budget (seen on the H200: the 135M probe's first phase did not end in 200 s)
             gen = self.model.generate(**enc, max_new_tokens=self.max_new_tokens, do_sample=False,
-                                      pad_token_id=pad)
-        return [int(t) for t in gen[0, enc["input_ids"].shape[1]:]]
+                                      pad_token_id=pad, eos_token_id=sorted(eos))
+        return answer_tokens(gen[0, enc["input_ids"].shape[1]:], eos)
 
 
 def load_replica(home: str | os.PathLike[str], *, arm: str | None = None, seed_dir: Path | None = None,
