@@ -22,20 +22,28 @@ from infra.plan import TrialConfig
 ALARM_PERIOD_S = 3600
 
 
+def budget_period_start(cfg: TrialConfig) -> str:
+    """The day the budget's single period begins, in Budgets' format: the day the paid hours begin at
+    the latest (the deadline less `hours`), a value of the stack's own config. Not the day of this
+    `pulumi up`: every later `up` would move the start forward (Budgets updates it in place) and the
+    spend before it would drop out of the budget. The plan refuses a deadline more than `hours` away,
+    so this day is never after the first `up`."""
+    assert cfg.deadline is not None  # the plan refuses a stack without one before anything exists
+    return (cfg.deadline - dt.timedelta(hours=cfg.hours)).strftime("%Y-%m-%d_00:00")
+
+
 class Guards(Concern):
     """`topic`: where every alarm and budget notification goes (exported: `status` asks who hears it);
-    `budget_name`: fixed, so that `status` can read the budget's spend by name. `start`: the day the
-    budget's single period begins (the day of `pulumi up`)."""
+    `budget_name`: fixed, so that `status` can read the budget's spend by name."""
 
-    def __init__(self, cfg: TrialConfig, hosts: Hosts, start: dt.datetime,
-                 opts: pulumi.ResourceOptions | None = None) -> None:
+    def __init__(self, cfg: TrialConfig, hosts: Hosts, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("Guards", cfg, opts)
         self.topic = self._alerts()
         arns = pulumi.Output.all(*[i.arn for _, i in hosts.instances])
         ids = pulumi.Output.all(*[i.id for _, i in hosts.instances])
         self._deadline(arns, ids)
         self.budget_name = self.name("budget")
-        self._budget(arns, ids, start)
+        self._budget(arns, ids)
         self._transfer(hosts)
         self.register_outputs({"alert_topic": self.topic.arn, "budget_name": self.budget_name})
 
@@ -72,7 +80,7 @@ class Guards(Concern):
                 arn="arn:aws:scheduler:::aws-sdk:ec2:stopInstances", role_arn=stopper.arn,
                 input=ids.apply(lambda i: json.dumps({"InstanceIds": list(i)}))))
 
-    def _budget(self, arns: pulumi.Output[list], ids: pulumi.Output[list], start: dt.datetime) -> None:
+    def _budget(self, arns: pulumi.Output[list], ids: pulumi.Output[list]) -> None:
         """A late backstop (AWS Budgets' data is refreshed at least daily, hours behind the spend), never
         the trial's bound — the deadline schedule and the transfer guards are. It finds the trial's cost
         by region (default) or by the trial tag; activating the tag is opt-in, because activation is
@@ -89,10 +97,11 @@ class Guards(Concern):
         notes = [("ACTUAL", 50), ("ACTUAL", 80), ("ACTUAL", 100), ("FORECASTED", 100)]
         budget = aws.budgets.Budget(
             # a monthly budget would reset if the trial crossed a month boundary (the example does): one
-            # period from the day of `pulumi up`, long enough that it never resets during a trial
+            # period from the day the paid hours begin, long enough that it never resets during a trial. The
+            # start is kept as created: a later deadline in the config must not move it either
             name("budget"), name=self.budget_name, budget_type="COST", limit_amount=f"{cfg.budget.total_usd:.2f}",
-            limit_unit="USD", time_unit="ANNUALLY", time_period_start=start.strftime("%Y-%m-%d_00:00"), tags=tags,
-            cost_filters=[cost_filter], opts=self.child(),
+            limit_unit="USD", time_unit="ANNUALLY", time_period_start=budget_period_start(cfg), tags=tags,
+            cost_filters=[cost_filter], opts=self.child(ignore_changes=["timePeriodStart"]),
             notifications=[aws.budgets.BudgetNotificationArgs(
                 comparison_operator="GREATER_THAN", notification_type=kind, threshold=pct, threshold_type="PERCENTAGE",
                 subscriber_sns_topic_arns=[self.topic.arn],

@@ -135,11 +135,16 @@ class TrialConfig(Strict):
     arms: list[Arm] = Field(min_length=1)
     evidence_gb: float = Field(50, ge=0)  # what the evidence bucket is expected to hold
     object_lock_days: int | None = Field(None, ge=1)
-    # the PyTorch deep-learning AMI: its own environment's Python is recent enough for the project (the
-    # Base AMI's python3 is Ubuntu 22.04's 3.10); staging installs the pinned torch beside it and
-    # refuses, naming the host, an interpreter that is missing or too old before uploading anything
-    ami_name: str = "Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.* (Ubuntu 22.04)*"
-    host_python: str = Field("/opt/pytorch/bin/python3", pattern=r"^[A-Za-z0-9._/+-]+$")
+    # the PyTorch deep-learning AMI on Ubuntu 24.04, the line AWS still releases for x86_64 (the Ubuntu
+    # 22.04 one ended at PyTorch 2.7); its environment's Python (python_location in the release notes)
+    # runs the project. Its torch is not the pinned one, so the wheelhouse carries torch and its CUDA
+    # libraries, built for `host_python_version` on `host_platform` (Ubuntu 24.04: glibc 2.39): `orchestrate
+    # wheelhouse`, checked by `plan --wheelhouse`; staging refuses, naming the host, an interpreter that is
+    # missing or too old, and wheels for another Python, before uploading anything (docs/aws.md #31)
+    ami_name: str = "Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.* (Ubuntu 24.04)*"
+    host_python: str = Field("/opt/pytorch/bin/python", pattern=r"^[A-Za-z0-9._/+-]+$")
+    host_python_version: str = Field("3.12", pattern=r"^3\.\d{1,2}$")
+    host_platform: str = Field("manylinux_2_39_x86_64", pattern=r"^manylinux_2_\d{1,2}_x86_64$")
     ssh_user: str = "ubuntu"
     ssh_public_key: str | None = None  # the operator's OpenSSH public key, text or path (required: `key_problems`)
     abandon_unpreserved: bool = False  # let `pulumi destroy` delete hosts whose trial is not preserved (recorded)

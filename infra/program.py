@@ -40,7 +40,7 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = 
     network = Network(cfg)
     evidence = Evidence(cfg)
     hosts = Hosts(cfg, network, evidence, teardown=teardown)
-    guards = Guards(cfg, hosts, start)
+    guards = Guards(cfg, hosts)
 
     outputs = {
         "format": OUTPUTS_FORMAT, "trial": cfg.trial, "region": cfg.region,

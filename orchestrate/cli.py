@@ -390,6 +390,40 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
 
 
 @app.command()
+def wheelhouse(dest: Path = typer.Argument(..., help="the directory to fill; give it to `plan` and `run` as --wheelhouse"),
+               stack: Path = typer.Option(Path("Pulumi.dev.yaml"), help="the stack whose hosts to build for "
+                                                                        "(host_python_version, host_platform)"),
+               python_version: Optional[str] = typer.Option(None, help="the hosts' Python (3.12), instead of the stack's"),
+               platform: Optional[str] = typer.Option(None, help="the hosts' newest manylinux tag "
+                                                               "(manylinux_2_39_x86_64), instead of the stack's"),
+               requirement: list[str] = typer.Option([], help="what to download (default: the project's "
+                                                             "dependencies, constrained by requirements.lock)"),
+               find_links: list[Path] = typer.Option([], help="also look for wheels here (pip --find-links)"),
+               no_index: bool = typer.Option(False, help="no package index: --find-links only (pip --no-index)")) -> None:
+    """Download every dependency as wheels for the hosts' Python and platform (not this machine's): torch
+    and its CUDA libraries included, since the hosts' AMI has another torch. Refuses a directory holding a
+    wheel the hosts could not install."""
+    from orchestrate.wheelhouse import WheelhouseError, download, project_requirements
+
+    root = Path(__file__).resolve().parent.parent
+    if python_version is None or platform is None:
+        cfg = _stack_config(stack)
+        python_version, platform = python_version or cfg.host_python_version, platform or cfg.host_platform
+    lock = root / "requirements.lock"
+    try:
+        with con.status(f"pip download for CPython {python_version} on {platform}…"):
+            wheels = download(dest, python_version, platform, requirement or project_requirements(root),
+                              constraints=lock if not requirement and lock.is_file() else None,
+                              find_links=find_links, no_index=no_index)
+    except WheelhouseError as e:
+        say("error:", str(e), style="bold red")
+        raise typer.Exit(2)
+    size = sum(w.stat().st_size for w in wheels)
+    print(f"{dest}: {len(wheels)} wheel(s), {size / 1e9:,.2f} GB, for CPython {python_version} on {platform} and "
+          f"older manylinux tags; `orchestrate plan ARM --wheelhouse {dest}` counts them")
+
+
+@app.command()
 def status(cluster: Path = typer.Option(Path("cluster.json"), help="the trial's cluster.json"),
            home: Optional[Path] = typer.Option(None, help="the trial home (the embedded local cluster's ranks write there)"),
            as_json: bool = typer.Option(False, "--json")) -> None:

@@ -26,6 +26,7 @@ from evidence.stores import HOST_PAYLOAD
 from orchestrate.cluster import Cluster, Host
 from orchestrate.launch.command import python_command
 from orchestrate.transport import Transport, TransportError
+from orchestrate.wheelhouse import describe_unfit, unfit
 
 ENV_DIGEST = r"""
 import hashlib, importlib.metadata as m, json, pathlib, sys
@@ -240,7 +241,12 @@ def stage_reports(cluster: Cluster, transports: list[Transport], *, wheel_dir: P
         raise StagingError(f"{wheel_dir} holds no wheels")
     hosts = cluster.by_rank
     for h, t in zip(hosts, transports):  # every host first: a refusal uploads nothing anywhere
-        say(f"{h.name}: Python {check_host_python(t, h)} ({h.python})")
+        version = check_host_python(t, h)
+        bad = unfit(lock, version)  # a wheel for another Python (the controller's, say) installs nowhere here
+        if bad:
+            raise StagingError(f"{h.name}: {h.python} is Python {version}; nothing was uploaded. "
+                               + describe_unfit(bad, version, None))
+        say(f"{h.name}: Python {version} ({h.python})")
     have = [host_distributions(t, h) for h, t in zip(hosts, transports)]
     needs = [wheels_lacking(lock, hv) for hv in have]
     for h, need in zip(hosts, needs):

@@ -37,6 +37,12 @@ def plan_arm(cfg: TrialConfig, stack: Path, arm: str, *, wheelhouse: Optional[Pa
     # the isolated host's counters see staging too: the guard check counts it
     est = run_estimate(cfg.model_copy(update={"arms": arms}), now, wheelhouse_bytes=staging["wheelhouse_bytes"])
     problems = list(est["problems"])
+    if wheelhouse is not None:  # a wheelhouse for the controller's Python installs nowhere on the hosts
+        from orchestrate.wheelhouse import describe_unfit, unfit
+
+        bad = unfit([p.name for p in wheelhouse.glob("*.whl")], cfg.host_python_version, cfg.host_platform)
+        if bad:
+            problems.append(describe_unfit(bad, cfg.host_python_version, cfg.host_platform))
     if staging["hours"] > cfg.hours:
         problems.append(f"staging sends {staging['bytes'] / 1e9:,.2f} GB from this machine, even through the bucket: "
                         f"{staging['hours']:.2f} h at {uplink_mbps:g} Mbit/s, more than the {cfg.hours:g} h paid for")
@@ -77,7 +83,8 @@ def plan_arm(cfg: TrialConfig, stack: Path, arm: str, *, wheelhouse: Optional[Pa
 
 def staging_upload(cfg: TrialConfig, wheelhouse: Optional[Path], uplink_mbps: float) -> dict:
     """What staging sends from the operator's machine, over its uplink: the seed (FP32 safetensors, 4
-    bytes a parameter) and the wheelhouse. Over SSH alone (a cluster without a bucket) once to every
+    bytes a parameter) and the wheelhouse (every wheel in it: torch and its CUDA libraries are several GB,
+    since the hosts' AMI has another torch). Over SSH alone (a cluster without a bucket) once to every
     host; through the stack's bucket (the relay, evidence/relay.py: what `orchestrate run` does on a
     stack) once in all, plus the project's wheel and a manifest to each host (under a MB each,
     counted as PROJECT_WHEEL_BYTES). The budget is checked against the relay's figure."""

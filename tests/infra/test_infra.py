@@ -120,7 +120,7 @@ def test_hosts(program):
     assert (kp.inputs["keyName"], kp.inputs["publicKey"]) == ("ltw-four-operator", OPERATOR_KEY)
     (ami,) = [c for c in mocks.calls if c.token == "aws:ec2/getAmi:getAmi"]  # looked up, not pinned
     assert ami.args["owners"] == ["amazon"] and ami.args["mostRecent"] is True
-    assert {"name": "name", "values": ["Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.* (Ubuntu 22.04)*"]} \
+    assert {"name": "name", "values": ["Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.* (Ubuntu 24.04)*"]} \
         in ami.args["filters"]
 
 
@@ -440,7 +440,7 @@ def test_cluster_description_from_the_stack_outputs(program, tmp_path):
         [3], out["transfer_guard_bytes"], "ltw-four-budget", 100.0)
     assert c.alert_topic == "arn:aws:mock:::ltw-four-alerts"  # whom status asks who hears the alerts
     # the AMI's own environment runs the project (staging refuses one below requires-python by name)
-    assert {h.python for h in c.hosts} == {"/opt/pytorch/bin/python3"} and {h.user for h in c.hosts} == {"ubuntu"}
+    assert {h.python for h in c.hosts} == {"/opt/pytorch/bin/python"} and {h.user for h in c.hosts} == {"ubuntu"}
     bad = json.loads((tmp_path / "cluster.json").read_text())
     bad["hosts"][2]["rank"] = 0
     (tmp_path / "bad.json").write_text(json.dumps(bad))
