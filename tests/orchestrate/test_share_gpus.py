@@ -96,17 +96,19 @@ def final(home: Path, arm: str) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture(scope="module")
-def ltw_pair(tmp_path_factory, ltw_home, tiny_seed):
-    """local-training-windows/smoke trained twice: four ranks sharing one GPU as placed (the co-located
-    path), and each rank on a GPU of its own as placed (the ordinary path)."""
-    root = tmp_path_factory.mktemp("share")
-    homes = {k: root / k for k in ("shared", "ordinary")}
+def ltw_pair(tmp_path_factory, ltw_home, tiny_seed, finished_trial):
+    """local-training-windows/smoke with its four ranks sharing one GPU as placed (the co-located path),
+    beside the same experiment trained by `orchestrate run diloco-four --profile smoke` on the ordinary
+    path (the session's `finished_trial`, a rank per process as always), from the same committed inputs."""
+    home = tmp_path_factory.mktemp("share") / "shared"
+    shutil.copytree(ltw_home, home)
+    ordinary = finished_trial.home
+    same = ("model", "inputs", "schedule", "experiment_digest")
+    a, b = read_json(home / "prepared.json"), read_json(ordinary / "prepared.json")
+    assert {k: a[k] for k in same} == {k: b[k] for k in same}, "the two homes were prepared differently"
     with pytest.MonkeyPatch.context() as mp:
-        for k, home in homes.items():
-            shutil.copytree(ltw_home, home)
-            arms = {"single": 1, "ddp-four": 4, "diloco-four": 4} if k == "shared" else {"ddp-four": 4, "diloco-four": 4}
-            train_as_placed(home, arms, tiny_seed, 1 if k == "shared" else 4, k == "shared", mp)
-    return homes
+        train_as_placed(home, {"single": 1, "ddp-four": 4, "diloco-four": 4}, tiny_seed, 1, True, mp)
+    return {"shared": home, "ordinary": ordinary}
 
 
 @pytest.fixture(scope="module")
