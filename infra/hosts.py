@@ -3,7 +3,7 @@ zone in every account), logged in to with the operator's key (a key pair from th
 ssh_public_key); the deep-learning AMI pinned (ami_id) or looked up once and then kept; IMDSv2
 required; shutdown = stop; a 300 GiB encrypted gp3 root volume with the same throughput, IOPS and
 read-ahead everywhere (so no arm is slowed by its disk); an instance role that may write only the
-trial's evidence objects and read only those and the trial's staging relay (infra/evidence.py)."""
+trial's evidence objects and read only those and the trial's staging relay (infra/bucket.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.concern import Concern
-from infra.evidence import Evidence
+from infra.bucket import Evidence
 from infra.network import Network
 from infra.plan import Host, TrialConfig
 from infra.teardown import BUCKET_TAG, before_host_delete

@@ -3,7 +3,7 @@ before registering anything, then creates one component per concern, every resou
 `trial=<name>`:
 
   network   infra/network.py: a VPC, a public subnet per zone, a members-only security group
-  evidence  infra/evidence.py: the S3 bucket and what a host may do in it
+  evidence  infra/bucket.py: the S3 bucket and what a host may do in it
   hosts     infra/hosts.py: one g6e instance per rank, its key, image, encrypted gp3 volume and role
   guards    infra/guards.py: the deadline stop, the transfer alarms, the budget and its spend stop
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import pulumi
 
-from infra.evidence import Evidence
+from infra.bucket import Evidence
 from infra.guards import Guards
 from infra.hosts import Hosts
 from infra.network import Network
