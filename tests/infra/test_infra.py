@@ -521,14 +521,17 @@ def test_the_shipped_stack_asks_for_what_is_the_users(tmp_path):
     assert r.exit_code == 0, r.output
 
 
-def test_destroy_is_refused_by_a_hook_on_every_host(program):
-    """Each instance registers the `before_delete` hook that refuses an unpreserved trial (infra/teardown.py;
-    what the hook does is tested against moto's S3 in tests/infra/test_teardown.py), and carries the bucket it reads."""
-    assert set(program.hooks) == {"ltw-four-refuse-unpreserved"}
+def test_destroy_is_refused_by_the_gate_and_a_hook_on_every_host(program):
+    """The destroy gate and each instance register the `before_delete` hooks that refuse an unpreserved trial
+    (infra/teardown.py; what the check does is tested against moto's S3 in tests/infra/test_teardown.py, the
+    order the engine runs them in by tests/infra/test_destroy.py), each with the bucket it reads."""
+    assert set(program.hooks) == {"ltw-four-refuse-unpreserved", "ltw-four-destroy-gate"}
     assert {r.name: r.hooks.get("before_delete") for r in program.resources if r.hooks} == \
-        {f"ltw-four-rank-{r}": ["ltw-four-refuse-unpreserved"] for r in range(4)}
+        {**{f"ltw-four-rank-{r}": ["ltw-four-refuse-unpreserved"] for r in range(4)},
+         "ltw-four-destroy-gate": ["ltw-four-destroy-gate"]}
     for inst in program.of("aws:ec2/instance:Instance"):
         assert inst.inputs["tags"]["evidence-bucket"] == "ltw-four-evidence-0001"
+    assert program.named("ltw-four-destroy-gate").inputs["bucket"] == "ltw-four-evidence-0001"
 
 
 def test_destroy_runs_the_program_after_the_deadline(tmp_path):
