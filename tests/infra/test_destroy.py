@@ -11,7 +11,11 @@ before #31 — are shown to let the guards and the network go before any refusal
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +24,7 @@ from pulumi_engine import (STACK_TYPE, DependencyGraph, Node, StepError, execute
                            pulumi_run)
 from test_infra import CALLS, answers, live, stack_of
 
+ROOT = Path(__file__).resolve().parents[2]
 TRIAL = "ltw-four"
 GATE = f"{TRIAL}-destroy-gate"
 KEPT = {"aws:s3/bucket:Bucket", "aws:s3/bucketVersioning:BucketVersioning",
@@ -108,7 +113,20 @@ def test_a_preserved_trial_is_destroyed_gate_first_and_its_evidence_kept(stack, 
     wave = {s["name"]: s["wave"] for s in d.steps}
     assert wave[f"{TRIAL}-host-evidence"] < wave[f"{TRIAL}-evidence"] and wave[f"{TRIAL}-rank-0"] < wave[f"{TRIAL}-evidence"]
     assert d.state == []  # the stack is empty; the kept resources are the account's, no longer the stack's
-    assert aws.client("s3").list_objects_v2(Bucket=bucket, Prefix=f"trials/{TRIAL}/indexes/")["KeyCount"] == 1
+    s3 = aws.client("s3")
+    assert s3.list_objects_v2(Bucket=bucket, Prefix=f"trials/{TRIAL}/indexes/")["KeyCount"] == 1
+    # deleting the kept evidence later, on purpose, as docs/evidence.md says (its block, run as written)
+    s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    s3.put_object(Bucket=bucket, Key=f"trials/{TRIAL}/indexes/again.json", Body=b"{}")
+    s3.put_object(Bucket=bucket, Key=f"trials/{TRIAL}/indexes/again.json", Body=b"{ }")  # a second version
+    with pytest.raises(s3.exceptions.ClientError, match="BucketNotEmpty"):
+        s3.delete_bucket(Bucket=bucket)
+    block = re.search(r"```bash\n(# delete-evidence.*?)```", (ROOT / "docs" / "evidence.md").read_text(), re.S)[1]
+    python = ".venv/bin/python" if (ROOT / ".venv/bin/python").exists() else sys.executable
+    block = re.sub(r"BUCKET=\S+ \.venv/bin/python", f"BUCKET={bucket} {python}", block)
+    r = subprocess.run(["bash", "-c", block], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and f"deleted {bucket}" in r.stdout, r.stderr
+    assert bucket not in {b["Name"] for b in s3.list_buckets()["Buckets"]}
 
 
 def test_a_stack_from_before_the_gate_is_gated_by_its_first_destroy(stack):
