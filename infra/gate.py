@@ -14,7 +14,9 @@ resource's (only the provider's Delete is skipped), so the gate needs nothing in
 permission and no API call. And under `pulumi destroy --run-program` the engine (re)creates components
 the program registers and then deletes them (`GenerateSteps` in destroy mode), whereas a custom resource
 the stack does not hold yet is a skipped create, never deleted: a stack created before the gate existed
-is therefore gated by its first destroy too.
+is therefore gated by its first destroy too. (In destroy mode a registration that depends on a resource
+the state lacks is skipped as well; the gate the state already holds is then deleted from its old state —
+still first, since its recorded dependencies are all there: tests/infra/test_destroy.py.)
 
 Its dependencies are the four concerns: the SDK turns a local component named in `depends_on` into every
 custom resource under it (`pulumi/runtime/rpc.py` `_add_dependency`), which is what the engine records.

@@ -176,3 +176,30 @@ def test_a_teardown_looks_nothing_up(stack):
     assert {s["inputs"]["ami"] for s in d.record["state"] if s["type"] == "aws:ec2/instance:Instance"} == \
         {"ami-0123456789abcdef0"}  # what the destroy deletes is the stored host, image and all
     assert all(r.typ == STACK_TYPE or r.name for r in d.resources)
+
+
+def test_a_resource_new_to_the_program_does_not_ungate_a_gated_stack(stack):
+    """A stack whose state lacks a resource the program now registers (the program grew since the stack's
+    last `up`): in a destroy the engine skips that resource and whatever depends on it — the gate's new
+    registration among them — but deletes the gate the state holds, from its old state, first."""
+    up, config, rules, _ = stack
+    added = f"{TRIAL}-transfer-3-out"
+    d = destroy(up, config, rules, state=[s for s in up.state if s["name"] != added])
+    assert up.named(GATE).urn in d.record["skipped_creates"]
+    assert d.record["waves"][0] == [up.named(GATE).urn] and "holds no preservation index" in (d.failed or "")
+    assert [s for s in cloud(d.steps) if s["outcome"] not in ("failed", "not started")] == []
+
+
+def test_an_up_that_drops_a_host_runs_that_hosts_hook(stack):
+    """Why the instances keep a hook of their own: `pulumi up` with a host fewer deletes that host (and what
+    hangs on it) without touching the gate, and the host's hook refuses while the trial is unpreserved."""
+    up, config, rules, _ = stack
+    cluster = dict(config["trials:cluster"])
+    cluster["hosts"] = [h for h in cluster["hosts"] if h["rank"] != 3]
+    cluster["arms"] = [a for a in cluster["arms"] if a["world_size"] <= 3]
+    again = pulumi_run("up", {**config, "trials:cluster": cluster}, state=up.state, answers=rules, calls=CALLS)
+    assert again.returncode == 0 and again.failed, again.errors
+    (host,) = [s for s in again.steps if s["name"] == f"{TRIAL}-rank-3"]
+    assert host["outcome"] == "failed" and f"refusing to delete {TRIAL}-rank-3" in host["error"], host
+    assert GATE not in {s["name"] for s in again.steps}  # the gate is not deleted by an up
+    assert GATE in {s["name"] for s in again.state}
