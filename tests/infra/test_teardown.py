@@ -1,8 +1,9 @@
-"""`pulumi destroy`'s hook on every host (infra/teardown.py) against moto's S3: with nothing preserved
-it refuses naming the store; a trial home preserved into the trial's prefix lets the delete go on; a
-preserved object altered afterwards is refused naming the home's file; `abandon_unpreserved` lets an
-unpreserved delete go on and leaves that choice in the bucket. (That the program registers the hook on
-every instance: tests/infra/test_infra.py.)"""
+"""`pulumi destroy`'s check (infra/teardown.py) against moto's S3, as the destroy gate's and each host's
+hooks run it: with nothing preserved it refuses naming the store; a trial home preserved into the trial's
+prefix lets the delete go on; a preserved object altered afterwards is refused naming the home's file;
+`abandon_unpreserved` lets an unpreserved delete go on and leaves that choice in the bucket; within one
+destroy the hosts trust what the gate verified. (That the program registers the hooks: tests/infra/
+test_infra.py; the order the engine runs them in: tests/infra/test_destroy.py.)"""
 
 from __future__ import annotations
 
