@@ -151,8 +151,9 @@ def before_gate_delete(trial: str, region: str, abandon_unpreserved: bool,
     def hook(args: Any) -> None:
         recorded = {**(args.old_outputs or {}), **(args.old_inputs or {})}
         bucket = recorded.get("bucket")
-        found = refuse_unpreserved(f"{args.name} (trial {trial}, the stack's destroy gate)", bucket, trial, region,
-                                   abandon_unpreserved, _session(region, session_for), args.name)
+        what = f"the stack of trial {trial} ({args.name} goes first: nothing has been deleted)"
+        found = refuse_unpreserved(what, bucket, trial, region, abandon_unpreserved, _session(region, session_for),
+                                   args.name)
         VERIFIED[(bucket, trial)] = found
 
     return hook
