@@ -1,6 +1,7 @@
-"""The Pulumi program for a trial cluster: hosts, volumes, network, guards, evidence bucket.
+"""The Pulumi program for a trial cluster: hosts, volumes, network, guards, evidence bucket, destroy gate.
 
 `plan` (config, estimate, refusal), `prices` and `userdata` are plain Python and test without
-Pulumi; `program.build` registers the resources and stays importable under Pulumi's mocks;
+Pulumi; `program.build` registers the resources; `__main__` is what Pulumi's engine runs (from inside
+this directory, which is why no module here is named like an importable package: see `__main__`);
 `outputs` is the shape `orchestrate` reads from `pulumi stack output --json`.
 """

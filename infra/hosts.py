@@ -3,7 +3,7 @@ zone in every account), logged in to with the operator's key (a key pair from th
 ssh_public_key); the deep-learning AMI pinned (ami_id) or looked up once and then kept; IMDSv2
 required; shutdown = stop; a 300 GiB encrypted gp3 root volume with the same throughput, IOPS and
 read-ahead everywhere (so no arm is slowed by its disk); an instance role that may write only the
-trial's evidence objects and read only those and the trial's staging relay (infra/evidence.py)."""
+trial's evidence objects and read only those and the trial's staging relay (infra/bucket.py)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,16 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.concern import Concern
-from infra.evidence import Evidence
+from infra.bucket import Evidence
 from infra.network import Network
 from infra.plan import Host, TrialConfig
 from infra.teardown import BUCKET_TAG, before_host_delete
 from infra.userdata import user_data
+
+
+TEARDOWN_AMI = "ami-teardown-never-launched"
+"""The hosts' image as a teardown registers it: in destroy mode the engine keeps each host's stored inputs
+(`step_generator.go`: a same step with the old inputs), and `ignore_changes` keeps the stored image anyway."""
 
 
 class Hosts(Concern):
@@ -39,16 +44,20 @@ class Hosts(Concern):
 
         # the image: pinned in the stack (ami_id), or the newest match at the first `pulumi up`. Either way a
         # host keeps the image it was created with (ignore_changes below): a new AMI release must never
-        # replace a host, whose disk holds unpreserved evidence. The id is exported to be pinned.
-        ami_id = cfg.ami_id or aws.ec2.get_ami(
+        # replace a host, whose disk holds unpreserved evidence. The id is exported to be pinned. A teardown
+        # looks nothing up (the lookup can fail once the image is gone, and a destroy reads the hosts from
+        # the stack's state): the placeholder is never launched, and is refused by EC2 if it ever were
+        ami_id = cfg.ami_id or (TEARDOWN_AMI if teardown else aws.ec2.get_ami(
             most_recent=True, owners=["amazon"],
             filters=[aws.ec2.GetAmiFilterArgs(name="name", values=[cfg.ami_name]),
-                     aws.ec2.GetAmiFilterArgs(name="architecture", values=["x86_64"])]).id
+                     aws.ec2.GetAmiFilterArgs(name="architecture", values=["x86_64"])]).id)
         isolated = set(cfg.isolated_ranks())
         assert cfg.ssh_public_key is not None or teardown  # a missing one is among the plan's problems
         key = aws.ec2.KeyPair(name("operator"), key_name=name("operator"), public_key=cfg.ssh_public_key or "",
                               tags=tags, opts=self.child(ignore_changes=["publicKey"] if teardown else None))
-        # `pulumi destroy` deletes a host's volume with it: the hook refuses until the trial is preserved
+        # a host's volume goes with it: the hook refuses until the trial is preserved. A whole `pulumi destroy`
+        # is refused before anything by the destroy gate (infra/gate.py); this one guards a host dropped from
+        # the stack by `pulumi up`, and does not verify again what the gate verified in the same run
         refuse_unpreserved = pulumi.ResourceHook(name("refuse-unpreserved"), before_host_delete(
             cfg.trial, cfg.region, cfg.abandon_unpreserved))
         self.instances: list[tuple[Host, aws.ec2.Instance]] = []

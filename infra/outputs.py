@@ -15,6 +15,8 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import json
+import os
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -99,15 +101,62 @@ def parse_outputs(text: str | dict[str, Any]) -> StackOutputs:
         raise OutputsError(f"stack outputs refused: {explain(e, 'outputs')}") from None
 
 
+PASSPHRASE_VARS = ("PULUMI_CONFIG_PASSPHRASE", "PULUMI_CONFIG_PASSPHRASE_FILE")
+
+
+def stack_file(stack: str, work_dir: str | Path = ".") -> Path:
+    """`Pulumi.<stack>.yaml` of a stack (`org/project/name` → its name), in the project's `stackConfigDir`
+    when Pulumi.yaml sets one."""
+    import yaml
+
+    root = Path(work_dir)
+    project = root / "Pulumi.yaml"
+    config_dir = (yaml.safe_load(project.read_text()) or {}).get("stackConfigDir") if project.exists() else None
+    return root / (config_dir or ".") / f"Pulumi.{stack.rsplit('/', 1)[-1]}.yaml"
+
+
+def passphrase_problem(stack: str, work_dir: str | Path = ".", environ: dict[str, str] | None = None) -> str | None:
+    """Why reading `stack`'s outputs would fail for want of its passphrase, or None. A stack whose secrets
+    provider is a passphrase (the default on a self-managed backend: file://, s3://…) records
+    `encryptionsalt` in its stack file (pulumi/pulumi `sdk/go/common/workspace/project.go`, ProjectStack), and
+    the CLI run by the Automation API — `pulumi stack output --json --show-secrets` — cannot prompt for it:
+    it reads PULUMI_CONFIG_PASSPHRASE or PULUMI_CONFIG_PASSPHRASE_FILE (`pkg/secrets/passphrase/manager.go`)."""
+    import yaml
+
+    env = os.environ if environ is None else environ
+    path = stack_file(stack, work_dir)
+    try:
+        conf = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return None  # no stack file here: the CLI says what it finds
+    provider = conf.get("secretsprovider") or "passphrase"
+    if not conf.get("encryptionsalt") or provider != "passphrase":
+        return None
+    if env.get("PULUMI_CONFIG_PASSPHRASE") is not None:
+        return None
+    given = env.get("PULUMI_CONFIG_PASSPHRASE_FILE")
+    if given:
+        return None if Path(given).expanduser().is_file() else \
+            f"PULUMI_CONFIG_PASSPHRASE_FILE names {given}, which is not a file"
+    return (f"stack {stack!r} keeps its secrets with a passphrase ({path.name} has an encryptionsalt), and reading "
+            "its outputs (`pulumi stack output --show-secrets`, through the Automation API) needs it without a "
+            "prompt: export PULUMI_CONFIG_PASSPHRASE (or PULUMI_CONFIG_PASSPHRASE_FILE, a file holding it) as for "
+            "`pulumi up`")
+
+
 def read_stack_outputs(stack: str, work_dir: str | Path = ".") -> dict[str, Any]:
     """A stack's outputs through Pulumi's Automation API, which drives the `pulumi` CLI: without the
-    CLI on PATH, say how to save them where it is, for `--pulumi-outputs`."""
+    CLI on PATH, say how to save them where it is, for `--pulumi-outputs`; on a passphrase-kept stack
+    without the passphrase in the environment, name the variable before the CLI fails on it."""
     import shutil
 
     if shutil.which("pulumi") is None:
         raise OutputsError(f"reading stack {stack!r} needs the pulumi CLI on PATH (Pulumi's Automation API drives "
                            f"it); without it, save the outputs where the CLI is — `pulumi stack output --json "
                            f"--stack {stack} > outputs.json` — and pass --pulumi-outputs outputs.json")
+    problem = passphrase_problem(stack, work_dir)
+    if problem:
+        raise OutputsError(problem)
     from pulumi import automation as auto
 
     try:

@@ -3,9 +3,11 @@ before registering anything, then creates one component per concern, every resou
 `trial=<name>`:
 
   network   infra/network.py: a VPC, a public subnet per zone, a members-only security group
-  evidence  infra/evidence.py: the S3 bucket and what a host may do in it
+  evidence  infra/bucket.py: the S3 bucket and what a host may do in it
   hosts     infra/hosts.py: one g6e instance per rank, its key, image, encrypted gp3 volume and role
   guards    infra/guards.py: the deadline stop, the transfer alarms, the budget and its spend stop
+  gate      infra/gate.py: the destroy gate, depending on all of the above, deleted first by `pulumi
+            destroy`, whose hook refuses the destroy until the trial is preserved (nothing deleted before)
 
 and exports the outputs `orchestrate` reads (shape: infra/outputs.py). A stack created before the
 components existed keeps every resource: each child carries an alias to its old URN (infra/concern.py).
@@ -18,7 +20,8 @@ from typing import Any
 
 import pulumi
 
-from infra.evidence import Evidence
+from infra.bucket import Evidence
+from infra.gate import DestroyGate
 from infra.guards import Guards
 from infra.hosts import Hosts
 from infra.network import Network
@@ -29,7 +32,8 @@ from infra.prices import INSTANCE_TYPES
 
 def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = False) -> dict[str, Any]:
     """`teardown`: the program runs for `pulumi destroy --run-program` (infra/__main__.py), to register
-    the hooks; the plan is not refused then (its deadline has passed by design), nothing is created."""
+    the hooks; the plan is not refused then (its deadline has passed by design), nothing is created and
+    nothing looked up."""
     start = now or dt.datetime.now(dt.timezone.utc)
     # raises with the whole table; nothing registered yet
     est = estimate(cfg, start) if teardown else require_within_budget(cfg, start)
@@ -41,6 +45,7 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = 
     evidence = Evidence(cfg)
     hosts = Hosts(cfg, network, evidence, teardown=teardown)
     guards = Guards(cfg, hosts)
+    DestroyGate(cfg, evidence, [network, evidence, hosts, guards])  # last: it depends on everything above
 
     outputs = {
         "format": OUTPUTS_FORMAT, "trial": cfg.trial, "region": cfg.region,

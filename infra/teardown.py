@@ -1,13 +1,25 @@
-"""`pulumi destroy` refuses to delete a host before its trial is preserved.
+"""`pulumi destroy` deletes nothing before the trial is preserved.
 
 Each host's root volume is deleted with the instance and holds whatever the controller has not
-preserved yet, so "destroy after preservation" is made a rule rather than a habit: a `before_delete`
-resource hook on every instance reads the trial's evidence store (the bucket named in the instance's
-own `evidence-bucket` tag, so the hook needs nothing but the resource being deleted), requires at
-least one preservation index there, re-reads each home's newest index and every object it names
-(`evidence.stores.verify_index`), and raises naming what is missing — which stops the destroy before
-anything is deleted. With `abandon_unpreserved: true` in the stack the operator gives the trial up on
-purpose: the hook then writes that choice, with what was found, to the bucket, and lets the delete go on.
+preserved yet, and the guards, roles, network rules and bucket settings are what let the hosts reach
+the store at all, so "destroy after preservation" is made a rule rather than a habit. The check
+(`verify_preserved`) reads the trial's evidence store, requires at least one preservation index there,
+re-reads each home's newest index and every object it names (`evidence.stores.verify_index`), and
+raises naming what is missing.
+
+Where it runs decides what a refusal saves. A `before_delete` hook runs inside its own resource's
+delete step, and the engine deletes dependents first, in waves (pulumi/pulumi
+`pkg/resource/deploy/step_generator.go` `ScheduleDeletes`, `step.go` `DeleteStep.Apply`): a hook on the
+instances alone would run only after the schedules, alarms, budget action, role policies, network rules
+and bucket settings were deleted. So the check sits on the destroy gate (infra/gate.py), a resource that
+depends on every other one of the stack: the engine deletes it first and alone, and a failed step
+cancels every later wave (`deployment_executor.go` `performPostSteps`, `step_executor.go`
+`cancelDueToError`), so a refusal deletes nothing. The instances keep a hook of their own for the
+deletes that are not a whole destroy (a host dropped from the stack by `pulumi up`); within a destroy
+whose gate has verified the trial in this same program run, they do not verify it again.
+
+With `abandon_unpreserved: true` in the stack the operator gives the trial up on purpose: the check
+then writes that choice, with what was found, to the bucket, and lets the delete go on.
 
 The hosts' checkpoint payloads are in those indexes (each host preserves its own), so they are
 covered as well: present at their recorded size.
@@ -97,28 +109,70 @@ def abandon(bucket: str, trial: str, instance: str, found: str, *, session: Any 
     return key
 
 
+VERIFIED: dict[tuple[str, str], str] = {}
+"""(bucket, trial) → what the destroy gate found in this program run ("preserved" or "abandoned"). The
+program runs once per deployment and its hooks run in that same process (the SDK serves them while it
+waits for the engine), so this lives exactly as long as one `pulumi destroy`."""
+
+
+def refuse_unpreserved(what: str, bucket: str | None, trial: str, region: str, abandon_unpreserved: bool,
+                       session: Any, resource: str | None = None) -> str:
+    """Verify the trial's evidence in `bucket`, or record its abandonment (by `resource`, the id of what
+    is being deleted); raises NotPreserved naming `what` otherwise. Returns what was found."""
+    if not bucket:
+        raise NotPreserved(f"{what}: no evidence bucket recorded for it, so its trial's evidence cannot be checked; "
+                           "refusing to delete it (set abandon_unpreserved: true to give the trial up)")
+    try:
+        verify_preserved(bucket, trial, session=session)
+        return "preserved"
+    except NotPreserved as e:
+        if not abandon_unpreserved:
+            raise NotPreserved(f"refusing to delete {what}: {e}. Preserve the trial first, or set "
+                               "trials:cluster.abandon_unpreserved: true to give it up on purpose (that choice is "
+                               "written to the bucket)") from None
+        abandon(bucket, trial, resource or what, str(e), session=session)
+        return "abandoned"
+
+
+def _session(region: str, session_for: Callable[[str], Any] | None) -> Any:
+    session = session_for(region) if session_for else None
+    if session is None:
+        import boto3
+
+        session = boto3.Session(region_name=region)
+    return session
+
+
+def before_gate_delete(trial: str, region: str, abandon_unpreserved: bool,
+                       session_for: Callable[[str], Any] | None = None) -> Callable[[Any], None]:
+    """The destroy gate's hook: the first step of a destroy, refusing it while the trial is unpreserved.
+    The bucket is the gate's own recorded input (its state), so the hook needs nothing but the step."""
+
+    def hook(args: Any) -> None:
+        recorded = {**(args.old_outputs or {}), **(args.old_inputs or {})}
+        bucket = recorded.get("bucket")
+        what = f"the stack of trial {trial} ({args.name} goes first: nothing has been deleted)"
+        found = refuse_unpreserved(what, bucket, trial, region, abandon_unpreserved, _session(region, session_for),
+                                   args.name)
+        VERIFIED[(bucket, trial)] = found
+
+    return hook
+
+
 def before_host_delete(trial: str, region: str, abandon_unpreserved: bool,
                        session_for: Callable[[str], Any] | None = None) -> Callable[[Any], None]:
-    """The hook function: refuses the delete of an instance whose trial is not preserved."""
+    """An instance's hook: refuses the delete of a host whose trial is not preserved — unless the
+    destroy gate already verified the same trial in this run (VERIFIED)."""
 
     def hook(args: Any) -> None:
         tags = (args.old_inputs or {}).get("tags") or (args.old_outputs or {}).get("tags") or {}
         bucket = tags.get(BUCKET_TAG)
+        if bucket and (bucket, trial) in VERIFIED:
+            return
         if not bucket:
             raise NotPreserved(f"{args.name}: no {BUCKET_TAG} tag, so its trial's evidence cannot be checked; "
                                "refusing to delete it (set abandon_unpreserved: true to give the trial up)")
-        session = session_for(region) if session_for else None
-        if session is None:
-            import boto3
-
-            session = boto3.Session(region_name=region)
-        try:
-            verify_preserved(bucket, trial, session=session)
-        except NotPreserved as e:
-            if not abandon_unpreserved:
-                raise NotPreserved(f"refusing to delete {args.name} ({args.id}): {e}. Preserve the trial first, "
-                                   "or set trials:cluster.abandon_unpreserved: true to give it up on purpose "
-                                   "(that choice is written to the bucket)") from None
-            abandon(bucket, trial, args.id or args.name, str(e), session=session)
+        refuse_unpreserved(f"{args.name} ({args.id})", bucket, trial, region, abandon_unpreserved,
+                           _session(region, session_for), args.id or args.name)
 
     return hook

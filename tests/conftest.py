@@ -288,6 +288,7 @@ REACHES = {
     "NetnsHosts": "ssh",
     # moto's server, or the Pulumi program under Pulumi's mocks
     "moto_url": "aws", "ThreadedMotoServer": "aws", "set_mocks": "aws", "Mocks": "aws", "MockMonitor": "aws",
+    "pulumi_run": "aws",  # the program run as the engine runs it (tests/pulumi_engine.py)
     # the project's CLIs in subprocesses (each imports torch), or a model trained, run or scored in
     # this process
     "run_cli": "slow", "Popen": "slow", "Trainer": "slow", "AutoModelForCausalLM": "slow",

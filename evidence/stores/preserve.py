@@ -53,7 +53,7 @@ def object_key(sha256: str) -> str:
 def staging_key(sha256: str) -> str:
     """Where staging relays an artifact (a wheel, a seed file, a prepared input) for the hosts to fetch:
     apart from the evidence objects, so that the instance role can read these and nothing else it
-    did not write (infra/evidence.py, `host_access`), and so that preservation never counts them as evidence."""
+    did not write (infra/bucket.py, `host_access`), and so that preservation never counts them as evidence."""
     return f"staging/{sha256}"
 
 

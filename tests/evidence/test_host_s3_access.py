@@ -32,7 +32,7 @@ from botocore.exceptions import ClientError
 
 from evidence.canonical import file_sha256
 from evidence.stores import PreservationError, object_key, preserve_part
-from infra.evidence import host_access
+from infra.bucket import host_access
 
 BUCKET, TRIAL_PREFIX = "evidence-hosts", "trials/t/"
 CKPT = "runs/ddp-four/rank-1/checkpoints/step-000008"
@@ -136,7 +136,7 @@ def iam(aws, moto_url):
 
 
 def hosts_policy() -> dict:
-    """The stack's own host policy for the bucket and the trial's prefix (infra/evidence.py)."""
+    """The stack's own host policy for the bucket and the trial's prefix (infra/bucket.py)."""
     return json.loads(host_access(f"arn:aws:s3:::{BUCKET}", TRIAL_PREFIX))
 
 

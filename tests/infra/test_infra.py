@@ -1,25 +1,26 @@
-"""The Pulumi program under Pulumi's own mocks (no CLI, no AWS): every property the trial relies on,
-the refusal before anything is registered, the estimate for the four-worker study, the outputs'
-shape, and the on-host transfer guard script run for real with bash."""
+"""The Pulumi program as Pulumi's engine runs it (tests/pulumi_engine.py: a subprocess started as the
+Python language host starts it, the resources answered by mocks; no CLI, no AWS): every property the
+trial relies on, the refusal before anything is registered, the estimate for the four-worker study,
+the outputs' shape, and the on-host transfer guard script run for real with bash."""
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import datetime as dt
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
-import pulumi
 import pytest
 import yaml
 
 from infra.outputs import OutputsError, parse_outputs
-from infra.plan import BudgetError, TrialConfig, arm_traffic, estimate
+from infra.plan import TrialConfig, arm_traffic, estimate
 from infra.userdata import GUARD_SCRIPT
 from conftest import public_key
+from pulumi_engine import STACK_TYPE, Deployment, pulumi_run
 
 ROOT = Path(__file__).resolve().parents[2]
 NOW = dt.datetime(2026, 11, 30, 0, 0, tzinfo=dt.timezone.utc)
@@ -27,74 +28,65 @@ PARAMS = 1_711_376_384
 OPERATOR_KEY = public_key()
 
 
-def study(**changes) -> dict:
-    """The example stack (Pulumi.dev.yaml), its deadline 3 h after NOW, an operator key set."""
+def study(now: dt.datetime = NOW, **changes) -> dict:
+    """The example stack (Pulumi.dev.yaml), its deadline 3 h after `now`, an operator key set."""
     cfg = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())["config"]
     c = copy.deepcopy(cfg["trials:cluster"]) | {"region": cfg["aws:region"]}
-    c["deadline"] = (NOW + dt.timedelta(hours=3)).isoformat()
+    c["deadline"] = (now + dt.timedelta(hours=3)).isoformat()
     c["ssh_public_key"] = OPERATOR_KEY
     c.update(changes)
     return c
 
 
-class Recorder(pulumi.runtime.Mocks):
-    def __init__(self) -> None:
-        self.resources: list[pulumi.runtime.MockResourceArgs] = []
-        self.calls: list[pulumi.runtime.MockCallArgs] = []
-
-    def new_resource(self, args):
-        self.resources.append(args)
-        out = dict(args.inputs)
-        if args.typ == "aws:ec2/instance:Instance":  # ids by rank, not by the (async) registration order
-            n = int(args.name.rsplit("-", 1)[1]) + 1
-            iid = f"i-{n:017x}"
-            out |= {"privateIp": f"10.42.0.{10 + n}", "publicIp": f"198.18.0.{10 + n}",
-                    "arn": f"arn:aws:ec2:us-east-1:123456789012:instance/{iid}"}
-            return [iid, out]
-        if args.typ == "aws:s3/bucket:Bucket":
-            out["bucket"] = "ltw-four-evidence-0001"
-        out.setdefault("arn", f"arn:aws:mock:::{args.name}")
-        return [f"{args.name}-id", out]
-
-    def call(self, args):
-        self.calls.append(args)
-        if args.token == "aws:ec2/getAmi:getAmi":
-            return {"id": "ami-0123456789abcdef0", "name": "Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.9"}
-        return {}
-
-    def of(self, typ: str) -> list:
-        return [r for r in self.resources if r.typ == typ]
+def this_hour() -> dt.datetime:
+    """Now, to the hour: the program reads the clock (as under a real engine), so a stack it accepts has its
+    deadline within `hours` of the real time; 3 h after this hour is."""
+    return dt.datetime.now(dt.timezone.utc).replace(minute=0, second=0, microsecond=0)
 
 
-def set_mocks(mocks: Recorder) -> None:
-    # Pulumi's test runtime uses the thread's current event loop; an earlier asyncio.run (the
-    # serving probe's tests) leaves none, so give it its own
-    asyncio.set_event_loop(asyncio.new_event_loop())
-    pulumi.runtime.set_mocks(mocks, project="trials", stack="test", preview=False)
+def live(**changes) -> dict:
+    """`study` with its deadline 3 h after this hour."""
+    return study(this_hour(), **changes)
 
 
-def run_program(cfg: dict, now: dt.datetime = NOW) -> tuple[Recorder, dict]:
-    mocks = Recorder()
-    set_mocks(mocks)
-    from infra.program import build
+AMI = {"id": "ami-0123456789abcdef0", "name": "Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.9"}
+CALLS = {"aws:ec2/getAmi:getAmi": AMI}
 
-    got: dict = {}
 
-    @pulumi.runtime.test
-    def go():
-        return pulumi.Output.from_input(build(TrialConfig.model_validate(cfg), now)).apply(got.update)
+def answers(trial: str = "ltw-four", ranks: int = 4) -> list[dict]:
+    """What the mocks answer: instance ids and addresses by rank (not by the registration order), the
+    bucket's generated name; every other resource gets `<name>-id` and `arn:aws:mock:::<name>`."""
+    rules = [{"type": "aws:ec2/instance:Instance", "name": f"{trial}-rank-{r}", "id": f"i-{r + 1:017x}",
+              "outputs": {"privateIp": f"10.42.0.{11 + r}", "publicIp": f"198.18.0.{11 + r}",
+                          "arn": f"arn:aws:ec2:us-east-1:123456789012:instance/i-{r + 1:017x}"}} for r in range(ranks)]
+    return rules + [{"type": "aws:s3/bucket:Bucket", "outputs": {"bucket": f"{trial}-evidence-0001"}}]
 
-    go()
-    return mocks, got
+
+def stack_of(cluster: dict) -> dict:
+    """A cluster (with its region) as the stack's config: `trials:cluster` and `aws:region`."""
+    return {"trials:cluster": {k: v for k, v in cluster.items() if k != "region"}, "aws:region": cluster["region"]}
+
+
+def run_program(cluster: dict, operation: str = "up", **kw) -> Deployment:
+    """`pulumi <operation>` of the program for `cluster`, through the engine harness."""
+    kw.setdefault("answers", answers(cluster["trial"]))
+    kw.setdefault("calls", CALLS)
+    return pulumi_run(operation, stack_of(cluster), **kw)
+
+
+def deadline_of(d: Deployment) -> dt.datetime:
+    return dt.datetime.fromisoformat(d.config["trials:cluster"]["deadline"])
 
 
 @pytest.fixture(scope="module")
-def program():
-    return run_program(study())
+def program() -> Deployment:
+    d = run_program(live())
+    assert d.returncode == 0, d.errors
+    return d
 
 
 def test_hosts(program):
-    mocks, _ = program
+    mocks = program
     inst = sorted(mocks.of("aws:ec2/instance:Instance"), key=lambda r: r.name)
     assert [(r.inputs["instanceType"], r.inputs["availabilityZone"]) for r in inst] == \
         [("g6e.xlarge", "us-east-1c")] * 3 + [("g6e.xlarge", "us-east-1d")]
@@ -113,19 +105,19 @@ def test_hosts(program):
         assert (d["volumeType"], d["volumeSize"], d["encrypted"]) == ("gp3", 300, True)
         assert (d["throughput"], d["iops"]) == (250, 3000)  # the same for every host, so every arm
         assert "blockdev --setra 8192" in i["userData"]
-        assert "OnCalendar=2026-11-30 03:00:00 UTC" in i["userData"]
+        assert f"OnCalendar={deadline_of(program):%Y-%m-%d %H:%M:%S} UTC" in i["userData"]
         # only the isolated-zone host carries the cumulative transfer guard
         assert ("LIMIT=${TRIAL_GUARD_LIMIT:-3100000000000}" in i["userData"]) == (i["availabilityZone"] == "us-east-1d")
     (kp,) = mocks.of("aws:ec2/keyPair:KeyPair")
     assert (kp.inputs["keyName"], kp.inputs["publicKey"]) == ("ltw-four-operator", OPERATOR_KEY)
-    (ami,) = [c for c in mocks.calls if c.token == "aws:ec2/getAmi:getAmi"]  # looked up, not pinned
-    assert ami.args["owners"] == ["amazon"] and ami.args["mostRecent"] is True
+    (ami,) = [c["args"] for c in mocks.calls if c["token"] == "aws:ec2/getAmi:getAmi"]  # looked up, not pinned
+    assert ami["owners"] == ["amazon"] and ami["mostRecent"] is True
     assert {"name": "name", "values": ["Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.* (Ubuntu 24.04)*"]} \
-        in ami.args["filters"]
+        in ami["filters"]
 
 
 def test_every_taggable_resource_names_the_trial(program):
-    mocks, _ = program
+    mocks = program
     untagged_types = {"aws:ec2/routeTableAssociation:RouteTableAssociation", "aws:iam/rolePolicy:RolePolicy",
                       "aws:s3/bucketVersioning:BucketVersioning", "aws:sns/topicPolicy:TopicPolicy",
                       "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
@@ -138,7 +130,7 @@ def test_every_taggable_resource_names_the_trial(program):
 
 
 def test_security_group_members_only(program):
-    mocks, _ = program
+    mocks = program
     sg = mocks.of("aws:ec2/securityGroup:SecurityGroup")
     assert len(sg) == 1 and "ingress" not in sg[0].inputs  # rules are separate resources, all below
     ingress = mocks.of("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
@@ -156,7 +148,7 @@ def test_security_group_members_only(program):
 def test_ssh_from_anywhere_refused_unless_forced():
     with pytest.raises(ValueError, match="whole internet"):
         TrialConfig.model_validate(study(operator_cidr="0.0.0.0/0"))
-    mocks, _ = run_program(study(operator_cidr="0.0.0.0/0", allow_ssh_from_anywhere=True))
+    mocks = run_program(live(operator_cidr="0.0.0.0/0", allow_ssh_from_anywhere=True))
     ssh = [r for r in mocks.of("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
            if r.inputs["ipProtocol"] == "tcp"]
     assert [r.inputs["cidrIpv4"] for r in ssh] == ["0.0.0.0/0"]  # only SSH, only when forced
@@ -165,11 +157,12 @@ def test_ssh_from_anywhere_refused_unless_forced():
 
 
 def test_deadline_schedule_stops_every_instance(program):
-    mocks, _ = program
+    mocks = program
     ids = sorted(f"i-{n:017x}" for n in range(1, 5))
     (sched,) = mocks.of("aws:scheduler/schedule:Schedule")
     s = sched.inputs
-    assert s["scheduleExpression"] == "at(2026-11-30T03:00:00)" and s["scheduleExpressionTimezone"] == "UTC"
+    assert s["scheduleExpression"] == f"at({deadline_of(program):%Y-%m-%dT%H:%M:%S})"
+    assert s["scheduleExpressionTimezone"] == "UTC"
     assert s["flexibleTimeWindow"]["mode"] == "OFF"
     assert s["target"]["arn"] == "arn:aws:scheduler:::aws-sdk:ec2:stopInstances"
     assert sorted(json.loads(s["target"]["input"])["InstanceIds"]) == ids
@@ -183,13 +176,15 @@ def test_deadline_schedule_stops_every_instance(program):
 
 
 def test_budget_and_notifications(program):
-    mocks, _ = program
+    mocks = program
     (b,) = mocks.of("aws:budgets/budget:Budget")
     i = b.inputs
     assert (i["budgetType"], i["limitAmount"], i["limitUnit"]) == ("COST", "100.00", "USD")
     assert i["name"] == "ltw-four-budget"  # a fixed name: `orchestrate status` reads its spend
     # one period from the day of `pulumi up`: this trial crosses a month boundary and must not reset
-    assert (i["timeUnit"], i["timePeriodStart"]) == ("ANNUALLY", "2026-11-30_00:00")
+    start = deadline_of(program) - dt.timedelta(hours=3)  # this hour when the program ran, or the one before
+    assert i["timeUnit"] == "ANNUALLY"
+    assert i["timePeriodStart"] in {f"{t:%Y-%m-%d}_00:00" for t in (start, start + dt.timedelta(hours=1))}
     assert i["costFilters"] == [{"name": "Region", "values": ["us-east-1"]}]  # no tag needed: see below
     (topic,) = mocks.of("aws:sns/topic:Topic")
     got = sorted((n["notificationType"], n["threshold"]) for n in i["notifications"])
@@ -201,10 +196,10 @@ def test_the_first_up_needs_no_cost_allocation_tag(program):
     """Activating a tag key billing has not seen (up to 24 h after first use), or in an Organization's
     member account, is refused: the first `pulumi up` must not depend on it. By default the budget counts
     the region's spend (over-counting: it stops early, never late); the tag is opt-in."""
-    mocks, _ = program
+    mocks = program
     assert mocks.of("aws:costexplorer/costAllocationTag:CostAllocationTag") == []
     for choice, activated in (("tag", False), ("tag-activate", True)):
-        m, _ = run_program(study(budget_filter=choice))
+        m = run_program(live(budget_filter=choice))
         (b,) = m.of("aws:budgets/budget:Budget")
         assert b.inputs["costFilters"] == [{"name": "TagKeyValue", "values": ["user:trial$ltw-four"]}]
         tags = m.of("aws:costexplorer/costAllocationTag:CostAllocationTag")
@@ -214,7 +209,7 @@ def test_the_first_up_needs_no_cost_allocation_tag(program):
 def test_the_budget_stops_the_hosts_at_its_limit(program):
     """Spending has a stop in the cloud, not only notifications: at 100 % of actual spend, SSM's stop
     document on every host, approved automatically, by a role that may do only that."""
-    mocks, _ = program
+    mocks = program
     (action,) = mocks.of("aws:budgets/budgetAction:BudgetAction")
     a = action.inputs
     assert (a["budgetName"], a["actionType"], a["approvalModel"], a["notificationType"]) == \
@@ -244,7 +239,7 @@ def test_transfer_stop_rides_on_single_metric_alarms(program):
     """AWS runs an EC2 stop action only for alarms on a per-instance EC2 metric: the stop sits on one
     NetworkIn and one NetworkOut alarm (half the guard each: in + out > guard ⇒ one of them > half); the
     metric-math alarm on in + out only notifies. Every name keeps the prefix `run` and `status` read."""
-    mocks, _ = program
+    mocks = program
     alarms = {r.inputs["name"]: r.inputs for r in mocks.of("aws:cloudwatch/metricAlarm:MetricAlarm")}
     assert sorted(alarms) == ["ltw-four-transfer-3", "ltw-four-transfer-3-in", "ltw-four-transfer-3-out"]
     stop = "arn:aws:automate:us-east-1:ec2:stop"
@@ -262,7 +257,7 @@ def test_transfer_stop_rides_on_single_metric_alarms(program):
 
 
 def test_evidence_bucket(program):
-    mocks, _ = program
+    mocks = program
     assert mocks.of("aws:s3/bucketVersioning:BucketVersioning")[0].inputs["versioningConfiguration"]["status"] == "Enabled"
     sse = mocks.of("aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration")[0]
     assert sse.inputs["rules"][0]["applyServerSideEncryptionByDefault"]["sseAlgorithm"] == "AES256"
@@ -279,20 +274,20 @@ def test_evidence_bucket(program):
     assert host["Statement"][1]["Action"] == "s3:GetObject"
     assert host["Statement"][2]["Condition"] == {"StringLike": {"s3:prefix": ["trials/ltw-four/*"]}}
     assert not any("*" == s["Resource"] or s["Action"] == "s3:*" for s in host["Statement"])
-    locked, _ = run_program(study(object_lock_days=30))
+    locked = run_program(live(object_lock_days=30))
     (lock,) = locked.of("aws:s3/bucketObjectLockConfiguration:BucketObjectLockConfiguration")
     assert lock.inputs["rule"]["defaultRetention"] == {"mode": "GOVERNANCE", "days": 30}
     assert locked.of("aws:s3/bucket:Bucket")[0].inputs["objectLockEnabled"] is True
 
 
 def test_outputs_have_the_documented_shape(program):
-    _, out = program
+    out = program.exports
     parsed = parse_outputs(json.dumps(out))
     assert [(h.rank, h.zone, h.private_ip) for h in parsed.hosts] == [
         (0, "us-east-1c", "10.42.0.11"), (1, "us-east-1c", "10.42.0.12"), (2, "us-east-1c", "10.42.0.13"),
         (3, "us-east-1d", "10.42.0.14")]
     assert parsed.bucket == "ltw-four-evidence-0001" and parsed.prefix == "trials/ltw-four/"
-    assert parsed.isolated_ranks == [3] and parsed.deadline == NOW + dt.timedelta(hours=3)
+    assert parsed.isolated_ranks == [3] and parsed.deadline == deadline_of(program)
     assert out["hosts"][3]["ebs_baseline_mb_s"] == 125.0 and out["hosts"][3]["volume_throughput_mb_s"] == 250
 
 
@@ -306,7 +301,7 @@ def test_outputs_have_the_documented_shape(program):
     (lambda o: o.update(ssh_user="root; rm"), "ssh_user"),
 ])
 def test_hostile_outputs_refused(program, edit, words):
-    out = copy.deepcopy(program[1])
+    out = copy.deepcopy(program.exports)
     edit(out)
     with pytest.raises(OutputsError, match=words):
         parse_outputs(json.dumps(out))
@@ -315,31 +310,26 @@ def test_hostile_outputs_refused(program, edit, words):
 
 
 @pytest.mark.parametrize("changes, words", [
-    ({"hours": 4, "deadline": (NOW + dt.timedelta(hours=4)).isoformat()}, "compute: \\$29.78 estimated > \\$24.00"),
+    ({"hours": 4, "deadline": 4}, "compute: \\$29.78 estimated > \\$24.00"),
     ({"prices": {"transfer/cross-zone-out": 0.02}}, "transfer: \\$83.79 estimated > \\$66.00"),
     ({"transfer_guard_bytes": 2.5e12}, "host 3 \\(isolated zone\\) would move 2.856 TB .* > 95% of the 2.500 TB"),
 ])
 def test_over_budget_refused_before_any_resource(changes, words):
-    mocks = Recorder()
-    set_mocks(mocks)
-    from infra.program import build
-
-    with pytest.raises(BudgetError, match=words) as e:
-        build(TrialConfig.model_validate(study(**changes)), NOW)
-    assert mocks.resources == []  # nothing was registered
-    assert "category" in str(e.value) and "total" in str(e.value)  # the table comes with the refusal
+    if "deadline" in changes:  # hours after this hour
+        changes = {**changes, "deadline": (this_hour() + dt.timedelta(hours=changes["deadline"])).isoformat()}
+    d = run_program(live(**changes))
+    assert d.returncode == 1 and re.search(words, d.errors), d.errors  # a RunError: its message alone
+    assert [r.typ for r in d.resources] == [STACK_TYPE]  # nothing was registered but the stack itself
+    assert "category" in d.errors and "total" in d.errors  # the table comes with the refusal
 
 
 def test_deadline_must_fit_the_paid_hours():
-    mocks = Recorder()
-    set_mocks(mocks)
-    from infra.program import build
-
-    with pytest.raises(BudgetError, match="4.00 h away"):
-        build(TrialConfig.model_validate(study(deadline=(NOW + dt.timedelta(hours=4)).isoformat())), NOW)
-    with pytest.raises(BudgetError, match="passed"):
-        build(TrialConfig.model_validate(study()), NOW + dt.timedelta(hours=5))
-    assert mocks.resources == []
+    now = dt.datetime.now(dt.timezone.utc)
+    far = run_program(study(deadline=(now + dt.timedelta(hours=4, seconds=30)).isoformat()))
+    assert far.returncode == 1 and re.search(r"4\.0\d h away but the budget pays for 3 h", far.errors), far.errors
+    past = run_program(study(deadline=(now - dt.timedelta(hours=2)).isoformat()))
+    assert past.returncode == 1 and "passed" in past.errors, past.errors
+    assert [r.typ for r in far.resources + past.resources] == [STACK_TYPE] * 2
 
 
 def test_estimate_for_the_four_worker_study():
@@ -429,7 +419,7 @@ def test_cluster_description_from_the_stack_outputs(program, tmp_path):
     """orchestrate reads the outputs into cluster.json; what it cannot vouch for it refuses."""
     from orchestrate.cluster import ClusterError, load, pulumi_cluster, save
 
-    _, out = program
+    out = program.exports
     c = pulumi_cluster(json.dumps(out), key_file="/root/.ssh/trial", host_keys={0: "ssh-ed25519 AAAAC3Nz"})
     assert [(h.rank, h.address, h.private_address, h.zone) for h in c.by_rank] == [
         (r, f"198.18.0.{11 + r}", f"10.42.0.{11 + r}", "us-east-1d" if r == 3 else "us-east-1c") for r in range(4)]
@@ -452,20 +442,14 @@ def test_cluster_description_from_the_stack_outputs(program, tmp_path):
         pulumi_cluster(hostile, key_file="/k")
 
 
-def run_entry(cluster: dict) -> str:
-    """The program as `pulumi up` runs it (infra/__main__.py, config from the stack), under mocks; the
-    refusal it ends with (a RunError: Pulumi prints the message alone), or '' when it built."""
-    import runpy
-
-    mocks = Recorder()
-    set_mocks(mocks)
-    conf = {k: v for k, v in cluster.items() if k != "region"}
-    pulumi.runtime.set_all_config({"trials:cluster": json.dumps(conf, default=str), "aws:region": cluster["region"]})
-    try:
-        runpy.run_module("infra.__main__", run_name="__main__")
-    except pulumi.RunError as e:
-        assert mocks.resources == []  # refused before anything was registered
-        return str(e)
+def run_entry(cluster: dict, **kw) -> str:
+    """The program as `pulumi up` runs it (infra/__main__.py, config from the stack), through the engine
+    harness; the refusal it ends with (a RunError: Pulumi prints the message alone), or '' when it built."""
+    d = run_program(cluster, **kw)
+    if d.returncode == 1:
+        assert [r.typ for r in d.resources] == [STACK_TYPE]  # refused before anything was registered
+        return d.errors
+    assert d.returncode == 0, d.errors
     return ""
 
 
@@ -539,56 +523,30 @@ def test_the_shipped_stack_asks_for_what_is_the_users(tmp_path):
     assert r.exit_code == 0, r.output
 
 
-def test_destroy_is_refused_by_a_hook_on_every_host():
-    """Each instance registers the `before_delete` hook that refuses an unpreserved trial (infra/teardown.py;
-    what the hook does is tested against moto's S3 in tests/infra/test_teardown.py), and carries the bucket it reads."""
-    from pulumi.runtime.mocks import MockMonitor
-
-    class Monitor(MockMonitor):
-        def __init__(self, mocks):
-            super().__init__(mocks)
-            self.hooks: dict[str, list[str]] = {}
-            self.registered: list[str] = []
-
-        def RegisterResource(self, request):
-            if request.HasField("hooks") and request.hooks.before_delete:
-                self.hooks[request.name] = list(request.hooks.before_delete)
-            return super().RegisterResource(request)
-
-        def RegisterResourceHook(self, request):
-            self.registered.append(request.name)
-            return super().RegisterResourceHook(request)
-
-    mocks = Recorder()
-    asyncio.set_event_loop(asyncio.new_event_loop())
-    monitor = Monitor(mocks)
-    pulumi.runtime.set_mocks(mocks, project="trials", stack="test", preview=False, monitor=monitor)
-    from infra.program import build
-
-    @pulumi.runtime.test
-    def go():
-        return pulumi.Output.from_input(build(TrialConfig.model_validate(study()), NOW)).apply(lambda _: None)
-
-    go()
-    assert monitor.registered == ["ltw-four-refuse-unpreserved"]
-    assert monitor.hooks == {f"ltw-four-rank-{r}": ["ltw-four-refuse-unpreserved"] for r in range(4)}
-    for inst in mocks.of("aws:ec2/instance:Instance"):
+def test_destroy_is_refused_by_the_gate_and_a_hook_on_every_host(program):
+    """The destroy gate and each instance register the `before_delete` hooks that refuse an unpreserved trial
+    (infra/teardown.py; what the check does is tested against moto's S3 in tests/infra/test_teardown.py, the
+    order the engine runs them in by tests/infra/test_destroy.py), each with the bucket it reads."""
+    assert set(program.hooks) == {"ltw-four-refuse-unpreserved", "ltw-four-destroy-gate"}
+    assert {r.name: r.hooks.get("before_delete") for r in program.resources if r.hooks} == \
+        {**{f"ltw-four-rank-{r}": ["ltw-four-refuse-unpreserved"] for r in range(4)},
+         "ltw-four-destroy-gate": ["ltw-four-destroy-gate"]}
+    for inst in program.of("aws:ec2/instance:Instance"):
         assert inst.inputs["tags"]["evidence-bucket"] == "ltw-four-evidence-0001"
+    assert program.named("ltw-four-destroy-gate").inputs["bucket"] == "ltw-four-evidence-0001"
 
 
-def test_destroy_runs_the_program_after_the_deadline(monkeypatch, tmp_path):
-    """`pulumi destroy --run-program` runs the program to register the destroy hook, by when the deadline
+def test_destroy_runs_the_program_after_the_deadline(tmp_path):
+    """`pulumi destroy --run-program` runs the program to register the destroy hooks, by when the deadline
     has passed and the operator's key file may be gone: with TRIALS_TEARDOWN=1 the program builds (the
-    hook registered) instead of refusing the plan; without it, it refuses as `pulumi up` must."""
+    hooks registered) instead of refusing the plan; without it, it refuses as `pulumi up` must."""
     past = study(deadline=(dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1)).isoformat(),
                  ssh_public_key=str(tmp_path / "gone.pub"))
-    monkeypatch.delenv("TRIALS_TEARDOWN", raising=False)
-    assert "is neither an OpenSSH public key nor a file" in words(run_entry(past))
+    assert "is neither an OpenSSH public key nor a file" in words(run_entry(past, env={"TRIALS_TEARDOWN": ""}))
     past["ssh_public_key"] = OPERATOR_KEY
-    assert "has passed" in words(run_entry(past))
-    monkeypatch.setenv("TRIALS_TEARDOWN", "1")
+    assert "has passed" in words(run_entry(past, env={"TRIALS_TEARDOWN": ""}))
     past["ssh_public_key"] = str(tmp_path / "gone.pub")
-    assert run_entry(past) == ""
+    assert run_entry(past, env={"TRIALS_TEARDOWN": "1"}) == ""
 
 
 def test_one_guard_fraction_for_plan_controller_and_host(program, tmp_path):
@@ -610,7 +568,7 @@ def test_one_guard_fraction_for_plan_controller_and_host(program, tmp_path):
     assert shipped["problems"] == [] and shipped["guard_stop_bytes"] == pytest.approx(0.95 * 3.1e12)
     assert "against the controller's stop at 95% of the 3.100 TB guard = 2.945 TB (97.0% of it)" in \
         __import__("infra.plan", fromlist=["table"]).table(shipped)
-    mocks, out = program
+    mocks, out = program, program.exports
     assert out["guard_fraction"] == 0.95
     c = pulumi_cluster(json.dumps(out), key_file="/k")
     assert c.guard_fraction == 0.95 and Guard().fraction == GUARD_FRACTION
@@ -644,7 +602,8 @@ def test_zone_ids_name_the_physical_zone():
     """A zone ID (use1-az4) is the same physical zone in every account; the subnets are placed by ID and
     the instances take their zone from the subnet. IDs of another region, or names mixed with IDs, are refused."""
     hosts = [{"rank": r, "instance_type": "g6e.xlarge", "zone": "use1-az4" if r == 3 else "use1-az2"} for r in range(4)]
-    mocks, out = run_program(study(hosts=hosts))
+    mocks = run_program(live(hosts=hosts))
+    out = mocks.exports
     subnets = sorted((r.inputs.get("availabilityZoneId"), r.inputs.get("availabilityZone"))
                      for r in mocks.of("aws:ec2/subnet:Subnet"))
     assert subnets == [("use1-az2", None), ("use1-az4", None)]
@@ -659,48 +618,16 @@ def test_zone_ids_name_the_physical_zone():
 def test_a_new_ami_release_replaces_no_host():
     """`get_ami(most_recent=True)` is read again at every `pulumi up`: the hosts ignore a changed image id
     after creation (Pulumi keeps the stored value, so no replacement), and a stack may pin the id."""
-    from pulumi.runtime.mocks import MockMonitor
-
-    class Monitor(MockMonitor):
-        def __init__(self, mocks):
-            super().__init__(mocks)
-            self.ignored: dict[str, list[str]] = {}
-
-        def RegisterResource(self, request):
-            self.ignored[request.name] = list(request.ignoreChanges)
-            return super().RegisterResource(request)
-
-    class Kept(Recorder):  # the hosts' stored state keeps the image they were created with
-        def new_resource(self, args):
-            rid, out = super().new_resource(args)
-            if args.typ == "aws:ec2/instance:Instance":
-                out = {**out, "ami": "ami-0aaaaaaaaaaaaaaa1"}
-            return [rid, out]
-
-    def build_with(cfg: dict, mocks: Recorder | None = None) -> tuple[Recorder, Monitor, dict]:
-        mocks = mocks or Recorder()
-        asyncio.set_event_loop(asyncio.new_event_loop())
-        monitor = Monitor(mocks)
-        pulumi.runtime.set_mocks(mocks, project="trials", stack="test", preview=False, monitor=monitor)
-        from infra.program import build
-
-        got: dict = {}
-
-        @pulumi.runtime.test
-        def go():
-            return pulumi.Output.from_input(build(TrialConfig.model_validate(cfg), NOW)).apply(got.update)
-
-        go()
-        return mocks, monitor, got
-
-    mocks, monitor, out = build_with(study())
+    d = run_program(live())
     for r in range(4):
-        assert "ami" in monitor.ignored[f"ltw-four-rank-{r}"] and "userData" in monitor.ignored[f"ltw-four-rank-{r}"]
-    assert out["ami"] == "ami-0123456789abcdef0"  # recorded in the outputs, to be pinned
-    pinned, _, out = build_with(study(ami_id="ami-0fedcba9876543210"))
-    assert not [c for c in pinned.calls if c.token == "aws:ec2/getAmi:getAmi"]  # no lookup at all
+        assert {"ami", "userData"} <= set(d.named(f"ltw-four-rank-{r}").ignore_changes)
+    assert d.exports["ami"] == "ami-0123456789abcdef0"  # recorded in the outputs, to be pinned
+    pinned = run_program(live(ami_id="ami-0fedcba9876543210"))
+    assert not [c for c in pinned.calls if c["token"] == "aws:ec2/getAmi:getAmi"]  # no lookup at all
     assert {r.inputs["ami"] for r in pinned.of("aws:ec2/instance:Instance")} == {"ami-0fedcba9876543210"}
-    assert out["ami"] == "ami-0fedcba9876543210"
-    # after a new release the lookup names another image; the output names the one the hosts run
-    _, _, out = build_with(study(), Kept())
-    assert out["ami"] == "ami-0aaaaaaaaaaaaaaa1"
+    assert pinned.exports["ami"] == "ami-0fedcba9876543210"
+    # after a new release the lookup names another image; the output names the one the hosts run (their
+    # stored state, which keeps the image they were created with)
+    kept = [{**a, "outputs": {**a["outputs"], "ami": "ami-0aaaaaaaaaaaaaaa1"}} if a["type"] == "aws:ec2/instance:Instance"
+            else a for a in answers()]
+    assert run_program(live(), answers=kept).exports["ami"] == "ami-0aaaaaaaaaaaaaaa1"

@@ -1,18 +1,15 @@
-"""The program as four Pulumi components (infra/concern.py: network, evidence, hosts, guards), under
-Pulumi's mocks: every AWS resource sits in one of them, each registers its outputs, and a stack created
-by the flat program before them (up to commit 4eec3dd) keeps every resource — the same logical names,
-each child aliased to the URN it had under the stack, the same exported outputs."""
+"""The program as four Pulumi components (infra/concern.py: network, evidence, hosts, guards), run as
+Pulumi's engine runs it (tests/pulumi_engine.py): every AWS resource sits in one of them, each registers
+its outputs, and a stack created by the flat program before them (up to commit 4eec3dd) keeps every
+resource — the same logical names, each child aliased to the URN it had under the stack, the same
+exported outputs."""
 
 from __future__ import annotations
 
-import asyncio
-
-import pulumi
 import pytest
-from pulumi.runtime.mocks import MockMonitor
 
-from infra.plan import TrialConfig
-from test_infra import NOW, Recorder, study
+from pulumi_engine import STACK_TYPE
+from test_infra import live, run_program
 
 T = "ltw-four"
 # What the flat program registered for the example stack (read from it at 4eec3dd: build() before the
@@ -61,60 +58,27 @@ def urn_type(urn: str) -> str:
     return urn.split("::")[2].split("$")[-1]
 
 
-class Registrations(MockMonitor):
-    """The monitor's view: each registration's parent and aliases, each component's outputs."""
-
-    def __init__(self, mocks: Recorder) -> None:
-        super().__init__(mocks)
-        self.requests: dict[tuple[str, str], object] = {}
-        self.urns: dict[str, tuple[str, str]] = {}
-        self.outputs: dict[str, set[str]] = {}
-
-    def RegisterResource(self, request):
-        assert (request.type, request.name) not in self.requests, "registered twice"
-        self.requests[(request.type, request.name)] = request
-        response = super().RegisterResource(request)
-        self.urns[response.urn] = (request.type, request.name)
-        return response
-
-    def RegisterResourceOutputs(self, request):
-        self.outputs[request.urn] = set(request.outputs.fields)
-        return super().RegisterResourceOutputs(request)
-
-
 @pytest.fixture(scope="module")
 def registered():
-    """The example stack built once: the mocks, the monitor, and the names `pulumi.export` was given."""
-    mocks = Recorder()
-    asyncio.set_event_loop(asyncio.new_event_loop())
-    monitor = Registrations(mocks)
-    pulumi.runtime.set_mocks(mocks, project="trials", stack="test", preview=False, monitor=monitor)
-    from infra.program import build
-
-    exported: list[str] = []
-    export = pulumi.export
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pulumi, "export", lambda name, value: (exported.append(name), export(name, value)))
-
-        @pulumi.runtime.test
-        def go():
-            return pulumi.Output.from_input(build(TrialConfig.model_validate(study()), NOW)).apply(lambda _: None)
-
-        go()
-    return mocks, monitor, exported
+    """The example stack's `pulumi up`, once."""
+    d = run_program(live())
+    assert d.returncode == 0, d.errors
+    return d
 
 
 def test_every_aws_resource_sits_in_its_concern(registered):
-    mocks, monitor, _ = registered
-    components = {(r.typ, r.name) for r in mocks.resources if not r.custom}
-    assert components == {(f"trials:infra:{k}", f"{T}-{k.lower()}") for k in BY_CONCERN}
-    for key in components:  # the concerns themselves hang from the stack
-        assert urn_type(monitor.requests[key].parent) == "pulumi:pulumi:Stack", key
-    for r in mocks.resources:
+    d = registered
+    by_urn = {r.urn: r for r in d.resources}
+    components = {(r.typ, r.name) for r in d.resources if not r.custom and r.typ != STACK_TYPE}
+    assert components == {(f"trials:infra:{k}", f"{T}-{k.lower()}") for k in BY_CONCERN} | \
+        {("trials:infra:DestroyGate", f"{T}-destroy-gate")}  # the gate (infra/gate.py) holds no resource
+    for r in d.resources:
+        if not r.custom and r.typ != STACK_TYPE:  # the concerns themselves hang from the stack
+            assert urn_type(r.parent) == STACK_TYPE, r.name
         if r.custom:  # no AWS resource directly under the stack: each under the concern that holds it
-            parent = monitor.urns[monitor.requests[(r.typ, r.name)].parent]
-            assert parent[0].startswith("trials:infra:") and (r.typ, r.name) in BY_CONCERN[parent[0].split(":")[-1]], \
-                ((r.typ, r.name), parent)
+            parent = by_urn[r.parent]
+            assert parent.typ.startswith("trials:infra:") and (r.typ, r.name) in BY_CONCERN[parent.typ.split(":")[-1]], \
+                ((r.typ, r.name), parent.name)
 
 
 def test_every_child_keeps_the_urn_it_had_under_the_stack(registered):
@@ -122,29 +86,24 @@ def test_every_child_keeps_the_urn_it_had_under_the_stack(registered):
     their evidence included) unless each says where it was: `Alias(parent=ROOT_STACK_RESOURCE)`, sent as
     a spec with noParent and no name or type, which the engine resolves to urn:…::<type>::<name> — this
     resource's own type and name under the stack, its URN before the split."""
-    mocks, monitor, _ = registered
-    for r in mocks.resources:
-        aliases = list(monitor.requests[(r.typ, r.name)].aliases)
+    for r in registered.resources:
         if not r.custom:
-            assert aliases == [], r.name  # the concerns are new: nothing to map
+            assert r.aliases == [], r.name  # the concerns are new: nothing to map
             continue
         # pulumi-aws adds its own type aliases to some (the Bucket: its BucketV2 past); ours is the one
-        # without a parent
-        ours = [a.spec for a in aliases if a.WhichOneof("alias") == "spec" and a.spec.noParent]
-        assert len(ours) == 1, (r.typ, r.name, aliases)
-        assert (ours[0].name, ours[0].type, ours[0].stack, ours[0].project) == ("", "", "", ""), (r.typ, r.name)
+        # without a parent, and nothing else: no name, type, stack or project of its own
+        ours = [a["spec"] for a in r.aliases if a.get("spec", {}).get("noParent")]
+        assert ours == [{"noParent": True}], (r.typ, r.name, r.aliases)
 
 
 def test_each_concern_registers_its_outputs(registered):
-    _, monitor, _ = registered
-    got = {monitor.urns[urn][0].split(":")[-1]: keys for urn, keys in monitor.outputs.items()
-           if monitor.urns[urn][0].startswith("trials:infra:")}
-    assert got == CONCERN_OUTPUTS
+    got = {r.typ.split(":")[-1]: set(r.outputs_registered or ()) for r in registered.resources
+           if r.typ.startswith("trials:infra:")}
+    assert got == CONCERN_OUTPUTS | {"DestroyGate": {"trial", "bucket"}}
 
 
 def test_the_same_resources_and_outputs_as_the_flat_program(registered):
-    mocks, _, exported = registered
-    aws = [(r.typ, r.name) for r in mocks.resources if r.custom]
+    aws = [(r.typ, r.name) for r in registered.resources if r.custom]
     assert len(aws) == len(set(aws)) == 38
     assert set(aws) == set().union(*BY_CONCERN.values())  # every logical name as before: no URN but the parent's changes
-    assert len(exported) == len(set(exported)) and set(exported) == HEAD_OUTPUTS
+    assert set(registered.exports) == HEAD_OUTPUTS

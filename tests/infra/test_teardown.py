@@ -1,8 +1,9 @@
-"""`pulumi destroy`'s hook on every host (infra/teardown.py) against moto's S3: with nothing preserved
-it refuses naming the store; a trial home preserved into the trial's prefix lets the delete go on; a
-preserved object altered afterwards is refused naming the home's file; `abandon_unpreserved` lets an
-unpreserved delete go on and leaves that choice in the bucket. (That the program registers the hook on
-every instance: tests/infra/test_infra.py.)"""
+"""`pulumi destroy`'s check (infra/teardown.py) against moto's S3, as the destroy gate's and each host's
+hooks run it: with nothing preserved it refuses naming the store; a trial home preserved into the trial's
+prefix lets the delete go on; a preserved object altered afterwards is refused naming the home's file;
+`abandon_unpreserved` lets an unpreserved delete go on and leaves that choice in the bucket; within one
+destroy the hosts trust what the gate verified. (That the program registers the hooks: tests/infra/
+test_infra.py; the order the engine runs them in: tests/infra/test_destroy.py.)"""
 
 from __future__ import annotations
 
@@ -77,3 +78,36 @@ def test_abandoning_is_a_choice_written_to_the_bucket(aws):
     assert (rec["trial"], rec["instance"], rec["setting"]) == ("td-trial", "i-0123456789abcdef0",
                                                                "abandon_unpreserved: true")
     assert "holds no preservation index" in rec["found"]
+
+
+def test_within_one_destroy_the_hosts_trust_the_gate(aws, tmp_path):
+    """The gate's hook verifies the trial once; the instances' hooks, run later in the same program run,
+    do not verify the same bucket and trial again (a full re-read per host) — but still refuse elsewhere."""
+    from types import SimpleNamespace
+
+    from infra.teardown import VERIFIED, before_gate_delete
+
+    s3 = aws.client("s3")
+    s3.create_bucket(Bucket="td-gate")
+    s3.create_bucket(Bucket="td-other")
+    home = tmp_path / "home"
+    (home / "runs").mkdir(parents=True)
+    (home / "commitments.jsonl").write_text('{"entry": 0}\n')
+    (home / "runs" / "result.json").write_text('{"loss": 1.5}\n')
+    preserve(home, "s3://td-gate/trials/td-trial/", trial=home.name, session=aws)
+    gate = SimpleNamespace(name="td-trial-destroy-gate", id="", old_inputs={"bucket": "td-gate", "trial": "td-trial"},
+                           old_outputs=None)
+    VERIFIED.clear()
+    try:
+        with pytest.raises(NotPreserved, match="no evidence bucket recorded"):
+            before_gate_delete("td-trial", "us-east-1", False, session_for=lambda r: aws)(
+                SimpleNamespace(name="g", id="", old_inputs={}, old_outputs=None))
+        before_gate_delete("td-trial", "us-east-1", False, session_for=lambda r: aws)(gate)
+        assert VERIFIED == {("td-gate", "td-trial"): "preserved"}
+        for o in s3.list_objects_v2(Bucket="td-gate")["Contents"]:  # the store emptied behind the gate's back
+            s3.delete_object(Bucket="td-gate", Key=o["Key"])
+        hook(aws)(host("td-gate"))  # trusted: verified by the gate in this run
+        with pytest.raises(NotPreserved, match="holds no preservation index"):
+            hook(aws)(host("td-other"))
+    finally:
+        VERIFIED.clear()

@@ -1,23 +1,28 @@
-"""The AWS path as one piece, in emulation (root only): the Pulumi program under Pulumi's mocks, whose
-instances answer with four network-namespace hosts (real sshd) and whose key pair carries the test's
-key; AWS itself is moto's server on the hosts' bridge, so the hosts reach it too (the instances, bucket,
-budget, topic and transfer alarm exist there under the outputs' names). Then the CLI as a user types it:
+"""The AWS path as one piece, in emulation (root only), walking the README's commands in order: the
+Pulumi program run as Pulumi's engine runs it (tests/pulumi_engine.py) for `pulumi up` and for
+`TRIALS_TEARDOWN=1 pulumi destroy --run-program`, its instances answered by four network-namespace hosts
+(real sshd) and its key pair carrying the test's key; AWS itself is moto's server on the hosts' bridge, so
+the hosts reach it too. The evidence bucket and its settings are created in moto from the program's own
+registrations (MotoProvider); the instances, budget, topic and transfer alarm exist there under the
+outputs' names. Then the CLI as a user types it:
 
-  up (from the saved outputs) → plan → run diloco-four (ranks over SSH, evidence into moto's S3, read
-  back, each host preserving its own checkpoint payloads) → status (spend, alarm, who hears it) → down refusing an unpreserved home → preserve → down
-  (verified, instances stopped) → a second run stopped before its first arm by a transfer alarm in
-  ALARM, its evidence preserved → instances terminated: nothing left billing → the destroy hook
-  passing on the preserved trial and refusing an unpreserved one.
+  (config set: the stack file) → plan → pulumi up → stack output → up (from the saved outputs) → run
+  diloco-four (ranks over SSH, evidence into moto's S3, read back, each host preserving its own checkpoint
+  payloads) → status (spend, alarm, who hears it) → down refusing an unpreserved home, and pulumi destroy
+  refused then too, deleting nothing → preserve → a second run stopped before its first arm by a transfer
+  alarm in ALARM, its evidence preserved → down (verified, instances stopped) → pulumi destroy: the gate's
+  hook verifies the trial in moto's S3 in the program's process, every resource but the evidence is deleted
+  (the instances terminated: nothing left billing), and the bucket, its settings and its preserved indexes
+  are still there and verify.
 
 What this does not show: host keys come from `--host-keys` here (the console reader, tested with real
 consoles' format and real sshd keys in tests/orchestrate/test_host_keys.py, cannot read these hosts' keys from
-moto, whose console is a fixed text); Pulumi itself creates nothing (mocks), so the hook is called as
-the engine would call it, with the instance's inputs.
+moto, whose console is a fixed text); no provider plugin runs: only the bucket's settings and the instances'
+termination reach moto, every other resource exists in the mocks alone (docs/aws-emulation.md).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -25,65 +30,36 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-import pulumi
 import pytest
-import yaml
 
 from conftest import example_stack, run_cli
 from evidence.canonical import read_json
+from pulumi_engine import is_provider, pulumi_run, stack_config
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("/usr/sbin/sshd") is None,
                                 reason="needs root and openssh-server (CI installs both)")
 
 TRIAL, REGION, ACCOUNT = "aws-loop", "us-east-1", "123456789012"
+BUCKET = "aws-loop-evidence"
+TEARDOWN = {"TRIALS_TEARDOWN": "1"}
 
 
-class Cloud(pulumi.runtime.Mocks):
-    """Pulumi's mocks answering with what exists: the namespace hosts' addresses, moto's instance ids,
-    bucket and topic."""
-
-    def __init__(self, hosts, instance_ids: list[str], bucket: str, topic: str):
-        self.hosts, self.ids, self.bucket, self.topic = hosts, instance_ids, bucket, topic
-        self.resources: list = []
-
-    def new_resource(self, args):
-        self.resources.append(args)
-        out = dict(args.inputs)
-        if args.typ == "aws:ec2/instance:Instance":
-            rank = int(args.name.rsplit("-", 1)[1])
-            address = self.hosts.hosts[rank].address
-            return [self.ids[rank], out | {"privateIp": address, "publicIp": address,
-                                           "arn": f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/{self.ids[rank]}"}]
-        if args.typ == "aws:s3/bucket:Bucket":
-            out["bucket"] = self.bucket
-        if args.typ == "aws:sns/topic:Topic":
-            out["arn"] = self.topic
-        out.setdefault("arn", f"arn:aws:mock:::{args.name}")
-        return [f"{args.name}-id", out]
-
-    def call(self, args):
-        if args.token == "aws:ec2/getAmi:getAmi":
-            return {"id": "ami-0123456789abcdef0", "name": "Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.9"}
-        return {}
+def cloud_answers(hosts, instance_ids: list[str], topic: str) -> list[dict]:
+    """What the engine answers for what exists: the namespace hosts' addresses under moto's instance ids,
+    the bucket's name, the topic."""
+    rules = [{"type": "aws:ec2/instance:Instance", "name": f"{TRIAL}-rank-{r}", "id": iid,
+              "outputs": {"privateIp": hosts.hosts[r].address, "publicIp": hosts.hosts[r].address,
+                          "arn": f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/{iid}"}}
+             for r, iid in enumerate(instance_ids)]
+    return rules + [{"type": "aws:s3/bucket:Bucket", "id": BUCKET, "outputs": {"bucket": BUCKET}},
+                    {"type": "aws:sns/topic:Topic", "outputs": {"arn": topic}}]
 
 
-def stack_outputs(stack: Path, mocks: Cloud) -> dict:
-    """What `pulumi up` then `pulumi stack output --json` give for the stack, under the mocks."""
-    from infra.plan import TrialConfig
-    from infra.program import build
+CALLS = {"aws:ec2/getAmi:getAmi": {"id": "ami-0123456789abcdef0", "name": "Deep Learning OSS Nvidia Driver AMI GPU PyTorch 2.9"}}
 
-    conf = yaml.safe_load(stack.read_text())["config"]
-    cfg = TrialConfig.model_validate({**conf["trials:cluster"], "region": conf["aws:region"]})
-    asyncio.set_event_loop(asyncio.new_event_loop())
-    pulumi.runtime.set_mocks(mocks, project="trials", stack="loop", preview=False)
-    got: dict = {}
 
-    @pulumi.runtime.test
-    def go():
-        return pulumi.Output.from_input(build(cfg)).apply(got.update)
-
-    go()
-    return json.loads(json.dumps(got))
+def in_the_account(steps: list[dict]) -> list[dict]:
+    return [s for s in steps if s["custom"] and not is_provider(s["type"])]
 
 
 def said(r) -> str:
@@ -121,9 +97,9 @@ def cloud(monkeypatch):
 
 
 def test_the_aws_loop_in_emulation(cloud, tiny_seed, tmp_path):
+    from infra.teardown import verify_preserved
     from orchestrate.cloud import reconcile
     from orchestrate.netns import NetnsHosts
-    from infra.teardown import NotPreserved, before_host_delete
 
     trials, seeds = tmp_path / "trials", tmp_path / "seeds"
     shutil.copytree(tiny_seed, seeds / "tiny")
@@ -137,7 +113,6 @@ def test_the_aws_loop_in_emulation(cloud, tiny_seed, tmp_path):
                                  Placement={"AvailabilityZone": z}, TagSpecifications=[{"ResourceType": "instance",
                                  "Tags": [{"Key": "trial", "Value": TRIAL}, {"Key": "rank", "Value": str(r)}]}])
                ["Instances"][0]["InstanceId"] for r, z in enumerate(zones)]
-        s3.create_bucket(Bucket="aws-loop-evidence")
         topic = sns.create_topic(Name="aws-loop-alerts")["TopicArn"]
         sns.subscribe(TopicArn=topic, Protocol="email", Endpoint="operator@example.com")
         aws.client("budgets").create_budget(AccountId=ACCOUNT, Budget={
@@ -146,13 +121,25 @@ def test_the_aws_loop_in_emulation(cloud, tiny_seed, tmp_path):
         cw.put_metric_alarm(AlarmName=f"{TRIAL}-transfer-3", ComparisonOperator="GreaterThanThreshold",
                             EvaluationPeriods=1, Threshold=3.1e12, MetricName="NetworkIn", Namespace="AWS/EC2",
                             Period=3600, Statistic="Sum")
+
+        # pulumi stack init; pulumi config set --path trials:cluster.ssh_public_key / .deadline
         stack = example_stack(tmp_path, trial=TRIAL, ssh_public_key=f"{hs.client_key}.pub", ssh_user="root",
                               host_python=sys.executable)
-        mocks = Cloud(hs, ids, "aws-loop-evidence", topic)
-        outputs = stack_outputs(stack, mocks)
-        (key_pair,) = [r for r in mocks.resources if r.typ == "aws:ec2/keyPair:KeyPair"]
+        engine = dict(answers=cloud_answers(hs, ids, topic), calls=CALLS, provider="moto")
+
+        # orchestrate plan
+        r = run_cli("-m", "orchestrate", "plan", "diloco-four", "--stack", str(stack), "--no-quota")
+        assert r.returncode == 0, said(r)
+
+        # pulumi up: the program as the engine starts it; the bucket and its settings made in moto
+        up = pulumi_run("up", stack_config(stack), **engine)
+        assert up.returncode == 0 and up.failed is None, up.errors + up.stderr[-3000:]
+        (key_pair,) = up.of("aws:ec2/keyPair:KeyPair")
         assert key_pair.inputs["publicKey"] == " ".join(Path(f"{hs.client_key}.pub").read_text().split()[:2])
-        (tmp_path / "outputs.json").write_text(json.dumps(outputs))
+        assert s3.get_bucket_versioning(Bucket=BUCKET)["Status"] == "Enabled"
+
+        # pulumi stack output --json > outputs.json
+        (tmp_path / "outputs.json").write_text(json.dumps(up.exports))
         (tmp_path / "keys.json").write_text(json.dumps({str(h.index): h.host_key for h in hs.hosts}))
 
         # up: the cluster from the saved outputs
@@ -161,14 +148,11 @@ def test_the_aws_loop_in_emulation(cloud, tiny_seed, tmp_path):
                     "--addresses", "outputs")  # the namespace hosts' addresses, not moto's made-up ones
         assert r.returncode == 0, said(r)
         cluster = json.loads((tmp_path / "cluster.json").read_text())
-        assert cluster["store"] == f"s3://aws-loop-evidence/trials/{TRIAL}/" and cluster["alert_topic"] == topic
+        assert cluster["store"] == f"s3://{BUCKET}/trials/{TRIAL}/" and cluster["alert_topic"] == topic
         for h in cluster["hosts"]:  # the namespaces share one filesystem (each host works in its own root)
             h["root"] = str(hs.hosts[h["rank"]].root)  # and one host name, which resolves to none of their
             h["interface"] = "eth0"  # addresses: gloo is told the interface, as a real host's name needs not
         (tmp_path / "cluster.json").write_text(json.dumps(cluster))
-
-        r = run_cli("-m", "orchestrate", "plan", "diloco-four", "--stack", str(stack), "--no-quota")
-        assert r.returncode == 0, said(r)
 
         run = ("-m", "orchestrate", "run", "--profile", "smoke", "--trials", str(trials), "--seeds", str(seeds),
                "--cluster", str(tmp_path / "cluster.json"))
@@ -179,10 +163,9 @@ def test_the_aws_loop_in_emulation(cloud, tiny_seed, tmp_path):
         assert "relay: " in said(r) and said(r).count("fetched from the store and verified") >= 4
         home = trials / "local-training-windows-smoke"
         preserved = read_json(home / "preserved.json")
-        assert preserved["store"] == f"s3://aws-loop-evidence/trials/{TRIAL}/"
-        (key,) = [o["Key"] for o in s3.list_objects_v2(Bucket="aws-loop-evidence",
-                                                       Prefix=f"trials/{TRIAL}/indexes/{home.name}/")["Contents"]]
-        index = json.loads(s3.get_object(Bucket="aws-loop-evidence", Key=key)["Body"].read())
+        assert preserved["store"] == f"s3://{BUCKET}/trials/{TRIAL}/"
+        (key,) = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"trials/{TRIAL}/indexes/{home.name}/")["Contents"]]
+        index = json.loads(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read())
         # each host preserved the checkpoint payloads on its volume into the bucket itself
         assert {f.get("verified_by") for rel, f in index["files"].items() if rel.startswith("hosts/")} == \
             {f"{TRIAL}-{r}" for r in range(4)}
@@ -198,6 +181,14 @@ def test_the_aws_loop_in_emulation(cloud, tiny_seed, tmp_path):
         assert r.returncode == 2 and "has not been preserved" in said(r)
         assert {i["State"]["Name"] for res in ec2.describe_instances(InstanceIds=ids)["Reservations"]
                 for i in res["Instances"]} == {"running"}  # nothing was stopped
+        # and so does pulumi destroy: its gate refuses first, and nothing at all is deleted
+        refused = pulumi_run("destroy", stack_config(stack), state=up.state, env=TEARDOWN, **engine)
+        assert refused.returncode == 0 and refused.failed and "before hook" in refused.failed, refused.failed
+        assert refused.steps[0]["name"] == f"{TRIAL}-destroy-gate" and refused.steps[0]["outcome"] == "failed"
+        assert not [st for st in in_the_account(refused.steps) if st["outcome"] not in ("failed", "not started")]
+        assert {i["State"]["Name"] for res in ec2.describe_instances(InstanceIds=ids)["Reservations"]
+                for i in res["Instances"]} == {"running"}
+        assert s3.get_public_access_block(Bucket=BUCKET)["PublicAccessBlockConfiguration"]["BlockPublicAcls"]
         r = run_cli("-m", "orchestrate", "preserve", "--home", str(coop), "--store", cluster["store"])
         assert r.returncode == 0, said(r)
 
@@ -212,14 +203,21 @@ def test_the_aws_loop_in_emulation(cloud, tiny_seed, tmp_path):
         r = run_cli(*down, "--home", str(home))
         assert r.returncode == 0 and "stopped 4 instance(s)" in said(r), said(r)
 
-        # `pulumi destroy`: the hook on each host lets the preserved trial go, refuses one with nothing kept
-        def host_args(rank: int, bucket: str) -> SimpleNamespace:
-            return SimpleNamespace(name=f"{TRIAL}-rank-{rank}", id=ids[rank], old_outputs=None,
-                                   old_inputs={"tags": {"evidence-bucket": bucket}})
-
-        before_host_delete(TRIAL, REGION, False, session_for=lambda region: aws)(host_args(0, "aws-loop-evidence"))
-        s3.create_bucket(Bucket="aws-loop-empty")
-        with pytest.raises(NotPreserved, match="holds no preservation index"):
-            before_host_delete(TRIAL, REGION, False, session_for=lambda region: aws)(host_args(0, "aws-loop-empty"))
-        ec2.terminate_instances(InstanceIds=ids)
-        assert not [f for f in reconcile(aws, TRIAL) if f.billing]
+        # TRIALS_TEARDOWN=1 pulumi destroy --run-program: the gate's hook verifies the preserved trial in
+        # moto's S3 from the program's own process, then everything goes but the evidence
+        gone = pulumi_run("destroy", stack_config(stack), state=up.state, env=TEARDOWN, **engine)
+        assert gone.returncode == 0 and gone.failed is None, gone.failed or gone.errors
+        assert gone.steps[0]["name"] == f"{TRIAL}-destroy-gate" and gone.record["hook_calls"][0]["error"] == ""
+        kept = {st["name"] for st in in_the_account(gone.steps) if st["outcome"] == "retained"}
+        assert kept == {f"{TRIAL}-evidence{x}" for x in ("", "-versioning", "-sse", "-private", "-owner", "-tls")}
+        assert {st["outcome"] for st in in_the_account(gone.steps) if st["name"] not in kept} <= \
+            {"deleted", "deleted (mocks only)"} and gone.state == []
+        assert not [f for f in reconcile(aws, TRIAL) if f.billing]  # the instances were terminated by the destroy
+        # the evidence outlived the stack: the bucket, what keeps it safe, and every preserved index, verified
+        assert s3.get_bucket_versioning(Bucket=BUCKET)["Status"] == "Enabled"
+        assert all(s3.get_public_access_block(Bucket=BUCKET)["PublicAccessBlockConfiguration"].values())
+        assert s3.get_bucket_encryption(Bucket=BUCKET)["ServerSideEncryptionConfiguration"]["Rules"]
+        assert s3.get_bucket_ownership_controls(Bucket=BUCKET)["OwnershipControls"]["Rules"] == \
+            [{"ObjectOwnership": "BucketOwnerEnforced"}]
+        homes = verify_preserved(BUCKET, TRIAL, session=aws)
+        assert set(homes) == {home.name, coop.name}

@@ -1,0 +1,485 @@
+"""The Pulumi program run the way Pulumi's engine runs it, with no Pulumi CLI: the tests' harness.
+
+`pulumi_run("up" | "preview" | "destroy", config)` starts the program as a subprocess exactly as the
+engine and Python's language host start it, and returns what the program registered and what the
+emulated engine then did (`Deployment`). Every program test and the AWS loop test go through it.
+
+What is reproduced, each from the engine's source (pulumi/pulumi, read, not copied):
+
+* **Where the program starts.** `pkg/engine/project.go` `getPwdMain`: for `main: infra/` the working
+  directory is `<root>/infra` and the entry point ".". `pkg/resource/deploy/program_source.go` hands both
+  to the language host; `sdk/python/cmd/pulumi-language-python/main.go` (`Run`,
+  `constructArguments`) runs `<virtualenv>/bin/python pulumi-language-python-exec --monitor … --engine …
+  --project … --root_directory … --stack … --pwd … --dry_run … --parallel … --organization … .`
+  with the engine's own environment plus `VIRTUAL_ENV`/`PATH` (the toolchain's `ActivateVirtualEnv`),
+  `PULUMI_CONFIG` (a JSON object of `namespace:key` → the value as a string, objects as JSON) and
+  `PULUMI_CONFIG_SECRET_KEYS` (a JSON list, `[]` when none).
+* **How the program is run.** `tests/engine/pulumi-language-python-exec` stands in for
+  `sdk/python/cmd/pulumi-language-python-exec`: the same arguments, config read with
+  `pulumi.runtime.get_config_env` / `set_all_config`, `pulumi.runtime.Settings`, `os.chdir(pwd)`, a new
+  event loop, `run_in_stack(lambda: runpy.run_path(program, run_name="__main__"))`, `RunError` → exit 1,
+  anything else → exit 32. The script sits alone in its directory, which is therefore the interpreter's
+  `sys.path[0]` as the real script's directory is; `runpy.run_path(".")` then puts "." (= infra/) before
+  it. Nothing else is added to the path: the only difference from the real exec is the monitor, which is
+  an in-process object (this module's `Monitor`, loaded by file path) instead of a gRPC address.
+* **What the engine does after the program registered.** `pkg/resource/deploy/step_generator.go`
+  (`GenerateSteps` in destroy mode, `GenerateDeletes`, `ScheduleDeletes`), `pkg/resource/graph/
+  dependency_graph.go` (`DependenciesOf`, `TransitiveDependenciesOf`), `pkg/resource/deploy/
+  deployment_executor.go` (`performPostSteps`: antichains one after the other, a failed step cancels
+  the rest unless --continue-on-error), `pkg/resource/deploy/step_executor.go` (`cancelDueToError`),
+  `pkg/resource/deploy/step.go` (`DeleteStep.Apply`: before-delete hooks, protect, retainOnDelete,
+  deletedWith, the provider's Delete, after-delete hooks) and `pkg/resource/deploy/deployment.go`
+  (`RunHooks`). Hooks are called as the engine calls them: a `ResourceHookRequest` sent over gRPC to
+  the callback server the Python SDK started in the program's process
+  (`source_eval.go` `wrapResourceHookCallback`), while the program waits in `SignalAndWaitForShutdown`.
+
+What it is not: no provider plugin runs. Resources are answered by `answers` (mocks), or for a few S3
+and EC2 types by `MotoProvider` against moto's server; an `up` never fails a create. docs/aws-emulation.md
+lists what only a real engine and account can show.
+
+This module is imported by the tests and loaded, by its file path, into the program's process by the
+exec stand-in: its top level imports the standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+EXEC = Path(__file__).resolve().parent / "engine" / "pulumi-language-python-exec"
+STACK_TYPE = "pulumi:pulumi:Stack"
+PROVIDER_PREFIX = "pulumi:providers:"
+HOOK_TYPES = ("before_create", "after_create", "before_update", "after_update", "before_delete", "after_delete")
+
+
+# --- the test's side: start the program as the engine does ------------------------------------------
+
+def get_pwd_main(root: Path, main: str | None) -> tuple[Path, str]:
+    """pkg/engine/project.go `getPwdMain`: a directory `main` becomes the working directory, entry "."."""
+    if not main:
+        return root, "."
+    path = Path(main) if Path(main).is_absolute() else (root / main)
+    path = Path(os.path.normpath(path))
+    if path.is_dir():
+        return path, "."
+    return path.parent, path.name
+
+
+def config_env(config: dict[str, Any]) -> str:
+    """`PULUMI_CONFIG` as the language host builds it: every key `namespace:name`, every value a string
+    (an object or list as JSON, as `pulumi config set --path` stores it)."""
+    def text(v: Any) -> str:
+        if isinstance(v, str):
+            return v
+        return json.dumps(v, separators=(",", ":"), sort_keys=True, default=str)
+
+    return json.dumps({k: text(v) for k, v in config.items()})
+
+
+def stack_config(stack_file: Path) -> dict[str, Any]:
+    """A stack file's `config:` as the engine hands it on (no `secure:` values: none are used here)."""
+    import yaml
+
+    conf = yaml.safe_load(Path(stack_file).read_text())["config"]
+    if any(isinstance(v, dict) and set(v) == {"secure"} for v in conf.values()):
+        raise ValueError(f"{stack_file}: secret config values are not emulated")
+    return conf
+
+
+@dataclass
+class Registered:
+    """One RegisterResource as the engine received it: `inputs` deserialized (camelCase keys, numbers as
+    floats, as Pulumi's mocks see them), the options the engine reads, and the engine's answer."""
+    seq: int
+    urn: str
+    typ: str
+    name: str
+    custom: bool
+    parent: str
+    id: str
+    inputs: dict[str, Any]
+    outputs: dict[str, Any]
+    dependencies: list[str]
+    property_dependencies: dict[str, list[str]]
+    provider: str
+    retain_on_delete: bool
+    protect: bool
+    deleted_with: str
+    hooks: dict[str, list[str]]
+    ignore_changes: list[str]
+    aliases: list[dict[str, Any]]
+    outputs_registered: dict[str, Any] | None = None
+
+
+@dataclass
+class Deployment:
+    """What one `pulumi up` / `preview` / `destroy --run-program` did under the harness."""
+    operation: str
+    returncode: int
+    stdout: str
+    stderr: str
+    record: dict[str, Any]
+    config: dict[str, Any] = field(default_factory=dict)
+    resources: list[Registered] = field(default_factory=list)
+
+    @property
+    def calls(self) -> list[dict[str, Any]]:
+        return self.record["calls"]
+
+    @property
+    def logs(self) -> list[dict[str, str]]:
+        return self.record["logs"]
+
+    @property
+    def errors(self) -> str:
+        """Everything the program said at error level (a RunError's message alone, or a traceback)."""
+        return "\n".join(m["message"] for m in self.logs if m["severity"] == "ERROR")
+
+    @property
+    def exports(self) -> dict[str, Any]:
+        return self.record.get("exports") or {}
+
+    @property
+    def hooks(self) -> dict[str, dict[str, Any]]:
+        return self.record["hooks"]
+
+    @property
+    def state(self) -> list[dict[str, Any]]:
+        """The stack's state after this deployment, in the engine's order (for a later deployment)."""
+        return self.record["state"]
+
+    @property
+    def steps(self) -> list[dict[str, Any]]:
+        """The deployment's delete steps, in the order they ran or were left: wave, urn, outcome."""
+        return self.record["steps"]
+
+    @property
+    def failed(self) -> str | None:
+        """The engine's error for this deployment (a failed step), or None."""
+        return self.record.get("deployment_error")
+
+    @property
+    def modules(self) -> dict[str, str]:
+        return self.record.get("modules", {})
+
+    def of(self, typ: str) -> list[Registered]:
+        return [r for r in self.resources if r.typ == typ]
+
+    def named(self, name: str, typ: str | None = None) -> Registered:
+        (r,) = [r for r in self.resources if r.name == name and (typ is None or r.typ == typ)]
+        return r
+
+
+def pulumi_run(operation: str, config: dict[str, Any], *, root: Path = ROOT, stack: str = "test",
+               state: list[dict[str, Any]] | None = None, answers: list[dict[str, Any]] | None = None,
+               calls: dict[str, Any] | None = None, env: dict[str, str] | None = None,
+               site: Path | None = None, provider: str | None = None, continue_on_error: bool = False,
+               timeout: float = 300) -> Deployment:
+    """Run the program of the project at `root` as `pulumi <operation>` would (`destroy` is `destroy
+    --run-program`: the environment, e.g. TRIALS_TEARDOWN=1, is the caller's), with `config` as the
+    stack's config, `state` as what an earlier deployment left, `answers` for the resources (rules
+    matched by `type` and/or `name`, giving `id` and `outputs` merged over the inputs) and `calls` for
+    invokes by token. `site`: a project tree to make importable as the virtualenv's install of it would
+    (PYTHONPATH, which sits after the program's own path entries); None: the virtualenv's own install.
+    `provider="moto"`: S3 buckets' settings and instances are created/deleted in moto (MotoProvider)."""
+    import yaml
+
+    if operation not in ("up", "preview", "destroy"):
+        raise ValueError(operation)
+    project = yaml.safe_load((root / "Pulumi.yaml").read_text())
+    runtime = project.get("runtime") or {}
+    options = runtime.get("options", {}) if isinstance(runtime, dict) else {}
+    pwd, entry = get_pwd_main(root, project.get("main"))
+    venv = root / options["virtualenv"] if options.get("virtualenv") else None
+    python = venv / "bin" / "python" if venv and (venv / "bin" / "python").exists() else Path(sys.executable)
+    work = Path(tempfile.mkdtemp(prefix="pulumi-engine-"))
+    try:
+        session = {"record": str(work / "record.json"), "engine_module": str(Path(__file__).resolve()),
+                   "operation": operation, "state": state, "answers": answers or [], "calls": calls or {},
+                   "provider": provider, "continue_on_error": continue_on_error}
+        (work / "session.json").write_text(json.dumps(session))
+        e = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PULUMI_CONFIG", "PULUMI_CONFIG_SECRET_KEYS")}
+        if venv is not None and python != Path(sys.executable):
+            e["VIRTUAL_ENV"] = str(venv)
+            e["PATH"] = f"{venv / 'bin'}{os.pathsep}{e.get('PATH', '')}"
+        e["PULUMI_CONFIG"] = config_env(config)
+        e["PULUMI_CONFIG_SECRET_KEYS"] = "[]"
+        if site is not None:
+            e["PYTHONPATH"] = str(site)
+        e.update(env or {})
+        argv = [str(python), str(EXEC), "--monitor", str(work / "session.json"), "--engine", "harness",
+                "--project", project["name"], "--root_directory", str(root), "--stack", stack, "--pwd", str(pwd),
+                "--dry_run", "true" if operation == "preview" else "false", "--parallel", "16",
+                "--organization", "organization", entry]
+        p = subprocess.run(argv, cwd=root, env=e, capture_output=True, text=True, timeout=timeout)
+        path = work / "record.json"
+        if not path.exists():
+            raise AssertionError(f"the program wrote no record (exit {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}")
+        record = json.loads(path.read_text())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    d = Deployment(operation, p.returncode, p.stdout, p.stderr, record, config)
+    d.resources = [Registered(**r) for r in record["registrations"]]
+    for r in d.resources:
+        r.outputs_registered = record["component_outputs"].get(r.urn)
+    return d
+
+
+# --- the engine's side: what happens after the program registered (runs in the program's process) ----
+
+def is_provider(typ: str) -> bool:
+    return typ.startswith(PROVIDER_PREFIX)
+
+
+def default_provider_urn(stack: str, project: str, typ: str, version: str) -> str:
+    """The default provider the engine creates for a package on first use (`providers.DefaultName`:
+    `default_<major>_<minor>_<patch>`), parented by nothing."""
+    name = "default" + ("_" + version.replace(".", "_").replace("-", "_") if version else "")
+    return f"urn:pulumi:{stack}::{project}::{PROVIDER_PREFIX}{typ.split(':')[0]}::{name}"
+
+
+def all_dependencies(s: dict[str, Any]) -> list[tuple[str, str]]:
+    """`State.GetAllDependencies` (pkg/resource/state.go), provider aside: (kind, urn)."""
+    deps = [("parent", s["parent"])] if s.get("parent") else []
+    deps += [("dependency", u) for u in s.get("dependencies", []) if u]
+    deps += [("property-dependency", u) for us in s.get("propertyDependencies", {}).values() for u in us if u]
+    if s.get("deletedWith"):
+        deps.append(("deleted-with", s["deletedWith"]))
+    return deps
+
+
+class Node:
+    """One resource state in a dependency graph; identity, not URN, tells two states of one URN apart
+    (a destroy's new registration and the state it came from)."""
+
+    def __init__(self, state: dict[str, Any], origin: str) -> None:
+        self.state, self.origin = state, origin
+        self.urn: str = state["urn"]
+
+    def __repr__(self) -> str:
+        return f"Node({self.urn.split('::')[-1]}, {self.origin})"
+
+
+class DependencyGraph:
+    """pkg/resource/graph/dependency_graph.go over a list in topological order."""
+
+    def __init__(self, nodes: list[Node]) -> None:
+        self.nodes = nodes
+        self.index = {id(n): i for i, n in enumerate(nodes)}
+        self.children: dict[str, list[int]] = {}
+        by_urn: dict[str, int] = {}
+        for i, n in enumerate(nodes):
+            by_urn[n.urn] = i
+            parent = n.state.get("parent", "")
+            while parent:
+                self.children.setdefault(parent, []).append(i)
+                parent = nodes[by_urn[parent]].state.get("parent", "")
+
+    def __contains__(self, n: Node) -> bool:
+        return id(n) in self.index
+
+    def dependencies_of(self, n: Node) -> list[Node]:
+        """`DependenciesOf`: the resources before `n` that it names (a component named brings its
+        children listed before `n`), its provider, and its parent."""
+        wanted = {u for kind, u in all_dependencies(n.state) if kind != "parent"}
+        if n.state.get("provider"):
+            wanted.add(n.state["provider"])
+        cursor = self.index[id(n)]
+        found: dict[int, Node] = {}
+        for i in range(cursor - 1, -1, -1):
+            cand = self.nodes[i]
+            if cand.urn in wanted:
+                found[id(cand)] = cand
+                if not cand.state["custom"]:
+                    for j in self.children.get(cand.urn, []):
+                        if j < cursor:
+                            found[id(self.nodes[j])] = self.nodes[j]
+            if cand.urn == n.state.get("parent"):
+                found[id(cand)] = cand
+        return list(found.values())
+
+    def transitive_dependencies_of(self, n: Node) -> set[int]:
+        """`TransitiveDependenciesOf`: provider, parent, dependencies, property dependencies and
+        deleted-with, followed through (ids of the nodes)."""
+        by_urn = {m.urn: m for m in self.nodes}
+        seen: set[int] = set()
+        todo = [n]
+        while todo:
+            m = todo.pop()
+            urns = [u for _, u in all_dependencies(m.state)]
+            if m.state.get("provider"):
+                urns.append(m.state["provider"])
+            for u in urns:
+                d = by_urn.get(u)
+                if d is not None and id(d) not in seen:
+                    seen.add(id(d))
+                    todo.append(d)
+        seen.discard(id(n))
+        return seen
+
+
+def schedule_deletes(graph: DependencyGraph, condemned: list[Node]) -> list[list[Node]]:
+    """`ScheduleDeletes`: peel off the condemned resources none of whose condemned dependencies remain,
+    round by round; reversed, each round is an antichain the engine deletes in parallel, dependents first."""
+    left = {id(n): n for n in condemned}
+    rounds: list[list[Node]] = []
+    while left:
+        now = [n for n in left.values() if not any(id(d) in left for d in graph.dependencies_of(n))]
+        if not now:
+            raise RuntimeError(f"dependency cycle among {list(left.values())}")
+        for n in now:
+            del left[id(n)]
+        rounds.append(now)
+    rounds.reverse()
+    return rounds
+
+
+@dataclass
+class Plan:
+    """The post-program steps of one deployment: the delete antichains and the graphs they came from."""
+    antichains: list[list[Node]]
+    prev_graph: DependencyGraph
+    delete_graph: DependencyGraph
+    skipped: list[str]
+
+
+def plan_deletes(operation: str, prev: list[dict[str, Any]], registered: list[dict[str, Any]]) -> Plan:
+    """What the step generator deletes once the program is done. `up`: every resource of `prev` the
+    program no longer registered. `destroy` (DestroyV2, destroy mode): each registration with a state
+    becomes a same step whose new state (the program's options and hooks, the old inputs, outputs and
+    id) is deleted; a custom resource with no state — or any resource depending on one — is a skipped
+    create and deleted from its old state if it has one; components and providers are (re)created and
+    deleted; whatever of `prev` the program did not register is deleted from its old state. The graph
+    is the new states followed by `prev` (`getDepgraphForScheduling`)."""
+    old = {s["urn"]: s for s in prev}
+    to_delete: list[Node] = []
+    operated: set[str] = set()
+    skipped: set[str] = set()
+    for reg in registered:
+        urn = reg["urn"]
+        if operation == "destroy":
+            deps = [u for _, u in all_dependencies(reg)] + ([reg["provider"]] if reg.get("provider") else [])
+            if any(u in skipped for u in deps):
+                skipped.add(urn)
+                continue
+            if reg["custom"] and not is_provider(reg["type"]):
+                if urn not in old:
+                    skipped.add(urn)
+                    continue
+                new = {**reg, "id": old[urn]["id"], "inputs": old[urn]["inputs"], "outputs": old[urn]["outputs"]}
+                operated.add(urn)
+            else:
+                new = dict(reg)
+                if urn in old:
+                    operated.add(urn)
+            to_delete.append(Node(new, "new"))
+        elif urn in old:
+            operated.add(urn)
+    prev_nodes = [Node(s, "old") for s in prev]
+    condemned = [n for n in prev_nodes if n.urn not in operated] + to_delete
+    graph = DependencyGraph(to_delete + prev_nodes)
+    return Plan(schedule_deletes(graph, condemned), DependencyGraph(prev_nodes), DependencyGraph(to_delete),
+                sorted(skipped))
+
+
+class StepError(Exception):
+    """A step that failed; the message is the engine's."""
+
+
+def execute(plan: Plan, apply_step: Callable[[Node], str], *, continue_on_error: bool) -> tuple[list[dict[str, Any]], str | None]:
+    """`performPostSteps`: the antichains in order, each wholly before the next. A failed step cancels
+    the deployment (`cancelDueToError` → `se.cancel()`): no later antichain starts; the steps of its own
+    antichain were dispatched together, so all of them are taken to have run (the most the engine may
+    have done). With --continue-on-error, later antichains leave out whatever a failed step depends on."""
+    steps: list[dict[str, Any]] = []
+    errored: list[Node] = []
+    error: str | None = None
+    cancelled = False
+    for wave, chain in enumerate(plan.antichains):
+        blocked: set[int] = set()
+        for n in errored:
+            g = plan.prev_graph if n in plan.prev_graph else plan.delete_graph
+            blocked |= g.transitive_dependencies_of(n)
+        failed_here = False
+        for n in chain:
+            entry = {"wave": wave, "urn": n.urn, "type": n.state["type"], "name": n.urn.split("::")[-1],
+                     "custom": n.state["custom"]}
+            if cancelled or id(n) in blocked:
+                entry["outcome"] = "not started"
+            else:
+                try:
+                    entry["outcome"] = apply_step(n)
+                except StepError as e:
+                    entry["outcome"], entry["error"] = "failed", str(e)
+                    error = error or f"{n.urn}: {e}"
+                    errored.append(n)
+                    failed_here = True
+            steps.append(entry)
+        if failed_here and not continue_on_error:
+            cancelled = True
+    return steps, error
+
+
+class MotoProvider:
+    """pulumi-aws's Create and Delete for the types the AWS loop test keeps in moto: the evidence bucket
+    and what keeps it safe, and the instances (terminated). Everything else exists only in the mocks.
+    The TLS-only bucket policy is not put: this emulation talks plain HTTP to moto, which enforces
+    `aws:SecureTransport` (it is checked as a document in tests/infra/test_infra.py)."""
+
+    def __init__(self) -> None:
+        import boto3
+
+        self.s3 = boto3.client("s3")
+        self.ec2 = boto3.client("ec2")
+
+    def create(self, typ: str, inputs: dict[str, Any], outputs: dict[str, Any]) -> None:
+        s3 = self.s3
+        if typ == "aws:s3/bucket:Bucket":
+            try:
+                s3.create_bucket(Bucket=outputs["bucket"], ObjectLockEnabledForBucket=bool(inputs.get("objectLockEnabled")))
+            except s3.exceptions.BucketAlreadyOwnedByYou:
+                pass
+        elif typ == "aws:s3/bucketVersioning:BucketVersioning":
+            s3.put_bucket_versioning(Bucket=inputs["bucket"], VersioningConfiguration={
+                "Status": inputs["versioningConfiguration"]["status"]})
+        elif typ == "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration":
+            rules = [{"ApplyServerSideEncryptionByDefault": {
+                "SSEAlgorithm": r["applyServerSideEncryptionByDefault"]["sseAlgorithm"]},
+                "BucketKeyEnabled": bool(r.get("bucketKeyEnabled"))} for r in inputs["rules"]]
+            s3.put_bucket_encryption(Bucket=inputs["bucket"], ServerSideEncryptionConfiguration={"Rules": rules})
+        elif typ == "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock":
+            s3.put_public_access_block(Bucket=inputs["bucket"], PublicAccessBlockConfiguration={
+                k: bool(inputs.get(k[0].lower() + k[1:])) for k in
+                ("BlockPublicAcls", "IgnorePublicAcls", "BlockPublicPolicy", "RestrictPublicBuckets")})
+        elif typ == "aws:s3/bucketOwnershipControls:BucketOwnershipControls":
+            s3.put_bucket_ownership_controls(Bucket=inputs["bucket"], OwnershipControls={
+                "Rules": [{"ObjectOwnership": inputs["rule"]["objectOwnership"]}]})
+
+    def delete(self, typ: str, rid: str, inputs: dict[str, Any]) -> str:
+        """Delete as the provider would; returns what was done (raises the AWS error, as the provider)."""
+        s3 = self.s3
+        if typ == "aws:s3/bucket:Bucket":
+            s3.delete_bucket(Bucket=rid)  # force_destroy=False: a bucket holding objects answers BucketNotEmpty
+        elif typ == "aws:s3/bucketVersioning:BucketVersioning":
+            s3.put_bucket_versioning(Bucket=inputs["bucket"], VersioningConfiguration={"Status": "Suspended"})
+        elif typ == "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration":
+            s3.delete_bucket_encryption(Bucket=inputs["bucket"])
+        elif typ == "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock":
+            s3.delete_public_access_block(Bucket=inputs["bucket"])
+        elif typ == "aws:s3/bucketOwnershipControls:BucketOwnershipControls":
+            s3.delete_bucket_ownership_controls(Bucket=inputs["bucket"])
+        elif typ == "aws:s3/bucketPolicy:BucketPolicy":
+            s3.delete_bucket_policy(Bucket=inputs["bucket"])
+        elif typ == "aws:ec2/instance:Instance":
+            self.ec2.terminate_instances(InstanceIds=[rid])
+        else:
+            return "deleted (mocks only)"
+        return "deleted"
