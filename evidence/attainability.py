@@ -33,6 +33,7 @@ from typing import Any, Callable
 from evidence import schedule
 from evidence.placement import rule_gates
 from evidence.serving import GATES as SERVING_GATES
+from evidence.serving import PROBE_GATE
 from evidence.stats import mcnemar_exact_greater, paired_bounds
 
 FORMAT = "trial-attainability-v1"
@@ -258,10 +259,11 @@ def _speedup(name: str, arms: dict[str, dict], primary: str, control: str, speed
 
 
 def analyse(experiment: dict[str, Any], cluster: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Every gate of `experiment` (prepared.json's "experiment": the rules, the profile's name and
-    the profile) at its profile, with the serving gates. `cluster`: {"source", "cores"} of the
-    cluster the ranks run on (cores: the CPU cores the ranks share on the embedded local cluster, or
-    None where unknown), or None; it only words the timing gates, which are never decided here."""
+    """Every acceptance gate of `experiment` (prepared.json's "experiment": the rules, the profile's
+    name and the profile) at its profile; the serving gates need no size (`SERVING`). `cluster`:
+    {"source", "cores"} of the cluster the ranks run on (cores: the CPU cores the ranks share on the
+    embedded local cluster, or None where unknown), or None; it only words the timing gates, which
+    are never decided here."""
     exp, prof = experiment["experiment"], experiment["profile"]
     acc, arms = exp["acceptance"], {a["name"]: a for a in exp["arms"]}
     primary = acc["primary"]
@@ -285,7 +287,6 @@ def analyse(experiment: dict[str, Any], cluster: dict[str, Any] | None = None) -
             out.append(_speedup(gate, arms, primary, acc["min_speedup_vs"], acc["min_speedup"], cluster))
         else:  # a rule gate this module does not know: said so, never guessed
             out.append(_gate(gate, None, "not analysed"))
-    out += [_gate(g, True, "a condition of correct serving, not a statistic: no scale limits it") for g in SERVING_GATES]
     return {"format": FORMAT, "experiment": exp["name"], "profile": experiment["profile_name"],
             "basis": {"test_cases": n, "probes": prof["probes"], "updates": prof["updates"], "primary": primary,
                       "baseline": baseline, "cluster": cluster},
@@ -294,6 +295,20 @@ def analyse(experiment: dict[str, Any], cluster: dict[str, Any] | None = None) -
 
 def by_gate(analysis: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {g["gate"]: g for g in analysis["gates"]}
+
+
+SERVING = _gate("serving", True, "a condition of correct serving, not a statistic: no scale limits it")
+"""The serving gates' reach, the same at every profile (so not part of a profile's analysis)."""
+
+
+def labelled(gate: dict[str, Any], reach: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """A report's gate with what it could reach at this profile (`reach`: `by_gate` of the analysis)
+    beside its verdict — the verdict itself unchanged: an unattainable gate that failed stays failed,
+    one that passed stays passed."""
+    r = reach.get(gate["gate"]) or (SERVING if gate["gate"] in (*SERVING_GATES, PROBE_GATE) else None)
+    if r is None:
+        return {**gate, "attainable": None, "attainability": "not analysed"}
+    return {**gate, "attainable": r["attainable"], "attainability": r["attainability"]}
 
 
 def disagreement(committed: dict[str, Any], recomputed: dict[str, Any]) -> str | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from evidence.attainability import UNATTAINABLE
 from evidence.canonical import json_bytes, write_bytes_atomic
 from evidence.covered import guard_writes
 from evidence.placement import SERVING_PROBE
@@ -19,11 +20,14 @@ def markdown(rep: Report) -> str:
              f"Selection (committed at log entry {rep.selection_committed_at_seq}, fixed by the rules): "
              f"primary **{rep.selection['primary']}**, serving {rep.selection['serving']}.", "",
              _anchors_line(rep.anchors), "",
-             "## Gates", "", "| gate | value | result |", "|---|---|---|"]
+             "## Gates", "",
+             "Each verdict beside what the gate could reach at this profile (evidence/attainability.py): a gate "
+             "no outcome at this scale could pass is marked unattainable — still failed, never hidden.", "",
+             "| gate | value | result | what this profile can detect |", "|---|---|---|---|"]
     for g in rep.gates:
-        lines.append(f"| {g['gate']} | {g['value']:.4g} | {g['reason']} |" if g.get("comparable") is False else
-                     f"| {g['gate']} | — | not evaluated: {g['reason']} |" if g["passed"] is None else
-                     f"| {g['gate']} | {g['value']:.4g} | {'passed' if g['passed'] else '**FAILED**'} |")
+        lines.append(f"| {g['gate']} | {_value(g)} | {verdict(g, md=True)} | "
+                     f"{'—' if _unattainable_failure(g) else g.get('attainability', '')} |")
+    lines += ["", *closing(rep, md=True), "", f"Attainability: {rep.attainability['source']}."]
     if rep.shared:
         lines += ["", "## GPUs shared on purpose", "", "Placed so at the operator's request (`--share-gpus`, committed in "
                   "placement.json): the learning results stand, the seconds are not those of a GPU per process, so "
@@ -57,6 +61,47 @@ def markdown(rep: Report) -> str:
         lines += ["## Recovery", ""] + [f"- {r['file']}: identical={r['identical']}, max |Δ| = {r['max_abs_diff']}"
                                         for r in rep.recovery_comparisons] + [""]
     return "\n".join(lines)
+
+
+def _value(g: dict[str, Any]) -> str:
+    return "—" if g["value"] is None else f"{g['value']:.4g}"
+
+
+def _unattainable_failure(g: dict[str, Any]) -> bool:
+    return g["passed"] is False and g.get("attainable") is False
+
+
+def verdict(g: dict[str, Any], md: bool = False) -> str:
+    """A gate's result in words, as the console and report.md say it: passed, failed — with "(unattainable
+    at this profile: why)" when no outcome at this scale could pass it — not evaluated or not comparable."""
+    failed = "**FAILED**" if md else "FAILED"
+    cannot = f"{UNATTAINABLE}: {g.get('attainability')}"
+    if g.get("comparable") is False:
+        return g["reason"] + (f"; {cannot}" if g.get("attainable") is False else "")
+    if g["passed"] is None:
+        return f"not evaluated: {g['reason']}"
+    if g["passed"]:
+        return "passed"
+    return f"{failed} ({cannot})" if g.get("attainable") is False else failed
+
+
+def closing(rep: Report | dict[str, Any], md: bool = False) -> list[str]:
+    """The gates in one line (the console's closing line; report.md's summary): the passed count, then
+    the failures that could have passed at this profile apart from those that could not, then what was
+    not evaluated or not comparable."""
+    r = rep if isinstance(rep, dict) else rep.model_dump()
+    failed, cannot = r.get("failed_gates", []), r.get("unattainable_failed_gates", [])
+    unevaluated, incomparable = r.get("not_evaluated_gates", []), r.get("not_comparable_gates", [])
+    could = [g for g in failed if g not in cannot]
+    n = len(r["gates"])
+    head = f"gates: {n - len(failed) - len(unevaluated) - len(incomparable)} of {n} passed"
+    parts = ([f"failed: {'; '.join(could)}"] if could else []) + \
+        ([f"failed, {UNATTAINABLE} (could not have passed): {'; '.join(cannot)}"] if cannot else []) + \
+        ([f"not evaluated: {'; '.join(unevaluated)}"] if unevaluated else []) + \
+        ([f"not comparable (GPUs shared on purpose): {'; '.join(incomparable)}"] if incomparable else [])
+    if not md:
+        return ["; ".join([head, *parts])]
+    return [f"**{head[0].upper()}{head[1:]}.**", *[f"- {p[0].upper()}{p[1:]}" for p in parts]]
 
 
 def _anchors_line(a: dict[str, Any] | None) -> str:
