@@ -13,6 +13,7 @@ from evidence.canonical import json_bytes, write_bytes_atomic
 from evidence.covered import guard_writes
 from evidence.placement import SERVING_PROBE
 from evidence.report.compute import Report
+from evidence.report.figures import plots
 
 
 def markdown(rep: Report) -> str:
@@ -137,74 +138,6 @@ def _serving_markdown(sv: dict[str, Any] | None, attempts: list[str], shared: st
     out.append(f"- tokens: {sv['tasks_answered']} tasks, {len(sv['tasks_with_differing_tokens'])} with differing "
                f"tokens; model identities: {len(sv['model_identities'])} (selected: {sv['model_matches_selection']})")
     return out + [""]
-
-
-def plots(rep: Report, out_dir: Path, stem: str) -> list[str]:
-    """PNG figures beside the Markdown: loss per update, bytes per update, accuracy with one-sided
-    bounds, costs. Drawn from the report's own numbers (nothing else is read)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = []
-
-    def save(fig, name: str) -> None:
-        fig.tight_layout()
-        fig.savefig(out_dir / f"{stem}-{name}.png", dpi=110)
-        plt.close(fig)
-        names.append(f"{stem}-{name}.png")
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for arm, a in rep.arms.items():
-        ax.plot(range(1, len(a["loss_per_update"]) + 1), a["loss_per_update"], label=arm)
-    ax.set_xlabel("update")
-    ax.set_ylabel("global weighted response loss")
-    ax.legend(fontsize=8)
-    save(fig, "loss")
-
-    fig, ax = plt.subplots(figsize=(6, 3))
-    arms = list(rep.arms)
-    ax.bar(arms, [rep.arms[a]["payload_bytes_per_update"] / 1e6 for a in arms])
-    ax.set_ylabel("logical payload MB / update / rank")
-    save(fig, "bytes")
-
-    if rep.accuracy:
-        fig, ax = plt.subplots(figsize=(6, 3))
-        accs = list(rep.accuracy)
-        ax.bar(accs, [rep.accuracy[a]["accuracy"] for a in accs])
-        base = rep.selection["baseline"]
-        for i, a in enumerate(accs):
-            c = rep.comparisons.get(f"{a} vs {base}")
-            if c:  # the one-sided lower bound of the gain, drawn from the seed's accuracy
-                lo = rep.accuracy[base]["accuracy"] + c["accuracy_change"]["lower"]
-                ax.plot([i - 0.3, i + 0.3], [lo, lo], color="black")
-        ax.set_ylabel("test exact accuracy (bar: lower bound)")
-        ax.set_ylim(0, 1)
-        save(fig, "accuracy")
-
-    fig, ax = plt.subplots(figsize=(6, 3))
-    keys = ("active_training_seconds", "checkpoint_seconds", "startup_seconds", "whole_process_seconds")
-    width = 0.2
-    for k_i, k in enumerate(keys):
-        ax.bar([i + k_i * width for i in range(len(arms))], [rep.arms[a]["costs"][k] for a in arms],
-               width, label=k.replace("_seconds", "").replace("_", " "))
-    ax.set_xticks([i + 1.5 * width for i in range(len(arms))], arms)
-    ax.set_ylabel("seconds")
-    ax.legend(fontsize=7)
-    save(fig, "costs")
-
-    if rep.serving:
-        ph = rep.serving["phases"]
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(7, 3))
-        a1.bar(list(ph), [f["throughput_rps"] or 0 for f in ph.values()])
-        a1.set_ylabel("answered requests / s")
-        for q in ("p50", "p90", "p99"):
-            a2.plot(list(ph), [f["latency_seconds"][q] or 0 for f in ph.values()], marker="o", label=q)
-        a2.set_ylabel("latency s (retries included)")
-        a2.legend(fontsize=7)
-        save(fig, "serving")
-    return names
 
 
 def write(rep: Report, output: Path) -> None:
