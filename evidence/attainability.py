@@ -218,8 +218,9 @@ def _bytes(name: str, arms: dict[str, dict], primary: str, control: str, ratio: 
 
 
 def _cores(cluster: dict[str, Any] | None) -> tuple[str, int | None] | None:
-    """Where the ranks' CPU cores are, when every rank runs on the controller's machine."""
-    if not cluster or cluster.get("source") not in SHARED_CORES:
+    """Where the ranks' CPU cores are, when every rank computes on them: a CPU profile (`cluster`'s
+    "device") whose ranks all run on the controller's machine."""
+    if not cluster or cluster.get("source") not in SHARED_CORES or cluster.get("device", "cpu") != "cpu":
         return None
     c = cluster.get("cores")
     return (f"this machine's {c} CPU core{'s' if c != 1 else ''}" if c else "this machine's CPU cores"), c
@@ -269,6 +270,7 @@ def analyse(experiment: dict[str, Any], cluster: dict[str, Any] | None = None) -
     primary = acc["primary"]
     baseline = next(a["name"] for a in exp["arms"] if a["kind"] == "seed")
     n, conf = prof["test"], acc.get("confidence", 0.99)
+    where = cluster and {**cluster, "device": prof.get("device", "cpu")}  # the cores matter on a CPU profile
     out = []
     for gate, _ in rule_gates(acc, primary, baseline):
         if gate.startswith("gain ≥"):
@@ -282,9 +284,9 @@ def analyse(experiment: dict[str, Any], cluster: dict[str, Any] | None = None) -
         elif gate.startswith("bytes"):
             out.append(_bytes(gate, arms, primary, acc["max_bytes_ratio_vs"], acc["max_bytes_ratio"], prof))
         elif gate.startswith("active time"):
-            out.append(_active_ratio(gate, arms, primary, acc["max_bytes_ratio_vs"], acc["max_active_ratio"], cluster))
+            out.append(_active_ratio(gate, arms, primary, acc["max_bytes_ratio_vs"], acc["max_active_ratio"], where))
         elif "speedup" in gate:
-            out.append(_speedup(gate, arms, primary, acc["min_speedup_vs"], acc["min_speedup"], cluster))
+            out.append(_speedup(gate, arms, primary, acc["min_speedup_vs"], acc["min_speedup"], where))
         else:  # a rule gate this module does not know: said so, never guessed
             out.append(_gate(gate, None, "not analysed"))
     return {"format": FORMAT, "experiment": exp["name"], "profile": experiment["profile_name"],

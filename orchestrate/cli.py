@@ -189,7 +189,7 @@ def show_attainability(rec: dict) -> None:
     from evidence.attainability import UNATTAINABLE
 
     gates = [g for g in rec["gates"] if not g["gate"].startswith("serving")]
-    print(f"gates at profile {rec['profile']} ({rec['basis']['test_cases']} test cases): "
+    print(f"{rec['experiment']}: gates at profile {rec['profile']} ({rec['basis']['test_cases']} test cases): "
           f"{sum(g['attainable'] is True for g in gates)} attainable, "
           f"{sum(g['attainable'] is False for g in gates)} {UNATTAINABLE}, "
           f"{sum(g['attainable'] is None for g in gates)} decided by measurement")
@@ -398,6 +398,31 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
     for p in problems:
         say("does not fit:", p, style="bold red")
     raise typer.Exit(1 if problems else 0)
+
+
+@app.command()
+def gates(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-four, or an experiment's name"),
+          profile: str = typer.Option("cpu", help="smoke | cpu | gpu | …"),
+          as_json: bool = typer.Option(False, "--json")) -> None:
+    """What each gate of ARM's experiment can reach at PROFILE on the embedded local cluster — the
+    analysis `run` commits as attainability.json before training (evidence/attainability.py): whether
+    it can pass at all, and the smallest effect it can detect. Nothing is prepared or trained."""
+    import json
+
+    from evidence.attainability import analyse
+    from orchestrate.attainability import cluster_basis
+    from training.config import ConfigError, arm_to_experiment, experiment_names, resolve
+
+    try:
+        cfg = resolve(arm if arm in experiment_names() else arm_to_experiment(arm), profile)
+    except ConfigError as e:
+        say("error:", str(e), style="bold red")
+        raise typer.Exit(2)
+    rec = analyse(cfg.as_dict(), cluster_basis({"cluster": {"source": "local"}}))
+    if as_json:
+        print(json.dumps(rec, indent=1, ensure_ascii=False))
+    else:
+        show_attainability(rec)
 
 
 @app.command()

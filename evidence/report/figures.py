@@ -70,7 +70,8 @@ def _loss(plt: Any, rep: Report) -> Any:
     fig, ax = plt.subplots(figsize=(10, 3.8))
     for i, (arm, a) in enumerate(rep.arms.items()):
         xs = list(range(1, len(a["loss_per_update"]) + 1))
-        line, = ax.plot(xs, a["loss_per_update"], STYLES[i % len(STYLES)], label=arm, linewidth=1.6)
+        line, = ax.plot(xs, a["loss_per_update"], STYLES[i % len(STYLES)], label=arm,
+                        linewidth=max(1.2, 3.2 - 0.8 * i), alpha=0.85)  # earlier arms wider: seen beneath
         outer = a.get("outer_steps") or []
         if outer:
             ax.plot(outer, [a["loss_per_update"][u - 1] for u in outer], "o", color=line.get_color(), markersize=6,

@@ -185,3 +185,12 @@ def test_a_verdict_says_unattainable_beside_failed_and_never_turns_it_into_a_pas
 
 
 BYTES_GATE = "bytes ≤ 0.125 × ddp-four"
+
+
+def test_the_cores_are_said_only_where_the_ranks_compute_on_them():
+    """A CUDA profile's ranks compute on their GPUs: the local cluster's CPU cores are not what a
+    timing gate's reach depends on there, so they go unsaid."""
+    local = {"source": "local", "cores": 2}
+    assert "CPU cores" in analysed("batched-learning", "cpu", local)["active speedup ≥ 1.1"]["attainability"]
+    gpu = analysed("batched-learning", "gpu", local)["active speedup ≥ 1.1"]["attainability"]
+    assert "CPU cores" not in gpu and "on a device each" in gpu

@@ -151,3 +151,18 @@ def test_a_home_without_a_record_is_computed_from_prepared(copy):
     assert source.startswith("computed from prepared.json")
     g = {x["gate"]: x for x in fresh["gates"]}
     assert g[BYTES]["attainable"] is False and fresh["basis"]["cluster"] == {"source": "local", "cores": None}
+
+
+def test_the_gates_command_says_it_before_anything_is_prepared():
+    from typer.testing import CliRunner
+
+    from orchestrate.cli import app
+
+    r = CliRunner().invoke(app, ["gates", "diloco-four", "--profile", "cpu", "--json"])
+    assert r.exit_code == 0, r.output
+    gates = {g["gate"]: g for g in json.loads(r.stdout)["gates"]}
+    assert gates[BYTES]["attainable"] is False and gates[BYTES]["figures"]["exchanges"] == 2
+    r = CliRunner().invoke(app, ["gates", "diloco-four", "--profile", "gpu"])
+    assert r.exit_code == 0 and "5 attainable, 0 unattainable at this profile, 1 decided by measurement" in r.stdout
+    r = CliRunner().invoke(app, ["gates", "diloco-four", "--profile", "no-such"])
+    assert r.exit_code == 2 and "no profile 'no-such'" in words(r.output)

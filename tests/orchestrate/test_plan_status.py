@@ -168,7 +168,7 @@ def test_plan_shows_which_arms_the_hosts_gpus_fit(tmp_path, monkeypatch):
     assert gates["McNemar p ≤ 0.01"]["figures"]["min_discordant"] == 7
     r = CliRunner().invoke(app, ["plan", "diloco-four", "--stack", str(tmp_path / "s.yaml"), "--no-quota"])
     assert r.exit_code == 0 and "not run: needs 4 GPUs, the cluster has 3" in " ".join(r.output.split())
-    assert ("gates at profile gpu (1024 test cases): 5 attainable, 0 unattainable at this profile, 1 decided by "
+    assert ("local-training-windows: gates at profile gpu (1024 test cases): 5 attainable, 0 unattainable at this profile, 1 decided by "
             "measurement") in " ".join(r.output.split())
     conf["hosts"][0]["instance_type"] = "x9.unknown"
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(stack))
