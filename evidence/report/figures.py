@@ -49,7 +49,7 @@ def plots(rep: Report, out_dir: Path, stem: str) -> list[str]:
 
     def save(fig: Any, name: str) -> None:
         fig.tight_layout()
-        fig.savefig(out_dir / f"{stem}-{name}.png", dpi=110)
+        fig.savefig(out_dir / f"{stem}-{name}.png", dpi=110, bbox_inches="tight")  # legends outside kept
         plt.close(fig)
         names.append(f"{stem}-{name}.png")
 
@@ -84,7 +84,9 @@ def _loss(plt: Any, rep: Report) -> Any:
                        label=f"{arm}: compressed from update {compressed[0]}")
     ax.set_xlabel("update")
     ax.set_ylabel("global weighted response loss")
-    ax.set_title("training loss; dots: the updates after which the ranks synchronized", fontsize=9)
+    synced = any(a.get("outer_steps") for a in rep.arms.values())
+    ax.set_title("training loss" + ("; dots: the updates after which the ranks synchronized" if synced else " per update"),
+                 fontsize=9)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
 
@@ -110,8 +112,9 @@ def _bytes(plt: Any, rep: Report) -> Any:
         title = f"{primary} / {control} = {ratio:.4g} (gate ≤ {rules['max_bytes_ratio']}): {_said(g)}"
         ax.legend(fontsize=8, loc="upper left")
     ax.set_ylabel("MB / update / rank")
-    ax.set_title(title, fontsize=9)
+    ax.set_title(title if any(mb) else "no arm handed payload to collectives", fontsize=9)
     ax.margins(y=0.15)
+    ax.set_ylim(0, None if any(mb) else 1)
     return fig
 
 
@@ -173,8 +176,8 @@ def _accuracy(plt: Any, rep: Report) -> Any:
     right.set_xlabel(f"Δ test exact accuracy, pp: dot the mean, line its one-sided {conf:.0%} bounds")
     right.set_title(f"paired differences; gain gate {_said(gain)}, McNemar gate {_said(mc)}"
                     + (f", noninferiority {_said(ni)}" if ni else ""), fontsize=9)
-    if rows:
-        right.legend(fontsize=7, loc="lower right")
+    if rows:  # below the axes: no row is hidden beneath it
+        right.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)
     right.margins(x=0.15, y=0.2)
     return fig
 
