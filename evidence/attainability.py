@@ -197,6 +197,9 @@ def _noninferiority(name: str, n: int, margin: float, confidence: float) -> dict
 
 def _bytes(name: str, arms: dict[str, dict], primary: str, control: str, ratio: float,
            profile: dict[str, Any]) -> dict[str, Any]:
+    """Each exchange moves the model's worth for both arms (DiLoCo's outer delta, DDP's gradient: the
+    same parameters), so bytes per update compare as exchanges do; the report checks that against
+    the ranks' own count (`labelled`)."""
     updates = profile["updates"]
     a, b = model_exchanges(arms[primary], profile), model_exchanges(arms[control], profile)
     if a is None or b is None or b == 0:
@@ -310,6 +313,13 @@ def labelled(gate: dict[str, Any], reach: dict[str, dict[str, Any]]) -> dict[str
     r = reach.get(gate["gate"]) or (SERVING if gate["gate"] in (*SERVING_GATES, PROBE_GATE) else None)
     if r is None:
         return {**gate, "attainable": None, "attainability": "not analysed"}
+    built = r["figures"].get("exchanges") and r["figures"].get("ratio")
+    if built and gate.get("value") is not None and not math.isclose(gate["value"], built, rel_tol=1e-9):
+        # the bytes verdict assumed each exchange moves the model's worth for both arms; the ranks'
+        # own count says otherwise, so the construction decides nothing here
+        return {**gate, "attainable": None,
+                "attainability": f"measured {gate['value']:.4g}, not the {built:.4g} its whole-model exchanges give "
+                                 f"({r['attainability']}): decided by measurement"}
     return {**gate, "attainable": r["attainable"], "attainability": r["attainability"]}
 
 

@@ -194,3 +194,14 @@ def test_the_cores_are_said_only_where_the_ranks_compute_on_them():
     assert "CPU cores" in analysed("batched-learning", "cpu", local)["active speedup ≥ 1.1"]["attainability"]
     gpu = analysed("batched-learning", "gpu", local)["active speedup ≥ 1.1"]["attainability"]
     assert "CPU cores" not in gpu and "on a device each" in gpu
+
+
+def test_the_bytes_verdict_stands_only_where_the_ranks_bytes_agree_with_it():
+    """The construction assumes each exchange moves the model's worth for both arms; a measured ratio
+    that differs (say a compressed outer step) leaves the gate to measurement, never unattainable."""
+    reach = analysed("local-training-windows", "smoke")
+    gate = {"gate": BYTES_GATE, "value": 0.25, "passed": False}
+    assert at.labelled(gate, reach)["attainable"] is False
+    other = at.labelled({**gate, "value": 0.1}, reach)
+    assert other["attainable"] is None and other["attainability"].startswith("measured 0.1, not the 0.25")
+    assert at.labelled({**gate, "value": None, "passed": None}, reach)["attainable"] is False
