@@ -37,6 +37,8 @@ class Rule:
 RULES: dict[str, Rule] = {
     "prepare": Rule(once=True),
     "placement": Rule(requires=("prepare",), not_after=("candidates",), once=True),  # arms the cluster runs
+    # what each gate can reach at this profile (evidence/attainability.py), fixed before training
+    "attainability": Rule(requires=("prepare",), not_after=("candidates",), once=True),
     "numerical-profile": Rule(requires=("prepare",)),
     "candidates": Rule(requires=("prepare",), not_after=("selection",)),
     "selection": Rule(requires=("candidates",), not_after=("test-evaluation",), once=True),

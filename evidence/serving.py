@@ -189,7 +189,7 @@ def gates(comp: dict[str, Any] | None) -> list[dict[str, Any]]:
     """The serving conditions: every request of every phase answered within the attempt bound, the
     same tokens for every task across phases and replicas, one model — the selected one."""
     if comp is None:
-        return [{"gate": "serving probe committed", "value": 0, "passed": False}]
+        return [{"gate": PROBE_GATE, "value": 0, "passed": False}]
     done = min(f["completed"] for f in comp["phases"].values())
     answered, identical, identity = GATES
     return [
@@ -204,3 +204,5 @@ GATES = (f"serving: all {REQUESTS} requests answered in every phase (≤ {MAX_AT
          "serving: identical greedy tokens per task across phases and replicas",
          "serving: one model identity, the selected serving model")
 """The serving gates' names (a probe the placement could not run lists them as not evaluated)."""
+PROBE_GATE = "serving probe committed"
+"""The one gate a home without a committed probe shows instead (failed)."""

@@ -163,10 +163,14 @@ def show_report(rep: dict) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    from evidence.report.render import closing, verdict
+
     for g in rep["gates"]:
-        con.print(f"  gate {g['gate']}: " + (f"{g['value']:.4g} → {g['reason']}" if g.get("comparable") is False else
-                                             f"not evaluated ({g['reason']})" if g["passed"] is None else
-                                             f"{g['value']:.4g} → {'passed' if g['passed'] else 'FAILED'}"),
+        said = verdict(g)
+        if g["passed"] is False and g.get("attainable") is not False:  # what it would have taken
+            said += f" ({'could pass at this profile: ' if g.get('attainable') else ''}{g.get('attainability')})"
+        con.print(f"  gate {g['gate']}: " + (f"not evaluated ({g['reason']})" if g["passed"] is None
+                                             and g.get("comparable", True) else f"{g['value']:.4g} → {said}"),
                   highlight=False)
     t = Table(title=f"{rep['experiment']}/{rep['profile']}: result (primary {rep['selection']['primary']})")
     for col in ("arm", "test exact", "accuracy", "MB/update"):
@@ -177,14 +181,20 @@ def show_report(rep: dict) -> None:
     for what, why in rep.get("not_run", {}).items():
         t.add_row(Text(what), Text(why), "—", "—")
     con.print(t)
-    failed, unevaluated = rep.get("failed_gates", []), rep.get("not_evaluated_gates", [])
-    incomparable = rep.get("not_comparable_gates", [])
-    con.print(f"gates: {len(rep['gates']) - len(failed) - len(unevaluated) - len(incomparable)} of "
-              f"{len(rep['gates'])} passed"
-              + (f"; failed: {'; '.join(failed)}" if failed else "")
-              + (f"; not evaluated: {'; '.join(unevaluated)}" if unevaluated else "")
-              + (f"; not comparable (GPUs shared on purpose): {'; '.join(incomparable)}" if incomparable else ""),
-              highlight=False)
+    con.print(closing(rep)[0], highlight=False)
+
+
+def show_attainability(rec: dict) -> None:
+    """What each gate of the plan's experiment can reach at its profile (evidence/attainability.py)."""
+    from evidence.attainability import UNATTAINABLE
+
+    gates = [g for g in rec["gates"] if not g["gate"].startswith("serving")]
+    print(f"{rec['experiment']}: gates at profile {rec['profile']} ({rec['basis']['test_cases']} test cases): "
+          f"{sum(g['attainable'] is True for g in gates)} attainable, "
+          f"{sum(g['attainable'] is False for g in gates)} {UNATTAINABLE}, "
+          f"{sum(g['attainable'] is None for g in gates)} decided by measurement")
+    for g in gates:
+        print(f"  {g['gate']}: " + (f"{UNATTAINABLE}: " if g["attainable"] is False else "") + g["attainability"])
 
 
 @app.command()
@@ -352,6 +362,7 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
             if r["reason"]:
                 print(f"  {r['arm']}: {r['reason']}")
     print(table(est))
+    show_attainability(est["attainability"])
     print(f"vCPUs: the hosts need {vcpu['hosts_vcpus']}; G/VT quota "
           + (f"{vcpu['quota']:g}" if vcpu["quota"] is not None else f"unknown ({vcpu['note'] or 'not asked'})"))
     per_host = (f"{staging['seed_bytes'] / 1e9:,.2f} GB seed, 4 bytes × {cfg.parameters:,} parameters + "
@@ -387,6 +398,31 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
     for p in problems:
         say("does not fit:", p, style="bold red")
     raise typer.Exit(1 if problems else 0)
+
+
+@app.command()
+def gates(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-four, or an experiment's name"),
+          profile: str = typer.Option("cpu", help="smoke | cpu | gpu | …"),
+          as_json: bool = typer.Option(False, "--json")) -> None:
+    """What each gate of ARM's experiment can reach at PROFILE on the embedded local cluster — the
+    analysis `run` commits as attainability.json before training (evidence/attainability.py): whether
+    it can pass at all, and the smallest effect it can detect. Nothing is prepared or trained."""
+    import json
+
+    from evidence.attainability import analyse
+    from orchestrate.attainability import cluster_basis
+    from training.config import ConfigError, arm_to_experiment, experiment_names, resolve
+
+    try:
+        cfg = resolve(arm if arm in experiment_names() else arm_to_experiment(arm), profile)
+    except ConfigError as e:
+        say("error:", str(e), style="bold red")
+        raise typer.Exit(2)
+    rec = analyse(cfg.as_dict(), cluster_basis({"cluster": {"source": "local"}}))
+    if as_json:
+        print(json.dumps(rec, indent=1, ensure_ascii=False))
+    else:
+        show_attainability(rec)
 
 
 @app.command()

@@ -1,6 +1,6 @@
 """The report, recomputed from raw evidence in a trial home — or refused when the evidence disagrees —
 in three steps with their hand-offs visible: `verify` (evidence/report/verify.py) → `Verified` →
-`compute` (compute.py) → `Report` → `render` (render.py: report.json, report.md, the figures).
+`compute` (compute.py) → `Report` → `render` (render.py: report.json, report.md; figures.py: the PNGs).
 
 Checks (verify), in order (the first failure stops the report with a message; nothing is changed or removed):
   1. the commitments log's hash chain; the selection committed before every test evaluation; every
@@ -14,9 +14,13 @@ Checks (verify), in order (the first failure stops the report with a message; no
   5. recovery comparison receipts found under the home, against their own digests;
   6. the first committed serving probe (evidence/serving.py): its receipt, the fixed workload, the
      attempt bound, and every stored figure against its own per-request records.
+  7. the gates' attainability committed before training (attainability.json, evidence/attainability.py):
+     recomputed from prepared.json, verdicts and figures equal, cores as every rank recorded them
+     (a home without it gets it computed from prepared.json).
 Then (compute): accuracy per arm, paired gains (exact one-sided McNemar p, one-sided bounds), retention bounds,
 the serving phases (throughput ratio, failover overhead, token and model identity), the
-experiment's gates — each listed as passed or failed, the selection unchanged — and costs kept
+experiment's gates — each listed as passed or failed (and whether it could have passed at this
+profile at all), the selection unchanged — and costs kept
 apart: active training, checkpoint, startup and whole-process seconds, allocated device-seconds,
 dollars where a price is known (none on the local cluster).
 """

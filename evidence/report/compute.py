@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from evidence.attainability import by_gate, labelled
 from evidence.inputs import global_losses
 from evidence.placement import SERVING_PROBE, not_comparable, not_evaluated, shared_text, unevaluated_gates
 from evidence.report.verify import EvidenceError, Verified
@@ -33,9 +34,12 @@ class Report(BaseModel):
     arms: dict[str, dict[str, Any]]  # per trained arm: loss per update, payload bytes, costs
     accuracy: dict[str, dict[str, Any]]  # per scored arm: cases, correct, accuracy, attempts
     comparisons: dict[str, dict[str, Any]]  # "<arm> vs <arm>": paired bounds and McNemar p
-    gates: list[dict[str, Any]]  # {"gate", "value", "passed"} (passed None: not evaluated, or not
-    #                              comparable ("comparable": False, the value kept), with a reason)
-    failed_gates: list[str]
+    rules: dict[str, Any]  # the experiment's acceptance rules, as committed in prepared.json
+    gates: list[dict[str, Any]]  # {"gate", "value", "passed", "attainable", "attainability"} (passed
+    #                              None: not evaluated, or not comparable ("comparable": False, the
+    #                              value kept), with a reason; attainable: see evidence/attainability.py)
+    failed_gates: list[str]  # every failed gate, attainable or not
+    unattainable_failed_gates: list[str]  # the failed gates no outcome at this profile could have passed
     not_evaluated_gates: list[str]
     not_comparable_gates: list[str]
     not_run: dict[str, str]
@@ -44,6 +48,7 @@ class Report(BaseModel):
     recovery_comparisons: list[dict[str, Any]]
     serving: dict[str, Any] | None
     serving_attempts: list[str]
+    attainability: dict[str, Any]  # {"source", "basis", "gates": {gate: figures}}: what each gate can reach
 
 
 def compute(v: Verified) -> Report:
@@ -60,6 +65,12 @@ def compute(v: Verified) -> Report:
         arms[name] = {
             "kind": cand["kind"], "world_size": cand["world_size"], "updates": n,
             "loss_per_update": losses,
+            # the updates (1-based) after which the ranks synchronized (DiLoCo's outer steps) and those
+            # whose gradients went compressed (PowerSGD after its dense warmup): the loss plot marks them
+            "sync_every": results[0]["numerical_profile"]["arm"].get("sync_every"),
+            "outer_steps": [u + 1 for u, rec in enumerate(results[0]["updates"]) if rec["outer_step"]],
+            "compressed_updates": [u + 1 for u, rec in enumerate(results[0]["updates"])
+                                   if rec.get("powersgd_compressed")],
             "payload_bytes_per_update": results[0]["comm"]["training_payload_bytes_per_update"],
             "costs": {
                 # the journal's per-update seconds: carried across resumes, checkpoints excluded
@@ -152,6 +163,8 @@ def compute(v: Verified) -> Report:
 
     gates += ([not_evaluated(g, f"{SERVING_PROBE} {skipped[SERVING_PROBE]}") for g in SERVING_GATES]
               if v.serving is None and SERVING_PROBE in skipped else serving_gates(v.serving))
+    reach = by_gate(v.attainability)
+    gates = [labelled(g, reach) for g in gates]
 
     try:  # evidence that passed its checks yet holds a value of the wrong type is still refused as evidence
         return Report(
@@ -159,7 +172,8 @@ def compute(v: Verified) -> Report:
             commitments_head=v.entries[-1]["hash"], anchors=v.anchors, selection=selection,
             selection_committed_at_seq=v.selection_entry["seq"],
             arms=arms, accuracy=accuracy, comparisons=comparisons,
-            gates=gates, failed_gates=[g["gate"] for g in gates if g["passed"] is False],
+            rules=acc, gates=gates, failed_gates=[g["gate"] for g in gates if g["passed"] is False],
+            unattainable_failed_gates=[g["gate"] for g in gates if g["passed"] is False and g["attainable"] is False],
             not_evaluated_gates=[g["gate"] for g in gates if g["passed"] is None and g.get("comparable", True)],
             not_comparable_gates=[g["gate"] for g in gates if g.get("comparable", True) is False], not_run=skipped,
             shared={k: shared_text(k, s).split(": ", 1)[1] for k, s in on_shared.items()},
@@ -167,6 +181,8 @@ def compute(v: Verified) -> Report:
                                  for role, d in evaluations.items()},
             recovery_comparisons=v.recoveries,
             serving=v.serving, serving_attempts=v.serving_attempts,
+            attainability={"source": v.attainability_source, "basis": v.attainability["basis"],
+                           "gates": {g["gate"]: g["figures"] for g in v.attainability["gates"]}},
         )
     except ValidationError as e:
         raise EvidenceError(f"report: the trial's evidence does not fit the report: {e}") from None

@@ -8,10 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from evidence.attainability import UNATTAINABLE
 from evidence.canonical import json_bytes, write_bytes_atomic
 from evidence.covered import guard_writes
 from evidence.placement import SERVING_PROBE
 from evidence.report.compute import Report
+from evidence.report.figures import plots
 
 
 def markdown(rep: Report) -> str:
@@ -19,11 +21,14 @@ def markdown(rep: Report) -> str:
              f"Selection (committed at log entry {rep.selection_committed_at_seq}, fixed by the rules): "
              f"primary **{rep.selection['primary']}**, serving {rep.selection['serving']}.", "",
              _anchors_line(rep.anchors), "",
-             "## Gates", "", "| gate | value | result |", "|---|---|---|"]
+             "## Gates", "",
+             "Each verdict beside what the gate could reach at this profile (evidence/attainability.py): a gate "
+             "no outcome at this scale could pass is marked unattainable — still failed, never hidden.", "",
+             "| gate | value | result | what this profile can detect |", "|---|---|---|---|"]
     for g in rep.gates:
-        lines.append(f"| {g['gate']} | {g['value']:.4g} | {g['reason']} |" if g.get("comparable") is False else
-                     f"| {g['gate']} | — | not evaluated: {g['reason']} |" if g["passed"] is None else
-                     f"| {g['gate']} | {g['value']:.4g} | {'passed' if g['passed'] else '**FAILED**'} |")
+        lines.append(f"| {g['gate']} | {_value(g)} | {verdict(g, md=True)} | "
+                     f"{'—' if _unattainable_failure(g) else g.get('attainability', '')} |")
+    lines += ["", *closing(rep, md=True), "", f"Attainability: {rep.attainability['source']}."]
     if rep.shared:
         lines += ["", "## GPUs shared on purpose", "", "Placed so at the operator's request (`--share-gpus`, committed in "
                   "placement.json): the learning results stand, the seconds are not those of a GPU per process, so "
@@ -59,6 +64,47 @@ def markdown(rep: Report) -> str:
     return "\n".join(lines)
 
 
+def _value(g: dict[str, Any]) -> str:
+    return "—" if g["value"] is None else f"{g['value']:.4g}"
+
+
+def _unattainable_failure(g: dict[str, Any]) -> bool:
+    return g["passed"] is False and g.get("attainable") is False
+
+
+def verdict(g: dict[str, Any], md: bool = False) -> str:
+    """A gate's result in words, as the console and report.md say it: passed, failed — with "(unattainable
+    at this profile: why)" when no outcome at this scale could pass it — not evaluated or not comparable."""
+    failed = "**FAILED**" if md else "FAILED"
+    cannot = f"{UNATTAINABLE}: {g.get('attainability')}"
+    if g.get("comparable") is False:
+        return g["reason"] + (f"; {cannot}" if g.get("attainable") is False else "")
+    if g["passed"] is None:
+        return f"not evaluated: {g['reason']}"
+    if g["passed"]:
+        return "passed"
+    return f"{failed} ({cannot})" if g.get("attainable") is False else failed
+
+
+def closing(rep: Report | dict[str, Any], md: bool = False) -> list[str]:
+    """The gates in one line (the console's closing line; report.md's summary): the passed count, then
+    the failures that could have passed at this profile apart from those that could not, then what was
+    not evaluated or not comparable."""
+    r = rep if isinstance(rep, dict) else rep.model_dump()
+    failed, cannot = r.get("failed_gates", []), r.get("unattainable_failed_gates", [])
+    unevaluated, incomparable = r.get("not_evaluated_gates", []), r.get("not_comparable_gates", [])
+    could = [g for g in failed if g not in cannot]
+    n = len(r["gates"])
+    head = f"gates: {n - len(failed) - len(unevaluated) - len(incomparable)} of {n} passed"
+    parts = ([f"failed: {'; '.join(could)}"] if could else []) + \
+        ([f"failed, {UNATTAINABLE} (could not have passed): {'; '.join(cannot)}"] if cannot else []) + \
+        ([f"not evaluated: {'; '.join(unevaluated)}"] if unevaluated else []) + \
+        ([f"not comparable (GPUs shared on purpose): {'; '.join(incomparable)}"] if incomparable else [])
+    if not md:
+        return ["; ".join([head, *parts])]
+    return [f"**{head[0].upper()}{head[1:]}.**", *[f"- {p[0].upper()}{p[1:]}" for p in parts]]
+
+
 def _anchors_line(a: dict[str, Any] | None) -> str:
     if a is None:
         return "Commitments log: hash chain checked; no evidence store was known, so its anchors were not."
@@ -92,74 +138,6 @@ def _serving_markdown(sv: dict[str, Any] | None, attempts: list[str], shared: st
     out.append(f"- tokens: {sv['tasks_answered']} tasks, {len(sv['tasks_with_differing_tokens'])} with differing "
                f"tokens; model identities: {len(sv['model_identities'])} (selected: {sv['model_matches_selection']})")
     return out + [""]
-
-
-def plots(rep: Report, out_dir: Path, stem: str) -> list[str]:
-    """PNG figures beside the Markdown: loss per update, bytes per update, accuracy with one-sided
-    bounds, costs. Drawn from the report's own numbers (nothing else is read)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    names = []
-
-    def save(fig, name: str) -> None:
-        fig.tight_layout()
-        fig.savefig(out_dir / f"{stem}-{name}.png", dpi=110)
-        plt.close(fig)
-        names.append(f"{stem}-{name}.png")
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for arm, a in rep.arms.items():
-        ax.plot(range(1, len(a["loss_per_update"]) + 1), a["loss_per_update"], label=arm)
-    ax.set_xlabel("update")
-    ax.set_ylabel("global weighted response loss")
-    ax.legend(fontsize=8)
-    save(fig, "loss")
-
-    fig, ax = plt.subplots(figsize=(6, 3))
-    arms = list(rep.arms)
-    ax.bar(arms, [rep.arms[a]["payload_bytes_per_update"] / 1e6 for a in arms])
-    ax.set_ylabel("logical payload MB / update / rank")
-    save(fig, "bytes")
-
-    if rep.accuracy:
-        fig, ax = plt.subplots(figsize=(6, 3))
-        accs = list(rep.accuracy)
-        ax.bar(accs, [rep.accuracy[a]["accuracy"] for a in accs])
-        base = rep.selection["baseline"]
-        for i, a in enumerate(accs):
-            c = rep.comparisons.get(f"{a} vs {base}")
-            if c:  # the one-sided lower bound of the gain, drawn from the seed's accuracy
-                lo = rep.accuracy[base]["accuracy"] + c["accuracy_change"]["lower"]
-                ax.plot([i - 0.3, i + 0.3], [lo, lo], color="black")
-        ax.set_ylabel("test exact accuracy (bar: lower bound)")
-        ax.set_ylim(0, 1)
-        save(fig, "accuracy")
-
-    fig, ax = plt.subplots(figsize=(6, 3))
-    keys = ("active_training_seconds", "checkpoint_seconds", "startup_seconds", "whole_process_seconds")
-    width = 0.2
-    for k_i, k in enumerate(keys):
-        ax.bar([i + k_i * width for i in range(len(arms))], [rep.arms[a]["costs"][k] for a in arms],
-               width, label=k.replace("_seconds", "").replace("_", " "))
-    ax.set_xticks([i + 1.5 * width for i in range(len(arms))], arms)
-    ax.set_ylabel("seconds")
-    ax.legend(fontsize=7)
-    save(fig, "costs")
-
-    if rep.serving:
-        ph = rep.serving["phases"]
-        fig, (a1, a2) = plt.subplots(1, 2, figsize=(7, 3))
-        a1.bar(list(ph), [f["throughput_rps"] or 0 for f in ph.values()])
-        a1.set_ylabel("answered requests / s")
-        for q in ("p50", "p90", "p99"):
-            a2.plot(list(ph), [f["latency_seconds"][q] or 0 for f in ph.values()], marker="o", label=q)
-        a2.set_ylabel("latency s (retries included)")
-        a2.legend(fontsize=7)
-        save(fig, "serving")
-    return names
 
 
 def write(rep: Report, output: Path) -> None:

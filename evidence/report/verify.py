@@ -16,6 +16,7 @@ from evidence.canonical import EvidenceFileError, canonical_sha256, file_sha256,
 from evidence.checker import check_answer
 from evidence.commitments import CommitmentLog
 from evidence.inputs import changed_input, load_cases
+from evidence.attainability import ATTAINABILITY, SHARED_CORES, analyse, disagreement
 from evidence.placement import committed_placement, not_run, shared
 
 SHARED_GPUS_ENV = "TRIAL_SHARED_GPUS"  # what a rank records of its placement (training/sharing.py)
@@ -153,6 +154,8 @@ class Verified:
     recoveries: list[dict[str, Any]]  # recovery comparison receipts, each against its digest
     serving: dict[str, Any] | None  # the first committed serving probe's figures (None: no probe)
     serving_attempts: list[str]
+    attainability: dict[str, Any]  # what each gate can reach at this profile (evidence/attainability.py)
+    attainability_source: str  # where it came from: the committed record, or prepared.json
 
     @property
     def experiment(self) -> dict[str, Any]:
@@ -217,11 +220,50 @@ def verify(home: str | Path, *, store: str | None = None, trial: str | None = No
                            "max_abs_diff": rep["comparison"]["max_abs_diff"]})
 
     serving, serving_attempts = _serving(home, entries, selection, cases)
+    attainable, source = _attainability(home, entries, prepared, results)
     return Verified(entries=entries, selection_entry=sel_entry, anchors=anchors, prepared=prepared,
                     selection=selection, candidates=cands, not_run=skipped, results=results,
                     shared=_shared(home, results),
                     evaluations=evaluations, recoveries=recoveries, serving=serving,
-                    serving_attempts=serving_attempts)
+                    serving_attempts=serving_attempts, attainability=attainable, attainability_source=source)
+
+
+def _attainability(home: Path, entries: list[dict], prepared: dict[str, Any],
+                   results: dict[str, list[dict[str, Any]]]) -> tuple[dict[str, Any], str]:
+    """What each gate can reach at this profile, recomputed from prepared.json (and the cluster the
+    placement names). A home that committed its analysis before training (attainability.json, its
+    hash checked with every committed file) must agree with the recomputation — verdicts and
+    figures, gate by gate — and, where it says the ranks shared this machine's cores, with the core
+    count every rank recorded. A home without one (trained before it was recorded) gets it computed."""
+    placement = committed_placement(home)  # verified already by _not_run
+    committed = [e for e in entries if e["kind"] == "attainability"]
+    if not committed:
+        cluster = None if placement is None else {"source": placement["cluster"]["source"], "cores": None}
+        return (analyse(prepared["experiment"], cluster),
+                "computed from prepared.json: this home committed no attainability record before training")
+    entry = committed[0]
+    where = f"{ATTAINABILITY} (log entry {entry['seq']})"
+    try:
+        rec = read_json(home / entry["subject"])
+        cluster = rec["basis"]["cluster"]
+    except (EvidenceFileError, KeyError, TypeError) as e:
+        raise EvidenceError(f"attainability: {where}: {e}") from None
+    if placement is not None and (cluster or {}).get("source") != placement["cluster"]["source"]:
+        raise EvidenceError(f"attainability: {where} analyses a {(cluster or {}).get('source')} cluster; the "
+                            f"committed placement ran on a {placement['cluster']['source']} one")
+    fresh = analyse(prepared["experiment"], cluster)
+    why = disagreement(rec, fresh)
+    if why:
+        raise EvidenceError(f"attainability: {where} disagrees with what the committed prepared.json gives: {why}")
+    cores = (cluster or {}).get("cores")
+    if (cluster or {}).get("source") in SHARED_CORES and cores is not None:
+        for arm, ranks in results.items():
+            for r in ranks:
+                got = (r.get("runtime") or {}).get("cpu_count")
+                if got is not None and got != cores:
+                    raise EvidenceError(f"attainability: {where} says the ranks shared {cores} CPU cores; "
+                                        f"{arm} rank {r['rank']} recorded {got}")
+    return fresh, f"committed before training in {where}, recomputed from prepared.json and equal"
 
 
 def _not_run(home: Path, exp: dict[str, Any], cands: dict[str, Any]) -> dict[str, str]:

@@ -7,7 +7,8 @@ The CLI parses options, calls stages and prints; the benchmarks call stages too,
     plan                 stages/plan.py       plan_arm (`plan`), staging_upload
     cluster              stages/cluster.py    write_cluster (`up`), kept_host_keys, load_cluster, alarm_check
     seed, prepare        stages/prepare.py    materialize_seed, prepare
-    stage, place, train  stages/train.py      make_placement, place_arms, train_arms (GuardStopped)
+    stage, place, train  stages/train.py      make_placement, place_arms (the placement and the gates'
+                                              attainability committed), train_arms (GuardStopped)
     select → report      stages/evaluate.py   select_evaluate_report: select_primary, evaluate_test,
                                               serve_once (serve_probe, also `probe`), write_trial_report
     preserve             stages/preserve.py   anchor_home, preserve_home (also `preserve`), guard_stop

@@ -22,11 +22,13 @@ def plan_arm(cfg: TrialConfig, stack: Path, arm: str, *, wheelhouse: Optional[Pa
     reads), the zones' offerings, the placement and what staging sends from this machine — all before
     `pulumi up` spends anything. `problems` lists what does not fit; the record is what `orchestrate
     plan --json` prints. Raises ConfigError or PlanError."""
+    from evidence.attainability import analyse
     from infra.plan import estimate as run_estimate
     from infra.prices import INSTANCE_TYPES
     from training.config import arm_to_experiment, resolve
 
-    exp = resolve(arm_to_experiment(arm), "gpu").experiment
+    resolved = resolve(arm_to_experiment(arm), "gpu")
+    exp = resolved.experiment
     names = {a.name for a in exp.arms}
     arms = [a for a in cfg.arms if a.name in names]
     if arm not in {a.name for a in arms}:
@@ -76,9 +78,13 @@ def plan_arm(cfg: TrialConfig, stack: Path, arm: str, *, wheelhouse: Optional[Pa
             problems.append(f"the hosts need {need} G/VT vCPUs; the account's quota in {cfg.region} is "
                             f"{vcpu['quota']:g} (Service Quotas {G_VT_VCPU_QUOTA[1]}): ask for more before `pulumi up`")
     placed = _plan_placement(exp, cfg, {a.name for a in arms}, problems)
+    # what each gate can reach at the gpu profile, before anything is spent (a gate that cannot pass
+    # there would make the trial's verdict a foregone one: said here, committed again by `run`)
+    attainable = analyse(resolved.as_dict(), {"source": "stack", "cores": None})
     return {**est, "arm": arm, "experiment": exp.name, "hours": cfg.hours,
             "deadline": cfg.deadline and cfg.deadline.isoformat(), "vcpu": vcpu,
-            "placement": placed, "staging": staging, "zones": zones, "problems": problems}
+            "placement": placed, "staging": staging, "zones": zones, "attainability": attainable,
+            "problems": problems}
 
 
 def staging_upload(cfg: TrialConfig, wheelhouse: Optional[Path], uplink_mbps: float) -> dict:

@@ -50,6 +50,7 @@ def place_arms(cfg: Resolved, home: Path, placement: Placement, progress: Progre
     from evidence.commitments import CommitmentLog
     from evidence.placement import SERVING_PROBE, not_run
     from orchestrate import placement as pl
+    from orchestrate.attainability import commit_attainability
     from training.results import finished
 
     d = placement.devices(pl.trial_device(cfg))
@@ -89,7 +90,26 @@ def place_arms(cfg: Resolved, home: Path, placement: Placement, progress: Progre
                       + (f"; the primary arm {acc.primary} is not run: its gates are not evaluated"
                          if acc.primary in skipped else "")
                       + ("; no serving probe" if SERVING_PROBE in skipped else ""))
+    say_attainability(*commit_attainability(home, rec), progress)
     return skipped
+
+
+def say_attainability(rec: dict | None, now: bool, progress: Progress) -> None:
+    """What each gate can reach at this profile, said before anything trains: the unattainable ones
+    first, then the smallest effect each other gate can detect (the serving gates need no size)."""
+    from evidence.attainability import ATTAINABILITY, UNATTAINABLE
+
+    if rec is None:
+        return
+    gates = [g for g in rec["gates"] if not g["gate"].startswith("serving")]
+    no = [g for g in gates if g["attainable"] is False]
+    progress.say("gates", f"at {rec['profile']}, {rec['basis']['test_cases']} test cases: "
+                 f"{sum(g['attainable'] is True for g in gates)} attainable, {len(no)} {UNATTAINABLE}, "
+                 f"{sum(g['attainable'] is None for g in gates)} decided by measurement ("
+                 + ("committed" if now else "as committed") + f" → {ATTAINABILITY})")
+    for g in sorted(gates, key=lambda g: g["attainable"] is not False):
+        progress.line(f"  {g['gate']}: " + (f"{UNATTAINABLE}: " if g["attainable"] is False else "")
+                      + g["attainability"])
 
 
 def train_arms(cfg: Resolved, home: Path, placement: Placement, progress: Progress,

@@ -65,8 +65,15 @@ def test_full_trial_report(copy, tmp_path):
     assert rep["accuracy"]["clean-single"]["correct"] == sum(a["correct"] for a in answers)
     costs = rep["arms"]["clean-pair"]["costs"]
     assert costs["allocated_device_seconds"] >= costs["whole_process_seconds"] >= costs["active_training_seconds"] > 0
+    # trained without `orchestrate run`, the home has no committed attainability record: it is computed
+    # from prepared.json, said so, and every gate carries it; at 32 cases each could have passed
+    assert rep["attainability"]["source"].startswith("computed from prepared.json")
+    assert all(g["attainable"] is True for g in rep["gates"]) and rep["unattainable_failed_gates"] == []
+    mc = next(g for g in rep["gates"] if g["gate"] == "McNemar p ≤ 0.01")
+    assert mc["attainability"].startswith("32 test cases: needs at least 7 discordant pairs, all for clean-single")
     md = (tmp_path / "r.md").read_text()
     assert "## Gates" in md and "clean-pair" in md
+    assert "Attainability: computed from prepared.json" in md
     for fig in ("loss", "bytes", "accuracy", "costs"):
         png = tmp_path / f"r-{fig}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"r-{fig}.png" in md

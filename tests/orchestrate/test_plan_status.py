@@ -160,8 +160,16 @@ def test_plan_shows_which_arms_the_hosts_gpus_fit(tmp_path, monkeypatch):
     assert {a["arm"]: a["reason"] for a in placed["arms"]} == {
         "single": None, "ddp-four": "not run: needs 4 GPUs, the cluster has 3",
         "diloco-four": "not run: needs 4 GPUs, the cluster has 3"}
+    # what each gate can reach at the gpu profile, before anything is spent: H = 16 in 128 updates
+    # gives DiLoCo 1/16 of DDP's bytes, so the 1/8 gate can pass; McNemar needs 7 of 1,024 cases
+    gates = {g["gate"]: g for g in json.loads(r.stdout)["attainability"]["gates"]}
+    assert gates["bytes ≤ 0.125 × ddp-four"]["attainable"] is True
+    assert gates["bytes ≤ 0.125 × ddp-four"]["figures"]["ratio"] == 0.0625
+    assert gates["McNemar p ≤ 0.01"]["figures"]["min_discordant"] == 7
     r = CliRunner().invoke(app, ["plan", "diloco-four", "--stack", str(tmp_path / "s.yaml"), "--no-quota"])
     assert r.exit_code == 0 and "not run: needs 4 GPUs, the cluster has 3" in " ".join(r.output.split())
+    assert ("local-training-windows: gates at profile gpu (1024 test cases): 5 attainable, 0 unattainable at this profile, 1 decided by "
+            "measurement") in " ".join(r.output.split())
     conf["hosts"][0]["instance_type"] = "x9.unknown"
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(stack))
     r = CliRunner().invoke(app, ["plan", "diloco-four", "--stack", str(tmp_path / "s.yaml"), "--no-quota", "--json"])
