@@ -146,16 +146,31 @@ class SSHTransport:
         self._client = c
         return c
 
-    def start(self, command: str, env: dict[str, str] | None = None, open_timeout: float | None = None) -> Any:
-        """Start `command` on the host and return its paramiko channel without waiting for it."""
+    def session(self, timeout: float | None = None) -> Any:
+        """A new session channel, opened within `timeout` (connecting again if the connection died).
+        Its opening is the host's own answer, sshd's confirmation over the network, whatever the
+        command later run on it costs: what a liveness watcher counts as "reachable"."""
         import paramiko
 
         try:
-            chan = self._connect(open_timeout).get_transport().open_session(timeout=open_timeout or self.connect_timeout)
+            return self._connect(timeout).get_transport().open_session(timeout=timeout or self.connect_timeout)
+        except (paramiko.SSHException, EOFError, OSError) as e:
+            raise TransportError(f"{self.name} ({self.address}): cannot open a session: {e}") from None
+
+    def execute(self, chan: Any, command: str, env: dict[str, str] | None = None) -> Any:
+        """Run `command` on the open session `chan` (bash -c, `env` exported first) without waiting."""
+        import paramiko
+
+        try:
             chan.exec_command("bash -c " + shlex.quote(_env_prefix(env) + command))
         except (paramiko.SSHException, EOFError, OSError) as e:
+            chan.close()
             raise TransportError(f"{self.name} ({self.address}): cannot start a command: {e}") from None
         return chan
+
+    def start(self, command: str, env: dict[str, str] | None = None, open_timeout: float | None = None) -> Any:
+        """Start `command` on the host and return its paramiko channel without waiting for it."""
+        return self.execute(self.session(open_timeout), command, env)
 
     def forward(self, dest: tuple[str, int], origin: tuple[str, int], timeout: float = 5.0) -> Any:
         """A `direct-tcpip` channel to `dest` as the host itself dials it (an SSH port forward): what

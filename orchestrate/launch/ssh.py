@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from orchestrate.cluster import Cluster, Host
 from orchestrate.launch.command import Rendezvous, free_port, host_command, process_env
@@ -67,17 +67,59 @@ class RemoteRank:
         self._watcher.start()
 
     def _watch(self) -> None:
-        while not self._stop.wait(self.probe_every_s):
-            try:
-                out = self.t.run(self._probe, timeout=self.probe_timeout_s).stdout.split()
-            except Exception:  # noqa: BLE001 — no answer, whatever paramiko raised; the clock decides
-                continue
-            self._answered = time.monotonic()
-            for word in out:
-                if word in ("pid:alive", "pid:gone"):
-                    self.pid_alive = word == "pid:alive"
-                elif word.startswith("beat:") and word[5:].isdigit():
-                    self.heartbeat_mtime = float(word[5:])
+        """A probe each `probe_every_s`, on a session of its own. The session's opening, sshd's
+        confirmation over the network, is the answer that keeps the host reachable; the probe's words
+        (pid, heartbeat) come once its shell has run, which on a host whose cores the ranks keep busy
+        can take seconds longer (a login shell's start-up files, four ranks importing torch on two
+        cores). So a probe still running at the next tick is left to finish, up to `unreachable_s`,
+        while a new session is opened and closed as the answer alone."""
+        pending: tuple[Any, float] | None = None  # the probe in flight: its channel, when it began
+        try:
+            while not self._stop.wait(self.probe_every_s):
+                if pending is not None:
+                    pending = self._collect(*pending)
+                try:
+                    chan = self.t.session(self.probe_timeout_s)
+                except Exception:  # noqa: BLE001 — no answer, whatever paramiko raised; the clock decides
+                    continue
+                self._answered = time.monotonic()
+                if pending is not None:
+                    chan.close()
+                    continue
+                try:
+                    self.t.execute(chan, self._probe)
+                except Exception:  # noqa: BLE001 — the host answered; the next tick asks again
+                    continue
+                pending = self._collect(chan, time.monotonic(), wait_s=0.5)  # the usual answer; a slow one next tick
+        finally:
+            if pending is not None:
+                pending[0].close()
+
+    def _collect(self, chan: Any, began: float, wait_s: float = 0.0) -> tuple[Any, float] | None:
+        """Read a probe's answer once its shell has exited (waiting up to `wait_s` for it); None when it
+        is done with, the probe back when it still runs. One that outlives `unreachable_s` is dropped."""
+        deadline = time.monotonic() + wait_s
+        try:
+            while not chan.exit_status_ready():
+                if time.monotonic() >= deadline:
+                    if time.monotonic() - began > self.unreachable_s:
+                        chan.close()
+                        return None
+                    return chan, began
+                time.sleep(0.01)
+            out = bytearray()
+            while chan.recv_ready():
+                out += chan.recv(65536)
+        except Exception:  # noqa: BLE001 — the connection went with it; the next probe asks again
+            chan.close()
+            return None
+        chan.close()
+        for word in out.decode(errors="replace").split():
+            if word in ("pid:alive", "pid:gone"):
+                self.pid_alive = word == "pid:alive"
+            elif word.startswith("beat:") and word[5:].isdigit():
+                self.heartbeat_mtime = float(word[5:])
+        return None
 
     def silent_for(self) -> float:
         """Seconds since the host last answered a liveness probe."""

@@ -124,11 +124,46 @@ class HangingProbes(SSHTransport):
         self.hang = threading.Event()
         self.release = threading.Event()
 
-    def run(self, command, **kw):
-        if self.hang.is_set() and "pid:alive" in command:
+    def session(self, timeout=None):
+        if self.hang.is_set() and threading.current_thread().name.startswith("liveness"):
             self.release.wait(120)
             raise TransportError("probe released")
-        return super().run(command, **kw)
+        return super().session(timeout)
+
+
+class SlowShell(SSHTransport):
+    """A real host whose shell takes `delay_s` before a probe's command runs, as a login shell's start-up
+    files do on a host whose cores four ranks keep busy (seen: every probe past its 2 s on the netns
+    cluster while ddp-four's ranks imported torch)."""
+
+    delay_s = 3.0
+
+    def execute(self, chan, command, env=None):
+        return super().execute(chan, f"sleep {self.delay_s}; {command}" if "pid:alive" in command else command, env)
+
+
+def test_a_slow_shell_is_not_an_unreachable_host(hosts, tmp_path):
+    """The host answers (sshd opens every session at once) but each probe's shell needs longer than
+    the probe's own timeout: the rank stays reachable, and the probe's words still arrive."""
+    h = hosts.hosts[2]
+    t = SlowShell("host-2", h.address, user=hosts.user, key_file=hosts.client_key, host_key=h.host_key)
+    pidfile = f"{h.root}/slow.pid"
+    rank = RemoteRank(t, "exec sleep 60", {}, tmp_path / "rank.log", pidfile, unreachable_s=4)
+    cleanup = ssh(hosts, 2)
+    try:
+        assert rank.probe_timeout_s < t.delay_s < rank.unreachable_s
+        began, loudest = time.monotonic(), 0.0
+        while time.monotonic() - began < 3 * rank.unreachable_s:
+            assert rank.poll() is None, (rank.why, rank.silent_for())
+            loudest = max(loudest, rank.silent_for())
+            time.sleep(0.1)
+        print(f"slow shell ({t.delay_s} s a probe): longest silence {loudest:.2f} s, pid seen alive: {rank.pid_alive}")
+        assert rank.pid_alive is True and loudest < rank.unreachable_s
+    finally:
+        rank.stop_watching()
+        cleanup.run(f"kill $(cat {pidfile})")
+        cleanup.close()
+        t.close()
 
 
 def test_a_hanging_probe_cannot_delay_the_unreachable_verdict(hosts, tmp_path):
