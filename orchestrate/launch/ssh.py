@@ -48,9 +48,10 @@ class RemoteRank:
 
     def __init__(self, t: SSHTransport, command: str, env: dict[str, str], log: Path, pidfile: str,
                  *, unreachable_s: float = 10.0, probe_every_s: float = 1.0, probe_timeout_s: float = 2.0,
-                 heartbeat: str | None = None):
+                 words_every_s: float = 5.0, heartbeat: str | None = None):
         self.t, self.log, self.pidfile = t, log, pidfile
         self.unreachable_s, self.probe_every_s, self.probe_timeout_s = unreachable_s, probe_every_s, probe_timeout_s
+        self.words_every_s = words_every_s  # how often the pid and heartbeat are read (a shell on the host)
         self.returncode: int | None = None
         self.why: Reason | None = None  # set when its end is decided here, not by its status
         self.unstoppable = False
@@ -67,13 +68,14 @@ class RemoteRank:
         self._watcher.start()
 
     def _watch(self) -> None:
-        """A probe each `probe_every_s`, on a session of its own. The session's opening, sshd's
-        confirmation over the network, is the answer that keeps the host reachable; the probe's words
-        (pid, heartbeat) come once its shell has run, which on a host whose cores the ranks keep busy
-        can take seconds longer (a login shell's start-up files, four ranks importing torch on two
-        cores). So a probe still running at the next tick is left to finish, up to `unreachable_s`,
-        while a new session is opened and closed as the answer alone."""
+        """A session each `probe_every_s`: its opening, sshd's confirmation over the network, is the
+        answer that keeps the host reachable, and costs the host no process. Every `words_every_s` the
+        session also runs the probe (a shell: the pid's state, the heartbeat's mtime), whose words come
+        once that shell has run — which on a host whose cores the ranks keep busy can take seconds longer
+        than the opening (a login shell's start-up files, four ranks importing torch on two cores). A
+        probe still running is left to finish, up to `unreachable_s`, while the next sessions answer."""
         pending: tuple[Any, float] | None = None  # the probe in flight: its channel, when it began
+        asked = -float("inf")  # when the probe last ran
         try:
             while not self._stop.wait(self.probe_every_s):
                 if pending is not None:
@@ -83,14 +85,15 @@ class RemoteRank:
                 except Exception:  # noqa: BLE001 — no answer, whatever paramiko raised; the clock decides
                     continue
                 self._answered = time.monotonic()
-                if pending is not None:
+                if pending is not None or self._answered - asked < self.words_every_s:
                     chan.close()
                     continue
+                asked = self._answered
                 try:
                     self.t.execute(chan, self._probe)
-                except Exception:  # noqa: BLE001 — the host answered; the next tick asks again
+                except Exception:  # noqa: BLE001 — the host answered; the next probe asks again
                     continue
-                pending = self._collect(chan, time.monotonic(), wait_s=0.5)  # the usual answer; a slow one next tick
+                pending = self._collect(chan, time.monotonic(), wait_s=0.5)  # the usual answer; a slow one later
         finally:
             if pending is not None:
                 pending[0].close()
