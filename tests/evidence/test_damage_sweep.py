@@ -116,7 +116,32 @@ def sweep_trial(finished_trial, tmp_path_factory):
     return root, build_report(root / "work" / "home")
 
 
-def test_damage_sweep(sweep_trial, finished_trial):
+@pytest.fixture
+def figures_drawn_once(monkeypatch):
+    """`report` draws its figures from the Report alone (`figures.plots(rep, …)` reads no file), so a
+    report whose numbers were drawn before gets the very bytes drawn then: every command still runs
+    whole and writes every file, but the sweep's hundreds of unchanged reports (a damaged store object
+    leaves the home's numbers as they were) do not each spend 2.5 s in matplotlib."""
+    import hashlib
+
+    from evidence.report import render
+
+    real, drawn = render.plots, {}
+
+    def plots(rep, out_dir: Path, stem: str) -> list[str]:
+        key = (hashlib.sha256(json.dumps(rep.model_dump(), sort_keys=True, default=str).encode()).hexdigest(), stem)
+        if key not in drawn:
+            drawn[key] = {n: (out_dir / n).read_bytes() for n in real(rep, out_dir, stem)}
+        else:
+            for n, data in drawn[key].items():
+                (out_dir / n).write_bytes(data)
+        return list(drawn[key])
+
+    monkeypatch.setattr(render, "plots", plots)
+    return drawn
+
+
+def test_damage_sweep(sweep_trial, finished_trial, figures_drawn_once):
     from evidence.report import build_report
 
     root, baseline = sweep_trial
@@ -183,5 +208,6 @@ def test_damage_sweep(sweep_trial, finished_trial):
           f"by name, {tally['harmless']} harmless by design")
     for why, n in sorted(harmless_seen.items()):
         print(f"  harmless ({n}): {why}")
+    print(f"  figures drawn for {len(figures_drawn_once)} distinct report(s)")
     assert not problems, "\n".join(problems[:40]) + f"\n({len(problems)} in all)"
     assert tally["refused"] + tally["harmless"] == tally["tried"]
