@@ -33,6 +33,10 @@
 #                    `python -m evidence report` on the preserved home, then the home and its store go (disk)
 #                    and `orchestrate recovery-trial --profile gpu-135m-recovery --share-gpus`
 #   STEPS="coop"/"batched" with SHARE=--share-gpus: the other two studies, co-located
+# The second #32 session: STEPS=stash (call 1, carry .whl .seed-parts/part-aa), STEPS=ltw (call 2), STEPS="ltw2 coop"
+# SHARE=--share-gpus NO_BENCH=1 (call 3: the ltw run finished, preserved and recomputed, then cooperative-learning
+# started), STEPS="coop2" (call 4: the same run finished and recomputed). CALL_LIMIT (default 590 s)
+# bounds every run so that the bundles are written before the device tool's per-call limit.
 # Each `orchestrate run` writes its record (stage seconds: seed, prepare, placement, train, select,
 # score, serve, report, preserve; every arm's scoring speed) with --record.
 set -uo pipefail
@@ -57,19 +61,20 @@ bundle() {  # bundle NAME PATH...: everything small of a step in one file under 
   tar -czf "$OUT/$name.tar.gz" --ignore-failed-read "$@" 2>/dev/null
   ls -la "$OUT/$name.tar.gz"
 }
-home_files() {  # the evidence of a trial home worth reading here (models, inputs and checkpoints stay)
+home_files() {  # every file of a trial home under 5 MB (models, inputs and checkpoints stay), and its store's index and anchors
   local h=$1
-  ls -d "$h"/{report.json,report.md,report-*.png,commitments.jsonl,placement.json,candidates.json,selection.json,preserved.json,prepared.json} 2>/dev/null
-  find "$h/evaluations" -name '*.json' -o -name '*.jsonl' 2>/dev/null
-  find "$h/runs" -path '*/rank-*/result.json' -o -path '*/numerical-profile.json' 2>/dev/null
-  find "$h/logs" -name '*.log' 2>/dev/null
-  local idx
-  idx=$(python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print(r['store'].removeprefix('file://') + r['index'])" "$h/preserved.json" 2>/dev/null)
-  [[ -n "$idx" && -f "$idx" ]] && echo "$idx"
+  find "$h" -type f -size -5M 2>/dev/null
+  local store  # the index and the anchors, so that the report can be recomputed from the bundle
+  store=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['store'].removeprefix('file://'))" "$h/preserved.json" 2>/dev/null)
+  [[ -n "$store" ]] && find "$store/indexes/$(basename "$h")" "$store/anchors/$(basename "$h")" -type f 2>/dev/null
+}
+left() {  # left WANTED: WANTED seconds, or fewer so that the call ends 40 s before CALL_LIMIT
+  local room=$(( ${CALL_LIMIT:-590} - SECONDS - 40 ))
+  (( room < $1 )) && echo "$room" || echo "$1"
 }
 run_trial() {  # run_trial TAG ARM-OR-EXPERIMENT PROFILE TRIALS SEEDS
   local tag=$1 what=$2 profile=$3 trials=$4 seeds=$5 t0=$SECONDS
-  timeout "${RUN_TIMEOUT:-480}" python3 -m orchestrate run "$what" --profile "$profile" --trials "$trials" \
+  timeout "$(left "${RUN_TIMEOUT:-480}")" python3 -m orchestrate run "$what" --profile "$profile" --trials "$trials" \
     --seeds "$seeds" --record "$STUDY/$tag-record.json" ${SHARE:-} >> "$STUDY/$tag-run.log" 2>&1
   local rc=$?
   grep -vE "^  update [0-9]+/|^\s*$" "$STUDY/$tag-run.log" | tail -60
@@ -99,6 +104,7 @@ step_smoke() {
   echo "step smoke: $((SECONDS - s)) s"; s=$SECONDS
 }
 join_seed() {
+  [[ -f $STUDY/seeds/smollm2-135m/receipt.json ]] && { echo "seed already materialized"; return 0; }
   if [[ ! -f /tmp/seed-part-aa ]]; then
     echo "no /tmp/seed-part-aa: the machine went back after call 1; run call 1 again, then this at once"
     exit 3
@@ -115,9 +121,18 @@ join_seed() {
 step_coop() {
   join_seed
   run_trial coop cooperative-learning gpu-135m "$STUDY/trials" "$STUDY/seeds"
-  scoring_bench coop "$STUDY/trials/cooperative-learning-gpu-135m" 256 64 1,16,128
+  [[ -n ${NO_BENCH:-} ]] || scoring_bench coop "$STUDY/trials/cooperative-learning-gpu-135m" 256 64 1,16,128
   bundle coop "$STUDY"/coop-* $(home_files "$STUDY/trials/cooperative-learning-gpu-135m")
   echo "step coop: $((SECONDS - s)) s"; s=$SECONDS
+}
+step_coop2() {  # the co-located cooperative-learning run again until it finishes, then recomputed from its store
+  local home=$STUDY/trials/cooperative-learning-gpu-135m
+  if ! python3 -c "import json,sys; sys.exit(json.load(open(sys.argv[1])).get('exit') != 0)" "$STUDY/coop-record.json" 2>/dev/null; then
+    SHARE=--share-gpus run_trial coop cooperative-learning gpu-135m "$STUDY/trials" "$STUDY/seeds"
+  fi
+  python3 -m evidence report --home "$home" --output "$STUDY/coop-rereport.json" 2>&1 | tail -3
+  bundle coop "$STUDY"/coop-* $(home_files "$home")
+  echo "step coop2: $((SECONDS - s)) s"; s=$SECONDS
 }
 step_batched() {
   if [[ ! -f $STUDY/seeds/smollm2-135m/receipt.json ]]; then
@@ -127,6 +142,10 @@ step_batched() {
   run_trial batched batched-learning gpu-135m "$STUDY/trials" "$STUDY/seeds"
   bundle batched "$STUDY"/batched-* $(home_files "$STUDY/trials/batched-learning-gpu-135m")
   echo "step batched: $((SECONDS - s)) s"; s=$SECONDS
+}
+step_stash() {  # call 1 when nothing else needs the machine: part 1 of the seed wheel waits in /tmp
+  cp .seed-parts/part-aa /tmp/seed-part-aa && ls -la /tmp/seed-part-aa
+  df -h /tmp | tail -1; free -g | head -2; nproc
 }
 step_check() {
   cp .seed-parts/part-aa /tmp/seed-part-aa && ls -la /tmp/seed-part-aa
@@ -148,12 +167,14 @@ step_ltw2() {
   [[ -f $STUDY/seeds/smollm2-135m/receipt.json ]] || { echo "no seed: calls 2 and 3 must come back to back"; exit 3; }
   local home=$STUDY/trials/local-training-windows-gpu-135m
   if ! python3 -c "import json,sys; sys.exit(json.load(open(sys.argv[1])).get('exit') != 0)" "$STUDY/ltw-record.json" 2>/dev/null; then
-    SHARE=--share-gpus RUN_TIMEOUT=${RUN2_TIMEOUT:-300} run_trial ltw local-training-windows gpu-135m "$STUDY/trials" "$STUDY/seeds"
+    SHARE=--share-gpus RUN_TIMEOUT=${RUN2_TIMEOUT:-400} run_trial ltw local-training-windows gpu-135m "$STUDY/trials" "$STUDY/seeds"
   fi
   python3 -m evidence report --home "$home" --output "$STUDY/ltw-rereport.json" 2>&1 | tail -3
   bundle ltw "$STUDY"/ltw-* $(home_files "$home")
   du -sh "$home" "$STUDY/trials/store" 2>/dev/null
-  rm -rf "$STUDY/trials"  # the evidence that matters is in the bundle; the disk is needed for the recovery trial
+  df -h /tmp | tail -1
+  # the evidence that matters is in the bundle; the disk is needed for the next trial
+  rm -rf "$home" "$STUDY/trials/store"
   echo "step ltw2: $((SECONDS - s)) s"; s=$SECONDS
 }
 step_recovery() {
