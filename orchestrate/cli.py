@@ -52,7 +52,10 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
         share_gpus: bool = typer.Option(False, "--share-gpus", help="embedded local cluster, CUDA profile: run an "
                                         "arm of N ranks (and the probe's replicas) on fewer GPUs, rank r on GPU r mod "
                                         "M, reducing through gloo; committed in placement.json. Learning verdicts are "
-                                        "real, timing gates are marked not comparable")
+                                        "real, timing gates are marked not comparable"),
+        no_serve: bool = typer.Option(False, "--no-serve", help="do not run the serving probe (committed in "
+                                      "placement.json at the home's first run; the report shows the serving "
+                                      "gates not evaluated, with this reason)")
         ) -> None:
     """Run ARM's experiment: seed → prepare → commit → place → train every arm the cluster can place →
     select → score → serve → report → preserve, on the embedded local cluster or a cluster's SSH hosts.
@@ -63,7 +66,7 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
     from orchestrate.cluster import ClusterError
     from orchestrate.remote import StagingError
     from orchestrate.transport import TransportError
-    from training.config import arm_to_experiment, experiment_names, lineage, resolve
+    from training.config import address, lineage, resolve
     from training.errors import USER_ERRORS
     from training.hold import hold
 
@@ -75,9 +78,12 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
     try:
         desc = load_cluster(cluster, progress)
         store_url = store or (desc.store if desc else FileStore.url_for(trials.resolve() / 'store'))
-        name = arm if arm in experiment_names() else arm_to_experiment(arm)
+        name, arm = address(arm)
         cfg = resolve(name, profile)
-        arm = arm if arm != name else cfg.experiment.acceptance.primary
+        if model_dir is not None and cfg.profile.seed != "local":  # it would not be trained: refused, not ignored
+            raise typer.BadParameter(f"--model-dir {model_dir} is not used by profile {profile}, whose seed is "
+                                     f"'{cfg.profile.seed}' (materialized under --seeds): a directory of your "
+                                     f"own is trained only by a profile with seed = \"local\" (e.g. gpu)")
         cfg.arm(arm)
         clock.about = {"experiment": name, "profile": profile, "arm": arm}
         chain = lineage(name, profile)
@@ -97,7 +103,7 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
         clock.about["home"] = str(home)
         placement = make_placement(desc, home, md, trials, wheelhouse, progress, share_gpus=share_gpus)
         with clock(Stage.PLACEMENT):
-            skipped = place_arms(cfg, home, placement, progress)
+            skipped = place_arms(cfg, home, placement, progress, no_serve=no_serve)
         clock.about["not_run"] = skipped
         with clock(Stage.TRAIN):
             summaries = train_arms(cfg, home, placement, progress, not_run=skipped,
@@ -133,8 +139,11 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
         f"reported and preserved in {time.monotonic() - started:.1f} s → {report}; evidence "
         f"{rec['store']}{rec['index']}")
     if skipped:
+        from orchestrate.placement import NO_SERVE
+
+        placed = any(why != NO_SERVE for why in skipped.values())  # not the operator's own choice
         con.print("not run: " + "; ".join(f"{a} ({why.removeprefix('not run: ')})" for a, why in skipped.items())
-                  + " — see the README's \"Placement\" for running them where the GPUs are",
+                  + (" — see the README's \"Placement\" for running them where the GPUs are" if placed else ""),
                   highlight=False)
     con.print("stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in clock.seconds.items())
               + f"; record {clock.path}", highlight=False)
@@ -259,6 +268,9 @@ def probe(home: Path = typer.Option(..., help="a trial home with a committed sel
         with hold(home, f"trial home {home}"):
             cfg = resolved_from_prepared(require_prepared(home))
             desc = load_cluster(cluster, progress)
+            if model_dir is not None and (desc is None or desc.source == "local"):  # replicas here read the home's model
+                raise typer.BadParameter(f"--model-dir {model_dir} is used only with --cluster of SSH hosts "
+                                         "(it stages their seed); replicas on this machine serve the trained model")
             if desc is not None and desc.source != "local":  # the hosts are staged (again) from the seed
                 md = model_dir or seeds / cfg.profile.seed
                 placement = make_placement(desc, home, md, home.parent, wheelhouse, progress)
@@ -311,14 +323,18 @@ def _stack_config(stack: Path):
 
 
 @app.command()
-def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-four"),
+def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-four, EXPERIMENT/ARM, or an "
+                                             "experiment's name (its primary arm)"),
          stack: Path = typer.Option(Path("Pulumi.dev.yaml"), help="a Pulumi stack config file"),
          quota: bool = typer.Option(True, help="read the account's G/VT vCPU quota and the zones' instance-type "
                                                "offerings (needs AWS credentials); --no-quota: no AWS reads"),
          wheelhouse: Optional[Path] = typer.Option(None, help="the wheelhouse staging will upload (its size counts)"),
          uplink_mbps: float = typer.Option(100.0, min=0.001, max=1e6,
                                            help="this machine's upload rate, Mbit/s, for the staging time"),
-         as_json: bool = typer.Option(False, "--json")) -> None:
+         as_json: bool = typer.Option(False, "--json"),
+         profile: str = typer.Option("gpu", help="the profile `run` will use on the hosts: the gates' "
+                                                 "attainability and the placement are planned at it (bytes and "
+                                                 "hours come from the stack's arms)")) -> None:
     """Cost, hours and bytes of ARM's experiment (the arm and its controls) against the budget split,
     the hosts' vCPUs against the account's G-instance quota, and what staging sends from this machine.
     Exit 1 when anything does not fit."""
@@ -331,7 +347,8 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
 
     cfg = _stack_config(stack)
     try:
-        est = plan_arm(cfg, stack, arm, wheelhouse=wheelhouse, uplink_mbps=uplink_mbps, quota=quota, now=_now())
+        est = plan_arm(cfg, stack, arm, wheelhouse=wheelhouse, uplink_mbps=uplink_mbps, quota=quota, now=_now(),
+                       profile=profile)
     except (ConfigError, PlanError) as e:
         say("error:", str(e), style="bold red")
         raise typer.Exit(2)
@@ -411,10 +428,10 @@ def gates(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-
 
     from evidence.attainability import analyse
     from orchestrate.attainability import cluster_basis
-    from training.config import ConfigError, arm_to_experiment, experiment_names, resolve
+    from training.config import ConfigError, address, resolve
 
     try:
-        cfg = resolve(arm if arm in experiment_names() else arm_to_experiment(arm), profile)
+        cfg = resolve(address(arm)[0], profile)
     except ConfigError as e:
         say("error:", str(e), style="bold red")
         raise typer.Exit(2)
@@ -598,6 +615,58 @@ def down(home: Path = typer.Option(..., help="the trial home"),
         raise typer.Exit(1)
 
 
+@app.command("list")
+def list_cmd() -> None:
+    """The experiments this checkout defines (config/experiments/, or $TRIAL_CONFIG_DIR): each one's arms
+    (kind, ranks; the primary and the serving arm marked), the experiment before it, and its profiles."""
+    from training.config import ConfigError, config_dir, experiment_names, load_experiment
+
+    try:
+        d = config_dir()
+        for name in experiment_names(d):
+            exp = load_experiment(name, d)
+            print(f"{name}: {exp.description}" + (f" (after {exp.previous})" if exp.previous else ""))
+            for a in exp.arms:
+                marks = [m for m, yes in (("primary", a.name == exp.acceptance.primary),
+                                          ("serving", a.name == exp.serving_arm)) if yes]
+                print(f"  arm {a.name}: {a.kind}, {a.world_size} rank(s)" + (f" [{', '.join(marks)}]" if marks else ""))
+            print(f"  profiles: {', '.join(exp.profiles)}")
+    except ConfigError as e:
+        say("error:", str(e), style="bold red")
+        raise typer.Exit(2)
+
+
+@app.command()
+def validate(experiment: str = typer.Argument(..., help="an experiment's name (or one of its arms)"),
+             profile: str = typer.Option("cpu", help="the profile to resolve it at"),
+             as_json: bool = typer.Option(False, "--json")) -> None:
+    """The study `orchestrate run` would run, resolved without running anything: every value with where it
+    comes from (the experiment, an arm, the profile or its base, a default), and every experiment before
+    it. Exit 2, naming the value, when it would be refused."""
+    import json
+
+    from training.config import ConfigError, address, lineage, origins
+
+    try:
+        name = address(experiment)[0]
+        chain = lineage(name, profile)
+        values = origins(name, profile)
+    except ConfigError as e:
+        say("error:", str(e), style="bold red")
+        raise typer.Exit(2)
+    if as_json:
+        print(json.dumps({"experiment": name, "profile": profile, "digest": chain[-1].digest(),
+                          "previous": [c.experiment.name for c in chain[:-1]],
+                          "values": {k: {"value": v, "from": o} for k, (v, o) in values.items()}}, indent=2))
+        return
+    print(f"{name} at profile {profile}: valid; resolved digest {chain[-1].digest()[:16]}…"
+          + (f"; prepared after {', '.join(c.experiment.name for c in chain[:-1])} (no task of theirs recurs)"
+             if len(chain) > 1 else ""))
+    width = max(len(k) for k in values)
+    for k, (v, o) in values.items():
+        print(f"  {k:<{width}}  {json.dumps(v)}  ← {o}")
+
+
 @app.command("recovery-trial")
 def recovery_trial_cmd(
         arm: str = typer.Option("diloco-four", help="the arm to interrupt"),
@@ -613,12 +682,12 @@ def recovery_trial_cmd(
     import json
 
     from orchestrate.recovery import recovery_trial
-    from training.config import arm_to_experiment, lineage
+    from training.config import address, lineage
     from training.errors import USER_ERRORS
     from training.seed import materialize
 
     try:
-        name = arm_to_experiment(arm)
+        name, arm = address(arm)
         chain = lineage(name, profile)
         if out.exists():
             raise typer.BadParameter(f"{out} exists; give a fresh --out")

@@ -52,11 +52,12 @@ class Devices:
     gpus_from: str  # where the counts came from
     one_rank_per_host: bool  # SSH hosts; the local cluster's ranks share this machine's GPUs
     share_gpus: bool = False  # the operator's --share-gpus: more ranks than GPUs run, GPUs shared
+    no_serve: bool = False  # the operator's --no-serve: the serving probe is not run
 
     def as_dict(self) -> dict[str, Any]:
         return {"source": self.source, "hosts": self.hosts, "gpus_per_host": list(self.gpus_per_host),
                 "controller_gpus": self.controller_gpus, "gpus_from": self.gpus_from,
-                **({"share_gpus": True} if self.share_gpus else {})}
+                **({"share_gpus": True} if self.share_gpus else {}), **({"no_serve": True} if self.no_serve else {})}
 
 
 def trial_device(cfg: Any) -> str:
@@ -119,6 +120,9 @@ def _arm_reason(world: int, device: str, d: Devices) -> str | None:
             + ("" if usable < world else f" (one rank per host, and rank {bare[0]}'s host has none)"))
 
 
+NO_SERVE = "not run: the operator chose --no-serve"
+
+
 def place(arms: list[Any], serving_arm: str, device: str, d: Devices) -> dict[str, Any]:
     """The decision for every trained arm and the serving probe (pure: no I/O). Raises ClusterError
     when nothing could run at all: a CUDA profile where scoring finds no GPU."""
@@ -141,7 +145,9 @@ def place(arms: list[Any], serving_arm: str, device: str, d: Devices) -> dict[st
     replicas = max(2, sv.world_size)  # the probe's last phase stops one replica
     served = by_name.get(serving_arm)
     why = None
-    if served is not None and not served["runs"]:
+    if d.no_serve:
+        why = NO_SERVE
+    elif served is not None and not served["runs"]:
         why = f"not run: its arm {serving_arm} is not run ({served['reason'].removeprefix('not run: ')})"
     elif d.one_rank_per_host:  # one replica per host of ranks 0..N-1, on that host's first GPU
         bare = [r for r, g in enumerate(d.gpus_per_host[:replicas]) if g == 0]
@@ -188,6 +194,9 @@ def commit_placement(cfg: Any, home: Path, d: Devices, *, finished: set[str] = f
             raise ClusterError(f"{home}'s committed placement runs {r['arm']} ({r['world_size']} ranks){hint(r)}, "
                                f"which is not finished, and this cluster cannot: {now[r['arm']]['reason']}. A home's "
                                "placement is fixed at its first run: run it where it was placed")
+    if committed["serving"]["runs"] and not probed and d.no_serve:
+        raise ClusterError(f"{home}'s committed placement runs the serving probe: --no-serve cannot change a "
+                           "placement committed at the home's first run; run without it, or in a fresh --trials folder")
     if committed["serving"]["runs"] and not probed and not fresh["serving"]["runs"]:
         raise ClusterError(f"{home}'s committed placement runs the serving probe{hint(committed['serving'])}, and "
                            f"this cluster cannot: {fresh['serving']['reason']}")

@@ -194,6 +194,25 @@ class Resolved(_Strict):
     def docs_per_rank(self, arm: Arm) -> int:
         return self.global_batch // arm.world_size
 
+    def arm_settings(self, arm: Arm) -> dict[str, Any]:
+        """The settings `arm`'s kind runs with: the arm's own, with the keys its kind lets a profile
+        scale (`profile_scaled`: DiLoCo's H, PowerSGD's dense warmup) taken from the profile where it
+        sets them. `resolve` has refused every profile value that would not take effect this way."""
+        kind = arm_kind(arm.kind)
+        return {k: (getattr(self.profile, k) if k in kind.profile_scaled and getattr(self.profile, k, None)
+                    is not None else getattr(arm, k, None)) for k in kind.settings_model.model_fields}
+
+    def scaled(self) -> list[tuple[str, str, Any, Any]]:
+        """(arm, key, the arm's own value, the profile's) for every arm setting this profile scales:
+        said wherever the resolved study is shown, since the arm's own value does not run."""
+        out = []
+        for a in self.experiment.arms:
+            for k in arm_kind(a.kind).profile_scaled:
+                v = getattr(self.profile, k, None)
+                if v is not None:
+                    out.append((a.name, k, getattr(a, k, None), v))
+        return out
+
     def arm(self, name: str) -> Arm:
         for a in self.experiment.arms:
             if a.name == name:
@@ -286,6 +305,45 @@ def load_experiment(name: str, directory: Path | None = None) -> Experiment:
     return exp
 
 
+def origins(name: str, profile: str, directory: Path | None = None) -> dict[str, tuple[Any, str]]:
+    """Every value of `name` at `profile` with where it comes from ("experiment", "arm <a>", "profile
+    <p>", "profile <b> (base of <p>)", "default"), keyed "key", "arms.<a>.<key>", "profile.<key>":
+    what `orchestrate validate` shows, so that no value runs without its origin being visible.
+    The study is resolved first: an invalid one is refused here as `resolve` refuses it."""
+    r = resolve(name, profile, directory)
+    d = directory or config_dir()
+    raw = tomllib.loads((d / f"{name}.toml").read_text(encoding="utf-8"))
+    tables = raw.get("profiles", {})
+    out: dict[str, tuple[Any, str]] = {}
+    for key, value in r.experiment.model_dump(mode="json", exclude={"arms", "profiles"}).items():
+        if isinstance(value, dict):
+            for k, v in value.items():
+                out[f"{key}.{k}"] = (v, "experiment" if k in raw.get(key, {}) else "default")
+        else:
+            out[key] = (value, "experiment" if key in raw else "default")
+    chain, at = [], profile
+    while at is not None:
+        chain.append(at)
+        at = tables.get(at, {}).get("base")
+
+    def written_in(k: str) -> str:
+        where = next((p for p in chain if k in tables.get(p, {})), None)
+        return "default" if where is None else f"profile {where}" + ("" if where == profile else f" (base of {profile})")
+
+    scaled = {(a, k): own for a, k, own, _ in r.scaled()}
+    for a, written in zip(r.experiment.arms, raw.get("arms", [])):
+        for k, v in a.model_dump(mode="json").items():
+            if k == "name":
+                continue
+            if (a.name, k) in scaled:
+                out[f"arms.{a.name}.{k}"] = (getattr(r.profile, k), f"{written_in(k)}, replacing the arm's own {scaled[(a.name, k)]}")
+            elif v is not None or k in written:
+                out[f"arms.{a.name}.{k}"] = (v, f"arm {a.name}" if k in written else "default")
+    for k, v in r.profile.model_dump(mode="json").items():
+        out[f"profile.{k}"] = (v, written_in(k))
+    return out
+
+
 def resolve(name: str, profile: str, directory: Path | None = None) -> Resolved:
     exp = load_experiment(name, directory)
     if profile not in exp.profiles:
@@ -304,7 +362,38 @@ def resolve(name: str, profile: str, directory: Path | None = None) -> Resolved:
         if a.trains and r.global_batch % a.world_size:
             raise ConfigError(f"{name}/{profile}: global batch {r.global_batch} does not split "
                               f"over arm {a.name}'s {a.world_size} ranks")
+    _check_scaled(r)
     return r
+
+
+def _check_scaled(r: Resolved) -> None:
+    """A profile's value for an arm setting (`sync_every`, `dense_warmup`) scales the experiment's one
+    value of it with the profile's updates. Refused where it would not take effect as written: no arm
+    takes it, the arms that take it hold different values of their own (one profile value would erase
+    the difference the experiment compares), or the arm's kind refuses the value (H = 0)."""
+    where = f"{r.experiment.name}/{r.profile_name}"
+    for key in sorted({k for kd in KINDS.values() for k in kd.profile_scaled}):
+        value = getattr(r.profile, key, None)
+        if value is None:
+            continue
+        arms = [a for a in r.experiment.arms if key in arm_kind(a.kind).profile_scaled]
+        if not arms:
+            takers = sorted(kd.name for kd in KINDS.values() if key in kd.profile_scaled)
+            raise ConfigError(f"{where}: profile sets {key} = {value}, but no arm of {r.experiment.name} "
+                              f"takes it (only {', '.join(takers)} arms do): remove it from the profile")
+        own = {a.name: getattr(a, key) for a in arms}
+        if len(set(own.values())) > 1:
+            raise ConfigError(f"{where}: profile sets {key} = {value}, which would replace each arm's own "
+                              f"({', '.join(f'{n}: {v}' for n, v in own.items())}), and they differ: set "
+                              f"{key} on each arm (a profile can scale only one shared value)")
+        for a in arms:
+            try:
+                arm_kind(a.kind).settings_model(**{k: v for k, v in r.arm_settings(a).items() if v is not None})
+            except ValidationError as e:
+                bad = [err for err in e.errors() if err["loc"] and err["loc"][0] == key]
+                if bad:
+                    raise ConfigError(f"{where}: profile sets {key} = {value}, which arm {a.name} "
+                                      f"({a.kind}) refuses: {bad[0]['msg']}") from None
 
 
 def lineage(name: str, profile: str, directory: Path | None = None) -> list[Resolved]:
@@ -322,6 +411,22 @@ def lineage(name: str, profile: str, directory: Path | None = None) -> list[Reso
     return chain
 
 
+def address(spec: str, directory: Path | None = None) -> tuple[str, str]:
+    """(experiment, arm) for what a user names on the command line: `EXPERIMENT/ARM`, an experiment's
+    name (its primary arm), or an arm name that one experiment alone has (`arm_to_experiment`). Arm
+    names need not be unique across experiments: where one is not, `EXPERIMENT/ARM` says which."""
+    d = directory or config_dir()
+    if "/" in spec:
+        name, arm = spec.split("/", 1)
+        exp = load_experiment(name, d)
+        if arm not in {a.name for a in exp.arms}:
+            raise ConfigError(f"experiment {name} has no arm '{arm}' (arms: {', '.join(a.name for a in exp.arms)})")
+        return name, arm
+    if spec in experiment_names(d):
+        return spec, load_experiment(spec, d).acceptance.primary
+    return arm_to_experiment(spec, d), spec
+
+
 def arm_to_experiment(arm: str, directory: Path | None = None) -> str:
     """The experiment whose primary arm is `arm` (used by `orchestrate run ARM`)."""
     d = directory or config_dir()
@@ -331,5 +436,6 @@ def arm_to_experiment(arm: str, directory: Path | None = None) -> str:
                 if any(a.name == arm for a in load_experiment(n, d).arms)]
     if len(hits) != 1:
         raise ConfigError(f"arm '{arm}' names {'no' if not hits else 'more than one'} experiment"
-                          f"{'' if not hits else ': ' + ', '.join(hits)}; give the experiment name")
+                          f"{'' if not hits else ': ' + ', '.join(hits)}; give it as EXPERIMENT/{arm}, or the experiment's "
+                          "name for its primary arm")
     return hits[0]

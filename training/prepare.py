@@ -39,6 +39,7 @@ from evidence.inputs import changed_input, load_cases  # noqa: F401 — load_cas
 from training import corpus as corpus_mod
 from training import replay as replay_mod
 from training.config import Resolved
+from training.hold import NEW_HOME
 from training.seed import load_tokenizer, verify_seed
 from training.tasks import FAMILIES, HELDOUT_VARIANTS, TRAIN_VARIANTS, Task, answer_text, damage, generate_task
 
@@ -373,7 +374,7 @@ def _prepare_locked(cfg: Resolved, home: Path, model_dir: Path, replay_file: str
     log.entries()  # a broken log stops us before any work
     if log.latest("prepare") is not None and not (home / PREPARED).exists():
         raise PrepareError(f"{home} has a 'prepare' commitment but no {PREPARED}; the home is "
-                           "inconsistent — restore prepared.json from your evidence or use a new --home")
+                           f"inconsistent — restore prepared.json from your evidence or {NEW_HOME}")
     started = time.monotonic()
     timer: dict[str, float] = {}
     tmp = Path(tempfile.mkdtemp(dir=home, prefix=".prepare-"))
@@ -389,7 +390,7 @@ def _prepare_locked(cfg: Resolved, home: Path, model_dir: Path, replay_file: str
                 raise PrepareError(
                     f"{existing} already holds different prepared inputs (experiment "
                     f"{old['experiment']['experiment']['name']}/{old['experiment']['profile_name']}); "
-                    "inputs are committed once per home — use a new --home"
+                    f"inputs are committed once per home — {NEW_HOME}"
                 )
             status = "unchanged"
         else:

@@ -27,6 +27,7 @@ from training.arms import KINDS
 from training.checkpoint.disk_baseline import io_baseline
 from training.config import Arm, ConfigError, Experiment, Resolved
 from training.errors import CheckpointError, TrainError
+from training.hold import NEW_HOME
 from training.faults import FaultPlan
 from training.profiling import UpdateProfiler
 from training.runs import _set_aside, run_dir
@@ -71,10 +72,9 @@ def _commit_profile(home: Path, arm: str, profile: dict[str, Any], digest: str) 
         old = earlier[-1]["data"].get("profile_digest")
         if old != digest:
             raise TrainError(f"{rel} was committed with numerical profile {old}, this run has {digest}; "
-                             "a run's numerics cannot change — use a new --home for new settings")
+                             f"a run's numerics cannot change — for new settings, {NEW_HOME}")
         if path.is_file() and canonical_sha256(read_json(path)) != digest:
-            raise TrainError(f"{path} differs from its commitment ({digest}); restore it or use a "
-                             "new --home")
+            raise TrainError(f"{path} differs from its commitment ({digest}); restore it or {NEW_HOME}")
         if not path.is_file():  # the commitment pins the content, so it can be written again
             write_json_atomic(path, profile, canonical=True)
         return
@@ -109,9 +109,7 @@ def _spec(arm: Arm, cfg: Resolved, plan: list[list[int]], world: int, rank: int,
     from training.trainer import TrainSpec
 
     prof, exp = cfg.profile, cfg.experiment
-    kind = KINDS[arm.kind]
-    settings = {k: (getattr(prof, k) if k in kind.profile_scaled else None) or getattr(arm, k, None)
-                for k in kind.settings_model.model_fields}
+    settings = cfg.arm_settings(arm)
     return TrainSpec(
         kind=arm.kind, plan=plan, lr=exp.lr, warmup=exp.warmup, weight_decay=exp.weight_decay,
         grad_clip=exp.grad_clip, microbatch=arm.microbatch, world_size=world, rank=rank, settings=settings,
@@ -201,7 +199,7 @@ class RankRun:
         self.rank_dir = rank_dir = self.rd / f"rank-{info.rank}"
         if (rank_dir / "result.json").is_file():
             raise TrainError(f"{rank_dir / 'result.json'} already exists: this rank has finished; its "
-                             "results are kept — use a new --home to train again (orchestrate moves a "
+                             f"results are kept — to train again, {NEW_HOME} (orchestrate moves a "
                              "partly finished group's files to runs/<arm>/attempts/ before relaunching)")
         if self.resume:
             if not (rank_dir / "manifests").is_dir():

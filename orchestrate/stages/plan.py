@@ -16,7 +16,7 @@ class PlanError(ValueError):
 
 
 def plan_arm(cfg: TrialConfig, stack: Path, arm: str, *, wheelhouse: Optional[Path], uplink_mbps: float,
-             quota: bool, now: dt.datetime) -> dict[str, Any]:
+             quota: bool, now: dt.datetime, profile: str = "gpu") -> dict[str, Any]:
     """The plan of ARM's experiment (the arm and its controls) on the stack `cfg` (read from `stack`):
     the estimate, the hosts' vCPUs against the account's G-instance quota (with `quota`: the only AWS
     reads), the zones' offerings, the placement and what staging sends from this machine — all before
@@ -25,9 +25,10 @@ def plan_arm(cfg: TrialConfig, stack: Path, arm: str, *, wheelhouse: Optional[Pa
     from evidence.attainability import analyse
     from infra.plan import estimate as run_estimate
     from infra.prices import INSTANCE_TYPES
-    from training.config import arm_to_experiment, resolve
+    from training.config import address, resolve
 
-    resolved = resolve(arm_to_experiment(arm), "gpu")
+    name, arm = address(arm)  # EXPERIMENT/ARM, an experiment (its primary), or an arm one experiment has
+    resolved = resolve(name, profile)
     exp = resolved.experiment
     names = {a.name for a in exp.arms}
     arms = [a for a in cfg.arms if a.name in names]
@@ -81,7 +82,7 @@ def plan_arm(cfg: TrialConfig, stack: Path, arm: str, *, wheelhouse: Optional[Pa
     # what each gate can reach at the gpu profile, before anything is spent (a gate that cannot pass
     # there would make the trial's verdict a foregone one: said here, committed again by `run`)
     attainable = analyse(resolved.as_dict(), {"source": "stack", "cores": None})
-    return {**est, "arm": arm, "experiment": exp.name, "hours": cfg.hours,
+    return {**est, "arm": arm, "experiment": exp.name, "profile": profile, "hours": cfg.hours,
             "deadline": cfg.deadline and cfg.deadline.isoformat(), "vcpu": vcpu,
             "placement": placed, "staging": staging, "zones": zones, "attainability": attainable,
             "problems": problems}

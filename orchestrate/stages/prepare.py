@@ -44,3 +44,5 @@ def prepare(cfg: Resolved, chain: list[Resolved], home_of: Callable[[Resolved], 
                          f"{c['task']['documents']} task + {c['replay']['documents']} replay documents, "
                          f"task share of targets {c['task_share_of_targets']:.1%} unweighted / "
                          f"{c['task_share_of_weighted_targets']:.1%} weighted; committed")
+            for arm, key, own, value in step.scaled():  # the arm's own value does not run: say so
+                progress.say("prepare", f"  {arm}: {key} = {value} (profile {profile}; the arm's own: {own})")

@@ -4,6 +4,7 @@ placement (orchestrate/trial.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
@@ -43,7 +44,8 @@ def make_placement(desc: Cluster | None, home: Path, model_dir: Path, trials: Pa
     return RemotePlacement(desc, home, model_dir, wheel_dir=wheels, say=lambda m: progress.line(f"  {m}"))
 
 
-def place_arms(cfg: Resolved, home: Path, placement: Placement, progress: Progress) -> dict[str, str]:
+def place_arms(cfg: Resolved, home: Path, placement: Placement, progress: Progress, *,
+               no_serve: bool = False) -> dict[str, str]:
     """Where this cluster can run the experiment's arms, decided before anything launches and
     committed (or, on a later run, the home's committed placement); prints what is not run.
     Returns what is not run: arm (or the serving probe) → reason."""
@@ -53,13 +55,15 @@ def place_arms(cfg: Resolved, home: Path, placement: Placement, progress: Progre
     from orchestrate.attainability import commit_attainability
     from training.results import finished
 
-    d = placement.devices(pl.trial_device(cfg))
+    d = dataclasses.replace(placement.devices(pl.trial_device(cfg)), no_serve=no_serve)
     done = {a.name for a in cfg.experiment.arms if a.trains and finished(home, a.name, a.world_size)}
     rec, now = pl.commit_placement(cfg, home, d, finished=done,
                                    probed=CommitmentLog(home).latest("serving") is not None)
     if rec is None:
         return {}
     skipped = not_run(rec)
+    if not no_serve and not now and rec["cluster"].get("no_serve"):
+        progress.line("  --no-serve was chosen at this home's first run and stands: no serving probe")
     if d.share_gpus and pl.trial_device(cfg) != "cuda":
         progress.line(f"  --share-gpus: profile {cfg.profile_name} runs on the CPU; there is no GPU to share")
     elif d.share_gpus and not now and not rec["cluster"].get("share_gpus"):

@@ -57,6 +57,8 @@ def test_orchestrate_run_smoke(finished_trial):
     err = " ".join(r.stderr.split())
     assert "no task of" in err and "scored, served, reported and preserved in" in err
     assert str(finished_trial.trials) in err  # a path with brackets, printed as it is
+    # the profile's H replaces the arm's own: said, with both values (#33)
+    assert "diloco-four: sync_every = 4 (profile smoke; the arm's own: 16)" in err
     from evidence.canonical import read_json
     from training.prepare import require_prepared
 
@@ -225,3 +227,45 @@ def test_a_terminated_run_stops_its_ranks_and_says_so(tmp_path, tiny_seed):
     rec = json.loads(record.read_text())
     assert rec["exit"] == 130 and rec["error"] == "terminated (SIGTERM)", rec
     assert "Traceback" not in err
+
+
+def test_a_model_dir_the_profile_would_not_train_is_refused(tmp_path):
+    """`--model-dir` is trained only by a profile whose seed is "local"; elsewhere it was silently
+    ignored (the built-in seed trained). Now refused by name, before any home is written (#33)."""
+    r = run_cli("-m", "orchestrate", "run", "diloco-four", "--profile", "smoke", "--model-dir", str(tmp_path),
+                "--trials", str(tmp_path / "trials"), "--seeds", str(tmp_path / "seeds"))
+    flat = "".join(r.stderr.replace("│", "").split())  # typer's box folds long words: compare without spaces
+    want = "".join(f"--model-dir {tmp_path} is not used by profile smoke, whose seed is 'tiny'".split())
+    assert r.returncode == 2 and want in flat, r.stderr
+    assert not (tmp_path / "trials").exists() and not (tmp_path / "seeds").exists()
+
+
+def test_list_and_validate_show_the_study_before_it_runs(tmp_path, monkeypatch):
+    """`orchestrate list` names every experiment, arm and profile; `orchestrate validate` shows each value
+    of the resolved study with its origin (the profile's H replacing the arm's own is visible) and
+    refuses, by name, a study `run` would refuse (#33)."""
+    import shutil
+
+    r = run_cli("-m", "orchestrate", "list")
+    assert r.returncode == 0, r.stderr
+    assert "arm diloco-four: diloco, 4 rank(s) [primary, serving]" in r.stdout
+    assert "local-training-windows:" in r.stdout and "profiles: smoke, cuda-smoke" in r.stdout
+    r = run_cli("-m", "orchestrate", "validate", "diloco-four", "--profile", "cuda-smoke", "--json")
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["experiment"] == "local-training-windows" and got["previous"] == ["cooperative-learning"]
+    assert got["values"]["arms.diloco-four.sync_every"] == {
+        "value": 4, "from": "profile smoke (base of cuda-smoke), replacing the arm's own 16"}
+    assert got["values"]["profile.device"] == {"value": "cuda", "from": "profile cuda-smoke"}
+    assert got["values"]["damaged_fraction"]["from"] == "default"
+    assert got["values"]["arms.ddp-four.world_size"] == {"value": 4, "from": "arm ddp-four"}
+    # a study `run` would refuse: validate refuses it the same way, naming the value
+    from training.config import config_dir
+
+    for name in ("cooperative-learning", "local-training-windows"):
+        shutil.copy(config_dir() / f"{name}.toml", tmp_path / f"{name}.toml")
+    f = tmp_path / "local-training-windows.toml"
+    f.write_text(f.read_text().replace("sync_every = 4 ", "sync_every = 0 ", 1))
+    monkeypatch.setenv("TRIAL_CONFIG_DIR", str(tmp_path))
+    r = run_cli("-m", "orchestrate", "validate", "local-training-windows", "--profile", "smoke")
+    assert r.returncode == 2 and "sync_every = 0, which arm diloco-four (diloco) refuses" in " ".join(r.stderr.split())

@@ -196,3 +196,29 @@ def test_an_edited_placement_stops_the_report(primary_not_run, tmp_path):
     r = run_cli("-m", "evidence", "report", "--home", str(home), "--output", str(out))
     assert r.returncode == 2 and "(placement): committed file changed" in " ".join(r.stderr.split())
     assert not out.exists()
+
+
+def test_no_serve_is_committed_and_a_later_run_cannot_drop_a_committed_probe(home_copy):
+    """`orchestrate run --no-serve`: the probe is not run, for a reason the placement commits (the
+    report then shows the serving gates not evaluated with it); on a home whose committed placement
+    runs the probe, --no-serve is refused by name rather than ignored (#33)."""
+    import dataclasses
+
+    from evidence.placement import SERVING_PROBE, not_run
+    from orchestrate.placement import NO_SERVE, commit_placement
+
+    cfg = resolve("cooperative-learning", "smoke")
+    d = local_devices(None, "cpu")
+    _, serving = decide("cooperative-learning", dataclasses.replace(d, no_serve=True), device="cpu")
+    assert not serving["runs"] and serving["reason"] == NO_SERVE
+    other = home_copy.parent / "other"
+    shutil.copytree(home_copy, other)
+    rec, now = commit_placement(cfg, home_copy, dataclasses.replace(d, no_serve=True))
+    assert now and rec["cluster"]["no_serve"] is True and not_run(rec) == {SERVING_PROBE: NO_SERVE}
+    assert read_json(home_copy / "placement.json") == rec
+    again, now = commit_placement(cfg, home_copy, d)  # a later run without it: the committed decision stands
+    assert not now and not_run(again) == {SERVING_PROBE: NO_SERVE}
+    rec, _ = commit_placement(cfg, other, d)  # committed with the probe, which has not run yet
+    assert rec["serving"]["runs"]
+    with pytest.raises(ClusterError, match="--no-serve cannot change a placement committed at the home's first run"):
+        commit_placement(cfg, other, dataclasses.replace(d, no_serve=True))

@@ -122,3 +122,63 @@ def test_gpu_135m_is_the_gpu_scale_with_the_real_seed():
     from training.config import lineage
 
     assert [r.profile_name for r in lineage("batched-learning", "gpu-135m")] == ["gpu-135m"] * 3
+
+
+def _ltw_copy(src, tmp_path, monkeypatch, edit) -> None:
+    """local-training-windows (and the experiment before it) copied from `src` into a config folder of
+    the test's, with `edit` applied to its TOML text."""
+    for name in ("cooperative-learning", "local-training-windows"):
+        shutil.copy(src / f"{name}.toml", tmp_path / f"{name}.toml")
+    monkeypatch.setenv("TRIAL_CONFIG_DIR", str(tmp_path))
+    f = tmp_path / "local-training-windows.toml"
+    f.write_text(edit(f.read_text()))
+
+
+def test_a_profile_scales_an_arm_setting_only_where_it_takes_effect(tmp_path, monkeypatch):
+    """A profile's sync_every replaces the DiLoCo arms' own H: shown by `scaled()`, run by the trainer's
+    settings, and refused where it would not take effect as written (#33)."""
+    from training.arms import kind
+
+    src = load_experiment.__globals__["config_dir"]()
+    r = resolve("local-training-windows", "smoke")
+    d = r.arm("diloco-four")
+    assert r.scaled() == [("diloco-four", "sync_every", 16, 4)]
+    assert r.arm_settings(d)["sync_every"] == 4 and resolve("local-training-windows", "gpu").arm_settings(d)["sync_every"] == 16
+    kind("diloco").settings_model(**r.arm_settings(d))  # what the trainer validates and runs
+    # a second DiLoCo arm with an H of its own: one profile value would erase the difference
+    second = '\n[[arms]]\nname = "diloco-eight"\nkind = "diloco"\nworld_size = 4\nsync_every = 8\nouter_lr = 0.7\nouter_momentum = 0.9\n'
+    _ltw_copy(src, tmp_path, monkeypatch, lambda t: t.replace("\n[acceptance]", second + "\n[acceptance]", 1))
+    with pytest.raises(ConfigError, match=r"sync_every = 4, which would replace each arm's own \(diloco-four: 16, diloco-eight: 8\)"):
+        resolve("local-training-windows", "smoke")
+    assert resolve("local-training-windows", "gpu").arm_settings(resolve("local-training-windows", "gpu").arm("diloco-eight"))["sync_every"] == 8
+    # H = 0 was accepted and silently ignored (the arm's own H ran): now refused by the kind's own rule
+    _ltw_copy(src, tmp_path, monkeypatch, lambda t: t.replace("sync_every = 4 ", "sync_every = 0 ", 1))
+    with pytest.raises(ConfigError, match="sync_every = 0, which arm diloco-four \\(diloco\\) refuses"):
+        resolve("local-training-windows", "smoke")
+    # a value no arm of the experiment takes
+    f = tmp_path / "cooperative-learning.toml"
+    f.write_text((src / "cooperative-learning.toml").read_text().replace("checkpoint_every = 8", "checkpoint_every = 8\nsync_every = 4", 1))
+    with pytest.raises(ConfigError, match="profile sets sync_every = 4, but no arm of cooperative-learning takes it"):
+        resolve("cooperative-learning", "smoke")
+
+
+def test_an_arm_is_addressed_as_experiment_slash_arm_where_its_name_is_not_unique(tmp_path, monkeypatch):
+    """A copied experiment repeats arm names: the short name is then refused with the way to say which,
+    and `EXPERIMENT/ARM` (or the experiment's name, for its primary) still addresses each (#33)."""
+    from training.config import address
+
+    src = load_experiment.__globals__["config_dir"]()
+    for name in experiment_names():
+        shutil.copy(src / f"{name}.toml", tmp_path / f"{name}.toml")
+    (tmp_path / "my-windows.toml").write_text((src / "local-training-windows.toml").read_text()
+                                              .replace('name = "local-training-windows"', 'name = "my-windows"', 1))
+    monkeypatch.setenv("TRIAL_CONFIG_DIR", str(tmp_path))
+    with pytest.raises(ConfigError, match="names more than one experiment: local-training-windows, my-windows; "
+                                          "give it as EXPERIMENT/diloco-four"):
+        address("diloco-four")
+    assert address("my-windows/diloco-four") == ("my-windows", "diloco-four")
+    assert address("local-training-windows/ddp-four") == ("local-training-windows", "ddp-four")
+    assert address("my-windows") == ("my-windows", "diloco-four")  # an experiment: its primary arm
+    assert address("clean-pair") == ("cooperative-learning", "clean-pair")  # still unique: the short name works
+    with pytest.raises(ConfigError, match="experiment my-windows has no arm 'clean-pair'"):
+        address("my-windows/clean-pair")
