@@ -37,6 +37,10 @@
 # SHARE=--share-gpus NO_BENCH=1 (call 3: the ltw run finished, preserved and recomputed, then cooperative-learning
 # started), STEPS="coop2" (call 4: the same run finished and recomputed). CALL_LIMIT (default 590 s)
 # bounds every run so that the bundles are written before the device tool's per-call limit.
+# What is left (the third session): STEPS=stash (call 1), STEPS=coop SHARE=--share-gpus NO_BENCH=1
+# (call 2, carry .whl .seed-parts/part-ab), STEPS=coop2 (call 3, if call 2 was cut), then STEPS=batched
+# SHARE=--share-gpus as many times as it takes (each call resumes: finished arms and scores are kept).
+# Send each call as soon as the previous returns: a machine goes back 30 s after a call, with the seed.
 # Each `orchestrate run` writes its record (stage seconds: seed, prepare, placement, train, select,
 # score, serve, report, preserve; every arm's scoring speed) with --record.
 set -uo pipefail
