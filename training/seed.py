@@ -15,6 +15,7 @@ a missing or altered file stops with a message naming it. Nothing is ever downlo
 from __future__ import annotations
 
 import importlib.metadata as md
+import json
 import os
 import shutil
 import tempfile
@@ -139,10 +140,37 @@ def _import_local(tmp: Path, source: Path) -> dict[str, Any]:
         raise SeedError(f"{source} is not a Hugging Face model directory (no config.json)")
     if not list(source.glob("*.safetensors")):
         raise SeedError(f"{source} holds no *.safetensors weights")
+    if not _has_chat_template(source):
+        raise SeedError(f"{source} has no chat template (neither chat_template.jinja nor a \"chat_template\" "
+                        "in tokenizer_config.json): every prompt is built with it, for training and scoring "
+                        "alike; add the template your model was trained with as chat_template.jinja")
     for p in sorted(source.iterdir()):
         if p.is_file() and not p.name.startswith(".") and p.name != RECEIPT_NAME:
             shutil.copy2(p, tmp / p.name)
-    return {"source": {"format": "huggingface-directory"}}
+    return {"source": {"format": "huggingface-directory"}, "parameters": _stored_parameters(tmp)}
+
+
+def _has_chat_template(d: Path) -> bool:
+    if (d / "chat_template.jinja").is_file() or (d / "chat_template.json").is_file():
+        return True
+    try:
+        return bool(json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8")).get("chat_template"))
+    except (OSError, ValueError):
+        return False
+
+
+def _stored_parameters(d: Path) -> int:
+    """The parameters the directory's safetensors hold, from their headers alone (no weights loaded):
+    a tied output layer that is not stored is not counted twice, as `model.parameters()` counts it."""
+    from math import prod
+
+    from safetensors import safe_open
+
+    total = 0
+    for f in sorted(d.glob("*.safetensors")):
+        with safe_open(str(f), framework="numpy") as st:
+            total += sum(prod(st.get_slice(k).get_shape()) for k in st.keys())
+    return total
 
 
 def materialize(kind: str, out: str | os.PathLike[str], *, source: str | None = None,

@@ -54,6 +54,15 @@ def test_local_directory_with_expected_digest(tiny_seed, tmp_path):
     assert not (tmp_path / "again").exists()
     with pytest.raises(SeedError, match="no config.json"):
         materialize("local", tmp_path / "bad", source=str(tmp_path))
+    # its parameter count is recorded (it was null), from the weights' headers: the tiny seed's own count
+    assert r["meta"]["parameters"] == read_json(tiny_seed / "receipt.json")["meta"]["parameters"] == 3219776
+    # a model without a chat template is refused at import, saying what to add (it was a transformers
+    # traceback in prepare, #33)
+    (src / "chat_template.jinja").unlink()
+    with pytest.raises(SeedError, match="no chat template .* add the template your model was trained with as "
+                                        "chat_template.jinja"):
+        materialize("local", tmp_path / "untemplated", source=str(src))
+    assert not (tmp_path / "untemplated").exists()
 
 
 def test_smollm2_135m_materializes_to_the_pinned_weights(tmp_path):
