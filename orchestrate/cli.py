@@ -615,6 +615,52 @@ def down(home: Path = typer.Option(..., help="the trial home"),
         raise typer.Exit(1)
 
 
+@app.command()
+def remove(home: Path = typer.Option(..., help="the trial home to delete from this machine")) -> None:
+    """Delete a trial home once every file in it is in its preserved, verified evidence index: how old
+    trials leave the disk. A home never preserved, whose store does not verify, or holding anything the
+    index does not hold as it is now (a later run's report, a changed file) is refused, naming it, and
+    left as it is. The store is not touched."""
+    import shutil
+
+    from evidence.canonical import EvidenceFileError, file_sha256
+    from evidence.stores import PRESERVED, PreservationError, read_preserved, verify_index
+    from training.hold import HeldError, hold, lock_path
+
+    if not (home / PRESERVED).is_file():
+        say("refused:", f"{home} has not been preserved (no {PRESERVED}): nothing of it would survive; run "
+            f"`orchestrate preserve --home {home}` first", style="bold red")
+        raise typer.Exit(2)
+    try:
+        with hold(home, f"trial home {home}"):  # not while a run writes in it
+            rec = read_preserved(home)
+            with con.status("re-reading every preserved object…"):
+                v = verify_index(rec["store"], rec["index"], rec["index_sha256"])
+            files = [p for p in sorted(home.rglob("*")) if p.is_file() or p.is_symlink()]
+            size = sum(p.stat().st_size for p in files if p.is_file())
+            with con.status(f"comparing {len(files)} files with the index…"):
+                left = [rel for rel in (p.relative_to(home).as_posix() for p in files)
+                        if rel != PRESERVED and v["sha256"].get(rel) != file_sha256(home / rel)]
+            if left:
+                say("refused:", f"{home} holds {len(left)} file(s) its evidence index {rec['store']}{rec['index']} "
+                    f"does not hold as they are now: {', '.join(left[:8])}{' …' if len(left) > 8 else ''}; "
+                    f"preserve them (`orchestrate preserve --home {home}`) or move them out first", style="bold red")
+                raise typer.Exit(2)
+            shutil.rmtree(home)
+        lock_path(home).unlink(missing_ok=True)
+    except HeldError as e:
+        say("refused:", str(e), style="bold red")
+        raise typer.Exit(2)
+    except (EvidenceFileError, PreservationError) as e:
+        say("refused:", f"the evidence {home / PRESERVED} records does not verify: {e}", style="bold red")
+        raise typer.Exit(2)
+    except OSError as e:
+        say("error:", str(e), style="bold red")
+        raise typer.Exit(2)
+    say("removed", f"{home}: {len(files)} files, {size / 1e6:,.1f} MB; every one is in {rec['store']}{rec['index']} "
+        f"({v['files']} objects verified)")
+
+
 @app.command("list")
 def list_cmd() -> None:
     """The experiments this checkout defines (config/experiments/, or $TRIAL_CONFIG_DIR): each one's arms

@@ -228,4 +228,5 @@ def verify_index(url: str, key: str, sha256: str, *, session: Any = None,
             raise PreservationError(f"{rel}: object {object_key(f['sha256'])} cannot be read: {e}") from None
         if i % 200 == 0:
             say(f"verified {i}/{len(items)} objects")
-    return {"index": key, "files": len(files), "bytes": sum(f["size"] for f in files.values())}
+    return {"index": key, "files": len(files), "bytes": sum(f["size"] for f in files.values()),
+            "sha256": {rel: f["sha256"] for rel, f in files.items()}}

@@ -269,3 +269,29 @@ def test_list_and_validate_show_the_study_before_it_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("TRIAL_CONFIG_DIR", str(tmp_path))
     r = run_cli("-m", "orchestrate", "validate", "local-training-windows", "--profile", "smoke")
     assert r.returncode == 2 and "sync_every = 0, which arm diloco-four (diloco) refuses" in " ".join(r.stderr.split())
+
+
+def test_remove_deletes_only_a_home_whose_every_file_is_preserved(finished_trial, tmp_path):
+    """`orchestrate remove`: the documented way to free a trial's disk. A home never preserved, or one
+    holding a file its verified index does not hold as it is now, is refused by name and left whole;
+    a preserved home goes, and its evidence stays in the store (#33)."""
+    import shutil
+
+    home = tmp_path / "trials" / finished_trial.home.name  # a copy: its record names the fixture's store
+    shutil.copytree(finished_trial.home, home)
+    (home / "notes.txt").write_text("mine, not preserved")
+    before = sorted(p.relative_to(home) for p in home.rglob("*"))
+    r = run_cli("-m", "orchestrate", "remove", "--home", str(home))
+    said = " ".join(r.stderr.split())
+    assert r.returncode == 2 and "holds 1 file(s) its evidence index" in said and "notes.txt" in said, said
+    assert sorted(p.relative_to(home) for p in home.rglob("*")) == before
+    (home / "notes.txt").unlink()
+    bare = tmp_path / "bare"
+    shutil.copytree(home, bare, ignore=shutil.ignore_patterns("preserved.json"))
+    r = run_cli("-m", "orchestrate", "remove", "--home", str(bare))
+    assert r.returncode == 2 and "has not been preserved" in r.stderr and bare.is_dir()
+    r = run_cli("-m", "orchestrate", "remove", "--home", str(home))
+    assert r.returncode == 0, r.stderr
+    assert not home.exists() and "removed" in r.stderr
+    r = run_cli("-m", "orchestrate", "down", "--home", str(finished_trial.home))  # the store still verifies
+    assert r.returncode == 0, r.stderr
