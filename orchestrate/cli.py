@@ -53,6 +53,9 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
                                         "arm of N ranks (and the probe's replicas) on fewer GPUs, rank r on GPU r mod "
                                         "M, reducing through gloo; committed in placement.json. Learning verdicts are "
                                         "real, timing gates are marked not comparable"),
+        replay: Optional[Path] = typer.Option(None, help="your own replay conversations (JSONL, as `python -m "
+                                              "training prepare --replay`) for the experiment run here, in place "
+                                              "of the generated ones; committed with its sha256"),
         no_serve: bool = typer.Option(False, "--no-serve", help="do not run the serving probe (committed in "
                                       "placement.json at the home's first run; the report shows the serving "
                                       "gates not evaluated, with this reason)")
@@ -80,6 +83,8 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
         store_url = store or (desc.store if desc else FileStore.url_for(trials.resolve() / 'store'))
         name, arm = address(arm)
         cfg = resolve(name, profile)
+        if replay is not None and not replay.is_file():
+            raise typer.BadParameter(f"--replay {replay} is not a file")
         if model_dir is not None and cfg.profile.seed != "local":  # it would not be trained: refused, not ignored
             raise typer.BadParameter(f"--model-dir {model_dir} is not used by profile {profile}, whose seed is "
                                      f"'{cfg.profile.seed}' (materialized under --seeds): a directory of your "
@@ -98,7 +103,7 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
             with clock(Stage.SEED):
                 md = materialize_seed(cfg, seeds, progress)
         with clock(Stage.PREPARE):
-            for home in prepare(cfg, chain, home_of, md, store_url, progress):
+            for home in prepare(cfg, chain, home_of, md, store_url, progress, replay_file=replay):
                 pass  # home: the last one reached, which the run's record names however the run ends
         clock.about["home"] = str(home)
         placement = make_placement(desc, home, md, trials, wheelhouse, progress, share_gpus=share_gpus)

@@ -345,16 +345,27 @@ def prepare(cfg: Resolved, home: str | os.PathLike[str], model_dir: str | os.Pat
 
 
 def prepare_chain(chain: Iterable[Resolved], home_of: Callable[[Resolved], str | os.PathLike[str]],
-                  model_dir: str | os.PathLike[str]) -> Iterator[tuple[Resolved, Path, dict[str, Any]]]:
+                  model_dir: str | os.PathLike[str], *, replay_file: str | None = None
+                  ) -> Iterator[tuple[Resolved, Path, dict[str, Any]]]:
     """Prepare an experiment's lineage (`config.lineage`: the earliest first), each against the home
     of the one before it, so none of an earlier experiment's tasks recurs; yields (config, home,
-    result) as each is committed, the lineage's last home last."""
+    result) as each is committed, the lineage's last home last. `replay_file` (the user's replay
+    conversations) is the last experiment's, the one trained: the earlier ones are prepared only so
+    that their tasks are known."""
     previous: Path | None = None
-    for cfg in chain:
+    chain = list(chain)
+    for i, cfg in enumerate(chain):
         home = Path(home_of(cfg))
-        res = prepare(cfg, home, model_dir, previous_home=str(previous) if previous else None)
+        res = prepare(cfg, home, model_dir, previous_home=str(previous) if previous else None,
+                      replay_file=replay_file if i == len(chain) - 1 else None)
         yield cfg, home, res
         previous = home
+
+
+def _replay_said(source: dict[str, Any]) -> str:
+    if source.get("kind") == "user-jsonl":
+        return f"the file {source.get('file')} (sha256 {str(source.get('sha256'))[:12]}…)"
+    return "generated" if source.get("kind") == "generated" else "unknown"
 
 
 @contextlib.contextmanager
@@ -387,9 +398,12 @@ def _prepare_locked(cfg: Resolved, home: Path, model_dir: Path, replay_file: str
         if existing.exists():
             old = read_json(existing)
             if canonical_sha256(old) != digest:
+                was, now = old.get("replay_source") or {}, prepared.get("replay_source") or {}
+                hint = ("" if was == now else f"; its replay was {_replay_said(was)}, this run's is "
+                        f"{_replay_said(now)} (`--replay` gives a file, and must be given again on a later run)")
                 raise PrepareError(
                     f"{existing} already holds different prepared inputs (experiment "
-                    f"{old['experiment']['experiment']['name']}/{old['experiment']['profile_name']}); "
+                    f"{old['experiment']['experiment']['name']}/{old['experiment']['profile_name']}{hint}); "
                     f"inputs are committed once per home — {NEW_HOME}"
                 )
             status = "unchanged"

@@ -25,7 +25,7 @@ def materialize_seed(cfg: Resolved, seeds: Path, progress: Progress) -> Path:
 
 
 def prepare(cfg: Resolved, chain: list[Resolved], home_of: Callable[[Resolved], Path], seed_dir: Path,
-            store_url: str, progress: Progress) -> Iterator[Path]:
+            store_url: str, progress: Progress, *, replay_file: Path | None = None) -> Iterator[Path]:
     """Each experiment of `chain` (earlier experiments first: none of their tasks may recur) prepared
     in its home and anchored in the store. Yields each home as it is prepared, so a run that fails at
     a later experiment still knows — and records — the last home it reached."""
@@ -34,7 +34,8 @@ def prepare(cfg: Resolved, chain: list[Resolved], home_of: Callable[[Resolved], 
     name, profile = cfg.experiment.name, cfg.profile_name
     doing = f"preparing {name}" + (" and the experiments before it…" if cfg.experiment.previous else "…")
     with progress.status(doing):
-        for step, home, res in prepare_chain(chain, home_of, seed_dir):
+        for step, home, res in prepare_chain(chain, home_of, seed_dir,
+                                             replay_file=str(replay_file) if replay_file else None):
             yield home
             anchor_home(home, store_url, progress)
             c = res["prepared"]["counts"]
@@ -44,5 +45,8 @@ def prepare(cfg: Resolved, chain: list[Resolved], home_of: Callable[[Resolved], 
                          f"{c['task']['documents']} task + {c['replay']['documents']} replay documents, "
                          f"task share of targets {c['task_share_of_targets']:.1%} unweighted / "
                          f"{c['task_share_of_weighted_targets']:.1%} weighted; committed")
+            src = res["prepared"].get("replay_source") or {}
+            if src.get("kind") == "user-jsonl":
+                progress.say("prepare", f"  replay: {src['rows']} conversations from {src['file']} (sha256 {src['sha256'][:12]}…)")
             for arm, key, own, value in step.scaled():  # the arm's own value does not run: say so
                 progress.say("prepare", f"  {arm}: {key} = {value} (profile {profile}; the arm's own: {own})")

@@ -239,3 +239,24 @@ def test_inconsistent_home_refused_before_any_change(home_copy, tiny_seed):
         prepare(resolve("cooperative-learning", "smoke"), home_copy, tiny_seed)
     after = {p: file_sha256(home_copy / p) for p in _listing(home_copy) if (home_copy / p).is_file()}
     assert before == after
+
+
+def test_a_replay_file_reaches_the_trained_experiment_and_is_never_dropped(tiny_seed, tmp_path):
+    """`orchestrate run --replay FILE` prepares the chain with the user's replay for the experiment it
+    trains (the earlier ones keep theirs: they are prepared for their tasks only); a later run without
+    the file is refused, saying so, rather than preparing other inputs (#33)."""
+    from training.config import lineage
+    from training.prepare import prepare_chain
+
+    rows = [{"messages": [{"role": "user", "content": f"Say the number {i}."},
+                          {"role": "assistant", "content": f"The number is {i}."}]} for i in range(60)]
+    f = tmp_path / "replay.jsonl"
+    f.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    chain = lineage("local-training-windows", "smoke")
+    home_of = lambda c: tmp_path / c.experiment.name  # noqa: E731
+    got = {c.experiment.name: res["prepared"]["replay_source"]["kind"]
+           for c, _, res in prepare_chain(chain, home_of, tiny_seed, replay_file=str(f))}
+    assert got == {"cooperative-learning": "generated", "local-training-windows": "user-jsonl"}
+    with pytest.raises(PrepareError, match=r"its replay was the file replay.jsonl \(sha256 .*\), this run's is "
+                                           r"generated \(`--replay` gives a file, and must be given again"):
+        list(prepare_chain(chain, home_of, tiny_seed))
