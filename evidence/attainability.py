@@ -103,11 +103,11 @@ def retention_factor(probes: int, confidence: float) -> float | None:
 
 
 def sync_every(arm: dict[str, Any], profile: dict[str, Any]) -> int | None:
-    """An arm's synchronization period H as its ranks run it: the profile's `sync_every` scales it
-    for every arm that has one (training/train.py `_spec`), else the arm's own."""
-    if arm.get("sync_every") is None:
+    """An arm's synchronization period H as its ranks run it (training/config.py `Resolved.arm_settings`):
+    for an arm whose kind takes H (DiLoCo), the profile's `sync_every` where it sets one, else the arm's own."""
+    if arm.get("kind") != "diloco" and arm.get("sync_every") is None:
         return None
-    return profile.get("sync_every") or arm["sync_every"]
+    return profile["sync_every"] if profile.get("sync_every") is not None else arm.get("sync_every")
 
 
 def model_exchanges(arm: dict[str, Any], profile: dict[str, Any]) -> int | None:

@@ -338,8 +338,8 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
                                            help="this machine's upload rate, Mbit/s, for the staging time"),
          as_json: bool = typer.Option(False, "--json"),
          profile: str = typer.Option("gpu", help="the profile `run` will use on the hosts: the gates' "
-                                                 "attainability and the placement are planned at it (bytes and "
-                                                 "hours come from the stack's arms)")) -> None:
+                                                 "attainability is planned at it (bytes, hours and the "
+                                                 "placement come from the stack's arms and hosts)")) -> None:
     """Cost, hours and bytes of ARM's experiment (the arm and its controls) against the budget split,
     the hosts' vCPUs against the account's G-instance quota, and what staging sends from this machine.
     Exit 1 when anything does not fit."""
@@ -643,16 +643,20 @@ def remove(home: Path = typer.Option(..., help="the trial home to delete from th
                 v = verify_index(rec["store"], rec["index"], rec["index_sha256"])
             files = [p for p in sorted(home.rglob("*")) if p.is_file() or p.is_symlink()]
             size = sum(p.stat().st_size for p in files if p.is_file())
-            with con.status(f"comparing {len(files)} files with the index…"):
-                left = [rel for rel in (p.relative_to(home).as_posix() for p in files)
-                        if rel != PRESERVED and v["sha256"].get(rel) != file_sha256(home / rel)]
+            with con.status(f"comparing {len(files)} files with the index…"):  # a link is never preserved
+                left = [rel for rel in (p.relative_to(home).as_posix() for p in files) if rel != PRESERVED and (
+                        (home / rel).is_symlink() or rel not in v["sha256"] or v["sha256"][rel] != file_sha256(home / rel))]
             if left:
                 say("refused:", f"{home} holds {len(left)} file(s) its evidence index {rec['store']}{rec['index']} "
                     f"does not hold as they are now: {', '.join(left[:8])}{' …' if len(left) > 8 else ''}; "
                     f"preserve them (`orchestrate preserve --home {home}`) or move them out first", style="bold red")
                 raise typer.Exit(2)
+            # the record last: a deletion that fails part way leaves a home `remove` can still verify and finish
+            for p in sorted(home.iterdir()):
+                if p.name != PRESERVED:
+                    shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
             shutil.rmtree(home)
-        lock_path(home).unlink(missing_ok=True)
+            lock_path(home).unlink(missing_ok=True)  # while held: no other run can have taken it
     except HeldError as e:
         say("refused:", str(e), style="bold red")
         raise typer.Exit(2)

@@ -33,7 +33,7 @@ def seed(kind: str = typer.Option(..., help="smollm2-135m | tiny | local"),
          source: Optional[Path] = typer.Option(None, help="for --kind local: a Hugging Face dir"),
          expect: Optional[str] = typer.Option(None, help="required receipt digest")) -> None:
     """Materialize a seed model directory (safetensors + tokenizer + receipt.json), offline."""
-    from training.seed import materialize
+    from training.seed import materialize, seed_parameters
 
     try:
         with err.status(f"materializing {kind} seed into {out_dir}…"):
@@ -42,7 +42,7 @@ def seed(kind: str = typer.Option(..., help="smollm2-135m | tiny | local"),
     except USER_ERRORS as e:
         _fail(e)
     out.print_json(json.dumps({"out": str(out_dir), "kind": kind, "receipt_digest": receipt["digest"],
-                               "parameters": receipt["meta"].get("parameters"),
+                               "parameters": seed_parameters(receipt),
                                "seconds": receipt["meta"].get("seconds")}))
 
 

@@ -394,6 +394,12 @@ def _check_scaled(r: Resolved) -> None:
                 if bad:
                     raise ConfigError(f"{where}: profile sets {key} = {value}, which arm {a.name} "
                                       f"({a.kind}) refuses: {bad[0]['msg']}") from None
+    for a in r.experiment.arms:  # every arm's settings as its ranks will take them: refused now, not mid-trial
+        if a.trains:
+            try:
+                arm_kind(a.kind).settings(r.arm_settings(a))
+            except ValueError as e:
+                raise ConfigError(f"{where}: arm {a.name}: {e}") from None
 
 
 def lineage(name: str, profile: str, directory: Path | None = None) -> list[Resolved]:

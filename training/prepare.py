@@ -40,7 +40,7 @@ from training import corpus as corpus_mod
 from training import replay as replay_mod
 from training.config import Resolved
 from training.hold import NEW_HOME
-from training.seed import load_tokenizer, verify_seed
+from training.seed import load_tokenizer, seed_parameters, verify_seed
 from training.tasks import FAMILIES, HELDOUT_VARIANTS, TRAIN_VARIANTS, Task, answer_text, damage, generate_task
 
 FORMAT = "trial-prepared-v1"
@@ -279,7 +279,7 @@ def build_inputs(cfg: Resolved, model_dir: Path, out: Path, *, replay_file: Path
         "experiment_digest": cfg.digest(),
         "model": {"receipt_digest": receipt["digest"], "kind": receipt["meta"].get("kind"),
                   "weights_sha256": receipt["files"].get("model.safetensors", {}).get("sha256"),
-                  "parameters": receipt["meta"].get("parameters")},
+                  "parameters": seed_parameters(receipt)},
         "inputs": {p.name: file_sha256(p) for p in sorted(inputs.iterdir())},
         "role_hashes": {
             "train_tasks": canonical_sha256([r["task_id"] for r in rows[:n]]),
@@ -400,7 +400,7 @@ def _prepare_locked(cfg: Resolved, home: Path, model_dir: Path, replay_file: str
             if canonical_sha256(old) != digest:
                 was, now = old.get("replay_source") or {}, prepared.get("replay_source") or {}
                 hint = ("" if was == now else f"; its replay was {_replay_said(was)}, this run's is "
-                        f"{_replay_said(now)} (`--replay` gives a file, and must be given again on a later run)")
+                        f"{_replay_said(now)} (every run of a home must give the same `--replay`, or none)")
                 raise PrepareError(
                     f"{existing} already holds different prepared inputs (experiment "
                     f"{old['experiment']['experiment']['name']}/{old['experiment']['profile_name']}{hint}); "

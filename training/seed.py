@@ -147,16 +147,21 @@ def _import_local(tmp: Path, source: Path) -> dict[str, Any]:
     for p in sorted(source.iterdir()):
         if p.is_file() and not p.name.startswith(".") and p.name != RECEIPT_NAME:
             shutil.copy2(p, tmp / p.name)
-    return {"source": {"format": "huggingface-directory"}, "parameters": _stored_parameters(tmp)}
+    return {"source": {"format": "huggingface-directory"}}
 
 
 def _has_chat_template(d: Path) -> bool:
-    if (d / "chat_template.jinja").is_file() or (d / "chat_template.json").is_file():
+    if (d / "chat_template.jinja").is_file():  # the two forms transformers' tokenizer reads
         return True
     try:
         return bool(json.loads((d / "tokenizer_config.json").read_text(encoding="utf-8")).get("chat_template"))
     except (OSError, ValueError):
         return False
+
+
+def seed_parameters(receipt: dict[str, Any]) -> int | None:
+    """A seed's parameter count: made here (in the receipt's meta) or counted at a local import."""
+    return receipt["meta"].get("parameters") or receipt.get("parameters")
 
 
 def _stored_parameters(d: Path) -> int:
@@ -216,6 +221,8 @@ def _materialize(kind: str, out: Path, source: str | None, expect: str | None) -
         # path, or made by the same pinned torch built for another device, are the same seed.
         receipt["provenance"] = {"versions": _versions(),
                                  "source_dir": str(Path(source).resolve()) if source else None}
+        if "parameters" not in meta:  # a local directory's, from its weights' headers: outside the digest, so a
+            receipt["parameters"] = _stored_parameters(tmp)  # digest recorded before it was counted still holds
         weights = receipt["files"].get(WEIGHTS, {}).get("sha256")
         pinned = PINNED.get(kind)
         if pinned and weights != pinned:

@@ -286,6 +286,14 @@ def test_remove_deletes_only_a_home_whose_every_file_is_preserved(finished_trial
     assert r.returncode == 2 and "holds 1 file(s) its evidence index" in said and "notes.txt" in said, said
     assert sorted(p.relative_to(home) for p in home.rglob("*")) == before
     (home / "notes.txt").unlink()
+    kept = (home / "report.md").read_bytes()  # a changed file, and a link (never preserved), are refused too
+    (home / "report.md").write_bytes(kept + b"\nmy note")
+    (home / "elsewhere").symlink_to(tmp_path)
+    r = run_cli("-m", "orchestrate", "remove", "--home", str(home))
+    said = " ".join(r.stderr.split())
+    assert r.returncode == 2 and "holds 2 file(s)" in said and "elsewhere, report.md" in said, said
+    (home / "report.md").write_bytes(kept)
+    (home / "elsewhere").unlink()
     bare = tmp_path / "bare"
     shutil.copytree(home, bare, ignore=shutil.ignore_patterns("preserved.json"))
     r = run_cli("-m", "orchestrate", "remove", "--home", str(bare))
@@ -293,5 +301,6 @@ def test_remove_deletes_only_a_home_whose_every_file_is_preserved(finished_trial
     r = run_cli("-m", "orchestrate", "remove", "--home", str(home))
     assert r.returncode == 0, r.stderr
     assert not home.exists() and "removed" in r.stderr
+    assert tmp_path.is_dir() and (tmp_path / "bare").is_dir()  # the link's target, and nothing outside the home, kept
     r = run_cli("-m", "orchestrate", "down", "--home", str(finished_trial.home))  # the store still verifies
     assert r.returncode == 0, r.stderr

@@ -155,6 +155,11 @@ def test_a_profile_scales_an_arm_setting_only_where_it_takes_effect(tmp_path, mo
     _ltw_copy(src, tmp_path, monkeypatch, lambda t: t.replace("sync_every = 4 ", "sync_every = 0 ", 1))
     with pytest.raises(ConfigError, match="sync_every = 0, which arm diloco-four \\(diloco\\) refuses"):
         resolve("local-training-windows", "smoke")
+    # an arm without a setting its kind needs, at a profile that does not supply it: refused at resolve
+    # (and so by `validate`), not by the ranks mid-trial
+    _ltw_copy(src, tmp_path, monkeypatch, lambda t: t.replace("sync_every = 16\n", "", 1))
+    with pytest.raises(ConfigError, match="local-training-windows/gpu: arm diloco-four: .*sync_every"):
+        resolve("local-training-windows", "gpu")
     # a value no arm of the experiment takes
     f = tmp_path / "cooperative-learning.toml"
     f.write_text((src / "cooperative-learning.toml").read_text().replace("checkpoint_every = 8", "checkpoint_every = 8\nsync_every = 4", 1))

@@ -258,5 +258,5 @@ def test_a_replay_file_reaches_the_trained_experiment_and_is_never_dropped(tiny_
            for c, _, res in prepare_chain(chain, home_of, tiny_seed, replay_file=str(f))}
     assert got == {"cooperative-learning": "generated", "local-training-windows": "user-jsonl"}
     with pytest.raises(PrepareError, match=r"its replay was the file replay.jsonl \(sha256 .*\), this run's is "
-                                           r"generated \(`--replay` gives a file, and must be given again"):
+                                           r"generated \(every run of a home must give the same `--replay`, or none\)"):
         list(prepare_chain(chain, home_of, tiny_seed))
