@@ -5,8 +5,9 @@ code without going through a command line."""
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import typer
 
@@ -576,31 +577,45 @@ def preserve(home: Path = typer.Option(..., help="the trial home"),
     con.print(f"  → {rec['store']}{rec['index']}", highlight=False)
 
 
-@app.command()
-def down(home: Path = typer.Option(..., help="the trial home"),
-         aws_trial: Optional[str] = typer.Option(None, help="stop and reconcile this trial's AWS hosts by tag"),
-         region: Optional[str] = typer.Option(None, help="AWS region of --aws-trial")) -> None:
-    """Tear down — only once the home's evidence index verifies in its store, object by object."""
+@contextmanager
+def verified_home(home: Path, not_preserved: str) -> Iterator[tuple[dict, dict]]:
+    """Hold `home` (not while a run writes in it) with its preservation record read and its evidence index
+    verified in the store, object by object: (record, verification). Refused (exit 2), by name, when the
+    home was never preserved (`not_preserved`: what to do), is held, or its evidence does not verify."""
+    from contextlib import ExitStack
+
     from evidence.canonical import EvidenceFileError
     from evidence.stores import PRESERVED, PreservationError, read_preserved, verify_index
     from training.hold import HeldError, hold
 
     rec_path = home / PRESERVED
     if not rec_path.is_file():
-        say("refused:", f"{home} has not been preserved (no {PRESERVED}); run `orchestrate preserve --home "
-            f"{home}` first — hosts stay up until the evidence is safe", style="bold red")
+        say("refused:", f"{home} has not been preserved (no {PRESERVED}); {not_preserved}", style="bold red")
         raise typer.Exit(2)
-    try:
-        with hold(home, f"trial home {home}"):  # not while a run writes in it
+    with ExitStack() as held:
+        try:
+            held.enter_context(hold(home, f"trial home {home}"))
+        except HeldError as e:
+            say("refused:", str(e), style="bold red")
+            raise typer.Exit(2)
+        try:
             rec = read_preserved(home)
             with con.status("re-reading every preserved object…"):
                 v = verify_index(rec["store"], rec["index"], rec["index_sha256"])
-    except HeldError as e:
-        say("refused:", str(e), style="bold red")
-        raise typer.Exit(2)
-    except (EvidenceFileError, PreservationError, OSError) as e:
-        say("refused:", f"the evidence {rec_path} records does not verify: {e}", style="bold red")
-        raise typer.Exit(2)
+        except (EvidenceFileError, PreservationError, OSError) as e:
+            say("refused:", f"the evidence {rec_path} records does not verify: {e}", style="bold red")
+            raise typer.Exit(2)
+        yield rec, v
+
+
+@app.command()
+def down(home: Path = typer.Option(..., help="the trial home"),
+         aws_trial: Optional[str] = typer.Option(None, help="stop and reconcile this trial's AWS hosts by tag"),
+         region: Optional[str] = typer.Option(None, help="AWS region of --aws-trial")) -> None:
+    """Tear down — only once the home's evidence index verifies in its store, object by object."""
+    with verified_home(home, f"run `orchestrate preserve --home {home}` first — hosts stay up until the evidence "
+                             "is safe") as (rec, v):
+        pass
     say("verified", f"{v['files']} objects, {v['bytes'] / 1e6:,.1f} MB in {rec['store']}")
     if aws_trial is None:
         con.print("embedded local cluster: no hosts to stop", highlight=False)
@@ -628,19 +643,13 @@ def remove(home: Path = typer.Option(..., help="the trial home to delete from th
     left as it is. The store is not touched."""
     import shutil
 
-    from evidence.canonical import EvidenceFileError, file_sha256
-    from evidence.stores import PRESERVED, PreservationError, read_preserved, verify_index
-    from training.hold import HeldError, hold, lock_path
+    from evidence.canonical import file_sha256
+    from evidence.stores import PRESERVED
+    from training.hold import lock_path
 
-    if not (home / PRESERVED).is_file():
-        say("refused:", f"{home} has not been preserved (no {PRESERVED}): nothing of it would survive; run "
-            f"`orchestrate preserve --home {home}` first", style="bold red")
-        raise typer.Exit(2)
     try:
-        with hold(home, f"trial home {home}"):  # not while a run writes in it
-            rec = read_preserved(home)
-            with con.status("re-reading every preserved object…"):
-                v = verify_index(rec["store"], rec["index"], rec["index_sha256"])
+        with verified_home(home, f"run `orchestrate preserve --home {home}` first — nothing of it would survive "
+                                 "its removal") as (rec, v):
             files = [p for p in sorted(home.rglob("*")) if p.is_file() or p.is_symlink()]
             size = sum(p.stat().st_size for p in files if p.is_file())
             with con.status(f"comparing {len(files)} files with the index…"):  # a link is never preserved
@@ -657,12 +666,6 @@ def remove(home: Path = typer.Option(..., help="the trial home to delete from th
                     shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
             shutil.rmtree(home)
             lock_path(home).unlink(missing_ok=True)  # while held: no other run can have taken it
-    except HeldError as e:
-        say("refused:", str(e), style="bold red")
-        raise typer.Exit(2)
-    except (EvidenceFileError, PreservationError) as e:
-        say("refused:", f"the evidence {home / PRESERVED} records does not verify: {e}", style="bold red")
-        raise typer.Exit(2)
     except OSError as e:
         say("error:", str(e), style="bold red")
         raise typer.Exit(2)
