@@ -38,7 +38,7 @@
 # started), STEPS="coop2" (call 4: the same run finished and recomputed). CALL_LIMIT (default 590 s)
 # bounds every run so that the bundles are written before the device tool's per-call limit.
 # What is left (the third session): STEPS=stash (call 1), STEPS=coop SHARE=--share-gpus NO_BENCH=1
-# (call 2, carry .whl .seed-parts/part-ab), STEPS=coop2 (call 3, if call 2 was cut), then STEPS=batched
+# (call 2, carry .whl .seed-parts/part-ab), STEPS="coop2 batched" (call 3: coop2 removes the finished home), then STEPS=batched
 # SHARE=--share-gpus as many times as it takes (each call resumes: finished arms and scores are kept).
 # Send each call as soon as the previous returns: a machine goes back 30 s after a call, with the seed.
 # Each `orchestrate run` writes its record (stage seconds: seed, prepare, placement, train, select,
@@ -136,6 +136,10 @@ step_coop2() {  # the co-located cooperative-learning run again until it finishe
   fi
   python3 -m evidence report --home "$home" --output "$STUDY/coop-rereport.json" 2>&1 | tail -3
   bundle coop "$STUDY"/coop-* $(home_files "$home")
+  du -sh "$home" "$STUDY/trials/store" 2>/dev/null; df -h /tmp | tail -1
+  # finished and bundled: the disk is needed for batched-learning (ltw2 does the same)
+  python3 -c "import json,sys; sys.exit(json.load(open(sys.argv[1])).get('exit') != 0)" "$STUDY/coop-record.json" 2>/dev/null \
+    && rm -rf "$home" "$STUDY/trials/store"
   echo "step coop2: $((SECONDS - s)) s"; s=$SECONDS
 }
 step_batched() {
