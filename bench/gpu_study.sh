@@ -40,6 +40,9 @@
 # What is left (the third session): STEPS=stash (call 1), STEPS=coop SHARE=--share-gpus NO_BENCH=1
 # (call 2, carry .whl .seed-parts/part-ab), STEPS="coop2 batched" (call 3: coop2 removes the finished home), then STEPS=batched
 # SHARE=--share-gpus as many times as it takes (each call resumes: finished arms and scores are kept).
+# Done in the third session but batched-learning (bench/results/2026-12-03-share-gpus-coop-1xh200/README.md): the fourth
+# is STEPS=stash (carry .whl .seed-parts/part-aa), then STEPS=batched SHARE=--share-gpus (carry .whl .seed-parts/part-ab),
+# then the same again (carry .whl) until it finishes: about 1,500 s of device time.
 # Send each call as soon as the previous returns: a machine goes back 30 s after a call, with the seed.
 # Each `orchestrate run` writes its record (stage seconds: seed, prepare, placement, train, select,
 # score, serve, report, preserve; every arm's scoring speed) with --record.
@@ -143,10 +146,7 @@ step_coop2() {  # the co-located cooperative-learning run again until it finishe
   echo "step coop2: $((SECONDS - s)) s"; s=$SECONDS
 }
 step_batched() {
-  if [[ ! -f $STUDY/seeds/smollm2-135m/receipt.json ]]; then
-    echo "no $STUDY/seeds/smollm2-135m: the machine went back after call 2; calls 1 and 2 must come first, back to back"
-    exit 3
-  fi
+  join_seed  # already materialized after coop, or joined here (carry .seed-parts/part-ab after STEPS=stash)
   run_trial batched batched-learning gpu-135m "$STUDY/trials" "$STUDY/seeds"
   bundle batched "$STUDY"/batched-* $(home_files "$STUDY/trials/batched-learning-gpu-135m")
   echo "step batched: $((SECONDS - s)) s"; s=$SECONDS
