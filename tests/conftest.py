@@ -341,14 +341,20 @@ def _reached(func, seen: set[int], out: set[str]) -> None:
                         _reached(member, seen, out)
 
 
-def markers_of(item) -> set[str]:
-    """The markers of one collected test: what it reaches (REACHES), EXPLICIT, else `unit`."""
+def reached_names(item) -> set[str]:
+    """Every name one collected test uses, through its fixtures and the functions of tests/ it calls."""
     names = set(item.fixturenames)
     seen: set[int] = set()
     _reached(item.function, seen, names)
     for name in item.fixturenames:
         for fixturedef in item._fixtureinfo.name2fixturedefs.get(name, ()):
             _reached(fixturedef.func, seen, names)
+    return names
+
+
+def markers_of(item, names: set[str] | None = None) -> set[str]:
+    """The markers of one collected test: what it reaches (REACHES), EXPLICIT, else `unit`."""
+    names = reached_names(item) if names is None else names
     marks = {REACHES[n] for n in names if n in REACHES}
     for pattern, extra in EXPLICIT.items():
         if fnmatch.fnmatchcase(item.nodeid, pattern):
@@ -358,7 +364,26 @@ def markers_of(item) -> set[str]:
     return marks
 
 
+# Under `pytest -n` (scripts/test.sh runs two workers) some tests must share one worker, in order: the
+# network-namespace hosts (marker `ssh`) hold a machine-wide lock, one set at a time, so tests on them in
+# two workers would only wait on each other; and a session fixture is built once per worker, so the tests
+# of the finished trial (a whole smoke trial, about two minutes) stay together. The first match names a
+# test's group (`--dist loadgroup`: a group runs whole on one worker; every other test goes where a
+# worker is free).
+GROUPS = (("ssh", "netns-hosts"), ("finished_trial", "finished-trial"))
+
+
+def group_of(marks: set[str], names: set[str]) -> str | None:
+    return next((g for key, g in GROUPS if key in marks or key in names), None)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns each group into its node ids' suffix
 def pytest_collection_modifyitems(items):
     for item in items:
-        for m in sorted(markers_of(item)):
+        names = reached_names(item)
+        marks = markers_of(item, names)
+        for m in sorted(marks):
             item.add_marker(m)
+        group = group_of(marks, names)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))

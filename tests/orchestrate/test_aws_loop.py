@@ -7,10 +7,12 @@ registrations (MotoProvider); the instances, budget, topic and transfer alarm ex
 outputs' names. Then the CLI as a user types it:
 
   (config set: the stack file) → plan → pulumi up → stack output → up (from the saved outputs) → run
-  diloco-four (ranks over SSH, evidence into moto's S3, read back, each host preserving its own checkpoint
-  payloads) → status (spend, alarm, who hears it) → down refusing an unpreserved home, and pulumi destroy
-  refused then too, deleting nothing → preserve → a second run stopped before its first arm by a transfer
-  alarm in ALARM, its evidence preserved → down (verified, instances stopped) → pulumi destroy: the gate's
+  diloco-four --no-serve (ranks over SSH, evidence into moto's S3, read back, each host preserving its own
+  checkpoint payloads; the serving probe on the hosts, the same RemoteReplicas over the same SSH transport,
+  is tests/orchestrate/test_remote_trial.py's and test_remote_serving.py's, so this loop leaves it out) →
+  status (spend, alarm, who hears it) → down refusing an unpreserved home, and pulumi destroy refused then
+  too, deleting nothing → preserve → a second run stopped before its first arm by a transfer alarm in ALARM,
+  its evidence preserved → down (verified, instances stopped) → pulumi destroy: the gate's
   hook verifies the trial in moto's S3 in the program's process, every resource but the evidence is deleted
   (the instances terminated: nothing left billing), and the bucket, its settings and its preserved indexes
   are still there and verify.
@@ -155,13 +157,14 @@ def test_the_aws_loop_in_emulation(cloud, tiny_seed, tmp_path):
         (tmp_path / "cluster.json").write_text(json.dumps(cluster))
 
         run = ("-m", "orchestrate", "run", "--profile", "smoke", "--trials", str(trials), "--seeds", str(seeds),
-               "--cluster", str(tmp_path / "cluster.json"))
+               "--cluster", str(tmp_path / "cluster.json"), "--no-serve")
         r = run_cli(*run[:3], "diloco-four", *run[3:], timeout=1500)
         assert r.returncode == 0, said(r)[-4000:]
         assert "pulumi, 4 host(s)" in said(r) and f"staged {TRIAL}-3" in said(r)  # host names come from the stack
         # staged through the bucket: one copy left the controller, each host fetched and hashed its own
         assert "relay: " in said(r) and said(r).count("fetched from the store and verified") >= 4
         home = trials / "local-training-windows-smoke"
+        assert not (home / "serving").exists() and read_json(home / "placement.json")["cluster"]["no_serve"]
         preserved = read_json(home / "preserved.json")
         assert preserved["store"] == f"s3://{BUCKET}/trials/{TRIAL}/"
         (key,) = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"trials/{TRIAL}/indexes/{home.name}/")["Contents"]]
