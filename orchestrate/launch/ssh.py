@@ -1,12 +1,16 @@
 """Ranks on hosts reached over SSH, one per host, each the command of one SSH exec channel.
 
 A wrapper writes the rank's pid first, so the supervisor can signal it by pid (`kill -TERM <pid>`),
-and its stderr streams into the local log. A host that stops answering (no liveness probe answered
-for `unreachable_s`, decided on the clock by a watcher thread per rank) fails the group like a
+and its stderr streams into the local log. A host that stops answering fails the group like a
 non-zero exit: the others are stopped; the unreachable one cannot be, and the result says so
-(`Reason.UNREACHABLE`). A channel that ends with its connection carries no exit status; the rank is
-then followed by pid, and once gone fails as `Reason.LOST`, never as a success. The hosts are staged
-first (orchestrate/remote.py); each rank's command and environment are `command`'s.
+(`Reason.UNREACHABLE`). Whose silence it is decides when (`Hearing`): a host is unreachable after
+`unreachable_s` without an answer, counted only while the controller itself ran (a controller that was
+stopped, suspended or starved heard nothing and is owed no verdict), and only while another host of the
+group answers (the controller still reaches the network); when every host falls silent at once — the
+controller's own network, or a group of one — the verdict waits `alone_s`. A channel that ends with its
+connection carries no exit status; the rank is then followed by pid, and once gone fails as
+`Reason.LOST`, never as a success. The hosts are staged first (orchestrate/remote.py); each rank's
+command and environment are `command`'s.
 """
 
 from __future__ import annotations
@@ -36,21 +40,109 @@ def liveness_probe(pidfile: str, heartbeat: str | None = None) -> str:
     return f"{state}{beat}; true"
 
 
+UNREACHABLE_S = 10.0
+"""A dead host is declared after this many seconds of the controller's running time without an answer,
+while another host of its group answers: long enough for a host whose cores four ranks keep busy to open a
+session (seen: 2-5 s while ranks import torch on two cores), short next to a training arm."""
+ALONE_S = 180.0
+"""When no host of a group answers, the controller cannot tell its own network's loss (a Wi-Fi change, a
+VPN reconnect, a sleep) from every host's: the verdict then waits this long, well past such a blink."""
+
+
+class Hearing:
+    """When the controller last heard each host of one group, on a clock that runs only while the
+    controller does: a ticker adds each tick's seconds, but at most `stall_s` of them, so a controller
+    stopped (SIGSTOP, a laptop's sleep, a paused VM) or starved for a minute counts about a second of it.
+    `verdict(host)` is a host's silence judged as the module says."""
+
+    def __init__(self, *, unreachable_s: float = UNREACHABLE_S, alone_s: float = ALONE_S, tick_s: float = 0.25,
+                 stall_s: float = 1.0, say: Callable[[str], None] | None = None):
+        self.unreachable_s, self.alone_s, self.tick_s, self.stall_s = unreachable_s, max(alone_s, unreachable_s), \
+            tick_s, stall_s
+        self.say = say
+        self._lock = threading.Lock()
+        self._awake, self._last = 0.0, time.monotonic()
+        self._heard: dict[str, float] = {}
+        self._all_silent = False  # said once per stretch of silence
+        self._stop = threading.Event()
+        self._ticker = threading.Thread(target=self._tick, name="hearing clock", daemon=True)
+        self._ticker.start()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.tick_s):
+            self.now()
+
+    def now(self) -> float:
+        """Seconds the controller has run since this hearing began (stalls counted as `stall_s`)."""
+        with self._lock:
+            t = time.monotonic()
+            self._awake += min(t - self._last, self.stall_s)
+            self._last = t
+            return self._awake
+
+    def join(self, host: str) -> None:
+        """A host of the group, heard from now (its rank has just been started there)."""
+        now = self.now()
+        with self._lock:
+            self._heard.setdefault(host, now)
+
+    def heard(self, host: str) -> None:
+        now = self.now()
+        with self._lock:
+            self._heard[host] = now
+            back, self._all_silent = self._all_silent, False
+        if back and self.say:
+            self.say(f"{host.split(':')[0]} answers again")
+
+    def silent_for(self, host: str) -> float:
+        now = self.now()
+        with self._lock:
+            return now - self._heard.get(host, now)
+
+    def verdict(self, host: str) -> bool:
+        """Whether `host` is unreachable: silent past `unreachable_s` while another host answered within
+        the last `unreachable_s / 2` (the controller reached the network during its silence), or silent
+        past `alone_s` when none did."""
+        now = self.now()
+        with self._lock:
+            silent = now - self._heard.get(host, now)
+            if silent <= self.unreachable_s:
+                return False
+            if any(now - t <= self.unreachable_s / 2 for h, t in self._heard.items() if h != host):
+                return True
+            first, self._all_silent = not self._all_silent, True
+        if first and self.say:
+            self.say(f"no host of the group has answered for {silent:.0f} s: more likely the controller's own "
+                     f"network than every host at once; a host is declared unreachable after {self.alone_s:.0f} s "
+                     "of this")
+        return silent > self.alone_s
+
+    def close(self) -> None:
+        self._stop.set()
+
+
 class RemoteRank:
     """Popen's interface (poll, send_signal, kill, wait, returncode) for a rank on an SSH host.
 
-    Liveness is decided on the wall clock, not on a probe's return: a watcher thread asks the host
-    every `probe_every_s` whether the rank's pid is there (and, when given, the heartbeat's mtime),
-    and `poll` fails the rank once no answer has come for `unreachable_s`. A probe that blocks — a
-    reconnect to a dead address, paramiko waiting out a key exchange on a connection that no longer
-    carries packets — delays only the next probe, never the decision or the other ranks' supervision.
+    Liveness is decided on the controller's clock, not on a probe's return: a watcher thread asks the
+    host every `probe_every_s` whether the rank's pid is there (and, when given, the heartbeat's mtime),
+    each answer told to the group's `Hearing`, and `poll` fails the rank once the hearing's verdict
+    says so. A probe that blocks — a reconnect to a dead address, paramiko waiting out a key exchange on
+    a connection that no longer carries packets — delays only the next probe, never the decision or the
+    other ranks' supervision. A rank given no hearing is a group of one (its verdict waits `alone_s`).
     """
 
     def __init__(self, t: SSHTransport, command: str, env: dict[str, str], log: Path, pidfile: str,
-                 *, unreachable_s: float = 10.0, probe_every_s: float = 1.0, probe_timeout_s: float = 2.0,
-                 words_every_s: float = 5.0, heartbeat: str | None = None):
+                 *, unreachable_s: float = UNREACHABLE_S, alone_s: float = ALONE_S, probe_every_s: float = 1.0,
+                 probe_timeout_s: float = 2.0, words_every_s: float = 5.0, heartbeat: str | None = None,
+                 hearing: Hearing | None = None):
         self.t, self.log, self.pidfile = t, log, pidfile
-        self.unreachable_s, self.probe_every_s, self.probe_timeout_s = unreachable_s, probe_every_s, probe_timeout_s
+        self._own_hearing = hearing is None
+        self.hearing = hearing or Hearing(unreachable_s=unreachable_s, alone_s=alone_s)
+        self.key = f"{t.name}:{pidfile}"  # one entry per rank, even where two ranks share a host
+        self.hearing.join(self.key)
+        self.unreachable_s, self.probe_every_s, self.probe_timeout_s = \
+            self.hearing.unreachable_s, probe_every_s, probe_timeout_s
         self.words_every_s = words_every_s  # how often the pid and heartbeat are read (a shell on the host)
         self.returncode: int | None = None
         self.why: Reason | None = None  # set when its end is decided here, not by its status
@@ -60,7 +152,6 @@ class RemoteRank:
         self.chan = t.start(f"echo $$ > {pidfile}; {command}", env)  # `command` execs its program: the same pid
         self._log = open(log, "ab")
         self._out = open(log.with_suffix(".out"), "ab")
-        self._answered = time.monotonic()  # when the host last answered a probe
         self._killed_at: float | None = None  # when kill() last sent SIGKILL
         self._stop = threading.Event()
         self._probe = liveness_probe(pidfile, heartbeat)
@@ -84,11 +175,12 @@ class RemoteRank:
                     chan = self.t.session(self.probe_timeout_s)
                 except Exception:  # noqa: BLE001 — no answer, whatever paramiko raised; the clock decides
                     continue
-                self._answered = time.monotonic()
-                if pending is not None or self._answered - asked < self.words_every_s:
+                self.hearing.heard(self.key)
+                answered = time.monotonic()
+                if pending is not None or answered - asked < self.words_every_s:
                     chan.close()
                     continue
-                asked = self._answered
+                asked = answered
                 try:
                     self.t.execute(chan, self._probe)
                 except Exception:  # noqa: BLE001 — the host answered; the next probe asks again
@@ -125,8 +217,8 @@ class RemoteRank:
         return None
 
     def silent_for(self) -> float:
-        """Seconds since the host last answered a liveness probe."""
-        return time.monotonic() - self._answered
+        """Seconds of the controller's running time since the host last answered a liveness probe."""
+        return self.hearing.silent_for(self.key)
 
     def _drain(self) -> None:
         while self.chan.recv_stderr_ready():
@@ -147,7 +239,7 @@ class RemoteRank:
             return self.returncode
         # a channel closed without an exit status means the connection died, not necessarily the
         # rank: the watcher's answers decide whether the host is still there, and whether the rank is
-        if self.silent_for() > self.unreachable_s:
+        if self.hearing.verdict(self.key):
             self.returncode, self.why, self.unstoppable = 255, Reason.UNREACHABLE, True
             self._close()
         elif self.chan.closed and self.pid_alive is False:  # gone, its status lost with the connection:
@@ -194,7 +286,7 @@ class RemoteRank:
             return
         self._killed_at = time.monotonic()
         self.send_signal(signal.SIGKILL)
-        if self.silent_for() > self.unreachable_s:  # the host is gone: it can be neither stopped nor waited for
+        if self.hearing.verdict(self.key):  # the host is gone: it can be neither stopped nor waited for
             self.returncode, self.why, self.unstoppable = 255, self.why or Reason.UNREACHABLE, True
             self._close()
 
@@ -215,11 +307,15 @@ class RemoteRank:
         blocked inside paramiko is left to end on its own; the thread is a daemon). `wait=False` only
         asks, so a group's watchers can all be asked before any is waited for."""
         self._stop.set()
+        if self._own_hearing:
+            self.hearing.close()
         if wait and self._watcher is not threading.current_thread():
             self._watcher.join(timeout=2 * self.probe_timeout_s + 1)
 
     def _close(self) -> None:
         self._stop.set()
+        if self._own_hearing:
+            self.hearing.close()
         try:
             self.chan.close()
         except Exception:  # noqa: BLE001
@@ -230,12 +326,15 @@ class RemoteRank:
 
 def launch_remote_group(cluster: Cluster, argv_for: Callable[[Host], Sequence[str]], world: int, *,
                         log_dir: Path, env: dict[str, str] | None = None, threads: int | None = None,
-                        heartbeats: Sequence[str] = (), stale_s: float = 600.0, unreachable_s: float = 10.0,
+                        heartbeats: Sequence[str] = (), stale_s: float = 600.0,
+                        unreachable_s: float = UNREACHABLE_S, alone_s: float = ALONE_S,
                         grace_s: float = 10.0, echo: Callable[[str], None] | None = None,
                         guard: Callable[[], str | None] | None = None) -> GroupResult:
     """One rank per host of `cluster` (ranks 0..world-1) running Python's `argv_for(host)`, its
     environment `env` under `command.process_env`'s policy (`threads`: OMP_NUM_THREADS unless `env`
-    sets it), rendezvous at rank 0's private address; supervised by `run_group`."""
+    sets it), rendezvous at rank 0's private address; supervised by `run_group`, the hosts' silences
+    judged by one `Hearing`."""
+    hearing = Hearing(unreachable_s=unreachable_s, alone_s=alone_s, say=echo)
     log_dir.mkdir(parents=True, exist_ok=True)
     hosts = cluster.by_rank[:world]
     master = hosts[0].private_address
@@ -249,13 +348,13 @@ def launch_remote_group(cluster: Cluster, argv_for: Callable[[Host], Sequence[st
             logs[r].write_bytes(b"")
             cmd = host_command(h, argv_for(h))
             beat = f"{h.root}/{heartbeats[r]}" if r < len(heartbeats) else None
-            procs.append(RemoteRank(t, cmd, e, logs[r], f"{h.root}/rank-{r}.pid", unreachable_s=unreachable_s,
-                                    heartbeat=beat))
+            procs.append(RemoteRank(t, cmd, e, logs[r], f"{h.root}/rank-{r}.pid", heartbeat=beat, hearing=hearing))
     except BaseException:
         for p in procs:
             p.kill()
             p.stop_watching()
             p.t.close()
+        hearing.close()
         raise
     # heartbeats come from each rank's watcher (its probe reads the mtime too): reading them never
     # blocks supervision, and while the host does not answer the last value stays, so no progress
@@ -268,3 +367,4 @@ def launch_remote_group(cluster: Cluster, argv_for: Callable[[Host], Sequence[st
         for p in procs:  # one connection per rank per attempt: closed with the attempt
             p.stop_watching()
             p.t.close()
+        hearing.close()

@@ -1,8 +1,9 @@
 """SSH transport against real OpenSSH sshd processes in network namespaces on 198.18.0.0/24
 (root only): exit status, separate output streams, verified copies, pinned host keys, the member-only
 firewall on a rendezvous port, an unreachable host failing fast, and a remote rank's liveness
-verdict kept on the clock while its probes hang, a rank followed by pid after its connection dies,
-and the liveness probe that reads a zombie as gone."""
+verdict kept on the clock while its probes hang — a host silent while another answers, every host silent
+at once (the controller's network), the controller itself stopped — a rank followed by pid after its
+connection dies, and the liveness probe that reads a zombie as gone."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ import time
 
 import pytest
 
-from conftest import proc_state
-from orchestrate.launch.ssh import RemoteRank, liveness_probe
+from conftest import ROOT, proc_state
+from orchestrate.launch.ssh import Hearing, RemoteRank, liveness_probe
 from orchestrate.netns import NetnsHosts
 from orchestrate.transport import SSHTransport, TransportError
 
@@ -166,14 +167,23 @@ def test_a_slow_shell_is_not_an_unreachable_host(hosts, tmp_path):
         t.close()
 
 
+def hanging(hosts, k: int) -> HangingProbes:
+    h = hosts.hosts[k]
+    return HangingProbes(f"host-{k}", h.address, user=hosts.user, key_file=hosts.client_key, host_key=h.host_key)
+
+
 def test_a_hanging_probe_cannot_delay_the_unreachable_verdict(hosts, tmp_path):
-    """The verdict comes from the clock (no answer for unreachable_s), not from a probe returning:
-    poll() never waits on the host, and the rank fails within the bound although every probe hangs."""
+    """The verdict comes from the clock (no answer for unreachable_s while another host of the group
+    answers), not from a probe returning: poll() never waits on the host, and the rank fails within the
+    bound although every probe to its host hangs."""
     h = hosts.hosts[1]
-    t = HangingProbes("host-1", h.address, user=hosts.user, key_file=hosts.client_key, host_key=h.host_key)
+    t, other = hanging(hosts, 1), hanging(hosts, 2)
+    hearing = Hearing(unreachable_s=3)
     pidfile = f"{h.root}/hang.pid"
-    rank = RemoteRank(t, "exec sleep 120", {}, tmp_path / "rank.log", pidfile, unreachable_s=3,
-                      heartbeat=f"{h.root}/beat")
+    rank = RemoteRank(t, "exec sleep 120", {}, tmp_path / "rank.log", pidfile, heartbeat=f"{h.root}/beat",
+                      hearing=hearing)
+    peer = RemoteRank(other, "exec sleep 120", {}, tmp_path / "peer.log", f"{hosts.hosts[2].root}/hang-peer.pid",
+                      hearing=hearing)  # host 2 keeps answering: the controller reaches the network
     cleanup = ssh(hosts, 1)
     try:
         cleanup.run(f"touch -d @1000000000 {h.root}/beat").check("beat")
@@ -197,12 +207,125 @@ def test_a_hanging_probe_cannot_delay_the_unreachable_verdict(hosts, tmp_path):
         assert 3 - 2.5 < verdict < 3 + rank.probe_timeout_s + 1, verdict
         assert slowest < 0.5, slowest  # no poll waited on the host
         assert rank.heartbeat_mtime == 1000000000.0  # the last value seen stays
+        assert peer.poll() is None
     finally:
         t.release.set()
-        rank.stop_watching()
-        cleanup.run(f"kill $(cat {pidfile})")
+        for r in (rank, peer):
+            r.stop_watching()
+        cleanup.run(f"kill $(cat {pidfile}) $(cat {hosts.hosts[2].root}/hang-peer.pid)")
         cleanup.close()
-        t.close()
+        for x in (t, other):
+            x.close()
+        hearing.close()
+
+
+def test_every_host_silent_at_once_is_the_controllers_silence(hosts, tmp_path):
+    """Every probe of the group hangs at once (what a controller cut off from its network sees): no host
+    is declared unreachable at unreachable_s; the operator is told why; when the hosts answer again the
+    group goes on; only a silence of every host past alone_s is a verdict."""
+    said: list[str] = []
+    hearing = Hearing(unreachable_s=3, alone_s=12, say=said.append)
+    ts = [hanging(hosts, k) for k in (1, 2)]
+    pidfiles = [f"{hosts.hosts[k].root}/silent-{k}.pid" for k in (1, 2)]
+    ranks = [RemoteRank(t, "exec sleep 120", {}, tmp_path / f"r{k}.log", pf, hearing=hearing)
+             for k, t, pf in zip((1, 2), ts, pidfiles)]
+    cleanup = ssh(hosts, 1)
+    try:
+        deadline = time.monotonic() + 10
+        while not all(r.pid_alive for r in ranks) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for t in ts:
+            t.hang.set()
+        hung_at = time.monotonic()
+        while time.monotonic() - hung_at < 7:  # past unreachable_s, short of alone_s
+            assert [r.poll() for r in ranks] == [None, None], [r.why for r in ranks]
+            time.sleep(0.1)
+        assert said and said[0].startswith("no host of the group has answered for") and "12 s" in said[0], said
+        for t in ts:  # the network is back
+            t.hang.clear()
+            t.release.set()
+        back = time.monotonic()
+        while len(said) < 2 and time.monotonic() - back < 10:
+            assert [r.poll() for r in ranks] == [None, None]
+            time.sleep(0.1)
+        assert said[1].endswith("answers again"), said
+        for t in ts:  # and gone again, for good this time: a verdict once alone_s has passed
+            t.release.clear()
+            t.hang.set()
+        gone_at = time.monotonic()
+        while ranks[0].poll() is None and time.monotonic() - gone_at < 30:
+            time.sleep(0.1)
+        took = time.monotonic() - gone_at
+        print(f"every host silent: verdict after {took:.2f} s (alone_s 12, unreachable_s 3)")
+        assert ranks[0].why == "unreachable" and 12 - 2 < took < 12 + 4, (ranks[0].why, took)
+    finally:
+        for t in ts:
+            t.release.set()
+        for r in ranks:
+            r.stop_watching()
+        cleanup.run(f"kill $(cat {' '.join(pidfiles)}) 2>/dev/null")
+        cleanup.close()
+        for t in ts:
+            t.close()
+        hearing.close()
+
+
+CONTROLLER = """
+import json, sys, time
+from pathlib import Path
+from orchestrate.launch.ssh import Hearing, RemoteRank
+from orchestrate.transport import SSHTransport
+c = json.loads(sys.argv[1])
+hearing = Hearing(unreachable_s=5, alone_s=5)  # no grace for a silent group: only the clock can spare it
+ranks = [RemoteRank(SSHTransport(f"host-{k}", h["address"], user=c["user"], key_file=c["key"], host_key=h["key"]),
+                    "exec sleep 120", {}, Path(c["logs"]) / f"r{k}.log", h["pidfile"], hearing=hearing)
+         for k, h in enumerate(c["hosts"])]
+deadline = time.monotonic() + 10
+while not all(r.pid_alive for r in ranks) and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("watching", flush=True)
+end, loudest = time.monotonic() + c["watch_s"], 0.0
+while time.monotonic() < end and all(r.poll() is None for r in ranks):
+    loudest = max([loudest] + [r.silent_for() for r in ranks])
+    time.sleep(0.05)
+print(json.dumps({"verdicts": [r.why for r in ranks], "loudest": loudest}), flush=True)
+for r in ranks:
+    r.stop_watching()
+"""
+
+
+def test_a_stopped_controller_is_owed_no_verdict(hosts, tmp_path):
+    """The controller itself stops for 10 s (SIGSTOP, as a laptop's sleep or a starved process would):
+    its hosts did not go silent, it did; the silence it counts is the time it ran, so no verdict comes
+    from those 10 s (unreachable_s 5, and no grace for a group that falls silent together)."""
+    import json
+    import signal
+
+    ks = (1, 2)
+    pidfiles = [f"{hosts.hosts[k].root}/stopped-ctl-{k}.pid" for k in ks]
+    cfg = {"user": hosts.user, "key": str(hosts.client_key), "logs": str(tmp_path), "watch_s": 18,
+           "hosts": [{"address": hosts.hosts[k].address, "key": hosts.hosts[k].host_key, "pidfile": pf}
+                     for k, pf in zip(ks, pidfiles)]}
+    ctl = subprocess.Popen([sys.executable, "-c", CONTROLLER, json.dumps(cfg)], stdout=subprocess.PIPE, text=True,
+                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    cleanup = ssh(hosts, 1)
+    try:
+        assert ctl.stdout.readline().strip() == "watching"
+        time.sleep(2)
+        ctl.send_signal(signal.SIGSTOP)
+        time.sleep(10)
+        ctl.send_signal(signal.SIGCONT)
+        out = json.loads(ctl.stdout.readline())
+        ctl.wait(timeout=30)
+        print(f"controller stopped 10 s: verdicts {out['verdicts']}, longest silence counted {out['loudest']:.2f} s")
+        assert out["verdicts"] == [None, None] and out["loudest"] < 5, out
+    finally:
+        if ctl.poll() is None:
+            ctl.send_signal(signal.SIGCONT)
+            ctl.kill()
+            ctl.wait()
+        cleanup.run(f"kill $(cat {' '.join(pidfiles)}) 2>/dev/null")
+        cleanup.close()
 
 
 def test_a_rank_whose_connection_dies_is_followed_to_its_end(hosts, tmp_path):
