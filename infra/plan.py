@@ -102,8 +102,37 @@ class Arm(Strict):
         return v
 
 
+def experiment_arms(experiment: str, profile: str, measured: dict[str, dict[str, int]]) -> list[dict[str, Any]]:
+    """The arms a stack plans for `experiment` at `profile`, read from the experiment's own file (the one
+    `orchestrate run` trains from): every arm that trains, its kind and ranks, the profile's updates and the
+    settings its kind runs with (`Resolved.arm_settings`: DiLoCo's H as the profile scales it); what only a
+    measurement gives (PowerSGD's payload per update) from `measured`, keyed by arm name."""
+    from training.config import ConfigError, resolve
+
+    try:
+        r = resolve(experiment, profile)
+    except ConfigError as e:
+        raise ValueError(f"experiment {experiment} at profile {profile}: {e}") from None
+    trains = {a.name for a in r.experiment.arms if arm_kind(a.kind).trains}
+    unknown = sorted(set(measured) - trains)
+    if unknown:
+        raise ValueError(f"measured names no arm of {experiment} that trains: {', '.join(unknown)} "
+                         f"(its arms: {', '.join(sorted(trains))})")
+    out = []
+    for a in r.experiment.arms:
+        if a.name not in trains:
+            continue
+        settings = r.arm_settings(a)
+        out.append({"name": a.name, "kind": a.kind, "world_size": a.world_size, "updates": r.profile.updates,
+                    **({"sync_every": settings["sync_every"]} if settings.get("sync_every") is not None else {}),
+                    **measured.get(a.name, {})})
+    return out
+
+
 class TrialConfig(Strict):
-    """`trials:cluster` in the stack config (see Pulumi.dev.yaml)."""
+    """`trials:cluster` in the stack config (see Pulumi.dev.yaml). The arms are named once: `experiment`
+    (and `profile`) read them from the experiment's file; `arms` written out is for a stack that plans
+    arms of no experiment file (the two together are refused: one would silently differ from the other)."""
 
     trial: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{2,40}$")
     region: str
@@ -132,7 +161,19 @@ class TrialConfig(Strict):
     budget_filter: Literal["region", "tag", "tag-activate"] = "region"
     ami_id: str | None = Field(None, pattern=r"^ami-[0-9a-f]{8,17}$")  # pin the image (else looked up once, then kept)
     parameters: int = Field(ge=1)  # model parameters synchronized by the distributed arms
+    experiment: str | None = None  # the study this stack runs: its arms come from config/experiments/<name>.toml
+    profile: str = "gpu"  # the experiment's profile: its updates and the settings it scales
+    measured: dict[str, dict[str, int]] = {}  # per arm, what only a measurement gives: payload_bytes_per_sync
     arms: list[Arm] = Field(min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _arms_of_the_experiment(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("experiment") is None:
+            return data
+        if data.get("arms") is not None:
+            raise ValueError(f"give experiment ({data['experiment']}: its arms come from its file) or arms, not both")
+        return {**data, "arms": experiment_arms(data["experiment"], data.get("profile", "gpu"), data.get("measured") or {})}
     evidence_gb: float = Field(50, ge=0)  # what the evidence bucket is expected to hold
     object_lock_days: int | None = Field(None, ge=1)
     # the PyTorch deep-learning AMI on Ubuntu 24.04, the line AWS still releases for x86_64 (the Ubuntu

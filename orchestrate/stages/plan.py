@@ -30,6 +30,9 @@ def plan_arm(cfg: TrialConfig, stack: Path, arm: str, *, wheelhouse: Optional[Pa
     name, arm = address(arm)  # EXPERIMENT/ARM, an experiment (its primary), or an arm one experiment has
     resolved = resolve(name, profile)
     exp = resolved.experiment
+    if cfg.experiment is not None and (cfg.experiment, cfg.profile) != (name, profile):
+        raise PlanError(f"{stack} runs {cfg.experiment} at profile {cfg.profile}; this plan is of {name} at profile "
+                        f"{profile}: plan what the stack runs, or set its experiment and profile")
     names = {a.name for a in exp.arms}
     arms = [a for a in cfg.arms if a.name in names]
     if arm not in {a.name for a in arms}:

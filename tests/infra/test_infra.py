@@ -34,6 +34,8 @@ def study(now: dt.datetime = NOW, **changes) -> dict:
     c = copy.deepcopy(cfg["trials:cluster"]) | {"region": cfg["aws:region"]}
     c["deadline"] = (now + dt.timedelta(hours=3)).isoformat()
     c["ssh_public_key"] = OPERATOR_KEY
+    if "arms" in changes:  # arms written out: a stack of no experiment file
+        c.pop("experiment", None)
     c.update(changes)
     return c
 
@@ -354,6 +356,35 @@ def test_estimate_for_the_four_worker_study():
                                                    {"rank": 1, "instance_type": "g6e.xlarge", "zone": "us-east-1d"}],
                                             arms=[{"name": "p", "kind": "ddp", "world_size": 2, "updates": 10}]))
     assert arm_traffic(pair, pair.arms[0])["cross_zone_bytes"] == pytest.approx(2 * 10 * 1 * 4 * PARAMS)
+
+
+def test_the_stack_names_its_arms_once_through_the_experiment():
+    """The example stack names its experiment and profile; the arms it plans are that experiment's at that
+    profile, as `orchestrate run` resolves them (#33: no second copy to drift)."""
+    from training.arms import kind
+    from training.config import resolve
+
+    cfg = TrialConfig.model_validate(study())
+    r = resolve("local-training-windows", "gpu")
+    want = [(a.name, a.kind, a.world_size, r.profile.updates, r.arm_settings(a).get("sync_every"))
+            for a in r.experiment.arms if kind(a.kind).trains]
+    assert [(a.name, a.kind, a.world_size, a.updates, a.sync_every) for a in cfg.arms] == want
+    assert [a.name for a in cfg.arms] == ["single", "ddp-four", "diloco-four"] and cfg.arms[2].sync_every == 16
+    smoke = TrialConfig.model_validate(study(profile="smoke"))  # the profile's updates and its H
+    assert {(a.updates, a.sync_every) for a in smoke.arms if a.kind == "diloco"} == {(16, 4)}
+    # PowerSGD's payload is measured: asked for by name, taken from `measured`, refused for an arm not there
+    with pytest.raises(ValueError, match="arm powersgd-pair: give payload_bytes_per_sync"):
+        TrialConfig.model_validate(study(experiment="batched-learning"))
+    batched = TrialConfig.model_validate(study(experiment="batched-learning",
+                                               measured={"powersgd-pair": {"payload_bytes_per_sync": 1234}}))
+    assert {a.name: a.payload_bytes_per_sync for a in batched.arms} == {"single": None, "powersgd-pair": 1234}
+    with pytest.raises(ValueError, match="measured names no arm of batched-learning that trains: seed"):
+        TrialConfig.model_validate(study(experiment="batched-learning", measured={"seed": {"payload_bytes_per_sync": 1}}))
+    both = study() | {"arms": [{"name": "p", "kind": "ddp", "world_size": 2, "updates": 10}]}
+    with pytest.raises(ValueError, match="give experiment .local-training-windows: its arms come from its file. or arms, not both"):
+        TrialConfig.model_validate(both)
+    with pytest.raises(ValueError, match="experiment nope at profile gpu"):
+        TrialConfig.model_validate(study(experiment="nope"))
 
 
 @pytest.mark.parametrize("changes, words", [

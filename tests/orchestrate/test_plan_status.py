@@ -78,8 +78,12 @@ def test_plan_refuses_over_the_quota(monkeypatch, tmp_path):
     for bad in (["--uplink-mbps", "0"], ["--wheelhouse", str(tmp_path / "none")]):
         r = CliRunner().invoke(app, ["plan", "diloco-four", "--stack", stack, "--no-quota", *bad])
         assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    # the stack names what it runs (its experiment at its profile): a plan of anything else is refused by name
     r = CliRunner().invoke(app, ["plan", "clean-pair", "--stack", stack, "--no-quota"])
-    assert r.exit_code == 2 and "plans no arm 'clean-pair'" in " ".join(r.output.split())
+    assert r.exit_code == 2 and ("runs local-training-windows at profile gpu; this plan is of cooperative-learning at "
+                                 "profile gpu") in " ".join(r.output.split())
+    r = CliRunner().invoke(app, ["plan", "diloco-four", "--stack", stack, "--no-quota", "--profile", "smoke"])
+    assert r.exit_code == 2 and "this plan is of local-training-windows at profile smoke" in " ".join(r.output.split())
 
 
 def test_status_of_the_embedded_cluster(trained, aws, tmp_path, zombie):

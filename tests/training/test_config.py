@@ -187,3 +187,14 @@ def test_an_arm_is_addressed_as_experiment_slash_arm_where_its_name_is_not_uniqu
     assert address("clean-pair") == ("cooperative-learning", "clean-pair")  # still unique: the short name works
     with pytest.raises(ConfigError, match="experiment my-windows has no arm 'clean-pair'"):
         address("my-windows/clean-pair")
+
+
+def test_validate_shows_a_profile_value_replacing_the_experiments():
+    """The experiment's global batch where a profile sets its own: what runs is the profile's, and the
+    origin says whose value it replaced (#33: nothing overridden without it being visible)."""
+    from training.config import origins
+
+    got = origins("batched-learning", "cuda-smoke")
+    assert resolve("batched-learning", "cuda-smoke").global_batch == got["global_batch"][0] == 32
+    assert got["global_batch"][1] == "profile smoke (base of cuda-smoke), replacing the experiment's 256"
+    assert origins("batched-learning", "gpu")["global_batch"] == (256, "experiment")  # no profile value: the experiment's
