@@ -19,7 +19,8 @@ OURS = ("evidence", "training", "infra", "orchestrate")
 ALLOWED = {  # package → ours it may import (besides itself): a package, or one module path and below
     "evidence": set(),
     "training": {"evidence"},
-    "infra": {"evidence", "training.arms"},
+    # the arms' kinds, and the experiment files the stack reads its arms from (both torch-free)
+    "infra": {"evidence", "training.arms", "training.config"},
     "orchestrate": {"evidence", "training", "infra"},
 }
 

@@ -63,6 +63,8 @@ class Hearing:
         self._lock = threading.Lock()
         self._awake, self._last = 0.0, time.monotonic()
         self._heard: dict[str, float] = {}
+        self._last_any = 0.0  # when any host of the group last answered
+        self._back = 0.0  # when the controller last heard again after hearing no host for unreachable_s / 2
         self._all_silent = False  # said once per stretch of silence
         self._stop = threading.Event()
         self._ticker = threading.Thread(target=self._tick, name="hearing clock", daemon=True)
@@ -89,7 +91,9 @@ class Hearing:
     def heard(self, host: str) -> None:
         now = self.now()
         with self._lock:
-            self._heard[host] = now
+            if now - self._last_any > self.unreachable_s / 2:  # the controller heard nothing for a while:
+                self._back = now  # the other hosts' silences count from here, not from before
+            self._heard[host] = self._last_any = now
             back, self._all_silent = self._all_silent, False
         if back and self.say:
             self.say(f"{host.split(':')[0]} answers again")
@@ -101,15 +105,17 @@ class Hearing:
 
     def verdict(self, host: str) -> bool:
         """Whether `host` is unreachable: silent past `unreachable_s` while another host answered within
-        the last `unreachable_s / 2` (the controller reached the network during its silence), or silent
-        past `alone_s` when none did."""
+        the last `unreachable_s / 2` — its silence counted from when the controller last heard again
+        after hearing no host at all, so that when the controller's network comes back the first host
+        to answer does not condemn the others before they could — or silent past `alone_s` when no host
+        answers."""
         now = self.now()
         with self._lock:
             silent = now - self._heard.get(host, now)
             if silent <= self.unreachable_s:
                 return False
             if any(now - t <= self.unreachable_s / 2 for h, t in self._heard.items() if h != host):
-                return True
+                return now - max(self._heard.get(host, now), self._back) > self.unreachable_s
             first, self._all_silent = not self._all_silent, True
         if first and self.say:
             self.say(f"no host of the group has answered for {silent:.0f} s: more likely the controller's own "

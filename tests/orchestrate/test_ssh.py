@@ -221,14 +221,18 @@ def test_a_hanging_probe_cannot_delay_the_unreachable_verdict(hosts, tmp_path):
 
 def test_every_host_silent_at_once_is_the_controllers_silence(hosts, tmp_path):
     """Every probe of the group hangs at once (what a controller cut off from its network sees): no host
-    is declared unreachable at unreachable_s; the operator is told why; when the hosts answer again the
-    group goes on; only a silence of every host past alone_s is a verdict."""
+    is declared unreachable at unreachable_s, and the operator is told why. Then one host answers again
+    and the other does not: the silent one is unreachable once it has stayed silent for unreachable_s
+    *after* the controller heard again, not at the first answer. A group that stays silent (one host
+    here) is a verdict only past alone_s."""
     said: list[str] = []
-    hearing = Hearing(unreachable_s=3, alone_s=12, say=said.append)
+    hearing = Hearing(unreachable_s=3, alone_s=30, say=said.append)
     ts = [hanging(hosts, k) for k in (1, 2)]
     pidfiles = [f"{hosts.hosts[k].root}/silent-{k}.pid" for k in (1, 2)]
     ranks = [RemoteRank(t, "exec sleep 120", {}, tmp_path / f"r{k}.log", pf, hearing=hearing)
              for k, t, pf in zip((1, 2), ts, pidfiles)]
+    lone_t, lone_pid = hanging(hosts, 2), f"{hosts.hosts[2].root}/silent-lone.pid"
+    lone = None
     cleanup = ssh(hosts, 1)
     try:
         deadline = time.monotonic() + 10
@@ -240,32 +244,40 @@ def test_every_host_silent_at_once_is_the_controllers_silence(hosts, tmp_path):
         while time.monotonic() - hung_at < 7:  # past unreachable_s, short of alone_s
             assert [r.poll() for r in ranks] == [None, None], [r.why for r in ranks]
             time.sleep(0.1)
-        assert said and said[0].startswith("no host of the group has answered for") and "12 s" in said[0], said
-        for t in ts:  # the network is back
-            t.hang.clear()
-            t.release.set()
-        back = time.monotonic()
-        while len(said) < 2 and time.monotonic() - back < 10:
-            assert [r.poll() for r in ranks] == [None, None]
-            time.sleep(0.1)
-        assert said[1].endswith("answers again"), said
-        for t in ts:  # and gone again, for good this time: a verdict once alone_s has passed
-            t.release.clear()
-            t.hang.set()
+        assert said and said[0].startswith("no host of the group has answered for") and "30 s" in said[0], said
+        ts[1].hang.clear()  # host 2 is reachable again; host 1 stays silent
+        ts[1].release.set()
+        while len(said) < 2 and time.monotonic() - hung_at < 20:
+            assert ranks[0].poll() is None
+            time.sleep(0.02)
+        heard_again = time.monotonic()
+        assert said[1] == "host-2 answers again", said
+        while ranks[0].poll() is None and time.monotonic() - heard_again < 15:
+            time.sleep(0.05)
+        took = time.monotonic() - heard_again
+        print(f"one host back after every host was silent: the other unreachable {took:.2f} s later (unreachable_s 3)")
+        assert ranks[0].why == "unreachable" and 3 - 1 < took < 3 + 2, (ranks[0].why, took)
+        assert ranks[1].poll() is None
+        # a group that stays silent (here of one host): a verdict only once alone_s has passed
+        lone = RemoteRank(lone_t, "exec sleep 120", {}, tmp_path / "lone.log", lone_pid, unreachable_s=3, alone_s=8)
+        deadline = time.monotonic() + 10
+        while not lone.pid_alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+        lone_t.hang.set()
         gone_at = time.monotonic()
-        while ranks[0].poll() is None and time.monotonic() - gone_at < 30:
+        while lone.poll() is None and time.monotonic() - gone_at < 30:
             time.sleep(0.1)
         took = time.monotonic() - gone_at
-        print(f"every host silent: verdict after {took:.2f} s (alone_s 12, unreachable_s 3)")
-        assert ranks[0].why == "unreachable" and 12 - 2 < took < 12 + 4, (ranks[0].why, took)
+        print(f"a group of one silent: verdict after {took:.2f} s (alone_s 8, unreachable_s 3)")
+        assert lone.why == "unreachable" and 8 - 1.5 < took < 8 + 3, (lone.why, took)
     finally:
-        for t in ts:
+        for t in (*ts, lone_t):
             t.release.set()
-        for r in ranks:
+        for r in (*ranks, *([lone] if lone else [])):
             r.stop_watching()
-        cleanup.run(f"kill $(cat {' '.join(pidfiles)}) 2>/dev/null")
+        cleanup.run(f"kill $(cat {' '.join(pidfiles)} {lone_pid}) 2>/dev/null")
         cleanup.close()
-        for t in ts:
+        for t in (*ts, lone_t):
             t.close()
         hearing.close()
 
