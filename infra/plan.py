@@ -165,15 +165,6 @@ class TrialConfig(Strict):
     profile: str = "gpu"  # the experiment's profile: its updates and the settings it scales
     measured: dict[str, dict[str, int]] = {}  # per arm, what only a measurement gives: payload_bytes_per_sync
     arms: list[Arm] = Field(min_length=1)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _arms_of_the_experiment(cls, data: Any) -> Any:
-        if not isinstance(data, dict) or data.get("experiment") is None:
-            return data
-        if data.get("arms") is not None:
-            raise ValueError(f"give experiment ({data['experiment']}: its arms come from its file) or arms, not both")
-        return {**data, "arms": experiment_arms(data["experiment"], data.get("profile", "gpu"), data.get("measured") or {})}
     evidence_gb: float = Field(50, ge=0)  # what the evidence bucket is expected to hold
     object_lock_days: int | None = Field(None, ge=1)
     # the PyTorch deep-learning AMI on Ubuntu 24.04, the line AWS still releases for x86_64 (the Ubuntu
@@ -221,6 +212,16 @@ class TrialConfig(Strict):
         if v.tzinfo is None:
             raise ValueError("give the deadline with a timezone, e.g. 2026-12-01T03:00:00Z")
         return v.astimezone(dt.timezone.utc)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _arms_of_the_experiment(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("experiment") is None:
+            return data
+        if data.get("arms") is not None:
+            raise ValueError(f"give experiment ({data['experiment']}: its arms come from its file) or arms, not both")
+        profile = data.get("profile", cls.model_fields["profile"].default)
+        return {**data, "arms": experiment_arms(data["experiment"], profile, data.get("measured") or {})}
 
     @model_validator(mode="after")
     def _consistent(self) -> "TrialConfig":

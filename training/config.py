@@ -340,8 +340,7 @@ def origins(name: str, profile: str, directory: Path | None = None) -> dict[str,
                 out[f"arms.{a.name}.{k}"] = (getattr(r.profile, k), f"{written_in(k)}, replacing the arm's own {scaled[(a.name, k)]}")
             elif v is not None or k in written:
                 out[f"arms.{a.name}.{k}"] = (v, f"arm {a.name}" if k in written else "default")
-    profile_values = r.profile.model_dump(mode="json")
-    for k, v in profile_values.items():
+    for k, v in r.profile.model_dump(mode="json").items():
         out[f"profile.{k}"] = (v, written_in(k))
         if k in out and v is not None:  # a profile's value of an experiment's key is the one that runs
             out[k] = (v, f"{written_in(k)}, replacing the experiment's {json.dumps(out[k][0])}")

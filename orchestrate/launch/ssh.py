@@ -135,7 +135,8 @@ class RemoteRank:
     each answer told to the group's `Hearing`, and `poll` fails the rank once the hearing's verdict
     says so. A probe that blocks — a reconnect to a dead address, paramiko waiting out a key exchange on
     a connection that no longer carries packets — delays only the next probe, never the decision or the
-    other ranks' supervision. A rank given no hearing is a group of one (its verdict waits `alone_s`).
+    other ranks' supervision. A rank given no hearing is a group of one, judged by a hearing of its own
+    made from `unreachable_s` and `alone_s`; given one (a group's), the hearing's bounds are the rank's.
     """
 
     def __init__(self, t: SSHTransport, command: str, env: dict[str, str], log: Path, pidfile: str,
