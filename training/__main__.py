@@ -106,6 +106,9 @@ def train(home: Path = typer.Option(..., help="the prepared trial home"),
             model_dir = Path(".seeds") / resolved_from_prepared(require_prepared(home)).profile.seed
         res = run_train(home, model_dir, arm, threads=threads, say=main_say(rank), resume=resume)
     except USER_ERRORS as e:
+        if _in_group():
+            err.print(Text.assemble(("error:", "bold red"), f" {e}"), highlight=False)
+            _exit_now(getattr(e, "exit_code", USER_ERROR_EXIT))
         _fail(e)
     t = res["timers"]
     out.print_json(json.dumps({
@@ -216,19 +219,26 @@ def check(home: Path = typer.Option(...), case: str = typer.Option(..., help="ca
     print(json.dumps({"case": case, **verdict.as_dict()}))
 
 
-def _exit_now() -> None:
-    """Leave without interpreter finalization once a distributed rank's outputs are durable.
+def _in_group() -> bool:
+    """Whether this process joined a torch.distributed group (without importing torch to ask)."""
+    dist = sys.modules.get("torch.distributed")
+    return bool(dist is not None and dist.is_available() and dist.is_initialized())
+
+
+def _exit_now(code: int = 0) -> None:
+    """Leave without interpreter finalization once a distributed rank has said its last word.
 
     Gloo's worker threads can still hold work objects with Python references when the interpreter
     tears down; destroying them then aborts the process ("terminate called without an active
-    exception", seen once in CI after every result had been written), which a supervisor would
-    count as a failed rank. result.json and the model are fsynced before this point.
+    exception", seen in CI after a finished rank and after a refused one), so a supervisor would
+    read SIGABRT instead of the rank's own exit code. On success result.json and the model are
+    fsynced before this point; on a refusal nothing was written that finalization would flush.
     """
     import os
 
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 def main() -> None:
