@@ -4,6 +4,8 @@ code without going through a command line."""
 
 from __future__ import annotations
 
+import shlex
+import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -131,6 +133,16 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
         raise typer.Exit(2)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (`main`): ranks are stopped below, the record says so
         clock.exit, clock.about["error"] = 130, str(e) or "interrupted"
+        from orchestrate.launch.supervise import LeftRunning
+
+        if isinstance(e, LeftRunning):  # ranks detached on SSH hosts: they were left running, on purpose
+            say("interrupted:", f"{len(e.where)} rank(s) keep running on their hosts, detached:", style="bold yellow")
+            for w in e.where:
+                con.print(f"  {w}", highlight=False)
+            again = " ".join(shlex.quote(a) for a in ["orchestrate", *sys.argv[1:]])
+            con.print(f"to follow them again and finish the trial: {again}\n"
+                      f"to see them: orchestrate status --cluster {cluster}\n"
+                      f"to stop them: orchestrate stop --cluster {cluster}", highlight=False)
         raise
     except Exception as e:  # a bad option (typer's own message and exit), or a bug: recorded as it ends
         clock.exit, clock.about["error"] = None, repr(e)
@@ -633,6 +645,24 @@ def down(home: Path = typer.Option(..., help="the trial home"),
                   highlight=False)
     if any(f.billing and f.kind == "instance" for f in left):
         raise typer.Exit(1)
+
+
+@app.command()
+def stop(cluster: Path = typer.Option(Path("cluster.json"), help="the trial's cluster.json")) -> None:
+    """Stop the ranks left running on the cluster's hosts (an interrupted `orchestrate run` leaves them
+    detached there): SIGTERM by pid, SIGKILL 10 s later. Their checkpoints stay for a resume."""
+    from orchestrate.cluster import ClusterError, load
+    from orchestrate.launch.ssh import stop_ranks
+    from orchestrate.transport import TransportError
+
+    try:
+        c = load(cluster)
+        stopped = stop_ranks(c, len(c.hosts), None)
+    except (ClusterError, TransportError) as e:
+        say("error:", str(e), style="bold red")
+        raise typer.Exit(2)
+    con.print(f"stopped a rank on {len(stopped)} host(s){': ' + ', '.join(stopped) if stopped else ''}",
+              highlight=False)
 
 
 @app.command()

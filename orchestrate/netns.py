@@ -285,6 +285,16 @@ class NetnsHosts:
         """Take host k off the network (its link goes down), as a failed host or network would."""
         _sh("ip", "link", "set", f"tv{self.tag}{k}", "down")
 
+    def cut_controller(self, cut: bool = True) -> None:
+        """Drop every packet between this machine (the controller, at the operator's address) and the
+        hosts, both ways, while the hosts still reach one another: a laptop's Wi-Fi change or a VPN
+        reconnect as the hosts see it. Dropped, not refused, so connections stall rather than end;
+        `cut=False` lets the traffic through again."""
+        for h in self.hosts:
+            ipt = h.exec_argv("iptables")
+            for chain, way in (("INPUT", "-s"), ("OUTPUT", "-d")):
+                _sh(*ipt, *(("-I", chain, "1") if cut else ("-D", chain)), way, self.operator, "-j", "DROP")
+
     def __exit__(self, *exc: object) -> None:
         for h in self.hosts:
             if h.sshd is not None and h.sshd.poll() is None:

@@ -213,11 +213,35 @@ def stage_host(t: Transport, host: Host, *, python: str, wheel_dir: Path, lock: 
         for rel, local in files.items():
             t.put(local, f"{root}/{rel}")
             sent += local.stat().st_size
-    r = host_python(t, host, ENV_DIGEST, f"{root}/site", python=python)
+    return environment_report(t, host, python) | {"sent_bytes": sent, "fetched": fetched}
+
+
+def environment_report(t: Transport, host: Host, python: str | None = None) -> dict[str, Any]:
+    """What the host's staged site is: its environment, that environment's digest, its GPU count."""
+    r = host_python(t, host, ENV_DIGEST, f"{host.root}/site", python=python or host.python)
     env = json.loads(r.check(f"{host.name}: environment report").stdout)
     gpus = env.pop("gpus")  # what the host offers ranks, not part of its environment's identity
-    return {"host": host.name, "environment": env, "digest": canonical_sha256(env), "gpus": gpus,
-            "sent_bytes": sent, "fetched": fetched}
+    return {"host": host.name, "environment": env, "digest": canonical_sha256(env), "gpus": gpus}
+
+
+def reports_as_staged(cluster: Cluster, transports: list[Transport],
+                      say: Callable[[str], None] = lambda m: None) -> tuple[str, list[dict]]:
+    """Every host's environment report on what is staged there now, nothing uploaded or installed: for
+    hosts where ranks an earlier controller started still run from that site (a fresh install would
+    remove it under them). The one digest they all report, or a refusal, as `stage_reports`."""
+    reports = run_on_hosts(lambda ht: environment_report(ht[1], ht[0]) | {"sent_bytes": 0, "fetched": None},
+                           list(zip(cluster.by_rank, transports)), transports)
+    for r in reports:
+        say(f"{r['host']}: left as staged (ranks run from it), environment {r['digest'][:12]}…, {r['gpus']} GPU(s)")
+    return one_digest(reports), reports
+
+
+def one_digest(reports: list[dict]) -> str:
+    digests = {r["digest"] for r in reports}
+    if len(digests) != 1:
+        raise StagingError("hosts report different environments, nothing trains: "
+                           + ", ".join(f"{r['host']} {r['digest'][:16]}" for r in reports))
+    return digests.pop()
 
 
 def stage(cluster: Cluster, transports: list[Transport], *, wheel_dir: Path,
@@ -296,11 +320,7 @@ def stage_reports(cluster: Cluster, transports: list[Transport], *, wheel_dir: P
     if account is not None:
         account.update(ssh_bytes=sum(r["sent_bytes"] for r in reports), relay_bytes=relay_bytes,
                        relay_stored_bytes=stored)
-    digests = {r["digest"] for r in reports}
-    if len(digests) != 1:
-        raise StagingError("hosts report different environments, nothing trains: "
-                           + ", ".join(f"{r['host']} {r['digest'][:16]}" for r in reports))
-    return digests.pop(), reports
+    return one_digest(reports), reports
 
 
 KEEP_ON_HOST = HOST_PAYLOAD

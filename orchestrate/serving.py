@@ -329,6 +329,10 @@ class RemoteReplica:
     def log(self) -> str:
         return f"{self.dir}/{self.name}-{self.tag}.log"
 
+    @property
+    def lease(self) -> str:
+        return f"{self.dir}/{self.name}-{self.tag}.lease"
+
 
 @dataclass
 class RemoteReplicas:
@@ -347,12 +351,16 @@ class RemoteReplicas:
     prepare_host: Callable[[int], None] | None = None
     start_timeout_s: float = 900.0
     gone_timeout_s: float = 30.0
+    lease_s: float = 1800.0  # a replica whose lease this long goes unrenewed stops (training/serve.py `leased`)
+    renew_every_s: float = 5.0
     replicas: list[RemoteReplica] = field(default_factory=list)
     endpoints: list[Endpoint] = field(default_factory=list)
+    _renewing: threading.Event = field(default_factory=threading.Event)
 
     def __enter__(self) -> "RemoteReplicas":
         self.log_dir.mkdir(parents=True, exist_ok=True)
         tag = secrets.token_hex(4)
+        threading.Thread(target=self._renew, name="replica leases", daemon=True).start()
         try:
             for k, h in enumerate(self.hosts):  # every replica is known (and will be stopped) before it starts
                 self.replicas.append(RemoteReplica(f"replica-{k}.{h.name}", h, self.cluster.transport(h), tag))
@@ -369,6 +377,18 @@ class RemoteReplicas:
             raise
         return self
 
+    def _renew(self) -> None:
+        """Touch every started replica's lease file every `renew_every_s`, until the replicas are stopped:
+        this controller is still there. A host that does not answer is skipped; its replica's lease
+        runs on."""
+        while not self._renewing.wait(self.renew_every_s):
+            for rep in list(self.replicas):
+                if rep.started:
+                    try:
+                        rep.t.run(f"touch {shlex.quote(rep.lease)}", timeout=10)
+                    except Exception:  # noqa: BLE001 — not this time
+                        pass
+
     def describe(self) -> str:
         """Where each replica listens on its host, and the forward here that reaches it."""
         return ", ".join(f"{r.name} on {r.host.private_address}:{r.port} (pid {r.pid}) via {e.url}"
@@ -382,9 +402,11 @@ class RemoteReplicas:
         inner = f"echo $$ > {shlex.quote(rep.pidfile)}; " + host_command(h, argv)
         q = shlex.quote
         cmd = (f"mkdir -p {q(rep.dir)} && rm -f {q(rep.pidfile)} {q(rep.ready)} && : > {q(rep.log)} && "
+               f"touch {q(rep.lease)} && "
                f"(setsid bash -c {q(inner)} > {q(rep.log)} 2>&1 < /dev/null &) && "
                f"for i in $(seq 200); do test -s {q(rep.pidfile)} && break; sleep 0.05; done; cat {q(rep.pidfile)}")
         env = process_env(0, here=False, threads=self.threads, inherited=self.env)  # the host's own first device
+        env |= {"TRIAL_LEASE_FILE": rep.lease, "TRIAL_LEASE_S": f"{self.lease_s:g}"}
         rep.started = True
         r = rep.t.run(cmd, env=env, timeout=60)
         out = r.stdout.strip()
@@ -457,6 +479,7 @@ class RemoteReplicas:
     def __exit__(self, *exc: Any) -> None:
         """Every replica stopped by pid (SIGTERM, then SIGKILL), confirmed gone, its log fetched;
         every forward and connection closed — whatever ended the probe."""
+        self._renewing.set()
         for rep in self.replicas:
             if rep.forward is not None:
                 rep.forward.close()

@@ -233,6 +233,16 @@ class SSHTransport:
             raise TransportError(f"{self.name}: {remote} arrived as {file_sha256(local)}, the host holds {want}")
         return want
 
+    def drop(self) -> None:
+        """Close the current connection, not the transport: the next use connects afresh. For a
+        connection that carries nothing any more while the host may well answer a new one — the
+        controller's address changed under it (a Wi-Fi change, a VPN reconnect), a NAT forgot it, or
+        its packets were dropped long enough for TCP to back off for a minute or more between tries."""
+        with self._connecting:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
     def close(self) -> None:
         with self._connecting:  # not while another thread is opening a connection it would then leak
             self._closed = True

@@ -37,9 +37,9 @@ from evidence.canonical import read_json
 from orchestrate.launch.command import (Site, cluster_env, evaluate_argv, host_command, local_argv, process_env,
                                         threads_per_rank, train_argv)
 from orchestrate.launch.local import local_launch
-from orchestrate.launch.ssh import launch_remote_group
+from orchestrate.launch.ssh import launch_remote_group, running_ranks, stop_ranks
 from orchestrate.launch.supervise import GroupResult, supervise
-from orchestrate.remote import collect, host_parts, host_python, stage_reports
+from orchestrate.remote import collect, host_parts, host_python, reports_as_staged, stage_reports
 from orchestrate.placement import Devices, hosts_devices, local_devices
 from orchestrate.transport import Transport, TransportError
 
@@ -147,6 +147,13 @@ class RemotePlacement:
     def _stage(self) -> None:
         if self.digest is not None:
             return
+        running = running_ranks(self.cluster, len(self.hosts), None)
+        if any(running):  # an earlier controller's ranks run from the staged site: a fresh install removes it
+            self.say("ranks an earlier controller started still run on "
+                     f"{', '.join(h.name for h, x in zip(self.cluster.by_rank, running) if x)}: the hosts are "
+                     "left as staged, their environment read and checked")
+            self.digest, self.reports = reports_as_staged(self.cluster, self.ts, say=self.say)
+            return
         files = {f"home/{rel}": self.home / rel for rel in STAGED if (self.home / rel).is_file()}
         files |= {f"home/{p.relative_to(self.home)}": p for p in sorted((self.home / "inputs").rglob("*"))
                   if p.is_file()}
@@ -237,31 +244,44 @@ class RemotePlacement:
         w = arm.world_size
         if w > len(self.hosts):
             raise TransportError(f"arm {arm.name} needs {w} hosts, the cluster has {len(self.hosts)}")
-        self._stage()
-        if all(self._remote_files(r, f"runs/{shlex.quote(arm.name)}/rank-{r}/result.json") for r in range(w)):
+        # an earlier controller's group of this arm, still running on the hosts, is followed, not started again
+        running = running_ranks(self.cluster, w, arm.name)
+        attached = bool(running) and all(running)
+        if attached:
+            self.say(f"{arm.name} is still running on the hosts (an earlier controller started it); attaching")
+        elif any(running):  # part of a group, which cannot finish: stopped before anything is staged or started
+            self.say(f"{arm.name}: part of an earlier group still runs "
+                     f"({', '.join(f'rank {r}' for r, x in enumerate(running) if x)}); stopping it")
+            stop_ranks(self.cluster, w, arm.name)
+        self._stage()  # while ranks run from the staged site, it is read, not installed again
+        if not attached and all(self._remote_files(r, f"runs/{shlex.quote(arm.name)}/rank-{r}/result.json")
+                                for r in range(w)):
             # trained earlier, never collected (the controller stopped, a connection broke): take it
             self.say(f"{arm.name} already finished on the hosts; collecting it")
             self._collect(arm.name, w)
             return []
         can = lambda: self.remote_resumable(arm.name, w)  # noqa: E731 — the hosts hold the checkpoints
-        first = can()
-        if not first:  # an unfinished earlier attempt stays on its host, set aside (never deleted)
+        first = False if attached else can()
+        if not attached and not first:  # an unfinished earlier attempt stays on its host, set aside (never deleted)
             code = ("import sys; from pathlib import Path; from training.runs import set_aside_unfinished; "
                     "set_aside_unfinished(Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]))")
             for r in range(w):
                 self._python(r, code, f"{self.hosts[r].root}/home", arm.name, str(w))
-        self._push_log(range(w))
+        if not attached:  # a running group's rank 0 may have appended to the log on its host: keep it
+            self._push_log(range(w))
         threads = threads_per_rank(w) if self.shared_cores else None
 
         beats = [f"home/runs/{arm.name}/rank-{r}/heartbeat.json" for r in range(w)]
 
-        def launch(extra: list[str], log_dir: Path, env: dict[str, str]) -> GroupResult:
+        def launch(extra: list[str], log_dir: Path, env: dict[str, str], attach: bool = False) -> GroupResult:
             return launch_remote_group(self.cluster, lambda h: train_argv(Site.on(h), arm.name, threads, extra), w,
                                        log_dir=log_dir, env={**self.env, **env}, threads=threads, echo=echo,
-                                       heartbeats=beats, guard=self.guard)
+                                       heartbeats=beats, guard=self.guard, tag=arm.name, attach=attach,
+                                       lease_s=self.cluster.controller_lease_s)
 
         attempts = supervise(launch, log_root=home / "logs" / arm.name, max_restarts=max_restarts,
-                             resume_first=first, can_resume=can, echo=echo)
+                             resume_first=first, can_resume=can, echo=echo,
+                             attach=(lambda d: launch([], d, {}, attach=True)) if attached else None)
         if attempts[-1].ok:
             self._collect(arm.name, w)
         return attempts
@@ -328,7 +348,7 @@ class RemotePlacement:
         self._stage()
         threads = threads_per_rank(n) if self.shared_cores else None
         return RemoteReplicas(self.cluster, self.hosts[:n], home, home / "logs" / "serving", arm=arm,
-                              threads=threads, env=dict(self.env),
+                              threads=threads, env=dict(self.env), lease_s=self.cluster.controller_lease_s,
                               prepare_host=lambda r: self._push_selected(home, r, [arm]))
 
     def close(self) -> None:

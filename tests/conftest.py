@@ -174,6 +174,25 @@ def run_cli(*args: str, stdin: str = "", cwd: Path = ROOT, timeout: float = 300)
                           cwd=cwd, env=env, timeout=timeout)
 
 
+def signal_cli_when(path: Path, sig: int, *args: str, timeout: float = 600) -> tuple[subprocess.Popen, str]:
+    """Start `python *args` (a CLI, unbuffered), send it `sig` once `path` exists (a rank's heartbeat,
+    say), and return the ended process and its stderr. Only the process started here is ever killed."""
+    proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + timeout
+        while not path.exists() and proc.poll() is None:
+            assert time.monotonic() < deadline, f"{path} never appeared"
+            time.sleep(0.05)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc, err
+
+
 def run_ranks(argv: list[str], world: int, *, env: dict[str, str] | None = None,
               rank_env: dict[int, dict[str, str]] | None = None, timeout: float = 300,
               cwd: Path = ROOT) -> list[tuple[int, str]]:

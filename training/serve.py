@@ -26,6 +26,7 @@ import asyncio
 import json
 import os
 import socket
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -190,6 +191,24 @@ def make_app(replica: Replica) -> FastAPI:
     return app
 
 
+async def leased(name: str, server: Any) -> None:
+    """A replica started over SSH holds a lease on its controller (training/lease.py), renewed while the
+    probe runs: once it has gone unrenewed for its length, the replica stops as on SIGTERM, so a
+    controller that died (SIGKILL, a lost laptop) leaves no replica serving until the hosts go."""
+    from training import lease
+
+    held = lease.held()
+    if held is None:
+        return
+    path, length = held
+    while not server.should_exit:
+        await asyncio.sleep(min(5.0, length / 5))
+        if lease.age(path) > length:
+            print(f"{name}: no controller has renewed this replica's lease for {lease.age(path):.0f} s "
+                  f"(lease {length:g} s): stopping", file=sys.stderr, flush=True)
+            server.should_exit = True
+
+
 def serve(replica: Replica, host: str, port: int, ready_file: Path | None = None) -> None:
     """Listen until SIGINT/SIGTERM. The ready file (port, pid, model) is written only once the socket
     accepts connections, so whoever started the replica can wait for it without guessing."""
@@ -207,7 +226,9 @@ def serve(replica: Replica, host: str, port: int, ready_file: Path | None = None
         if server.started and ready_file is not None:
             write_json_atomic(ready_file, {"host": host, "port": sock.getsockname()[1], "pid": os.getpid(),
                                            "model": replica.identity, "replica": replica.name})
+        watch = asyncio.create_task(leased(replica.name, server))
         await task
+        watch.cancel()
 
     asyncio.run(run())
 

@@ -357,6 +357,7 @@ class RankRun:
 
     def loop(self, trainer: Any, spec: Any, ledger: Any, identity: dict[str, Any]) -> list[dict[str, Any]]:
         """The updates, a checkpoint published every `checkpoint_every`; returns their figures."""
+        from training import lease
         from training.checkpoint import group
 
         every = self.cfg.profile.checkpoint_every
@@ -378,6 +379,9 @@ class RankRun:
                                                fault.while_publishing(done)))
                 self.say(f"checkpoint step {done} published ({checkpoints[-1]['bytes'] / 1e6:.1f} MB, "
                          f"{checkpoints[-1]['seconds']:.2f} s)")
+                if done < spec.updates:  # nothing runs unsupervised for long (training/lease.py)
+                    with ledger.phase("control"):
+                        lease.stop_if_gone(done, self.device)
             write_json_atomic(heartbeat, {"update": done, "time": time.time(), "pid": os.getpid()})
             fault.after_update(done)
         self.timers["updates_seconds"] = time.perf_counter() - t0

@@ -1,14 +1,19 @@
-"""Ranks on hosts reached over SSH, one per host, each the command of one SSH exec channel.
+"""Ranks on hosts reached over SSH, one per host, each detached on its host and attached to over SSH.
 
-A wrapper writes the rank's pid first, so the supervisor can signal it by pid (`kill -TERM <pid>`),
-and its stderr streams into the local log. A host that stops answering fails the group like a
-non-zero exit: the others are stopped; the unreachable one cannot be, and the result says so
-(`Reason.UNREACHABLE`). Whose silence it is decides when (`Hearing`): a host is unreachable after
-`unreachable_s` without an answer, counted only while the controller itself ran (a controller that was
-stopped, suspended or starved heard nothing and is owed no verdict), and only while another host of the
-group answers (the controller still reaches the network); when every host falls silent at once — the
-controller's own network, or a group of one — the verdict waits `alone_s`. A channel that ends with its
-connection carries no exit status; the rank is then followed by pid, and once gone fails as
+A rank runs in its own session on its host (`detached_line`): its pid, stdout, stderr and exit status
+go to files beside the pidfile, so it owes nothing to the controller's connection — a Wi-Fi change, a
+sleep, a killed terminal or a SIGKILLed controller leaves it running. The controller attaches
+(`attach_line`): one SSH channel streams both files from the offsets it already holds and ends with the
+rank's own exit status. When that channel dies with its connection the controller attaches again from
+where it was, losing no byte and no status; a later controller attaches the same way
+(`launch_remote_group(attach=True)`, `running_ranks`). The supervisor signals a rank by pid
+(`kill -TERM <pid>`). A host that stops answering fails the group like a non-zero exit: the others are
+stopped; the unreachable one cannot be, and the result says so (`Reason.UNREACHABLE`). Whose silence it
+is decides when (`Hearing`): a host is unreachable after `unreachable_s` without an answer, counted only
+while the controller itself ran (a controller that was stopped, suspended or starved heard nothing and is
+owed no verdict), and only while another host of the group answers (the controller still reaches the
+network); when every host falls silent at once — the controller's own network, or a group of one — the
+verdict waits `alone_s`. A rank that left no exit status (its host rebooted under it) fails as
 `Reason.LOST`, never as a success. The hosts are staged first (orchestrate/remote.py); each rank's
 command and environment are `command`'s.
 """
@@ -28,16 +33,71 @@ from orchestrate.launch.supervise import GroupResult, Reason, run_group
 from orchestrate.transport import SSHTransport
 
 
-def liveness_probe(pidfile: str, heartbeat: str | None = None) -> str:
+def liveness_probe(pidfile: str, heartbeat: str | None = None, lease: str | None = None) -> str:
     """The shell line a watcher runs on the host: `pid:alive` or `pid:gone` for the pid in `pidfile`,
     and `beat:<mtime>` of the heartbeat file when one is given. Tagged, so whatever else a login shell
     prints cannot be taken for an answer. The pid's state comes from /proc: a zombie has exited and
-    waits only for its parent to reap it, yet `kill -0` would still find it."""
+    waits only for its parent to reap it, yet `kill -0` would still find it. With `lease`, the probe
+    renews the rank's lease on its controller (touches the file: the rank reads its age)."""
     state = (f"p=$(cat {shlex.quote(pidfile)} 2>/dev/null); "
              "case \"$(sed -n 's/^.*) \\(.\\).*$/\\1/p' /proc/${p:-none}/stat 2>/dev/null)\" in "
              "''|Z|X) echo pid:gone;; *) echo pid:alive;; esac")
     beat = f"; echo beat:$(stat -c %Y {shlex.quote(heartbeat)} 2>/dev/null)" if heartbeat else ""
-    return f"{state}{beat}; true"
+    renew = f"touch {shlex.quote(lease)} 2>/dev/null; " if lease else ""
+    return f"{renew}{state}{beat}; true"
+
+
+NO_STATUS = 254
+"""The attach line's exit when the rank ended without its wrapper recording a status (the wrapper was
+killed, the host rebooted): the rank's end is unknown, so it fails as `Reason.LOST`."""
+
+
+def rank_files(pidfile: str) -> dict[str, str]:
+    """Where a detached rank's output, exit status and tag live on its host: beside its pidfile."""
+    base = pidfile.removesuffix(".pid")
+    return {"pid": pidfile, "out": f"{base}.out", "err": f"{base}.err", "status": f"{base}.status",
+            "tag": f"{base}.tag", "lease": f"{base}.lease"}
+
+
+def detached_line(command: str, pidfile: str, tag: str = "") -> str:
+    """The shell line that starts `command` in a session of its own on the host and returns at once.
+
+    A wrapper shell (setsid: no terminal, no process group shared with sshd's session) runs `command` in
+    the background with stdin from /dev/null and stdout and stderr to files, writes its pid (`command`
+    execs its program: the program's pid), waits for it, and writes its exit status ($? of `wait`:
+    128 + n for a death by signal n) — each file written whole and renamed into place. The files of an
+    earlier run of the same pidfile are removed first; `tag` names what runs (the arm), so that a later
+    controller can tell whether the rank it finds running is the one it would start."""
+    f = {k: shlex.quote(v) for k, v in rank_files(pidfile).items()}
+    inner = (f"{{ {command}; }} < /dev/null > {f['out']} 2> {f['err']} & "
+             f"echo $! > {f['pid']}.tmp && mv {f['pid']}.tmp {f['pid']}; "
+             f"wait $!; echo $? > {f['status']}.tmp && mv {f['status']}.tmp {f['status']}")
+    return (f"rm -f {f['pid']} {f['out']} {f['err']} {f['status']}; echo {shlex.quote(tag)} > {f['tag']}; "
+            f"touch {f['lease']}; "
+            f"setsid bash -c {shlex.quote(inner)} < /dev/null > /dev/null 2>&1 &")
+
+
+def attach_line(pidfile: str, out_from: int = 0, err_from: int = 0) -> str:
+    """The shell line whose stdout and stderr are the rank's, from byte `out_from` and `err_from` on, and
+    whose exit status is the rank's (`NO_STATUS` when none was recorded). GNU tail follows each file
+    until the rank's pid is gone, then reads what is left; the status file is written just after. Waits
+    up to 5 s for the pidfile of a rank that is still starting."""
+    f = {k: shlex.quote(v) for k, v in rank_files(pidfile).items()}
+    follow = "tail -s 0.2 --pid=$p -F -c"
+    return (f"for i in $(seq 100); do [ -s {f['pid']} ] && break; sleep 0.05; done; p=$(cat {f['pid']} 2>/dev/null); "
+            f"if [ -n \"$p\" ]; then {follow} +{out_from + 1} {f['out']} 2>/dev/null & "
+            f"{follow} +{err_from + 1} {f['err']} 1>&2 2>/dev/null & wait; fi; "
+            f"for i in $(seq 100); do [ -s {f['status']} ] && exit $(cat {f['status']}); sleep 0.05; done; "
+            f"exit {NO_STATUS}")
+
+
+def running_line(pidfile: str, tag: str | None) -> str:
+    """The shell line that prints `running` when the rank of `pidfile` runs what `tag` names (None:
+    whatever it runs) and has not ended (no status written, its pid alive and no zombie)."""
+    f = {k: shlex.quote(v) for k, v in rank_files(pidfile).items()}
+    same = "" if tag is None else f"[ \"$(cat {f['tag']} 2>/dev/null)\" = {shlex.quote(tag)} ] && "
+    return (f"{same}[ -e {f['pid']} ] && [ ! -e {f['status']} ] && "
+            f"{{ {liveness_probe(pidfile)}; }} | grep -qx pid:alive && echo running; true")
 
 
 UNREACHABLE_S = 10.0
@@ -47,6 +107,12 @@ session (seen: 2-5 s while ranks import torch on two cores), short next to a tra
 ALONE_S = 180.0
 """When no host of a group answers, the controller cannot tell its own network's loss (a Wi-Fi change, a
 VPN reconnect, a sleep) from every host's: the verdict then waits this long, well past such a blink."""
+
+
+STALLED_S = 5.0
+"""A host's connection that has let no session open for this long is replaced by a new one at the next try:
+after a blink of the controller's network TCP retransmits into the old one with backoff (a minute or more
+between tries after a 60-s cut), or forever when the controller's address changed."""
 
 
 class Hearing:
@@ -130,6 +196,12 @@ class Hearing:
 class RemoteRank:
     """Popen's interface (poll, send_signal, kill, wait, returncode) for a rank on an SSH host.
 
+    The rank is started detached (`detached_line`) and followed by an attach channel (`attach_line`)
+    whose stderr goes to `log`, its stdout to `log` with the suffix `.out`, and whose exit status is the
+    rank's. `attach=True` starts nothing: it follows a rank already running from the sizes those local
+    files already have (a later controller taking over). A channel that dies with its connection is
+    replaced by a new attach from the bytes received so far, as soon as the host opens a session again.
+
     Liveness is decided on the controller's clock, not on a probe's return: a watcher thread asks the
     host every `probe_every_s` whether the rank's pid is there (and, when given, the heartbeat's mtime),
     each answer told to the group's `Hearing`, and `poll` fails the rank once the hearing's verdict
@@ -142,7 +214,7 @@ class RemoteRank:
     def __init__(self, t: SSHTransport, command: str, env: dict[str, str], log: Path, pidfile: str,
                  *, unreachable_s: float = UNREACHABLE_S, alone_s: float = ALONE_S, probe_every_s: float = 1.0,
                  probe_timeout_s: float = 2.0, words_every_s: float = 5.0, heartbeat: str | None = None,
-                 hearing: Hearing | None = None):
+                 hearing: Hearing | None = None, tag: str = "", attach: bool = False):
         self.t, self.log, self.pidfile = t, log, pidfile
         self._own_hearing = hearing is None
         self.hearing = hearing or Hearing(unreachable_s=unreachable_s, alone_s=alone_s)
@@ -156,12 +228,21 @@ class RemoteRank:
         self.unstoppable = False
         self.heartbeat_mtime: float | None = None  # the last heartbeat mtime the host reported
         self.pid_alive: bool | None = None  # whether the rank's pid ran at the last answer
-        self.chan = t.start(f"echo $$ > {pidfile}; {command}", env)  # `command` execs its program: the same pid
+        out = log.with_suffix(".out")
+        if not attach:
+            log.write_bytes(b"")
+            out.write_bytes(b"")
         self._log = open(log, "ab")
-        self._out = open(log.with_suffix(".out"), "ab")
+        self._out = open(out, "ab")
+        self._got = [out.stat().st_size, log.stat().st_size]  # bytes of stdout, stderr held here
+        first = attach_line(pidfile, *self._got)
+        self.chan = t.start(first if attach else f"{detached_line(command, pidfile, tag)} {first}", env)
+        self.reattached = 0  # attach channels opened after a connection died
+        self._reattaching: threading.Thread | None = None
+        self._reattach_at = 0.0
         self._killed_at: float | None = None  # when kill() last sent SIGKILL
         self._stop = threading.Event()
-        self._probe = liveness_probe(pidfile, heartbeat)
+        self._probe = liveness_probe(pidfile, heartbeat, rank_files(pidfile)["lease"])
         self._watcher = threading.Thread(target=self._watch, name=f"liveness {t.name}", daemon=True)
         self._watcher.start()
 
@@ -181,6 +262,8 @@ class RemoteRank:
                 try:
                     chan = self.t.session(self.probe_timeout_s)
                 except Exception:  # noqa: BLE001 — no answer, whatever paramiko raised; the clock decides
+                    if self.hearing.silent_for(self.key) > STALLED_S:  # the next try on a new connection
+                        self.t.drop()
                     continue
                 self.hearing.heard(self.key)
                 answered = time.monotonic()
@@ -228,10 +311,15 @@ class RemoteRank:
         return self.hearing.silent_for(self.key)
 
     def _drain(self) -> None:
-        while self.chan.recv_stderr_ready():
-            self._log.write(self.chan.recv_stderr(65536))
-        while self.chan.recv_ready():
-            self._out.write(self.chan.recv(65536))
+        chan = self.chan
+        while chan.recv_stderr_ready():
+            data = chan.recv_stderr(65536)
+            self._log.write(data)
+            self._got[1] += len(data)
+        while chan.recv_ready():
+            data = chan.recv(65536)
+            self._out.write(data)
+            self._got[0] += len(data)
         self._log.flush()
         self._out.flush()
 
@@ -241,18 +329,43 @@ class RemoteRank:
         self._drain()
         if self.chan.exit_status_ready() and self.chan.status_event.is_set() and not self._connection_died():
             self._drain()
-            self.returncode = self.chan.recv_exit_status()
+            status = self.chan.recv_exit_status()
+            if status == NO_STATUS:  # never taken for success
+                self.returncode, self.why = 255, Reason.LOST
+            else:  # as Popen says it: a death by signal n is -n (the wrapper's `wait` said 128 + n)
+                self.returncode = -(status - 128) if 128 < status < 128 + 65 else status
             self._close()
             return self.returncode
-        # a channel closed without an exit status means the connection died, not necessarily the
-        # rank: the watcher's answers decide whether the host is still there, and whether the rank is
+        # a channel closed without an exit status means the connection died, not the rank: attach
+        # again once the host answers; the watcher's answers decide whether the host is still there
         if self.hearing.verdict(self.key):
             self.returncode, self.why, self.unstoppable = 255, Reason.UNREACHABLE, True
             self._close()
-        elif self.chan.closed and self.pid_alive is False:  # gone, its status lost with the connection:
-            self.returncode, self.why = 255, Reason.LOST  # never taken for success
-            self._close()
+        elif self.chan.closed or self.chan.exit_status_ready():
+            self._reattach()
         return self.returncode
+
+    def _reattach(self) -> None:
+        """Open a new attach channel from the bytes held here, in a thread (opening one can block for
+        as long as the host is unreachable), at most once a second; it replaces the dead one."""
+        if (self._reattaching is not None and self._reattaching.is_alive()) or self._stop.is_set() \
+                or time.monotonic() - self._reattach_at < self.probe_every_s:
+            return
+        self._reattach_at = time.monotonic()
+        line = attach_line(self.pidfile, *self._got)  # the dead channel has been drained: nothing more comes
+
+        def go() -> None:
+            try:
+                chan = self.t.start(line, open_timeout=self.probe_timeout_s)
+            except Exception:  # noqa: BLE001 — not yet; the next poll tries again, the hearing decides
+                return
+            if self._stop.is_set():
+                chan.close()
+                return
+            self.chan, self.reattached = chan, self.reattached + 1
+
+        self._reattaching = threading.Thread(target=go, name=f"attach {self.t.name}", daemon=True)
+        self._reattaching.start()
 
     def _connection_died(self) -> bool:
         """The channel ended with the connection, carrying no status: paramiko then reports -1, as it
@@ -330,17 +443,68 @@ class RemoteRank:
         self._log.close()
         self._out.close()
 
+    @property
+    def where(self) -> str:
+        return f"{self.t.name} ({self.t.address}), pid in {self.pidfile}"
+
+    def detach(self) -> None:
+        """Stop following the rank and leave it running on its host (an operator's Ctrl-C): its output
+        and status keep going to its files there, for a later attach."""
+        self._close()
+        try:
+            self.t.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def running_ranks(cluster: Cluster, world: int, tag: str) -> list[bool | None]:
+    """For each rank 0..world-1 of `cluster`: whether its host still runs the rank `tag` names (True),
+    runs none (False), or cannot be asked (None)."""
+    found: list[bool | None] = []
+    for r, h in enumerate(cluster.by_rank[:world]):
+        t = cluster.transport(h)
+        try:
+            found.append(t.run(running_line(f"{h.root}/rank-{r}.pid", tag), timeout=20).stdout.split() == ["running"])
+        except Exception:  # noqa: BLE001 — paramiko and our TransportError: unknown, not "none"
+            found.append(None)
+        finally:
+            t.close()
+    return found
+
+
+def stop_ranks(cluster: Cluster, world: int, tag: str | None, grace_s: float = 10.0) -> list[str]:
+    """Stop each rank 0..world-1 of `cluster` that still runs what `tag` names (None: whatever it runs),
+    detached on its host: SIGTERM by pid, SIGKILL after `grace_s`. Returns the hosts where one was
+    stopped."""
+    stopped = []
+    for r, h in enumerate(cluster.by_rank[:world]):
+        pidfile = f"{h.root}/rank-{r}.pid"
+        alive = f"[ \"$({running_line(pidfile, tag)})\" = running ]"
+        line = (f"if {alive}; then kill -TERM $(cat {shlex.quote(pidfile)}); "
+                f"for i in $(seq {int(grace_s * 10)}); do {alive} || break; sleep 0.1; done; "
+                f"{alive} && kill -KILL $(cat {shlex.quote(pidfile)}); echo stopped; fi; true")
+        t = cluster.transport(h)
+        try:
+            if t.run(line, timeout=grace_s + 30).stdout.split() == ["stopped"]:
+                stopped.append(h.name)
+        finally:
+            t.close()
+    return stopped
+
 
 def launch_remote_group(cluster: Cluster, argv_for: Callable[[Host], Sequence[str]], world: int, *,
                         log_dir: Path, env: dict[str, str] | None = None, threads: int | None = None,
                         heartbeats: Sequence[str] = (), stale_s: float = 600.0,
                         unreachable_s: float = UNREACHABLE_S, alone_s: float = ALONE_S,
                         grace_s: float = 10.0, echo: Callable[[str], None] | None = None,
-                        guard: Callable[[], str | None] | None = None) -> GroupResult:
+                        guard: Callable[[], str | None] | None = None, tag: str = "",
+                        attach: bool = False, lease_s: float = 1800.0) -> GroupResult:
     """One rank per host of `cluster` (ranks 0..world-1) running Python's `argv_for(host)`, its
     environment `env` under `command.process_env`'s policy (`threads`: OMP_NUM_THREADS unless `env`
-    sets it), rendezvous at rank 0's private address; supervised by `run_group`, the hosts' silences
-    judged by one `Hearing`."""
+    sets it), rendezvous at rank 0's private address, detached on its host under `tag`; supervised by
+    `run_group`, the hosts' silences judged by one `Hearing`. Each rank holds a lease on its controller
+    (`lease_s`, renewed by every probe of its host; `training/lease.py`). `attach=True` starts nothing:
+    it follows the ranks already running (`running_ranks`), their logs continued in `log_dir`."""
     hearing = Hearing(unreachable_s=unreachable_s, alone_s=alone_s, say=echo)
     log_dir.mkdir(parents=True, exist_ok=True)
     hosts = cluster.by_rank[:world]
@@ -352,10 +516,14 @@ def launch_remote_group(cluster: Cluster, argv_for: Callable[[Host], Sequence[st
             t = cluster.transport(h)
             e = process_env(r, here=False, threads=threads, inherited=env or {},
                             group=Rendezvous(world, master, port, h.interface))
-            logs[r].write_bytes(b"")
-            cmd = host_command(h, argv_for(h))
+            e |= {"TRIAL_LEASE_FILE": rank_files(f"{h.root}/rank-{r}.pid")["lease"], "TRIAL_LEASE_S": f"{lease_s:g}"}
+            if attach:
+                logs[r].touch()
+                logs[r].with_suffix(".out").touch()
+            cmd = "" if attach else host_command(h, argv_for(h))
             beat = f"{h.root}/{heartbeats[r]}" if r < len(heartbeats) else None
-            procs.append(RemoteRank(t, cmd, e, logs[r], f"{h.root}/rank-{r}.pid", heartbeat=beat, hearing=hearing))
+            procs.append(RemoteRank(t, cmd, {} if attach else e, logs[r], f"{h.root}/rank-{r}.pid", heartbeat=beat,
+                                    hearing=hearing, tag=tag, attach=attach))
     except BaseException:
         for p in procs:
             p.kill()

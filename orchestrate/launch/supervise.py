@@ -39,6 +39,15 @@ class Reason(StrEnum):
     GUARD = "guard"  # the controller stopped the group: its deadline or a transfer guard
 
 
+class LeftRunning(KeyboardInterrupt):
+    """The controller was interrupted while ranks that run detached on their hosts were still running:
+    they were left to run (a later controller attaches to them). `where` says, per rank, where."""
+
+    def __init__(self, why: str, where: list[str]):
+        super().__init__(why)
+        self.where = where
+
+
 @dataclass
 class GroupResult:
     codes: list[int]
@@ -97,12 +106,21 @@ def run_group(procs: Sequence[Any], logs: list[Path], *, grace_s: float = 10.0,
     """
     t0 = time.monotonic()
     sup = _Supervision()
+    left: list[Any] = []
     try:
         with open(logs[0]) as follow:
             sup.run(list(procs), grace_s, follow, echo, list(heartbeats), stale_s, guard)
+    except KeyboardInterrupt as e:  # the operator's Ctrl-C (or the controller's SIGTERM)
+        running = [p for p in procs if p.poll() is None]
+        if running and all(hasattr(p, "detach") for p in running):  # detached on their hosts: leave them
+            for p in running:
+                p.detach()
+            left = running
+            raise LeftRunning(str(e) or "interrupted", [getattr(p, "where", str(p)) for p in running]) from None
+        raise
     finally:
         for p in procs:  # only ever our own children, by pid
-            if p.poll() is None:
+            if p not in left and p.poll() is None:
                 p.kill()
                 p.wait()
     return GroupResult([p.returncode for p in procs], logs, time.monotonic() - t0, sup.failed,
@@ -189,7 +207,8 @@ Launch = Callable[[list[str], Path, dict[str, str]], GroupResult]
 def supervise(launch: Launch, *, log_root: Path, max_restarts: int = 1,
               first_env: dict[str, str] | None = None, env: dict[str, str] | None = None,
               echo: Callable[[str], None] | None = None, resume_first: bool = False,
-              can_resume: Callable[[], bool] | None = None) -> list[GroupResult]:
+              can_resume: Callable[[], bool] | None = None,
+              attach: Callable[[Path], GroupResult] | None = None) -> list[GroupResult]:
     """Run the group; after a failure, restart the same membership with `--resume`.
 
     The same rule serves ranks on this machine and on SSH hosts: only `launch` differs.
@@ -199,14 +218,19 @@ def supervise(launch: Launch, *, log_root: Path, max_restarts: int = 1,
     is not restarted after the guard stopped it, nor after a rank refused its own arguments, inputs
     or environment (`refused`): the restart would meet the same refusal, after loading everything
     again. Returns every attempt's result, in order; each attempt's logs are under
-    `log_root/attempt-<n>/`.
+    `log_root/attempt-<n>/`. `attach(log_dir)` is the first attempt when given: it follows a group an
+    earlier controller started and left running, its logs continued in that controller's last attempt
+    directory; it counts as that attempt, not as a restart.
     """
     attempts: list[GroupResult] = []
     start = next_attempt(log_root)
     for i in range(max_restarts + 1):
         resume = resume_first if i == 0 else (can_resume() if can_resume else True)
         e = {**(env or {}), **((first_env or {}) if i == 0 else {})}
-        res = launch(["--resume"] if resume else [], log_root / f"attempt-{start + i}", e)
+        if i == 0 and attach is not None:
+            res = attach(log_root / f"attempt-{max(start - 1, 1)}")
+        else:
+            res = launch(["--resume"] if resume else [], log_root / f"attempt-{start + i - (attach is not None)}", e)
         attempts.append(res)
         if res.ok or res.reason is Reason.GUARD:  # a guard's stop is final: no restart past a deadline
             break

@@ -192,36 +192,20 @@ def test_a_terminated_run_stops_its_ranks_and_says_so(tmp_path, tiny_seed):
     """SIGTERM (what `timeout` and schedulers send) ends `orchestrate run` the way Ctrl-C does: its
     ranks are stopped by pid, and its record is written with the reason (before, Python obeyed the
     signal at once: no record, and a rank process could outlive its supervisor)."""
-    import os
     import shutil
     import signal
-    import subprocess
-    import sys
-    import time
 
-    from conftest import ROOT, proc_state
+    from conftest import proc_state, signal_cli_when
 
     seeds = tmp_path / "seeds"
     seeds.mkdir()
     shutil.copytree(tiny_seed, seeds / "tiny")
     record = tmp_path / "record.json"
-    run = subprocess.Popen([sys.executable, "-m", "orchestrate", "run", "diloco-four", "--profile", "smoke",
-                            "--trials", str(tmp_path / "trials"), "--seeds", str(seeds), "--record", str(record)],
-                           cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"), stdout=subprocess.DEVNULL,
-                           stderr=subprocess.PIPE, text=True)
     beat = tmp_path / "trials" / "local-training-windows-smoke" / "runs" / "single" / "rank-0" / "heartbeat.json"
-    try:
-        deadline = time.monotonic() + 240
-        while not beat.is_file() and run.poll() is None:
-            assert time.monotonic() < deadline, "the rank never started"
-            time.sleep(0.2)
-        rank = json.loads(beat.read_text())["pid"]
-        run.send_signal(signal.SIGTERM)
-        _, err = run.communicate(timeout=60)
-    finally:
-        if run.poll() is None:
-            run.kill()
-            run.wait()
+    run, err = signal_cli_when(beat, signal.SIGTERM, "-m", "orchestrate", "run", "diloco-four", "--profile", "smoke",
+                               "--trials", str(tmp_path / "trials"), "--seeds", str(seeds), "--record", str(record),
+                               timeout=240)
+    rank = json.loads(beat.read_text())["pid"]
     assert run.returncode != 0
     assert proc_state(rank) is None  # stopped, and reaped
     rec = json.loads(record.read_text())

@@ -2,7 +2,8 @@
 host, started over SSH from the host's own copy of the selected model, bound to the host's private
 address and reached through SSH port forwards; the three phases with one replica really killed on
 its host; and nothing of the replicas left on the hosts afterwards — after a probe that finished, one
-interrupted halfway, and replicas that would not start."""
+interrupted halfway, replicas that would not start, and a controller SIGKILLed (the replicas' lease on it
+runs out)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -186,6 +188,49 @@ def test_replicas_that_will_not_start_are_named_and_stopped(hosts, placement):
         with pl.replicas(home, "damaged-single", 2):
             pass
     assert on_hosts(hosts) == []
+
+
+SERVING_CONTROLLER = """
+import sys, time
+from pathlib import Path
+from orchestrate.cluster import load
+from orchestrate.trial import RemotePlacement
+pl = RemotePlacement(load(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), wheel_dir=Path(sys.argv[4]))
+with pl.replicas(Path(sys.argv[2]), "clean-pair", 2) as reps:
+    print("serving", *[r.pid for r in reps.replicas], flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_dead_controllers_replicas_stop_when_their_lease_runs_out(hosts, selected_home, tiny_seed, wheels,
+                                                                   tmp_path):
+    """The controller is SIGKILLed while its replicas serve: nothing stops them by pid any more, but
+    their lease on it (5 s here) goes unrenewed, and each replica stops itself, saying why."""
+    home = Path(shutil.copytree(selected_home, tmp_path / "home"))
+    cluster = tmp_path / "cluster.json"
+    desc = netns_cluster(hosts, "file:///unused", python=sys.executable).model_copy(update={"controller_lease_s": 5.0})
+    from orchestrate.cluster import save
+
+    save(desc, cluster)
+    ctl = subprocess.Popen([sys.executable, "-c", SERVING_CONTROLLER, str(cluster), str(home), str(tiny_seed),
+                            str(wheels)], cwd=Path(__file__).resolve().parents[2], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+    try:
+        line = ctl.stdout.readline()
+        assert line.startswith("serving"), line + ctl.stdout.read()
+        pids = [int(p) for p in line.split()[1:]]
+        time.sleep(12)  # more than two lease lengths while the controller lives: renewed, still serving
+        assert all(not gone(p) for p in pids) and len(on_hosts(hosts)) == 2
+    finally:
+        ctl.kill()
+        ctl.communicate()
+    killed = time.monotonic()
+    while on_hosts(hosts) and time.monotonic() - killed < 60:
+        time.sleep(0.2)
+    print(f"controller SIGKILLed → its replicas gone after {time.monotonic() - killed:.1f} s (lease 5 s)")
+    assert on_hosts(hosts) == [] and all(gone(p) for p in pids)
+    logs = [p.read_text() for h in hosts.hosts for p in (h.root / "serving").glob("replica-*.log")]
+    assert sum("no controller has renewed this replica's lease" in text for text in logs) >= 2
 
 
 def test_orchestrate_probe_with_a_cluster_serves_from_its_hosts(hosts, selected_home, tiny_seed, tmp_path):

@@ -1,6 +1,7 @@
 """`orchestrate run` on four network-namespace hosts with real sshd (root only): staged, trained one
 rank per host, collected, scored on rank 0's host, served from the hosts (one replica each, reached
-over SSH forwards), reported and preserved — and the
+over SSH forwards), reported and preserved, after the operator's Ctrl-C left an arm running on the hosts and
+the next run attached to it; an arm that outlives a SIGKILLed controller and one cut off for 60 s; and the
 controller's transfer guard stopping a group from real interface counters."""
 
 from __future__ import annotations
@@ -8,15 +9,20 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
-from conftest import run_cli, serving_processes
+from conftest import ROOT, proc_state, run_cli, serving_processes, signal_cli_when
 from evidence.canonical import file_sha256, read_json
 from evidence.commitments import LOG_NAME, CommitmentLog
 from orchestrate.cluster import netns_cluster, save
+from orchestrate.launch.ssh import running_ranks
 from orchestrate.netns import NetnsHosts
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("/usr/sbin/sshd") is None,
@@ -32,12 +38,45 @@ def hosts(tmp_path_factory):
 def test_orchestrate_run_on_ssh_hosts(hosts, tiny_seed, tmp_path):
     desc = netns_cluster(hosts, f"file://{tmp_path / 'store'}", python=sys.executable)
     cluster = save(desc, tmp_path / "cluster.json")
-    r = run_cli("-m", "orchestrate", "run", "diloco-four", "--profile", "smoke", "--trials",
-                str(tmp_path / "trials"), "--seeds", str(tiny_seed.parent), "--cluster", str(cluster),
-                timeout=900)  # prepare, stage 4 hosts, 3 arms, 4 evaluations, serving: ~5 min on 2 cores
-    assert r.returncode == 0, r.stderr[-4000:]
-    err = " ".join(r.stderr.split())
-    assert "cluster" in err and "netns, 4 host(s)" in err and "staged ns-3" in err
+    argv = ["-m", "orchestrate", "run", "diloco-four", "--profile", "smoke", "--trials", str(tmp_path / "trials"),
+            "--seeds", str(tiny_seed.parent), "--cluster", str(cluster)]
+    # the operator's Ctrl-C while ddp-four trains: its ranks keep running on their hosts, and they are told so
+    _, told = signal_cli_when(Path(desc.by_rank[3].root) / "home/runs/ddp-four/rank-3/heartbeat.json", signal.SIGINT,
+                              *argv)
+    told = " ".join(told.split())
+    assert "interrupted: 4 rank(s) keep running on their hosts, detached" in told, told[-3000:]
+    assert f"ns-3 ({desc.by_rank[3].address}), pid in {desc.by_rank[3].root}/rank-3.pid" in told
+    assert f"to stop them: orchestrate stop --cluster {cluster}" in told
+    assert "to follow them again and finish the trial: orchestrate run diloco-four --profile smoke" in told
+    assert running_ranks(desc, 4, "ddp-four") == [True] * 4
+    # `run` again attaches to the arm and finishes the trial. A real arm runs for hours, so it still runs
+    # when the operator comes back; this one would end in seconds, so its ranks are paused until then
+    pids = [int((Path(h.root) / f"rank-{r}.pid").read_text()) for r, h in enumerate(desc.by_rank)]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    second = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    early: list[str] = []
+    try:
+        for line in second.stderr:  # until the run says it attaches (or ends)
+            early.append(line)
+            if "attaching" in line:
+                break
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    try:
+        _, rest = second.communicate(timeout=900)  # prepare, 3 arms, 4 evaluations, serving: ~5 min on 2 cores
+    finally:
+        if second.poll() is None:
+            second.kill()
+            second.wait()
+    err = " ".join(("".join(early) + rest).split())
+    assert second.returncode == 0, err[-4000:]
+    assert "ranks an earlier controller started still run on ns-0, ns-1, ns-2, ns-3: the hosts are left as staged" in err
+    assert "ddp-four is still running on the hosts (an earlier controller started it); attaching" in err
+    assert "staged ns-3" in told  # the first run staged the hosts; the second read them as they were
+    assert "cluster" in err and "netns, 4 host(s)" in err and "staged ns-3" not in err
     home = tmp_path / "trials" / "local-training-windows-smoke"
     rep = read_json(home / "report.json")
     assert set(rep["accuracy"]) == {"seed", "single", "ddp-four", "diloco-four"}
@@ -173,3 +212,158 @@ def test_a_finished_arm_left_on_the_hosts_is_collected_not_rerun(hosts, tiny_see
         assert list((home / "runs/clean-pair").rglob("checkpoints/step-*/receipt.json"))
     finally:
         pl.close()
+
+
+CONTROLLER = """
+import sys
+from pathlib import Path
+from orchestrate.cluster import load
+from orchestrate.trial import RemotePlacement
+from training.prepare import require_prepared
+from training.train import resolved_from_prepared
+cluster, home, seed, wheels = load(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
+pl = RemotePlacement(cluster, home, seed, wheel_dir=wheels, say=print)
+try:
+    res = pl.train(home, resolved_from_prepared(require_prepared(home)).arm("clean-pair"), max_restarts=0, echo=print)
+    print("ok" if res and res[-1].ok else "failed", flush=True)
+finally:
+    pl.close()
+"""
+
+
+def test_an_arm_outlives_its_controller(hosts, tiny_seed, smoke_home, tmp_path):
+    """The ranks run detached on their hosts. A controller cut off from every host for 60 s mid-arm (its
+    packets dropped both ways, the hosts still reaching each other) declares nothing and finishes the
+    arm, as does one starved of CPU for the whole arm. A controller SIGKILLed mid-arm leaves the ranks running; once their lease on it runs out they stop
+    at their next group checkpoint, and the next controller resumes from it. Either way the final
+    parameters are an uninterrupted run's, and no rank process is left. (Ctrl-C and the next run attaching
+    to the arm still running: `test_orchestrate_run_on_ssh_hosts`.)"""
+    from orchestrate.trial import RemotePlacement, build_wheelhouse
+    from training.prepare import require_prepared
+    from training.train import resolved_from_prepared
+
+    desc = netns_cluster(hosts, "file:///unused", python=sys.executable)
+    cluster = save(desc, tmp_path / "cluster.json")
+    wheels = build_wheelhouse(tmp_path / "wheels")
+    roots = [Path(h.root) for h in desc.by_rank[:2]]
+    beat = roots[1] / "home/runs/clean-pair/rank-1/heartbeat.json"
+    arm = resolved_from_prepared(require_prepared(smoke_home)).arm("clean-pair")
+
+    def clear_hosts() -> None:  # the hosts share this machine's filesystem
+        for root in roots:
+            shutil.rmtree(root / "home" / "runs", ignore_errors=True)
+
+    def train(pl: RemotePlacement, home: Path) -> tuple[list, list[str]]:
+        said: list[str] = []
+        pl.say = said.append
+        return pl.train(home, arm, max_restarts=0, echo=said.append), said
+
+    def final(home: Path) -> str:
+        return read_json(home / "runs/clean-pair/rank-0/result.json")["digests"]["final_parameters"]
+
+    def mid_arm(deadline_s: float = 180) -> None:  # rank 1 has finished an update, the arm has not ended
+        deadline = time.monotonic() + deadline_s
+        while not beat.exists():
+            assert time.monotonic() < deadline, "rank 1 never finished an update"
+            time.sleep(0.05)
+        assert not (roots[0] / "home/runs/clean-pair/rank-0/result.json").exists()
+
+    def none_left() -> None:
+        assert running_ranks(desc, 2, "clean-pair") == [False, False]
+        for r, root in enumerate(roots):
+            assert proc_state(int((root / f"rank-{r}.pid").read_text())) is None
+
+    clear_hosts()
+    home = Path(shutil.copytree(smoke_home, tmp_path / "home"))
+    pl = RemotePlacement(desc, home, tiny_seed, wheel_dir=wheels)
+    try:
+        attempts, _ = train(pl, home)  # the reference: nothing happens to it
+        assert [a.ok for a in attempts] == [True]
+        expected = final(home)
+
+        clear_hosts()  # the same home again, as it was before that arm
+        shutil.rmtree(home / "runs")
+        (home / LOG_NAME).write_bytes((smoke_home / LOG_NAME).read_bytes())
+        cut: list[float] = []
+
+        def cutter() -> None:
+            mid_arm()
+            hosts.cut_controller()
+            cut.append(time.monotonic())
+            time.sleep(60)
+            hosts.cut_controller(False)
+            cut.append(time.monotonic())
+
+        th = threading.Thread(target=cutter)
+        th.start()
+        try:
+            attempts, said = train(pl, home)
+        finally:
+            th.join()
+        print(f"cut off for {cut[1] - cut[0]:.1f} s; the arm ended {time.monotonic() - cut[1]:.1f} s after; "
+              f"the controller said: {[s for s in said if 'answer' in s]}")
+        assert cut[1] - cut[0] >= 60
+        assert [a.ok for a in attempts] == [True] and final(home) == expected, said
+        assert any("no host of the group has answered" in s for s in said), said  # told, not condemned
+        none_left()
+
+        # the controller starved for the whole arm: pinned to CPU 0 beside two busy loops at nice -19
+        # (about 1 % of that CPU is left to it); the ranks run on the other CPU
+        clear_hosts()
+        shutil.rmtree(home / "runs")
+        (home / LOG_NAME).write_bytes((smoke_home / LOG_NAME).read_bytes())
+        busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                 preexec_fn=lambda: (os.sched_setaffinity(0, {0}), os.nice(-19))) for _ in range(2)]
+        mine = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, {0})  # this thread, and every thread it starts: the controller's
+        try:
+            t0 = time.monotonic()
+            attempts, said = train(pl, home)
+        finally:
+            os.sched_setaffinity(0, mine)
+            for b in busy:
+                b.kill()
+                b.wait()
+        print(f"starved controller: the arm took {time.monotonic() - t0:.1f} s; the controller's own words: "
+              f"{[s for s in said if 'answer' in s or 'unreachable' in s]}")
+        assert [a.ok for a in attempts] == [True] and final(home) == expected, said
+        none_left()
+    finally:
+        pl.close()
+
+    clear_hosts()  # the controller SIGKILLed, the ranks run on; their lease on it runs out (5 s here, paused
+    home = Path(shutil.copytree(smoke_home, tmp_path / "killed"))  # past it) and they stop at checkpoint 8
+    short = save(desc.model_copy(update={"controller_lease_s": 5.0}), tmp_path / "short-lease.json")
+    ctl = subprocess.Popen([sys.executable, "-c", CONTROLLER, str(short), str(home), str(tiny_seed), str(wheels)],
+                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        mid_arm()
+    finally:
+        ctl.kill()
+        out, _ = ctl.communicate()
+    assert "ok" not in out.split(), out
+    assert running_ranks(desc, 2, "clean-pair") == [True, True]  # the controller's death took no rank
+    pids = [int((root / f"rank-{r}.pid").read_text()) for r, root in enumerate(roots)]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    time.sleep(6)
+    for pid in pids:
+        os.kill(pid, signal.SIGCONT)
+    deadline = time.monotonic() + 120
+    while any(running_ranks(desc, 2, "clean-pair")):
+        assert time.monotonic() < deadline, "the ranks ran on without a controller"
+        time.sleep(0.5)
+    for r, root in enumerate(roots):
+        assert (root / f"rank-{r}.status").read_text().strip() == "4"  # training/lease.py's CONTROLLER_GONE_EXIT
+        assert "stopped after group checkpoint step 8, which every rank holds" in " ".join(
+            (root / f"rank-{r}.err").read_text().split())
+        assert not (root / f"home/runs/clean-pair/rank-{r}/result.json").exists()
+    pl = RemotePlacement(desc, home, tiny_seed, wheel_dir=wheels)
+    try:
+        attempts, said = train(pl, home)  # the next controller resumes from checkpoint 8
+    finally:
+        pl.close()
+    assert [a.ok for a in attempts] == [True] and final(home) == expected, said
+    assert not any("attaching" in s for s in said)
+    assert read_json(home / "runs/clean-pair/rank-1/result.json")["checkpoints"]["restored"]["step"] == 8
+    none_left()

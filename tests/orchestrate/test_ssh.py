@@ -2,13 +2,15 @@
 (root only): exit status, separate output streams, verified copies, pinned host keys, the member-only
 firewall on a rendezvous port, an unreachable host failing fast, and a remote rank's liveness
 verdict kept on the clock while its probes hang — a host silent while another answers, every host silent
-at once (the controller's network), the controller itself stopped — a rank followed by pid after its
-connection dies, and the liveness probe that reads a zombie as gone."""
+at once (the controller's network), the controller itself stopped — a detached rank attached again after its
+connection dies with nothing lost, its status as Popen's or 'lost' when none was left, and the liveness
+probe that reads a zombie as gone."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -18,7 +20,7 @@ import time
 
 import pytest
 
-from conftest import ROOT, proc_state
+from conftest import ROOT
 from orchestrate.launch.ssh import Hearing, RemoteRank, liveness_probe
 from orchestrate.netns import NetnsHosts
 from orchestrate.transport import SSHTransport, TransportError
@@ -340,38 +342,65 @@ def test_a_stopped_controller_is_owed_no_verdict(hosts, tmp_path):
         cleanup.close()
 
 
-def test_a_rank_whose_connection_dies_is_followed_to_its_end(hosts, tmp_path):
-    """The connection carrying a rank dies while its host stays up: the watcher connects again and
-    follows the rank by pid, and once it is gone the rank fails as "lost" — its exit status went with
-    the connection, so it is never taken for a success, and it was never unreachable."""
+TALKER = "for i in $(seq 1 40); do echo out-$i; echo err-$i >&2; sleep 0.1; done; exit 3"
+
+
+def test_a_rank_whose_connection_dies_is_attached_again_and_loses_nothing(hosts, tmp_path):
+    """The connection carrying a rank dies while its host stays up: the rank, detached on its host, runs
+    on; the controller attaches again from the bytes it holds, and the rank's whole output — every line
+    once — and its own exit status arrive. Before ranks ran detached, the status went with the
+    connection (the rank ended as "lost") and a rank that wrote after the drop died of it."""
     h = hosts.hosts[1]
     t = ssh(hosts, 1)
-    pidfile = f"{h.root}/lost.pid"
-    rank = RemoteRank(t, "exec sleep 5", {}, tmp_path / "rank.log", pidfile, unreachable_s=10)
-    check = ssh(hosts, 1)
+    pidfile = f"{h.root}/reattach.pid"
+    log = tmp_path / "rank.log"
+    rank = RemoteRank(t, f"exec bash -c {shlex.quote(TALKER)}", {}, log, pidfile, unreachable_s=10)
     try:
         deadline = time.monotonic() + 10
-        while rank.pid_alive is not True and time.monotonic() < deadline:
+        while b"out-5" not in log.with_suffix(".out").read_bytes() and time.monotonic() < deadline:
             assert rank.poll() is None
             time.sleep(0.05)
-        assert rank.pid_alive is True
-        pid = check.run(f"cat {pidfile}").stdout.strip()
-        t._client.get_transport().sock.shutdown(socket.SHUT_RDWR)  # the connection drops
-        dropped, alive_after_drop = time.monotonic(), False
-        state = lambda: check.run(liveness_probe(pidfile), timeout=5).stdout.split()  # noqa: E731
-        while rank.poll() is None and time.monotonic() < deadline + 20:
-            alive_after_drop |= state() == ["pid:alive"]
-            time.sleep(0.05)
-        print(f"connection dropped → rank still ran: {alive_after_drop}; 'lost' after {time.monotonic() - dropped:.2f} s")
-        assert (rank.returncode, rank.why, rank.unstoppable) == (255, "lost", False)
-        # the verdict came once the rank was gone, read here from /proc (the hosts share this pid
-        # namespace): exited, or exited and not yet reaped by its parent, sshd's session (a zombie)
-        assert proc_state(int(pid)) in (None, "Z")
+        t._client.get_transport().sock.shutdown(socket.SHUT_RDWR)  # the connection drops mid-output
+        dropped = time.monotonic()
+        assert rank.wait(timeout=30) == 3
+        print(f"connection dropped → attached again {rank.reattached} time(s); rank's status after "
+              f"{time.monotonic() - dropped:.2f} s")
+        assert (rank.why, rank.unstoppable) == (None, False) and rank.reattached >= 1
+        assert log.with_suffix(".out").read_text().split() == [f"out-{i}" for i in range(1, 41)]
+        assert log.read_text().split() == [f"err-{i}" for i in range(1, 41)]
     finally:
         rank.stop_watching()
-        check.run(f"kill $(cat {pidfile}) 2>/dev/null")
-        check.close()
         t.close()
+
+
+def test_a_signalled_rank_ends_as_popen_says_and_one_without_a_status_is_lost(hosts, tmp_path):
+    """A rank stopped by SIGTERM ends -15 (Popen's word for it, which the supervisor counts as its own
+    stop); a rank whose wrapper was killed with it left no exit status, and fails as "lost", never as
+    a success."""
+    h = hosts.hosts[0]
+    t, check = ssh(hosts, 0), ssh(hosts, 0)
+    ranks = []
+    try:
+        termed = RemoteRank(t, "exec sleep 60", {}, tmp_path / "termed.log", f"{h.root}/termed.pid")
+        ranks.append(termed)
+        lost_pid = f"{h.root}/lost.pid"
+        lost = RemoteRank(ssh(hosts, 0), "exec sleep 60", {}, tmp_path / "lost.log", lost_pid)
+        ranks.append(lost)
+        deadline = time.monotonic() + 10
+        while not (termed.pid_alive and lost.pid_alive) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        termed.send_signal(15)
+        assert termed.wait(timeout=10) == -15 and termed.why is None
+        pid = check.run(f"cat {lost_pid}").stdout.strip()
+        wrapper = check.run(f"ps -o ppid= -p {pid}").stdout.strip()
+        check.run(f"kill -KILL {wrapper} {pid}").check("kill the wrapper and its rank")
+        assert lost.wait(timeout=20) == 255 and lost.why == "lost"
+        assert not (h.root / "lost.status").exists()
+    finally:
+        for r in ranks:
+            r.stop_watching()
+            r.t.close()
+        check.close()
 
 
 def test_a_closed_connection_is_never_reopened(hosts):
