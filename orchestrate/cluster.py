@@ -72,7 +72,7 @@ class Cluster(BaseModel):
     # once; the hosts fetch it with their own credentials) or over SSH to each host; "auto" relays on
     # a stack's cluster (its hosts have the instance role) and uses SSH elsewhere
     staging: Literal["auto", "ssh", "relay"] = "auto"
-    # how long a rank runs on without hearing from its controller (which renews the lease every ~5 s while
+    # how long a rank runs on without hearing from its controller (which renews the lease every 5 s while
     # it reaches the host) before it stops itself at its next group checkpoint, keeping everything for a
     # resume: a controller gone for good (a laptop closed for the night) leaves nothing running for hours,
     # a blink or a reconnect costs nothing; well under a stack's deadline, the last resort

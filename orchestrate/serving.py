@@ -381,7 +381,7 @@ class RemoteReplicas:
         """Touch every started replica's lease file every `renew_every_s`, until the replicas are stopped:
         this controller is still there. A host that does not answer is skipped; its replica's lease
         runs on."""
-        while not self._renewing.wait(self.renew_every_s):
+        while not self._renewing.wait(min(self.renew_every_s, self.lease_s / 4)):  # a short lease: more often
             for rep in list(self.replicas):
                 if rep.started:
                     try:

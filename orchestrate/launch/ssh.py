@@ -523,7 +523,8 @@ def launch_remote_group(cluster: Cluster, argv_for: Callable[[Host], Sequence[st
             cmd = "" if attach else host_command(h, argv_for(h))
             beat = f"{h.root}/{heartbeats[r]}" if r < len(heartbeats) else None
             procs.append(RemoteRank(t, cmd, {} if attach else e, logs[r], f"{h.root}/rank-{r}.pid", heartbeat=beat,
-                                    hearing=hearing, tag=tag, attach=attach))
+                                    hearing=hearing, tag=tag, attach=attach,
+                                    words_every_s=min(5.0, lease_s / 4)))  # each probe renews the lease
     except BaseException:
         for p in procs:
             p.kill()

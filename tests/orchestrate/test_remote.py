@@ -203,6 +203,47 @@ def test_both_spawners_hand_a_rank_the_same_environment(staged, tmp_path):
         assert got[1]["GLOO_SOCKET_IFNAME"] == got[1]["NCCL_SOCKET_IFNAME"] == h.interface == "eth0"
 
 
+SLEEPER_CONTROLLER = """
+import sys
+from pathlib import Path
+from orchestrate.cluster import load
+from orchestrate.launch.ssh import launch_remote_group
+launch_remote_group(load(sys.argv[1]), lambda h: ["-c", "import time; print('up', flush=True); time.sleep(300)"], 2,
+                    log_dir=Path(sys.argv[2]), tag="sleeper")
+"""
+
+
+def test_orchestrate_stop_ends_the_ranks_a_dead_controller_left(staged, tmp_path):
+    """A controller SIGKILLed while its group runs: the ranks run on, detached; `orchestrate stop` ends
+    them by pid on each host, and says where."""
+    from orchestrate.cluster import save
+    from orchestrate.launch.ssh import running_ranks
+
+    cluster, _, _ = staged
+    path = save(cluster, tmp_path / "cluster.json")
+    ctl = subprocess.Popen([sys.executable, "-c", SLEEPER_CONTROLLER, str(path), str(tmp_path / "logs")], cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while running_ranks(cluster, 2, "sleeper") != [True, True]:
+            assert time.monotonic() < deadline and ctl.poll() is None
+            time.sleep(0.2)
+    finally:
+        ctl.kill()
+        ctl.wait()
+    time.sleep(1)
+    assert running_ranks(cluster, 2, "sleeper") == [True, True]  # the controller's death took no rank
+    pids = [int((Path(h.root) / f"rank-{r}.pid").read_text()) for r, h in enumerate(cluster.by_rank)]
+    r = subprocess.run([sys.executable, "-m", "orchestrate", "stop", "--cluster", str(path)], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "stopped a rank on 2 host(s): ns-0, ns-1" in " ".join(r.stderr.split())  # the CLI's words go to stderr
+    assert running_ranks(cluster, 2, "sleeper") == [False, False]
+    assert all(proc_state(p) is None for p in pids)
+    again = subprocess.run([sys.executable, "-m", "orchestrate", "stop", "--cluster", str(path)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "stopped a rank on 0 host(s)" in again.stderr
+
+
 def test_host_cut_off_mid_run_is_detected(staged, hosts, tmp_path):
     cluster, ts, _ = staged
     clear_runs(cluster)
@@ -283,43 +324,3 @@ def test_the_hosts_wheel_holds_the_sources_as_they_are_now(tmp_path):
     assert "orchestrate/trial.py" in names and "orchestrate/launch/command.py" in names
     assert "orchestrate/removed_since_test.py" not in names
 
-
-SLEEPER_CONTROLLER = """
-import sys
-from pathlib import Path
-from orchestrate.cluster import load
-from orchestrate.launch.ssh import launch_remote_group
-launch_remote_group(load(sys.argv[1]), lambda h: ["-c", "import time; print('up', flush=True); time.sleep(300)"], 2,
-                    log_dir=Path(sys.argv[2]), tag="sleeper")
-"""
-
-
-def test_orchestrate_stop_ends_the_ranks_a_dead_controller_left(staged, tmp_path):
-    """A controller SIGKILLed while its group runs: the ranks run on, detached; `orchestrate stop` ends
-    them by pid on each host, and says where."""
-    from orchestrate.cluster import save
-    from orchestrate.launch.ssh import running_ranks
-
-    cluster, _, _ = staged
-    path = save(cluster, tmp_path / "cluster.json")
-    ctl = subprocess.Popen([sys.executable, "-c", SLEEPER_CONTROLLER, str(path), str(tmp_path / "logs")], cwd=ROOT)
-    try:
-        deadline = time.monotonic() + 60
-        while running_ranks(cluster, 2, "sleeper") != [True, True]:
-            assert time.monotonic() < deadline and ctl.poll() is None
-            time.sleep(0.2)
-    finally:
-        ctl.kill()
-        ctl.wait()
-    time.sleep(1)
-    assert running_ranks(cluster, 2, "sleeper") == [True, True]  # the controller's death took no rank
-    pids = [int((Path(h.root) / f"rank-{r}.pid").read_text()) for r, h in enumerate(cluster.by_rank)]
-    r = subprocess.run([sys.executable, "-m", "orchestrate", "stop", "--cluster", str(path)], cwd=ROOT,
-                       capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert "stopped a rank on 2 host(s): ns-0, ns-1" in " ".join(r.stdout.split())
-    assert running_ranks(cluster, 2, "sleeper") == [False, False]
-    assert all(proc_state(p) is None for p in pids)
-    again = subprocess.run([sys.executable, "-m", "orchestrate", "stop", "--cluster", str(path)], cwd=ROOT,
-                           capture_output=True, text=True, timeout=120)
-    assert again.returncode == 0 and "stopped a rank on 0 host(s)" in again.stdout

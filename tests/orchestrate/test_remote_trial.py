@@ -182,38 +182,6 @@ def test_transfer_guard_stops_a_group_from_host_counters(hosts, tiny_seed, smoke
             t.close()
 
 
-def test_a_finished_arm_left_on_the_hosts_is_collected_not_rerun(hosts, tiny_seed, smoke_home, tmp_path):
-    """The controller stops after the hosts finished an arm but before it collected it: the next run
-    finds every rank's result on the hosts and only collects (a relaunch would be refused there)."""
-    from orchestrate.trial import RemotePlacement, build_wheelhouse
-    from training.prepare import require_prepared
-    from training.train import resolved_from_prepared
-
-    desc = netns_cluster(hosts, "file:///unused", python=sys.executable)
-    home = tmp_path / "home"
-    shutil.copytree(smoke_home, home)
-    arm = resolved_from_prepared(require_prepared(home)).arm("clean-pair")
-    pl = RemotePlacement(desc, home, tiny_seed, wheel_dir=build_wheelhouse(tmp_path / "wheels"))
-    try:
-        for h, t in zip(desc.by_rank, pl.ts):  # earlier tests trained on these hosts
-            t.run(f"rm -rf {h.root}/home/runs").check("clear")
-        before = (home / LOG_NAME).read_bytes()
-        first = pl.train(home, arm, max_restarts=0, echo=lambda line: None)
-        assert first and first[-1].ok
-        after = (home / LOG_NAME).read_bytes()
-        assert after.startswith(before) and after != before  # rank 0's numerical-profile came back
-        shutil.rmtree(home / "runs")  # as if the controller had stopped before collecting
-        (home / LOG_NAME).write_bytes(before)
-        again = pl.train(home, arm, max_restarts=0, echo=lambda line: None)
-        assert again == [] and (home / LOG_NAME).read_bytes() == after
-        for r in range(2):
-            assert read_json(home / f"runs/clean-pair/rank-{r}/result.json")["rank"] == r
-        assert not list((home / "runs/clean-pair").rglob("checkpoints/step-*/*.safetensors"))  # stayed on hosts
-        assert list((home / "runs/clean-pair").rglob("checkpoints/step-*/receipt.json"))
-    finally:
-        pl.close()
-
-
 CONTROLLER = """
 import sys
 from pathlib import Path
@@ -232,7 +200,8 @@ finally:
 
 
 def test_an_arm_outlives_its_controller(hosts, tiny_seed, smoke_home, tmp_path):
-    """The ranks run detached on their hosts. A controller cut off from every host for 60 s mid-arm (its
+    """The ranks run detached on their hosts. An arm finished on the hosts but never collected is collected
+    by the next run, not run again. A controller cut off from every host for 60 s mid-arm (its
     packets dropped both ways, the hosts still reaching each other) declares nothing and finishes the
     arm, as does one starved of CPU for the whole arm. A controller SIGKILLed mid-arm leaves the ranks running; once their lease on it runs out they stop
     at their next group checkpoint, and the next controller resumes from it. Either way the final
@@ -277,9 +246,23 @@ def test_an_arm_outlives_its_controller(hosts, tiny_seed, smoke_home, tmp_path):
     home = Path(shutil.copytree(smoke_home, tmp_path / "home"))
     pl = RemotePlacement(desc, home, tiny_seed, wheel_dir=wheels)
     try:
+        before = (home / LOG_NAME).read_bytes()
         attempts, _ = train(pl, home)  # the reference: nothing happens to it
         assert [a.ok for a in attempts] == [True]
         expected = final(home)
+        after = (home / LOG_NAME).read_bytes()
+        assert after.startswith(before) and after != before  # rank 0's numerical-profile came back
+
+        # the controller stopped after the hosts finished the arm but before it collected it: the next
+        # run finds every rank's result on the hosts and only collects (a relaunch would be refused there)
+        shutil.rmtree(home / "runs")
+        (home / LOG_NAME).write_bytes(before)
+        attempts, said = train(pl, home)
+        assert attempts == [] and (home / LOG_NAME).read_bytes() == after, said
+        assert "clean-pair already finished on the hosts; collecting it" in said
+        assert [read_json(home / f"runs/clean-pair/rank-{r}/result.json")["rank"] for r in range(2)] == [0, 1]
+        assert not list((home / "runs/clean-pair").rglob("checkpoints/step-*/*.safetensors"))  # stayed on hosts
+        assert list((home / "runs/clean-pair").rglob("checkpoints/step-*/receipt.json"))
 
         clear_hosts()  # the same home again, as it was before that arm
         shutil.rmtree(home / "runs")
