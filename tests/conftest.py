@@ -7,9 +7,11 @@ import fnmatch
 import inspect
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -174,18 +176,28 @@ def run_cli(*args: str, stdin: str = "", cwd: Path = ROOT, timeout: float = 300)
                           cwd=cwd, env=env, timeout=timeout)
 
 
-def signal_cli_when(path: Path, sig: int, *args: str, timeout: float = 600) -> tuple[subprocess.Popen, str]:
+def signal_cli_when(path: Path, sig: int, *args: str, timeout: float = 600,
+                    before: Callable[[], None] | None = None) -> tuple[subprocess.Popen, str]:
     """Start `python *args` (a CLI, unbuffered), send it `sig` once `path` exists (a rank's heartbeat,
-    say), and return the ended process and its stderr. Only the process started here is ever killed."""
-    proc = subprocess.Popen([sys.executable, *args], cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    say) and `before()` has run, and return the ended process and its stderr. Only the process started
+    here is ever killed."""
+    proc = subprocess.Popen([sys.executable, *args], cwd=ROOT,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1"),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + timeout
         while not path.exists() and proc.poll() is None:
             assert time.monotonic() < deadline, f"{path} never appeared"
             time.sleep(0.05)
+        if before is not None:
+            before()
         proc.send_signal(sig)
-        _, err = proc.communicate(timeout=60)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:  # say where it hangs: faulthandler prints every thread on SIGABRT
+            proc.send_signal(signal.SIGABRT)
+            _, err = proc.communicate(timeout=30)
+            raise AssertionError(f"{args} did not end within 60 s of signal {sig}; its threads:\n{err[-12000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -40,20 +40,31 @@ def test_orchestrate_run_on_ssh_hosts(hosts, tiny_seed, tmp_path):
     cluster = save(desc, tmp_path / "cluster.json")
     argv = ["-m", "orchestrate", "run", "diloco-four", "--profile", "smoke", "--trials", str(tmp_path / "trials"),
             "--seeds", str(tiny_seed.parent), "--cluster", str(cluster)]
-    # the operator's Ctrl-C while ddp-four trains: its ranks keep running on their hosts, and they are told so
-    _, told = signal_cli_when(Path(desc.by_rank[3].root) / "home/runs/ddp-four/rank-3/heartbeat.json", signal.SIGINT,
-                              *argv)
+    # the operator's Ctrl-C while ddp-four trains: its ranks keep running on their hosts, and they are told
+    # so. A real arm runs for hours; this one would end in seconds, so its ranks are paused from just before
+    # the Ctrl-C until the next run has attached to them
+    pidfiles = [Path(h.root) / f"rank-{r}.pid" for r, h in enumerate(desc.by_rank)]
+    pids: list[int] = []
+
+    def pause() -> None:
+        pids.extend(int(f.read_text()) for f in pidfiles)
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+
+    try:
+        _, told = signal_cli_when(Path(desc.by_rank[3].root) / "home/runs/ddp-four/rank-3/heartbeat.json",
+                                  signal.SIGINT, *argv, before=pause)
+    except BaseException:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+        raise
     told = " ".join(told.split())
     assert "interrupted: 4 rank(s) keep running on their hosts, detached" in told, told[-3000:]
     assert f"ns-3 ({desc.by_rank[3].address}), pid in {desc.by_rank[3].root}/rank-3.pid" in told
     assert f"to stop them: orchestrate stop --cluster {cluster}" in told
     assert "to follow them again and finish the trial: orchestrate run diloco-four --profile smoke" in told
     assert running_ranks(desc, 4, "ddp-four") == [True] * 4
-    # `run` again attaches to the arm and finishes the trial. A real arm runs for hours, so it still runs
-    # when the operator comes back; this one would end in seconds, so its ranks are paused until then
-    pids = [int((Path(h.root) / f"rank-{r}.pid").read_text()) for r, h in enumerate(desc.by_rank)]
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
+    # `run` again attaches to the arm (its ranks resumed once it has) and finishes the trial
     second = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     early: list[str] = []
