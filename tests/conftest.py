@@ -176,14 +176,22 @@ def run_cli(*args: str, stdin: str = "", cwd: Path = ROOT, timeout: float = 300)
                           cwd=cwd, env=env, timeout=timeout)
 
 
+def _plain_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def signal_cli_when(path: Path, sig: int, *args: str, timeout: float = 600,
                     before: Callable[[], None] | None = None) -> tuple[subprocess.Popen, str]:
     """Start `python *args` (a CLI, unbuffered), send it `sig` once `path` exists (a rank's heartbeat,
     say) and `before()` has run, and return the ended process and its stderr. Only the process started
     here is ever killed."""
+    # as a terminal's foreground job has it: SIGINT at its default, not blocked. Under pytest-xdist a
+    # Ctrl-C sent to the CLI once did nothing (its threads, dumped: still supervising a minute later),
+    # and an ignored or blocked SIGINT is what a child inherits from its parent
     proc = subprocess.Popen([sys.executable, *args], cwd=ROOT,
                             env=dict(os.environ, PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1"),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=_plain_sigint)
     try:
         deadline = time.monotonic() + timeout
         while not path.exists() and proc.poll() is None:
