@@ -43,6 +43,7 @@ from evidence.attempts import next_attempt
 from evidence.canonical import read_json, write_json_atomic
 from evidence.commitments import CommitmentLog
 from evidence.receipts import make_receipt
+from training.lease import env as lease_env
 from evidence.serving import (CONCURRENCY, MAX_ATTEMPTS, PHASES, REQUESTS, comparisons, phase_figures,
                               warmup_workload, workload)
 from orchestrate.launch.command import Site, host_command, local_argv, process_env, serve_argv, device_share
@@ -406,7 +407,7 @@ class RemoteReplicas:
                f"(setsid bash -c {q(inner)} > {q(rep.log)} 2>&1 < /dev/null &) && "
                f"for i in $(seq 200); do test -s {q(rep.pidfile)} && break; sleep 0.05; done; cat {q(rep.pidfile)}")
         env = process_env(0, here=False, threads=self.threads, inherited=self.env)  # the host's own first device
-        env |= {"TRIAL_LEASE_FILE": rep.lease, "TRIAL_LEASE_S": f"{self.lease_s:g}"}
+        env |= lease_env(rep.lease, self.lease_s)
         rep.started = True
         r = rep.t.run(cmd, env=env, timeout=60)
         out = r.stdout.strip()

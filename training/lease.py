@@ -26,6 +26,11 @@ class ControllerGone(TrainError):
     exit_code = CONTROLLER_GONE_EXIT
 
 
+def env(path: str, length: float) -> dict[str, str]:
+    """The environment that gives a process started over SSH a lease of `length` seconds in `path`."""
+    return {"TRIAL_LEASE_FILE": path, "TRIAL_LEASE_S": f"{length:g}"}
+
+
 def held() -> tuple[str, float] | None:
     """(the lease file, its length in seconds), or None when this rank holds no lease."""
     path, length = os.environ.get("TRIAL_LEASE_FILE"), os.environ.get("TRIAL_LEASE_S")

@@ -31,6 +31,7 @@ from orchestrate.cluster import Cluster, Host
 from orchestrate.launch.command import Rendezvous, free_port, host_command, process_env
 from orchestrate.launch.supervise import GroupResult, Reason, run_group
 from orchestrate.transport import SSHTransport
+from training.lease import env as lease_env
 
 
 def liveness_probe(pidfile: str, heartbeat: str | None = None, lease: str | None = None) -> str:
@@ -50,6 +51,11 @@ def liveness_probe(pidfile: str, heartbeat: str | None = None, lease: str | None
 NO_STATUS = 254
 """The attach line's exit when the rank ended without its wrapper recording a status (the wrapper was
 killed, the host rebooted): the rank's end is unknown, so it fails as `Reason.LOST`."""
+
+
+def rank_pidfile(host: Host, rank: int) -> str:
+    """Where rank `rank`'s pid lives on `host`; its other files sit beside it (`rank_files`)."""
+    return f"{host.root}/rank-{rank}.pid"
 
 
 def rank_files(pidfile: str) -> dict[str, str]:
@@ -464,7 +470,7 @@ def running_ranks(cluster: Cluster, world: int, tag: str) -> list[bool | None]:
     for r, h in enumerate(cluster.by_rank[:world]):
         t = cluster.transport(h)
         try:
-            found.append(t.run(running_line(f"{h.root}/rank-{r}.pid", tag), timeout=20).stdout.split() == ["running"])
+            found.append(t.run(running_line(rank_pidfile(h, r), tag), timeout=20).stdout.split() == ["running"])
         except Exception:  # noqa: BLE001 — paramiko and our TransportError: unknown, not "none"
             found.append(None)
         finally:
@@ -478,7 +484,7 @@ def stop_ranks(cluster: Cluster, world: int, tag: str | None, grace_s: float = 1
     stopped."""
     stopped = []
     for r, h in enumerate(cluster.by_rank[:world]):
-        pidfile = f"{h.root}/rank-{r}.pid"
+        pidfile = rank_pidfile(h, r)
         alive = f"[ \"$({running_line(pidfile, tag)})\" = running ]"
         line = (f"if {alive}; then kill -TERM $(cat {shlex.quote(pidfile)}); "
                 f"for i in $(seq {int(grace_s * 10)}); do {alive} || break; sleep 0.1; done; "
@@ -516,13 +522,13 @@ def launch_remote_group(cluster: Cluster, argv_for: Callable[[Host], Sequence[st
             t = cluster.transport(h)
             e = process_env(r, here=False, threads=threads, inherited=env or {},
                             group=Rendezvous(world, master, port, h.interface))
-            e |= {"TRIAL_LEASE_FILE": rank_files(f"{h.root}/rank-{r}.pid")["lease"], "TRIAL_LEASE_S": f"{lease_s:g}"}
+            e |= lease_env(rank_files(rank_pidfile(h, r))["lease"], lease_s)
             if attach:
                 logs[r].touch()
                 logs[r].with_suffix(".out").touch()
             cmd = "" if attach else host_command(h, argv_for(h))
             beat = f"{h.root}/{heartbeats[r]}" if r < len(heartbeats) else None
-            procs.append(RemoteRank(t, cmd, {} if attach else e, logs[r], f"{h.root}/rank-{r}.pid", heartbeat=beat,
+            procs.append(RemoteRank(t, cmd, {} if attach else e, logs[r], rank_pidfile(h, r), heartbeat=beat,
                                     hearing=hearing, tag=tag, attach=attach,
                                     words_every_s=min(5.0, lease_s / 4)))  # each probe renews the lease
     except BaseException:
