@@ -42,7 +42,9 @@
 # SHARE=--share-gpus as many times as it takes (each call resumes: finished arms and scores are kept).
 # Done in the third session but batched-learning (bench/results/2026-12-03-share-gpus-coop-1xh200/README.md): the fourth
 # is STEPS=stash (carry .whl .seed-parts/part-aa), then STEPS=batched SHARE=--share-gpus (carry .whl .seed-parts/part-ab),
-# then the same again (carry .whl) until it finishes: about 1,500 s of device time.
+# then the same again (carry .whl) until it finishes: about 1,500 s of device time. Done in the fourth session
+# (bench/results/2026-12-03-share-gpus-batched-1xh200/README.md): four calls, 1,377 s; the report was not
+# recomputed there (step_batched now does it once the run has finished).
 # Send each call as soon as the previous returns: a machine goes back 30 s after a call, with the seed.
 # Each `orchestrate run` writes its record (stage seconds: seed, prepare, placement, train, select,
 # score, serve, report, preserve; every arm's scoring speed) with --record.
@@ -148,6 +150,9 @@ step_coop2() {  # the co-located cooperative-learning run again until it finishe
 step_batched() {
   join_seed  # already materialized after coop, or joined here (carry .seed-parts/part-ab after STEPS=stash)
   run_trial batched batched-learning gpu-135m "$STUDY/trials" "$STUDY/seeds"
+  # finished: recomputed from the preserved home while it is still here (it goes with the machine)
+  python3 -c "import json,sys; sys.exit(json.load(open(sys.argv[1])).get('exit') != 0)" "$STUDY/batched-record.json" 2>/dev/null \
+    && python3 -m evidence report --home "$STUDY/trials/batched-learning-gpu-135m" --output "$STUDY/batched-rereport.json" 2>&1 | tail -3
   bundle batched "$STUDY"/batched-* $(home_files "$STUDY/trials/batched-learning-gpu-135m")
   echo "step batched: $((SECONDS - s)) s"; s=$SECONDS
 }
