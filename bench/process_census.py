@@ -1,0 +1,92 @@
+"""Which Python processes a test run starts, by test and by kind (#34: is the suite's time in process
+start-ups or in the work itself?).
+
+    python bench/process_census.py install .venv [--log /tmp/pystarts.log]   # every start of that venv's python is logged
+    ./scripts/test.sh -q ...                                                  # the run to count
+    python bench/process_census.py report [--log /tmp/pystarts.log]           # the tables
+    python bench/process_census.py uninstall .venv
+
+`install` puts a `.pth` hook in the venv's site-packages (a measurement, never left in place: `uninstall`
+removes it): each interpreter that starts appends its time, pid, the test that started it (the
+PYTEST_CURRENT_TEST it inherited; "-" for processes started through sshd on the namespace hosts, which
+inherit nothing) and its command line. An interpreter started with -S (no site) is not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import re
+from pathlib import Path
+
+HOOK = '''import os, sys, time
+try:
+    with open({log!r}, "a") as f:
+        f.write(f"{{time.time():.3f}}\\t{{os.getpid()}}\\t{{os.environ.get('PYTEST_CURRENT_TEST', '-')}}\\t"
+                f"{{' '.join(getattr(sys, 'orig_argv', sys.argv))[:240]}}\\n")
+except OSError:
+    pass
+'''
+
+
+def site_packages(venv: Path) -> Path:
+    found = sorted(venv.glob("lib/python3*/site-packages"))
+    if not found:
+        raise SystemExit(f"{venv}: no lib/python3*/site-packages")
+    return found[0]
+
+
+def kind(argv: str) -> str:
+    m = re.search(r"-m (\S+ \S+)", argv)
+    if m:
+        return m.group(1)
+    if " -I -c" in argv:
+        return "python -I -c (host checks)"
+    if "_in_process" in argv:
+        return "pip build hook"
+    if "exec(eval" in argv:
+        return "xdist worker"
+    return "other: " + re.sub(r"/\S*/", "…/", argv)[:60]
+
+
+def report(log: Path) -> None:
+    rows = [r for r in (line.rstrip("\n").split("\t") for line in log.open()) if len(r) == 4]
+    by_test, by_kind, both = collections.Counter(), collections.Counter(), collections.Counter()
+    for _, _, test, argv in rows:
+        t = re.sub(r"@.*", "", test).split("::")[0]
+        k = kind(argv)
+        by_test[t] += 1
+        by_kind[k] += 1
+        both[(t, k)] += 1
+    print(f"{len(rows)} Python processes started")
+    for title, counter, n in (("by test file", by_test, 30), ("by kind", by_kind, 25),
+                              ("by test file and kind", both, 40)):
+        print(f"\n{title}:")
+        for key, count in counter.most_common(n):
+            print(f"{count:6d}  {' · '.join(key) if isinstance(key, tuple) else key}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("action", choices=("install", "uninstall", "report"))
+    ap.add_argument("venv", nargs="?", type=Path)
+    ap.add_argument("--log", type=Path, default=Path("/tmp/pystarts.log"))
+    a = ap.parse_args()
+    if a.action == "report":
+        report(a.log)
+        return
+    if a.venv is None:
+        raise SystemExit(f"{a.action} needs the venv")
+    sp = site_packages(a.venv)
+    if a.action == "install":
+        (sp / "_process_census.py").write_text(HOOK.format(log=str(a.log)))
+        (sp / "zz_process_census.pth").write_text("import _process_census\n")
+        print(f"logging every start of {a.venv}'s python to {a.log}")
+    else:
+        for name in ("_process_census.py", "zz_process_census.pth"):
+            (sp / name).unlink(missing_ok=True)
+        print(f"removed the hook from {sp}")
+
+
+if __name__ == "__main__":
+    main()
