@@ -32,8 +32,6 @@ from typing import Any, Callable
 
 from evidence import schedule
 from evidence.placement import rule_gates
-from evidence.serving import GATES as SERVING_GATES
-from evidence.serving import PROBE_GATE
 from evidence.stats import mcnemar_exact_greater, paired_bounds
 
 FORMAT = "trial-attainability-v1"
@@ -310,7 +308,7 @@ def labelled(gate: dict[str, Any], reach: dict[str, dict[str, Any]]) -> dict[str
     """A report's gate with what it could reach at this profile (`reach`: `by_gate` of the analysis)
     beside its verdict — the verdict itself unchanged: an unattainable gate that failed stays failed,
     one that passed stays passed."""
-    r = reach.get(gate["gate"]) or (SERVING if gate["gate"] in (*SERVING_GATES, PROBE_GATE) else None)
+    r = reach.get(gate["gate"]) or (SERVING if gate["gate"].startswith("serving") else None)  # serving.gate_names
     if r is None:
         return {**gate, "attainable": None, "attainability": "not analysed"}
     built = r["figures"].get("exchanges") and r["figures"].get("ratio")

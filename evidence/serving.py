@@ -21,6 +21,8 @@ from evidence.receipts import verify_receipt
 
 PHASES = ("single", "replicas", "failure")
 REQUESTS = 64
+"""Requests per phase unless the profile sets `serving_requests` (the studies' 64; a smoke profile fewer:
+the probe's fixed workload was over a third of a smoke trial's time). Committed with the profile."""
 CONCURRENCY = 4
 MAX_ATTEMPTS = 4
 WARMUP_CASES = 4
@@ -28,6 +30,12 @@ WARMUP_CASES = 4
 
 class ServingEvidenceError(RuntimeError):
     """A committed serving probe whose files, workload or figures disagree."""
+
+
+def requests_of(prepared: dict[str, Any]) -> int:
+    """Requests per phase of the home's committed profile (`prepared.json`): its `serving_requests`, or
+    the studies' 64 for a profile that sets none (homes prepared before the setting existed included)."""
+    return prepared["experiment"]["profile"].get("serving_requests") or REQUESTS
 
 
 def workload(dev_ids: list[str], phase: str, n: int = REQUESTS) -> list[dict[str, str]]:
@@ -117,9 +125,11 @@ def comparisons(phases: dict[str, dict[str, Any]], warmup: list[dict[str, Any]])
     return {"phases": fig, **out}
 
 
-def check_probe(home: Path, entry: dict[str, Any], dev_ids: list[str], model: dict[str, str]) -> dict[str, Any]:
+def check_probe(home: Path, entry: dict[str, Any], dev_ids: list[str], model: dict[str, str], *,
+                requests: int) -> dict[str, Any]:
     """Recompute a committed probe's figures; raise ServingEvidenceError on any inconsistency.
-    `model`: the receipt digest the selection names for the serving arm, and that arm's name."""
+    `model`: the receipt digest the selection names for the serving arm, and that arm's name;
+    `requests`: the committed profile's requests per phase (`requests_of`)."""
     d = home / Path(entry["subject"]).parent
     receipt = read_json(home / entry["subject"])
     try:
@@ -142,15 +152,16 @@ def check_probe(home: Path, entry: dict[str, Any], dev_ids: list[str], model: di
     if stopped.get("replica") not in plan["replicas"]:
         raise ServingEvidenceError(f"{d / 'plan.json'}: the failure phase stopped no advertised replica "
                                    f"({stopped.get('replica')!r})")
-    if plan["requests"] != REQUESTS or plan["max_attempts"] > MAX_ATTEMPTS:
+    if plan["requests"] != requests or plan["max_attempts"] > MAX_ATTEMPTS:
         raise ServingEvidenceError(f"{d / 'plan.json'}: {plan['requests']} requests with up to "
-                                   f"{plan['max_attempts']} attempts; the workload fixes {REQUESTS} and {MAX_ATTEMPTS}")
+                                   f"{plan['max_attempts']} attempts; the committed profile fixes {requests} and "
+                                   f"{MAX_ATTEMPTS}")
     phases = {}
     for p in PHASES:
         data = read_json(d / f"{p}.json")
         if [(r["request_id"], r["task_id"]) for r in data["requests"]] != \
-                [(w["request_id"], w["task_id"]) for w in workload(dev_ids, p)]:
-            raise ServingEvidenceError(f"{d / (p + '.json')}: not the fixed {REQUESTS}-request workload")
+                [(w["request_id"], w["task_id"]) for w in workload(dev_ids, p, requests)]:
+            raise ServingEvidenceError(f"{d / (p + '.json')}: not the fixed {requests}-request workload")
         for r in data["requests"]:
             if len(r["attempts"]) > plan["max_attempts"]:
                 raise ServingEvidenceError(f"{d / (p + '.json')}: request {r['request_id']} made "
@@ -180,6 +191,7 @@ def check_probe(home: Path, entry: dict[str, Any], dev_ids: list[str], model: di
     comp["model_matches_selection"] = bool(comp["model_identities"]) and \
         all(m.startswith(expected) for m in comp["model_identities"]) and len(comp["model_identities"]) == 1
     comp["replicas"] = len(plan["replicas"])
+    comp["requests"] = requests
     comp["stopped"] = plan.get("stopped")
     comp["attempt"] = d.name
     return comp
@@ -191,18 +203,22 @@ def gates(comp: dict[str, Any] | None) -> list[dict[str, Any]]:
     if comp is None:
         return [{"gate": PROBE_GATE, "value": 0, "passed": False}]
     done = min(f["completed"] for f in comp["phases"].values())
-    answered, identical, identity = GATES
+    answered, identical, identity = gate_names(comp["requests"])
     return [
-        {"gate": answered, "value": done, "passed": done == REQUESTS},
+        {"gate": answered, "value": done, "passed": done == comp["requests"]},
         {"gate": identical, "value": len(comp["tasks_with_differing_tokens"]),
          "passed": not comp["tasks_with_differing_tokens"]},
         {"gate": identity, "value": len(comp["model_identities"]), "passed": comp["model_matches_selection"]},
     ]
 
 
-GATES = (f"serving: all {REQUESTS} requests answered in every phase (≤ {MAX_ATTEMPTS} attempts)",
-         "serving: identical greedy tokens per task across phases and replicas",
-         "serving: one model identity, the selected serving model")
-"""The serving gates' names (a probe the placement could not run lists them as not evaluated)."""
+def gate_names(requests: int) -> tuple[str, str, str]:
+    """The serving gates' names at `requests` per phase (a probe the placement could not run lists
+    them as not evaluated). Every one starts with "serving", as `PROBE_GATE` does."""
+    return (f"serving: all {requests} requests answered in every phase (≤ {MAX_ATTEMPTS} attempts)",
+            "serving: identical greedy tokens per task across phases and replicas",
+            "serving: one model identity, the selected serving model")
+
+
 PROBE_GATE = "serving probe committed"
 """The one gate a home without a committed probe shows instead (failed)."""

@@ -4,7 +4,7 @@ replica, N replicas, N advertised endpoints with one actually stopped — with b
 A request's first attempt goes to endpoint (i mod N); a connection failure, a timeout or a 5xx moves
 it to the next endpoint, at most MAX_ATTEMPTS attempts in all, with a short doubling pause between
 them. A 4xx is the client's fault and is not retried. Every attempt is recorded. Nothing here can
-hang: every attempt has a timeout, so with all endpoints down the probe ends with 64 failure records.
+hang: every attempt has a timeout, so with all endpoints down the probe ends with a failure record for every request.
 
 The replicas on the embedded local cluster are `python -m training serve` processes on loopback,
 started and stopped by pid (`LocalReplicas`). On an SSH cluster they run where the model lives
@@ -44,7 +44,7 @@ from evidence.canonical import read_json, write_json_atomic
 from evidence.commitments import CommitmentLog
 from evidence.receipts import make_receipt
 from training.lease import env as lease_env
-from evidence.serving import (CONCURRENCY, MAX_ATTEMPTS, PHASES, REQUESTS, comparisons, phase_figures,
+from evidence.serving import (CONCURRENCY, MAX_ATTEMPTS, PHASES, comparisons, phase_figures, requests_of,
                               warmup_workload, workload)
 from orchestrate.launch.command import Site, host_command, local_argv, process_env, serve_argv, device_share
 from orchestrate.launch.ssh import liveness_probe
@@ -520,11 +520,12 @@ def probe(home: Path, endpoints: list[Endpoint], stop: Callable[[int], dict[str,
           say: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """Warmups, the three phases and the commitment; `stop(k)` stops endpoint k for the last phase.
     Every attempt lives in serving/attempt-<n>/ (earlier attempts are kept)."""
-    from training.prepare import load_cases
+    from training.prepare import load_cases, require_prepared
 
     check_retry(home, retry)
     if len(endpoints) < 2:
         raise ProbeError(f"the probe needs at least 2 replicas (got {len(endpoints)}): its last phase stops one")
+    requests = requests_of(require_prepared(home))  # the committed profile's workload
     dev = sorted(cid for cid, c in load_cases(home).items() if c["split"] == "dev")
     if not dev:
         raise ProbeError(f"{home} has no development tasks")
@@ -546,14 +547,14 @@ def probe(home: Path, endpoints: list[Endpoint], stop: Callable[[int], dict[str,
             say(f"stopped {stopped['replica']} (pid {stopped.get('pid')}, {stopped.get('signal')})")
         eps = endpoints[:1] if phase == "single" else endpoints
         data = {"phase": phase, "stopped": stopped if phase == "failure" else None,
-                **run_phase(workload(dev, phase), eps, timeouts=timeouts)}
+                **run_phase(workload(dev, phase, requests), eps, timeouts=timeouts)}
         write_json_atomic(out / f"{phase}.json", data)
         phases[phase] = data
         f = data["figures"]
         say(f"{phase}: {f['completed']}/{f['requests']} answered, {f['retries']} retries, "
             f"{f['throughput_rps']:.2f} req/s, p50 {f['latency_seconds']['p50'] or float('nan'):.3f} s")
     write_json_atomic(out / "plan.json", {
-        "arm": arm, "replicas": names, "requests": REQUESTS, "concurrency": CONCURRENCY,
+        "arm": arm, "replicas": names, "requests": requests, "concurrency": CONCURRENCY,
         "max_attempts": MAX_ATTEMPTS, "stopped": stopped, "retry_reason": retry,
         "routing": "attempt a of request i goes to endpoint (i + a) mod N; 5xx, timeouts and "
                    "connection errors are retried, other 4xx are not"})

@@ -121,6 +121,7 @@ class Profile(_Strict):
     pack_rows: int = 1  # that many such rows per forward (the same sum; fewer casts and accumulations)
     score_batch: int = 16  # test/dev cases generated together (left-padded greedy decoding)
     score_dtype: Literal["float32", "bfloat16"] = "float32"  # generation's autocast on CUDA (probes stay FP32)
+    serving_requests: int | None = None  # the serving probe's requests per phase (None: the studies' 64)
 
     @model_validator(mode="after")
     def _ranges(self) -> "Profile":
@@ -134,6 +135,8 @@ class Profile(_Strict):
         for name in ("tasks", "replay", "dev", "test", "probes", "updates", "max_context", "score_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
+        if self.serving_requests is not None and self.serving_requests < 4:
+            raise ValueError("serving_requests must be at least 4, the probe's client concurrency")
         if self.pack_tokens is not None and (not self.pack or self.pack_tokens < self.max_context):
             raise ValueError("pack_tokens needs pack = true and at least max_context tokens (a row "
                              "must hold the longest document)")
@@ -227,7 +230,10 @@ class Resolved(_Strict):
         return {
             "experiment": self.experiment.model_dump(mode="json", exclude={"profiles"}),
             "profile_name": self.profile_name,
-            "profile": self.profile.model_dump(mode="json"),
+            # serving_requests came after homes were committed: left out while unset, so that every
+            # earlier home's experiment digest stands (a profile that sets it commits it)
+            "profile": self.profile.model_dump(mode="json", exclude=set() if self.profile.serving_requests
+                                               else {"serving_requests"}),
         }
 
     def digest(self) -> str:

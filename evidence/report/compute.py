@@ -14,8 +14,9 @@ from evidence.attainability import by_gate, labelled
 from evidence.inputs import global_losses
 from evidence.placement import SERVING_PROBE, not_comparable, not_evaluated, shared_text, unevaluated_gates
 from evidence.report.verify import EvidenceError, Verified
-from evidence.serving import GATES as SERVING_GATES
+from evidence.serving import gate_names as serving_gate_names
 from evidence.serving import gates as serving_gates
+from evidence.serving import requests_of
 from evidence.stats import mcnemar_exact_greater, paired_bounds
 
 
@@ -161,7 +162,8 @@ def compute(v: Verified) -> Report:
 
     gates += unevaluated_gates(acc, primary, base, skipped, {g["gate"] for g in gates})
 
-    gates += ([not_evaluated(g, f"{SERVING_PROBE} {skipped[SERVING_PROBE]}") for g in SERVING_GATES]
+    gates += ([not_evaluated(g, f"{SERVING_PROBE} {skipped[SERVING_PROBE]}")
+               for g in serving_gate_names(requests_of(prepared))]
               if v.serving is None and SERVING_PROBE in skipped else serving_gates(v.serving))
     reach = by_gate(v.attainability)
     gates = [labelled(g, reach) for g in gates]

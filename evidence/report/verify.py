@@ -22,7 +22,7 @@ from evidence.placement import committed_placement, not_run, shared
 SHARED_GPUS_ENV = "TRIAL_SHARED_GPUS"  # what a rank records of its placement (training/sharing.py)
 from evidence.receipts import verify_receipt
 from evidence.schedule import due_after as schedule_due
-from evidence.serving import ServingEvidenceError, check_probe
+from evidence.serving import ServingEvidenceError, check_probe, requests_of
 
 
 class EvidenceError(RuntimeError):
@@ -219,7 +219,7 @@ def verify(home: str | Path, *, store: str | None = None, trial: str | None = No
         recoveries.append({"file": str(f.relative_to(home)), "identical": rep["comparison"]["identical"],
                            "max_abs_diff": rep["comparison"]["max_abs_diff"]})
 
-    serving, serving_attempts = _serving(home, entries, selection, cases)
+    serving, serving_attempts = _serving(home, entries, selection, cases, requests_of(prepared))
     attainable, source = _attainability(home, entries, prepared, results)
     return Verified(entries=entries, selection_entry=sel_entry, anchors=anchors, prepared=prepared,
                     selection=selection, candidates=cands, not_run=skipped, results=results,
@@ -296,7 +296,7 @@ def _shared(home: Path, results: dict[str, list[dict[str, Any]]]) -> dict[str, d
     return on_shared
 
 
-def _serving(home: Path, entries: list[dict], selection: dict, cases: dict[str, dict]
+def _serving(home: Path, entries: list[dict], selection: dict, cases: dict[str, dict], requests: int
              ) -> tuple[dict[str, Any] | None, list[str]]:
     """The first committed probe is the one reported (later ones are listed, never substituted)."""
     committed = [e for e in entries if e["kind"] == "serving"]
@@ -312,7 +312,8 @@ def _serving(home: Path, entries: list[dict], selection: dict, cases: dict[str, 
         CommitmentLog(home).verify_subject(committed[0])
         arm = selection["serving"]
         comp = check_probe(home, committed[0], sorted(c for c, v in cases.items() if v["split"] == "dev"),
-                           {"arm": arm, "receipt_digest": selection["candidates"].get(arm, "")})
+                           {"arm": arm, "receipt_digest": selection["candidates"].get(arm, "")},
+                           requests=requests)
     except (ServingEvidenceError, OSError, KeyError) as e:
         raise EvidenceError(f"serving: {e}") from None
     return comp, names

@@ -126,10 +126,11 @@ def test_replicas_on_the_hosts_serve_the_three_phases(hosts, placement):
     assert plan["replicas"] == ["replica-0.ns-0", "replica-1.ns-1"]
     assert plan["stopped"]["replica"] == "replica-1.ns-1" and plan["stopped"]["host"] == "ns-1"
     assert plan["stopped"]["pid"] == seen["pids"]["ns-1"] and plan["stopped"]["signal"] == "SIGKILL"
-    ph = res["phases"]
-    assert [ph[p]["completed"] for p in PHASES] == [64, 64, 64]
-    assert ph["replicas"]["per_endpoint_answers"] == {"replica-0.ns-0": 32, "replica-1.ns-1": 32}
-    assert ph["failure"]["per_endpoint_answers"] == {"replica-0.ns-0": 64} and ph["failure"]["retries"] == 32
+    ph, n = res["phases"], plan["requests"]
+    assert n == 16  # the committed smoke profile's workload
+    assert [ph[p]["completed"] for p in PHASES] == [n, n, n]
+    assert ph["replicas"]["per_endpoint_answers"] == {"replica-0.ns-0": n // 2, "replica-1.ns-1": n // 2}
+    assert ph["failure"]["per_endpoint_answers"] == {"replica-0.ns-0": n} and ph["failure"]["retries"] == n // 2
     for r in read_json(d / "failure.json")["requests"]:
         if len(r["attempts"]) > 1:  # routed to the killed replica first: no connection, then the survivor
             assert r["attempts"][0]["endpoint"] == "replica-1.ns-1" and r["attempts"][0]["status"] is None
@@ -140,7 +141,8 @@ def test_replicas_on_the_hosts_serve_the_three_phases(hosts, placement):
     # the same evidence as the local probe: committed, and what the report recomputes agrees
     entry = CommitmentLog(home).latest("serving")
     dev = sorted(f"dev-{i:05d}" for i in range(16))
-    comp = check_probe(home, entry, dev, {"arm": "clean-pair", "receipt_digest": sel["candidates"]["clean-pair"]})
+    comp = check_probe(home, entry, dev, {"arm": "clean-pair", "receipt_digest": sel["candidates"]["clean-pair"]},
+                       requests=n)
     assert comp["tasks_with_differing_tokens"] == [] and comp["replicas"] == 2
     # every replica stopped on exit, its log brought back; nothing of theirs left on the hosts
     assert all(gone(p) for p in seen["pids"].values()) and on_hosts(hosts) == []

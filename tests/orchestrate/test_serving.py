@@ -13,7 +13,7 @@ import pytest
 from conftest import run_cli
 from evidence.canonical import read_json, write_json_atomic
 from evidence.receipts import make_receipt
-from evidence.serving import PHASES, ServingEvidenceError, check_probe, gates, phase_figures
+from evidence.serving import PHASES, ServingEvidenceError, check_probe, gates, phase_figures, requests_of
 from orchestrate.serving import Endpoint, LocalReplicas, ProbeError, Timeouts, local_probe, run_phase
 
 
@@ -121,9 +121,11 @@ def test_replica_refuses_an_unservable_arm(selected):
 def test_probe_three_phases(probed):
     home, res = probed
     ph = res["phases"]
-    assert [ph[p]["completed"] for p in PHASES] == [64, 64, 64]
-    assert ph["single"]["per_endpoint_answers"] == {"replica-0": 64}
-    assert ph["replicas"]["per_endpoint_answers"] == {"replica-0": 32, "replica-1": 32}
+    n = requests_of(read_json(home / "prepared.json"))  # the committed smoke profile's workload
+    assert n == 16 and read_json(home / "serving" / "attempt-1" / "plan.json")["requests"] == n
+    assert [ph[p]["completed"] for p in PHASES] == [n, n, n]
+    assert ph["single"]["per_endpoint_answers"] == {"replica-0": n}
+    assert ph["replicas"]["per_endpoint_answers"] == {"replica-0": n // 2, "replica-1": n // 2}
     assert ph["single"]["retries"] == ph["replicas"]["retries"] == 0
     # the killed replica really was a process that died of SIGKILL, and every request first routed
     # to it failed at the connection and was answered by the survivor on the next attempt
@@ -131,12 +133,12 @@ def test_probe_three_phases(probed):
     assert plan["stopped"]["replica"] == "replica-1" and plan["stopped"]["exit_status"] == -9
     fail = read_json(home / "serving" / "attempt-1" / "failure.json")
     retried = [r for r in fail["requests"] if len(r["attempts"]) > 1]
-    assert len(retried) == 32 == ph["failure"]["retries"]
+    assert len(retried) == n // 2 == ph["failure"]["retries"]
     for r in retried:
         assert r["attempts"][0]["endpoint"] == "replica-1" and r["attempts"][0]["status"] is None
         assert r["attempts"][1] | {"seconds": 0, "started_seconds": 0} == {
             "endpoint": "replica-0", "status": 200, "seconds": 0, "started_seconds": 0}
-    assert ph["failure"]["per_endpoint_answers"] == {"replica-0": 64}
+    assert ph["failure"]["per_endpoint_answers"] == {"replica-0": n}
     assert res["tasks_answered"] == 16 and res["tasks_with_differing_tokens"] == []
     assert len(res["model_identities"]) == 1 and res["throughput_ratio_replicas_vs_single"] > 0
 
@@ -170,7 +172,8 @@ def _tampered(probed, tmp_path, edit) -> tuple[Path, dict]:
     sel = read_json(home / "selection.json")
     dev = sorted(f"dev-{i:05d}" for i in range(16))
     return entry, {"home": home, "dev": dev, "model": {"arm": "clean-pair",
-                                                       "receipt_digest": sel["candidates"]["clean-pair"]}}
+                                                       "receipt_digest": sel["candidates"]["clean-pair"]},
+                   "requests": requests_of(read_json(home / "prepared.json"))}
 
 
 def _edit_json(path: Path, fn) -> None:
@@ -183,7 +186,10 @@ def _edit_json(path: Path, fn) -> None:
     ("figures", lambda d: _edit_json(d / "replicas.json", lambda x: x["figures"].update(throughput_rps=99.0)),
      "stored figures differ"),
     ("workload", lambda d: _edit_json(d / "single.json", lambda x: x["requests"].reverse()),
-     "fixed 64-request workload"),
+     "fixed 16-request workload"),
+    # a probe that ran another workload than the committed profile's (the studies' 64 at smoke)
+    ("requests", lambda d: _edit_json(d / "plan.json", lambda x: x.update(requests=64)),
+     "64 requests with up to 4 attempts; the committed profile fixes 16"),
     ("outcome", lambda d: _edit_json(d / "failure.json",
                                      lambda x: x["requests"][1]["attempts"][-1].update(status=503)),
      "disagrees with its attempts"),
@@ -196,7 +202,7 @@ def _edit_json(path: Path, fn) -> None:
 def test_report_refuses_inconsistent_probe(probed, tmp_path, what, edit, match):
     entry, ctx = _tampered(probed, tmp_path, edit)
     with pytest.raises(ServingEvidenceError, match=match):
-        check_probe(ctx["home"], entry, ctx["dev"], ctx["model"])
+        check_probe(ctx["home"], entry, ctx["dev"], ctx["model"], requests=ctx["requests"])
 
 
 def test_serving_gates_fail_on_differing_tokens_or_models(probed, tmp_path):
@@ -208,7 +214,7 @@ def test_serving_gates_fail_on_differing_tokens_or_models(probed, tmp_path):
         _edit_json(d / "replicas.json", change)
 
     entry, ctx = _tampered(probed, tmp_path, edit)
-    comp = check_probe(ctx["home"], entry, ctx["dev"], ctx["model"])
+    comp = check_probe(ctx["home"], entry, ctx["dev"], ctx["model"], requests=ctx["requests"])
     assert comp["tasks_with_differing_tokens"] == ["dev-00005"]
     assert [g["passed"] for g in gates(comp)] == [True, False, False]
     assert [g["passed"] for g in gates(None)] == [False]  # no probe: the serving condition fails

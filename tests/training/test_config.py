@@ -198,3 +198,24 @@ def test_validate_shows_a_profile_value_replacing_the_experiments():
     assert resolve("batched-learning", "cuda-smoke").global_batch == got["global_batch"][0] == 32
     assert got["global_batch"][1] == "profile smoke (base of cuda-smoke), replacing the experiment's 256"
     assert origins("batched-learning", "gpu")["global_batch"] == (256, "experiment")  # no profile value: the experiment's
+
+
+def test_serving_requests_are_committed_only_where_a_profile_sets_them():
+    """The smoke profiles send 16 requests per probe phase, committed with the profile; a profile that
+    sets none runs the studies' 64 and commits what it committed before the setting existed (its
+    experiment digest unchanged: earlier homes still resume and verify); fewer than the client
+    concurrency is refused."""
+    from pydantic import ValidationError
+
+    from evidence.serving import REQUESTS, requests_of
+    from training.config import Profile
+
+    for name in experiment_names():
+        smoke, cpu = resolve(name, "smoke").as_dict(), resolve(name, "cpu").as_dict()
+        assert smoke["profile"]["serving_requests"] == 16 and requests_of({"experiment": smoke}) == 16
+        assert "serving_requests" not in cpu["profile"] and requests_of({"experiment": cpu}) == REQUESTS == 64
+    # the local-training-windows cpu profile's digest as committed before serving_requests existed (7af96ad)
+    assert resolve("local-training-windows", "cpu").digest().startswith("457d0b930528")
+    with pytest.raises(ValidationError, match="serving_requests must be at least 4"):
+        Profile(seed="tiny", tasks=8, replay=8, dev=1, test=1, probes=1, updates=2, max_context=64,
+                serving_requests=3)
