@@ -4,7 +4,8 @@ replica, N replicas, N advertised endpoints with one actually stopped — with b
 A request's first attempt goes to endpoint (i mod N); a connection failure, a timeout or a 5xx moves
 it to the next endpoint, at most MAX_ATTEMPTS attempts in all, with a short doubling pause between
 them. A 4xx is the client's fault and is not retried. Every attempt is recorded. Nothing here can
-hang: every attempt has a timeout, so with all endpoints down the probe ends with a failure record for every request.
+hang: every attempt has a timeout, so with all endpoints down the probe ends with a failure record for
+every request.
 
 The replicas on the embedded local cluster are `python -m training serve` processes on loopback,
 started and stopped by pid (`LocalReplicas`). On an SSH cluster they run where the model lives
@@ -43,12 +44,12 @@ from evidence.attempts import next_attempt
 from evidence.canonical import read_json, write_json_atomic
 from evidence.commitments import CommitmentLog
 from evidence.receipts import make_receipt
-from training.lease import env as lease_env
 from evidence.serving import (CONCURRENCY, MAX_ATTEMPTS, PHASES, comparisons, phase_figures, requests_of,
                               warmup_workload, workload)
 from orchestrate.launch.command import Site, host_command, local_argv, process_env, serve_argv, device_share
 from orchestrate.launch.ssh import liveness_probe
 from training.errors import TrainError
+from training.lease import env as lease_env
 
 if TYPE_CHECKING:
     from orchestrate.cluster import Cluster, Host

@@ -22,7 +22,7 @@ from conftest import ROOT, proc_state, run_cli, serving_processes, signal_cli_wh
 from evidence.canonical import file_sha256, read_json
 from evidence.commitments import LOG_NAME, CommitmentLog
 from orchestrate.cluster import netns_cluster, save
-from orchestrate.launch.ssh import running_ranks
+from orchestrate.launch.ssh import rank_pidfile, running_ranks
 from orchestrate.netns import NetnsHosts
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("/usr/sbin/sshd") is None,
@@ -43,7 +43,7 @@ def test_orchestrate_run_on_ssh_hosts(hosts, tiny_seed, tmp_path):
     # the operator's Ctrl-C while ddp-four trains: its ranks keep running on their hosts, and they are told
     # so. A real arm runs for hours; this one would end in seconds, so its ranks are paused from just before
     # the Ctrl-C until the next run has attached to them
-    pidfiles = [Path(h.root) / f"rank-{r}.pid" for r, h in enumerate(desc.by_rank)]
+    pidfiles = [Path(rank_pidfile(h, r)) for r, h in enumerate(desc.by_rank)]
     pids: list[int] = []
 
     def pause() -> None:
