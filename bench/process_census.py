@@ -9,7 +9,9 @@ start-ups or in the work itself?).
 `install` puts a `.pth` hook in the venv's site-packages (a measurement, never left in place: `uninstall`
 removes it): each interpreter that starts appends its time, pid, the test that started it (the
 PYTEST_CURRENT_TEST it inherited; "-" for processes started through sshd on the namespace hosts, which
-inherit nothing) and its command line. An interpreter started with -S (no site) is not counted.
+inherit nothing) and its command line; at a normal exit it appends the CPU seconds it used itself
+(`getrusage`, children apart; a process ended by a signal reports none). An interpreter started with
+-S (no site) is not counted.
 """
 
 from __future__ import annotations
@@ -19,13 +21,19 @@ import collections
 import re
 from pathlib import Path
 
-HOOK = '''import os, sys, time
-try:
-    with open({log!r}, "a") as f:
-        f.write(f"{{time.time():.3f}}\\t{{os.getpid()}}\\t{{os.environ.get('PYTEST_CURRENT_TEST', '-')}}\\t"
-                f"{{' '.join(getattr(sys, 'orig_argv', sys.argv))[:240]}}\\n")
-except OSError:
-    pass
+HOOK = '''import atexit, os, resource, sys, time
+def _line(what):
+    try:
+        with open({log!r}, "a") as f:
+            f.write(f"{{time.time():.3f}}\\t{{os.getpid()}}\\t{{os.environ.get('PYTEST_CURRENT_TEST', '-')}}\\t"
+                    f"{{' '.join(getattr(sys, 'orig_argv', sys.argv))[:240]}}\\t{{what}}\\n")
+    except OSError:
+        pass
+def _cpu():
+    u = resource.getrusage(resource.RUSAGE_SELF)
+    _line(f"cpu={{u.ru_utime + u.ru_stime:.3f}}")
+_line("start")
+atexit.register(_cpu)
 '''
 
 
@@ -50,20 +58,39 @@ def kind(argv: str) -> str:
 
 
 def report(log: Path) -> None:
-    rows = [r for r in (line.rstrip("\n").split("\t") for line in log.open()) if len(r) == 4]
+    rows = [r for r in (line.rstrip("\n").split("\t") for line in log.open()) if len(r) in (4, 5)]
     by_test, by_kind, both = collections.Counter(), collections.Counter(), collections.Counter()
-    for _, _, test, argv in rows:
+    cpu_test, cpu_kind, cpu_both = collections.Counter(), collections.Counter(), collections.Counter()
+    ended = 0
+    for row in rows:
+        _, _, test, argv = row[:4]
+        what = row[4] if len(row) == 5 else "start"
         t = re.sub(r"@.*", "", test).split("::")[0]
         k = kind(argv)
-        by_test[t] += 1
-        by_kind[k] += 1
-        both[(t, k)] += 1
-    print(f"{len(rows)} Python processes started")
+        if what == "start":
+            by_test[t] += 1
+            by_kind[k] += 1
+            both[(t, k)] += 1
+        elif what.startswith("cpu="):  # at a normal exit: what the process itself used (children apart)
+            ended += 1
+            sec = float(what[4:])
+            cpu_test[t] += sec
+            cpu_kind[k] += sec
+            cpu_both[(t, k)] += sec
+    print(f"{sum(by_kind.values())} Python processes started")
     for title, counter, n in (("by test file", by_test, 30), ("by kind", by_kind, 25),
                               ("by test file and kind", both, 40)):
         print(f"\n{title}:")
         for key, count in counter.most_common(n):
             print(f"{count:6d}  {' · '.join(key) if isinstance(key, tuple) else key}")
+    if ended:
+        print(f"\nCPU seconds of the {ended} that exited normally (a signalled one reports nothing): "
+              f"{sum(cpu_kind.values()):,.1f} in all")
+        for title, counter, n in (("CPU by test file", cpu_test, 30), ("CPU by kind", cpu_kind, 25),
+                                  ("CPU by test file and kind", cpu_both, 40)):
+            print(f"\n{title}:")
+            for key, sec in counter.most_common(n):
+                print(f"{sec:9.1f}  {' · '.join(key) if isinstance(key, tuple) else key}")
 
 
 def main() -> None:

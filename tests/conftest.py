@@ -21,27 +21,57 @@ from orchestrate.launch.command import free_port
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def built_once(tmp_path_factory: pytest.TempPathFactory, key: str, build: Callable[[Path], None]) -> Path:
+    """A folder that `build` fills once per test run, whatever the number of workers. Under pytest-xdist
+    each worker is a session of its own, so a session fixture was built once per worker (the tiny seed
+    and the trained smoke arms twice on two workers); here the first worker to ask builds it under the
+    run's shared temporary root (the workers' own roots' parent) while any other waits on a lock, and
+    every worker then reads the one copy. Read-only to tests, as any session fixture: copy before altering."""
+    import fcntl
+
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "built-once"
+    root.mkdir(exist_ok=True)
+    out = root / key
+    with open(root / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when a worker dies holding it
+        if not (root / f"{key}.built").exists():
+            shutil.rmtree(out, ignore_errors=True)  # what a worker that failed mid-build left
+            out.mkdir()
+            build(out)
+            (root / f"{key}.built").touch()
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny_seed(tmp_path_factory) -> Path:
+    """The tiny seed, alone in a seeds folder (`tiny_seed.parent`)."""
     from training.seed import materialize
 
-    out = tmp_path_factory.mktemp("seeds") / "tiny"
-    given = os.environ.get("TRIAL_TEST_TINY_SEED")  # a machine without the GGUF wheel (the GPU one)
-    if given:
-        shutil.copytree(given, out)
-    materialize("tiny", out)  # builds it, or verifies the copy against its receipt
-    return out
+    def build(d: Path) -> None:
+        out = d / "seeds" / "tiny"
+        given = os.environ.get("TRIAL_TEST_TINY_SEED")  # a machine without the GGUF wheel (the GPU one)
+        if given:
+            shutil.copytree(given, out)
+        materialize("tiny", out)  # builds it, or verifies the copy against its receipt
+
+    return built_once(tmp_path_factory, "tiny-seed", build) / "seeds" / "tiny"
+
+
+def prepared_once(tmp_path_factory, key: str, experiment: str, seed: Path, previous: Path | None = None) -> Path:
+    from training.config import resolve
+    from training.prepare import prepare
+
+    def build(d: Path) -> None:
+        prepare(resolve(experiment, "smoke"), d / "home", seed, previous_home=str(previous) if previous else None)
+
+    return built_once(tmp_path_factory, key, build) / "home"
 
 
 @pytest.fixture(scope="session")
 def smoke_home(tmp_path_factory, tiny_seed) -> Path:
     """cooperative-learning/smoke prepared once; tests that alter it must work on a copy."""
-    from training.config import resolve
-    from training.prepare import prepare
-
-    home = tmp_path_factory.mktemp("homes") / "coop"
-    prepare(resolve("cooperative-learning", "smoke"), home, tiny_seed)
-    return home
+    return prepared_once(tmp_path_factory, "coop", "cooperative-learning", tiny_seed)
 
 
 SMOKE_ARMS = ("clean-single", "damaged-single", "clean-pair")
@@ -50,36 +80,27 @@ SMOKE_ARMS = ("clean-single", "damaged-single", "clean-pair")
 @pytest.fixture(scope="session")
 def ltw_home(tmp_path_factory, smoke_home, tiny_seed):
     """local-training-windows/smoke prepared once (after cooperative-learning's); copy before altering."""
-    from training.config import resolve
-    from training.prepare import prepare
-
-    home = tmp_path_factory.mktemp("homes") / "ltw"
-    prepare(resolve("local-training-windows", "smoke"), home, tiny_seed, previous_home=str(smoke_home))
-    return home
+    return prepared_once(tmp_path_factory, "ltw", "local-training-windows", tiny_seed, smoke_home)
 
 
 @pytest.fixture(scope="session")
 def batched_home(tmp_path_factory, ltw_home, tiny_seed):
     """batched-learning/smoke prepared once (after local-training-windows'); copy before altering."""
-    from training.config import resolve
-    from training.prepare import prepare
-
-    home = tmp_path_factory.mktemp("homes") / "batched"
-    prepare(resolve("batched-learning", "smoke"), home, tiny_seed, previous_home=str(ltw_home))
-    return home
+    return prepared_once(tmp_path_factory, "batched", "batched-learning", tiny_seed, ltw_home)
 
 
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory, smoke_home, tiny_seed) -> Path:
     """Every arm of cooperative-learning/smoke trained (no selection yet); copy before altering."""
-    home = tmp_path_factory.mktemp("trained") / "home"
-    shutil.copytree(smoke_home, home)
-    for arm in SMOKE_ARMS:
-        world = 2 if arm == "clean-pair" else 1
-        res = run_ranks([sys.executable, "-m", "training", "train", "--home", str(home), "--arm", arm,
-                         "--model-dir", str(tiny_seed)], world)
-        assert all(c == 0 for c, _ in res), res
-    return home
+    def build(d: Path) -> None:
+        shutil.copytree(smoke_home, d / "home")
+        for arm in SMOKE_ARMS:
+            world = 2 if arm == "clean-pair" else 1
+            res = run_ranks([sys.executable, "-m", "training", "train", "--home", str(d / "home"), "--arm", arm,
+                             "--model-dir", str(tiny_seed)], world)
+            assert all(c == 0 for c, _ in res), res
+
+    return built_once(tmp_path_factory, "trained", build) / "home"
 
 
 @pytest.fixture(scope="session")
@@ -405,8 +426,9 @@ def markers_of(item, names: set[str] | None = None) -> set[str]:
 
 # Under `pytest -n` (scripts/test.sh runs two workers) some tests must share one worker, in order: the
 # network-namespace hosts (marker `ssh`) hold a machine-wide lock, one set at a time, so tests on them in
-# two workers would only wait on each other; and a session fixture is built once per worker, so the tests
-# of the finished trial (a whole smoke trial, about two minutes) stay together. The first match names a
+# two workers would only wait on each other; and the finished trial (a whole smoke trial, about two minutes,
+# whose fixture also holds the two runs' processes and what they said, so not `built_once`) is built once
+# per worker, so its tests stay together. The first match names a
 # test's group (`--dist loadgroup`: a group runs whole on one worker; every other test goes where a
 # worker is free).
 GROUPS = (("ssh", "netns-hosts"), ("finished_trial", "finished-trial"))

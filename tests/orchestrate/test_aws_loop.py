@@ -7,15 +7,24 @@ registrations (MotoProvider); the instances, budget, topic and transfer alarm ex
 outputs' names. Then the CLI as a user types it:
 
   (config set: the stack file) → plan → pulumi up → stack output → up (from the saved outputs) → run
-  diloco-four --no-serve (ranks over SSH, evidence into moto's S3, read back, each host preserving its own
-  checkpoint payloads; the serving probe on the hosts, the same RemoteReplicas over the same SSH transport,
-  is tests/orchestrate/test_remote_trial.py's and test_remote_serving.py's, so this loop leaves it out) →
-  status (spend, alarm, who hears it) → down refusing an unpreserved home, and pulumi destroy refused then
-  too, deleting nothing → preserve → a second run stopped before its first arm by a transfer alarm in ALARM,
-  its evidence preserved → down (verified, instances stopped) → pulumi destroy: the gate's
-  hook verifies the trial in moto's S3 in the program's process, every resource but the evidence is deleted
-  (the instances terminated: nothing left billing), and the bucket, its settings and its preserved indexes
-  are still there and verify.
+  diloco-four (ranks over SSH, staged through moto's S3) → the operator's Ctrl-C while ddp-four trains:
+  its ranks keep running on their hosts, detached, and the CLI says where and what to type → the same
+  run again attaches to the arm and finishes the trial (every rank's evidence collected and verified,
+  scoring on rank 0's host, the serving probe with one replica per host reached over SSH forwards,
+  evidence into moto's S3, read back, each host preserving its own checkpoint payloads) → status (spend,
+  alarm, who hears it) → down refusing the earlier experiment's home, never preserved, and pulumi
+  destroy refused then too, deleting nothing → preserve → down refusing the trial's home while a host's
+  payload is gone from the bucket, stopping nothing → a copy of the home preserved: refused without the
+  hosts, done with them, or without their payloads for a stated reason → a second run stopped before its
+  first arm by a transfer alarm in ALARM (`--no-serve` committed in its placement), its evidence
+  preserved → down (verified, instances stopped) → pulumi destroy: the gate's hook verifies the trial in
+  moto's S3 in the program's process, every resource but the evidence is deleted (the instances
+  terminated: nothing left billing), and the bucket, its settings and its preserved indexes are still
+  there and verify.
+
+One trial on the four hosts asserts all of it (#34: the suite ran the same 4-host smoke study twice, here
+and in tests/orchestrate/test_remote_trial.py, until this loop took that test's Ctrl-C, attach, serving and
+preserve legs).
 
 What this does not show: host keys come from `--host-keys` here (the console reader, tested with real
 consoles' format and real sshd keys in tests/orchestrate/test_host_keys.py, cannot read these hosts' keys from
@@ -28,14 +37,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from conftest import example_stack, run_cli
-from evidence.canonical import read_json
+from conftest import ROOT, example_stack, run_cli, serving_processes, signal_cli_when
+from evidence.canonical import file_sha256, read_json
+from evidence.commitments import LOG_NAME, CommitmentLog
 from pulumi_engine import is_provider, pulumi_run, stack_config
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("/usr/sbin/sshd") is None,
@@ -101,6 +113,8 @@ def cloud(monkeypatch):
 def test_the_aws_loop_in_emulation(cloud, tiny_seed, tmp_path):
     from infra.teardown import verify_preserved
     from orchestrate.cloud import reconcile
+    from orchestrate.cluster import load
+    from orchestrate.launch.ssh import rank_pidfile, running_ranks
     from orchestrate.netns import NetnsHosts
 
     trials, seeds = tmp_path / "trials", tmp_path / "seeds"
@@ -157,21 +171,104 @@ def test_the_aws_loop_in_emulation(cloud, tiny_seed, tmp_path):
         (tmp_path / "cluster.json").write_text(json.dumps(cluster))
 
         run = ("-m", "orchestrate", "run", "--profile", "smoke", "--trials", str(trials), "--seeds", str(seeds),
-               "--cluster", str(tmp_path / "cluster.json"), "--no-serve")
-        r = run_cli(*run[:3], "diloco-four", *run[3:], timeout=1500)
-        assert r.returncode == 0, said(r)[-4000:]
-        assert "pulumi, 4 host(s)" in said(r) and f"staged {TRIAL}-3" in said(r)  # host names come from the stack
+               "--cluster", str(tmp_path / "cluster.json"))
+        desc = load(tmp_path / "cluster.json")
+        names = [h.name for h in desc.by_rank]
+        assert names == [f"{TRIAL}-{r}" for r in range(4)]  # host names come from the stack
+        argv = (*run[:3], "diloco-four", *run[3:])
+        # the operator's Ctrl-C while ddp-four trains: its ranks keep running on their hosts, and they are
+        # told so. A real arm runs for hours; this one would end in seconds, so its ranks are paused from just
+        # before the Ctrl-C until the next run has attached to them
+        pidfiles = [Path(rank_pidfile(h, r)) for r, h in enumerate(desc.by_rank)]
+        pids: list[int] = []
+
+        def pause() -> None:
+            pids.extend(int(f.read_text()) for f in pidfiles)
+            for pid in pids:
+                os.kill(pid, signal.SIGSTOP)
+
+        try:
+            _, told = signal_cli_when(Path(desc.by_rank[3].root) / "home/runs/ddp-four/rank-3/heartbeat.json",
+                                      signal.SIGINT, *argv, before=pause, timeout=1200)
+        except BaseException:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+            raise
+        told = " ".join(told.split())
+        assert "pulumi, 4 host(s)" in told and f"staged {TRIAL}-3" in told, told[-3000:]
         # staged through the bucket: one copy left the controller, each host fetched and hashed its own
-        assert "relay: " in said(r) and said(r).count("fetched from the store and verified") >= 4
+        assert "relay: " in told and told.count("fetched from the store and verified") >= 4
+        assert "interrupted: 4 rank(s) keep running on their hosts, detached" in told, told[-3000:]
+        assert f"{names[3]} ({desc.by_rank[3].address}), pid in {desc.by_rank[3].root}/rank-3.pid" in told
+        assert f"to stop them: orchestrate stop --cluster {tmp_path / 'cluster.json'}" in told
+        assert "to follow them again and finish the trial: orchestrate run diloco-four --profile smoke" in told
+        assert running_ranks(desc, 4, "ddp-four") == [True] * 4
+        # `run` again attaches to the arm (its ranks resumed once it has) and finishes the trial
+        second = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        early: list[str] = []
+        try:
+            for line in second.stderr:  # until the run says it attaches (or ends)
+                early.append(line)
+                if "attaching" in line:
+                    break
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+        try:
+            out, rest = second.communicate(timeout=1500)  # 3 arms, 4 evaluations, serving: ~5 min on 2 cores
+        finally:
+            if second.poll() is None:
+                second.kill()
+                second.wait()
+        err = " ".join((out + "".join(early) + rest).split())
+        assert second.returncode == 0, err[-4000:]
+        assert f"ranks an earlier controller started still run on {', '.join(names)}: the hosts are left as staged" \
+            in err, err[-4000:]
+        assert "ddp-four is still running on the hosts (an earlier controller started it); attaching" in err
+        assert "pulumi, 4 host(s)" in err and f"staged {TRIAL}-3" not in err  # read as they were, not staged
         home = trials / "local-training-windows-smoke"
-        assert not (home / "serving").exists() and read_json(home / "placement.json")["cluster"]["no_serve"]
+        rep = read_json(home / "report.json")
+        assert set(rep["accuracy"]) == {"seed", "single", "ddp-four", "diloco-four"}
+        for arm, world in (("single", 1), ("ddp-four", 4), ("diloco-four", 4)):
+            for rank in range(world):  # every rank ran on its own host; the controller holds a verified copy
+                rel = f"runs/{arm}/rank-{rank}/result.json"
+                assert file_sha256(home / rel) == file_sha256(Path(desc.by_rank[rank].root) / "home" / rel)
+                assert (home / "logs" / arm / "attempt-1" / f"rank-{rank}.log").stat().st_size > 0
+            assert not (Path(desc.by_rank[1].root) / "home" / "runs" / arm / "rank-0").exists()
+        # scoring ran on rank 0's host and its commitments came back: the controller's log continues
+        # host 0's (then adds the serving probe, which the controller ran against the hosts' replicas)
+        host0 = Path(desc.by_rank[0].root) / "home"
+        assert (home / LOG_NAME).read_bytes().startswith((host0 / LOG_NAME).read_bytes())
+        on_host = [e["kind"] for e in CommitmentLog(host0).entries()]
+        assert on_host.count("numerical-profile") == 3 and on_host.count("test-evaluation") == 4
+        assert [e["kind"] for e in CommitmentLog(home).entries()][len(on_host):] == ["serving"]
+        assert (host0 / "evaluations" / "test" / "diloco-four" / "attempt-1" / "summary.json").is_file()
+        # the serving arm's replicas ran on its ranks' hosts, one each, from the hosts' own model copies
+        assert f"diloco-four: 4 replicas on the hosts ({', '.join(names)}" in err
+        replicas = [f"replica-{k}.{names[k]}" for k in range(4)]
+        plan = read_json(home / "serving" / "attempt-1" / "plan.json")
+        assert plan["replicas"] == replicas and plan["stopped"]["replica"] == replicas[3]
+        assert plan["stopped"]["host"] == names[3]
+        answered = {r["response"]["replica"] for r in
+                    read_json(home / "serving" / "attempt-1" / "replicas.json")["requests"] if r["outcome"] == "ok"}
+        assert answered == set(replicas)
+        for k in range(1, 4):  # the model came to hosts that trained no rank 0, and was verified there
+            assert (Path(desc.by_rank[k].root) / "home/runs/diloco-four/model/receipt.json").is_file()
+            assert "replica-" in (home / "logs" / "serving" / f"{replicas[k]}.log").read_text()
+        assert serving_processes({names[h.index]: h.namespace for h in hs.hosts}) == []
+        assert [g["passed"] for g in rep["gates"] if g["gate"].startswith("serving")] == [True, True, True]
         preserved = read_json(home / "preserved.json")
         assert preserved["store"] == f"s3://{BUCKET}/trials/{TRIAL}/"
         (key,) = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"trials/{TRIAL}/indexes/{home.name}/")["Contents"]]
         index = json.loads(s3.get_object(Bucket=BUCKET, Key=key)["Body"].read())
-        # each host preserved the checkpoint payloads on its volume into the bucket itself
-        assert {f.get("verified_by") for rel, f in index["files"].items() if rel.startswith("hosts/")} == \
-            {f"{TRIAL}-{r}" for r in range(4)}
+        # the checkpoint payloads stayed on the hosts, and each host preserved its own into the bucket itself
+        on_hosts = {rel: f for rel, f in index["files"].items() if rel.startswith("hosts/")}
+        assert {f.get("verified_by") for f in on_hosts.values()} == set(names)
+        payload = "runs/ddp-four/rank-1/checkpoints/step-000016/state.bin"
+        held = on_hosts[f"hosts/{names[1]}/{payload}"]
+        assert not (home / payload).exists()
+        assert held["sha256"] == file_sha256(Path(desc.by_rank[1].root) / "home" / payload)
 
         r = run_cli("-m", "orchestrate", "status", "--cluster", str(tmp_path / "cluster.json"), "--home", str(home))
         assert r.returncode == 0 and "of $100.00" in said(r), said(r)
@@ -194,13 +291,46 @@ def test_the_aws_loop_in_emulation(cloud, tiny_seed, tmp_path):
         assert s3.get_public_access_block(Bucket=BUCKET)["PublicAccessBlockConfiguration"]["BlockPublicAcls"]
         r = run_cli("-m", "orchestrate", "preserve", "--home", str(coop), "--store", cluster["store"])
         assert r.returncode == 0, said(r)
+        # a host's payload gone from the bucket: down refuses, naming it, and stops nothing
+        obj = [o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix=f"trials/{TRIAL}/objects/")["Contents"]
+               if o["Key"].endswith(held["sha256"])]
+        assert len(obj) == 1, obj
+        body = s3.get_object(Bucket=BUCKET, Key=obj[0])["Body"].read()
+        s3.delete_object(Bucket=BUCKET, Key=obj[0])
+        r = run_cli(*down, "--home", str(home))
+        assert r.returncode == 2 and f"hosts/{names[1]}/{payload}: object" in said(r), said(r)
+        assert {i["State"]["Name"] for res in ec2.describe_instances(InstanceIds=ids)["Reservations"]
+                for i in res["Instances"]} == {"running"}
+        s3.put_object(Bucket=BUCKET, Key=obj[0], Body=body)
+        # preserving a copy of the home without the hosts is refused: its receipts name payloads only they
+        # hold; with the cluster, each host preserves its own; or, with a reason (a host that is gone),
+        # without them, and the index says what was left and why
+        copy = shutil.copytree(home, tmp_path / "copy" / home.name,
+                               ignore=shutil.ignore_patterns("preserved.json", ".lock"))
+        r = run_cli("-m", "orchestrate", "preserve", "--home", str(copy), "--store", f"file://{tmp_path / 'store2'}")
+        assert r.returncode == 2 and "checkpoint payload(s) the home's receipts name are on the hosts" in said(r), \
+            said(r)
+        r = run_cli("-m", "orchestrate", "preserve", "--home", str(copy), "--store", f"file://{tmp_path / 'store2'}",
+                    "--cluster", str(tmp_path / "cluster.json"))
+        assert r.returncode == 0, said(r)
+        r = run_cli("-m", "orchestrate", "down", "--home", str(copy))
+        assert r.returncode == 0, said(r)
+        lost = shutil.copytree(home, tmp_path / "lost" / home.name, ignore=shutil.ignore_patterns("preserved.json"))
+        r = run_cli("-m", "orchestrate", "preserve", "--home", str(lost), "--store", f"file://{tmp_path / 'store3'}",
+                    "--leave-host-payloads", f"{names[1]} was lost")
+        assert r.returncode == 0, said(r)
+        left = read_json(tmp_path / "store3" / read_json(lost / "preserved.json")["index"], kind=None)
+        assert left["host_payloads_left"]["reason"] == f"{names[1]} was lost"
+        assert payload in left["host_payloads_left"]["paths"]
 
         # a second run, stopped by the transfer alarm before its first arm; what it has is preserved
         cw.set_alarm_state(AlarmName=f"{TRIAL}-transfer-3", StateValue="ALARM", StateReason="test: over the guard")
-        r = run_cli(*run[:3], "clean-pair", *run[3:], timeout=900)
+        # (with --no-serve: the placement, committed before the first arm, says the probe is not to run)
+        r = run_cli(*run[:3], "clean-pair", *run[3:], "--no-serve", timeout=900)
         assert r.returncode == 3 and f"transfer alarm {TRIAL}-transfer-3 in ALARM" in said(r), said(r)[-3000:]
         (stop,) = (coop / "stops").glob("*.json")
         assert read_json(stop)["finished_arms"] == []
+        assert read_json(coop / "placement.json")["cluster"]["no_serve"] is True
         assert read_json(coop / "preserved.json")["store"] == cluster["store"]
 
         r = run_cli(*down, "--home", str(home))

@@ -253,12 +253,14 @@ def test_heartbeat_timeout_stops_a_hung_group(tmp_path):
     assert json.dumps(res.codes)  # every process has an exit status: none left running
 
 
-def test_recovery_trial_command(tmp_path):
+def test_recovery_trial_command(tmp_path, tiny_seed):
     """`orchestrate recovery-trial` at smoke scale: 4 DiLoCo ranks, checkpoints at 8 and 16, rank 1
     killed after update 11, restart from 8; every rank's final state identical to the
-    uninterrupted run's (model, Adam moments, RNG, outer parent and momentum)."""
+    uninterrupted run's (model, Adam moments, RNG, outer parent and momentum). The seeds folder holds a
+    copy of the session's tiny seed (verified, not built again: building it is test_seed.py's)."""
     from conftest import run_cli
 
+    shutil.copytree(tiny_seed, tmp_path / "seeds" / "tiny")
     out = tmp_path / "trial"
     r = run_cli("-m", "orchestrate", "recovery-trial", "--profile", "smoke", "--from-step", "8",
                 "--kill-after", "11", "--out", str(out), "--seeds", str(tmp_path / "seeds"))
