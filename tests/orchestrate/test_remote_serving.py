@@ -50,13 +50,30 @@ def wheels(tmp_path_factory) -> Path:
     return build_wheelhouse(tmp_path_factory.mktemp("serving-wheels"))
 
 
+@pytest.fixture(scope="module")
+def staged(hosts, selected_home, tiny_seed, wheels, tmp_path_factory) -> tuple[str, list[dict]]:
+    """The two hosts staged once for this module's placements (about 20 s each time on an idle machine):
+    every placement below stages the same bytes (a copy of the same selected home, the same seed and
+    wheels), and staging itself is tests/orchestrate/test_remote.py's. Its digest and host reports."""
+    home = tmp_path_factory.mktemp("staged") / "home"
+    shutil.copytree(selected_home, home)
+    pl = RemotePlacement(netns_cluster(hosts, "file:///unused", python=sys.executable), home, tiny_seed,
+                         wheel_dir=wheels)
+    try:
+        pl.devices("cpu")  # stages every host and reads its report
+        return pl.digest, pl.reports
+    finally:
+        pl.close()
+
+
 @pytest.fixture
-def placement(hosts, selected_home, tiny_seed, wheels, tmp_path):
-    """A copy of the selected home, its placement on the two hosts (staged once it is asked for replicas)."""
+def placement(hosts, selected_home, tiny_seed, wheels, staged, tmp_path):
+    """A copy of the selected home, its placement on the two hosts, which are as `staged` left them."""
     home = tmp_path / "home"
     shutil.copytree(selected_home, home)
     desc = netns_cluster(hosts, "file:///unused", python=sys.executable)
     pl = RemotePlacement(desc, home, tiny_seed, wheel_dir=wheels)
+    pl.digest, pl.reports = staged  # what its own staging would have found: the same bytes are there
     try:
         yield home, pl
     finally:

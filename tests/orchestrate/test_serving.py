@@ -36,9 +36,11 @@ def probed(tmp_path_factory, selected) -> tuple[Path, dict]:
     return home, res
 
 
-@pytest.fixture
-def replica(selected, tmp_path):
-    with LocalReplicas(selected, 1, tmp_path / "logs") as reps:
+@pytest.fixture(scope="module")
+def replica(selected, tmp_path_factory):
+    """One replica for the request tests (each start is a process importing torch and loading the model:
+    about 5 s): they only send requests, with request ids no other of them sends, and none stops it."""
+    with LocalReplicas(selected, 1, tmp_path_factory.mktemp("replica") / "logs") as reps:
         yield reps.endpoints[0].url, reps
 
 
