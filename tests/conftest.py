@@ -426,11 +426,10 @@ def markers_of(item, names: set[str] | None = None) -> set[str]:
 
 # Under `pytest -n` (scripts/test.sh runs two workers) some tests must share one worker, in order: the
 # network-namespace hosts (marker `ssh`) hold a machine-wide lock, one set at a time, so tests on them in
-# two workers would only wait on each other; and the finished trial (a whole smoke trial, about two minutes,
-# whose fixture also holds the two runs' processes and what they said, so not `built_once`) is built once
-# per worker, so its tests stay together. The first match names a
-# test's group (`--dist loadgroup`: a group runs whole on one worker; every other test goes where a
-# worker is free).
+# two workers would only wait on each other; and the finished trial (a whole smoke trial, about two
+# minutes, whose fixture also holds the two runs' processes and what they said, so not `built_once`) is
+# built once per worker, so its tests stay together. The first match names a test's group (`--dist
+# loadgroup`: a group runs whole on one worker; every other test goes where a worker is free).
 GROUPS = (("ssh", "netns-hosts"), ("finished_trial", "finished-trial"))
 
 

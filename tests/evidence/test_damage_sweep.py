@@ -141,24 +141,7 @@ def figures_drawn_once(monkeypatch):
     return drawn
 
 
-@pytest.fixture
-def commands_built_once(monkeypatch):
-    """typer's CliRunner builds the click command from the app at every invoke (16 s of the sweep's
-    2,300 invokes); a process running the CLI builds it once. Each app's command is built once here and
-    every invoke still runs it whole, from parsing the arguments on."""
-    import typer.testing
-
-    real, built = typer.testing._get_command, {}
-
-    def get_command(app):
-        if id(app) not in built:
-            built[id(app)] = (app, real(app))  # the app kept alive with it: its id stays its own
-        return built[id(app)][1]
-
-    monkeypatch.setattr(typer.testing, "_get_command", get_command)
-
-
-def test_damage_sweep(sweep_trial, finished_trial, figures_drawn_once, commands_built_once):
+def test_damage_sweep(sweep_trial, finished_trial, figures_drawn_once):
     from evidence.report import build_report
 
     root, baseline = sweep_trial
