@@ -78,19 +78,20 @@ def report(log: Path) -> None:
             cpu_kind[k] += sec
             cpu_both[(t, k)] += sec
     print(f"{sum(by_kind.values())} Python processes started")
-    for title, counter, n in (("by test file", by_test, 30), ("by kind", by_kind, 25),
-                              ("by test file and kind", both, 40)):
-        print(f"\n{title}:")
-        for key, count in counter.most_common(n):
-            print(f"{count:6d}  {' · '.join(key) if isinstance(key, tuple) else key}")
+    tables("", by_test, by_kind, both, "{:6d}")
     if ended:
         print(f"\nCPU seconds of the {ended} that exited normally (a signalled one reports nothing): "
               f"{sum(cpu_kind.values()):,.1f} in all")
-        for title, counter, n in (("CPU by test file", cpu_test, 30), ("CPU by kind", cpu_kind, 25),
-                                  ("CPU by test file and kind", cpu_both, 40)):
-            print(f"\n{title}:")
-            for key, sec in counter.most_common(n):
-                print(f"{sec:9.1f}  {' · '.join(key) if isinstance(key, tuple) else key}")
+        tables("CPU ", cpu_test, cpu_kind, cpu_both, "{:9.1f}")
+
+
+def tables(prefix: str, by_test: collections.Counter, by_kind: collections.Counter,
+           both: collections.Counter, fmt: str) -> None:
+    for title, counter, n in (("by test file", by_test, 30), ("by kind", by_kind, 25),
+                              ("by test file and kind", both, 40)):
+        print(f"\n{prefix}{title}:")
+        for key, value in counter.most_common(n):
+            print(f"{fmt.format(value)}  {' · '.join(key) if isinstance(key, tuple) else key}")
 
 
 def main() -> None:

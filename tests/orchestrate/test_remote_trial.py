@@ -1,6 +1,6 @@
 """A trial's arm on network-namespace hosts with real sshd (root only): an arm that outlives a SIGKILLed
-controller, one cut off for 60 s, one whose controller is starved; and the controller's transfer guard
-stopping a group from real interface counters. The whole `orchestrate run` on four hosts (staged, trained
+controller, one whose controller is starved of CPU and cut off for 60 s; and the controller's transfer
+guard stopping a group from real interface counters. The whole `orchestrate run` on four hosts (staged, trained
 one rank per host, the operator's Ctrl-C and the next run attaching, scored on rank 0's host, served from
 the hosts, preserved) is tests/orchestrate/test_aws_loop.py's."""
 
@@ -94,10 +94,10 @@ def test_an_arm_outlives_its_controller(hosts, tiny_seed, smoke_home, tmp_path):
     by the next run, not run again. A controller starved of CPU for the whole arm and cut off from every
     host for 60 s mid-arm (its packets dropped both ways, the hosts still reaching each other) declares
     nothing and finishes the arm (one arm shows both: #34). A controller SIGKILLed mid-arm leaves the ranks
-    running; once their lease on it runs out they stop
-    at their next group checkpoint, and the next controller resumes from it. Either way the final
-    parameters are an uninterrupted run's, and no rank process is left. (Ctrl-C and the next run attaching
-    to the arm still running: tests/orchestrate/test_aws_loop.py.)"""
+    running; once their lease on it runs out they stop at their next group checkpoint, and the next
+    controller resumes from it. Either way the final parameters are an uninterrupted run's, and no rank
+    process is left. (Ctrl-C and the next run attaching to the arm still running:
+    tests/orchestrate/test_aws_loop.py.)"""
     from orchestrate.trial import RemotePlacement, build_wheelhouse
     from training.prepare import require_prepared
     from training.train import resolved_from_prepared
