@@ -1,7 +1,10 @@
 """The strict answer checker.
 
-An answer is correct only if it is exactly one JSON object whose keys and value types match the
-family's schema and whose values equal the expected ones. The semantics, in the order checked:
+A case's schema is one of three forms: a JSON object's fields (`{"key": type}`, the generated
+families' and any JSONL object answer's), `"number"` (one bare JSON number) or `"text"` (exact text).
+
+An object answer is correct only if it is exactly one JSON object whose keys and value types match
+the schema and whose values equal the expected ones. The semantics, in the order checked:
 
 1. Surrounding JSON whitespace (space, tab, LF, CR) is ignored; nothing else is (no code fences, no
    prose, no other Unicode spaces). Text left after the first complete JSON value is `trailing_text`.
@@ -17,6 +20,11 @@ family's schema and whose values equal the expected ones. The semantics, in the 
    accept `null`; string fields only strings; list fields only lists of strings.
 7. Values: anything else that differs from the expected object is `wrong_value:<k>`.
 
+A `"number"` answer follows rules 1–3, then must be a JSON number (`"5"`, `true`, `null`, a list
+are `not_a_number`) equal to the expected one as a number (`5` and `5.0` are the same number), else
+`wrong_value`. A `"text"` answer is the expected text exactly, once surrounding JSON whitespace is
+stripped from both, else `wrong_value`: no case, spacing or punctuation is forgiven inside it.
+
 The family semantics the expected answers follow (missing lookups are `null`, zero quantities are
 0 and still count as listed, ties in priority order break by ascending id) live in `tasks.py`.
 """
@@ -30,6 +38,9 @@ from typing import Any
 
 # Field type codes used in schemas.
 INT, INT_OR_NULL, STR, STR_OR_NULL, STR_LIST = "int", "int|null", "str", "str|null", "list[str]"
+FIELD_TYPES = (INT, INT_OR_NULL, STR, STR_OR_NULL, STR_LIST)
+# Whole-answer schemas: a bare JSON number, or exact text.
+NUMBER, TEXT = "number", "text"
 
 
 @dataclass(frozen=True)
@@ -103,10 +114,25 @@ def _type_ok(code: str, v: Any) -> bool:
     raise ValueError(f"unknown schema type {code}")
 
 
-def check_answer(text: str, schema: dict[str, str], expected: dict[str, Any]) -> Verdict:
+def is_number(v: Any) -> bool:
+    return type(v) in (int, float)
+
+
+def check_answer(text: str, schema: dict[str, str] | str, expected: Any) -> Verdict:
+    if schema == TEXT:
+        if type(expected) is not str:
+            raise ValueError("a text schema's expected answer is a string")
+        ok = text.strip(_JSON_WS) == expected.strip(_JSON_WS)
+        return Verdict(ok, "ok" if ok else "wrong_value")
+    if isinstance(schema, str) and schema != NUMBER:
+        raise ValueError(f"unknown answer schema {schema!r} (an object's fields, {NUMBER!r} or {TEXT!r})")
     value, problem = parse_strict(text)
     if problem:
         return Verdict(False, problem)
+    if schema == NUMBER:
+        if not is_number(value):
+            return Verdict(False, "not_a_number")
+        return Verdict(True, "ok") if value == expected else Verdict(False, "wrong_value")
     if not isinstance(value, dict):
         return Verdict(False, "not_an_object")
     for k in schema:

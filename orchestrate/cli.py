@@ -20,7 +20,7 @@ from orchestrate.stages.clock import StageClock
 from orchestrate.stages.cluster import alarm_check, load_cluster, write_cluster
 from orchestrate.stages.evaluate import select_evaluate_report, serve_probe
 from orchestrate.stages.plan import PlanError, plan_arm
-from orchestrate.stages.prepare import materialize_seed, prepare
+from orchestrate.stages.prepare import materialize_seed, prepare, seed_from_model_dir
 from orchestrate.stages.preserve import anchor_home, guard_stop, preserve_home
 from orchestrate.stages.train import GuardStopped, make_placement, place_arms, train_arms
 
@@ -42,7 +42,9 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
         profile: str = typer.Option("cpu", help="smoke | cpu | gpu"),
         trials: Path = typer.Option(Path("trials"), help="where trial homes are created"),
         seeds: Path = typer.Option(Path(".seeds"), help="where seed models are materialized"),
-        model_dir: Optional[Path] = typer.Option(None, help="seed directory for a 'local' seed"),
+        model_dir: Optional[Path] = typer.Option(None, help="a profile with seed = \"local\": your model, a Hugging "
+                                                 "Face causal-LM directory (imported under --seeds with a receipt) "
+                                                 "or a seed directory `python -m training seed` made"),
         store: Optional[str] = typer.Option(None, help=f"evidence store, one of {known_forms()} "
                                                        "(default: the cluster's, else file://<trials>/store)"),
         cluster: Optional[Path] = typer.Option(None, help="cluster.json from `orchestrate up` (default: the "
@@ -101,7 +103,8 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
         if cfg.profile.seed == "local":
             if model_dir is None:
                 raise typer.BadParameter(f"profile {profile} trains a local seed: pass --model-dir")
-            md = model_dir
+            with clock(Stage.SEED):
+                md = seed_from_model_dir(model_dir, seeds, progress)
         else:
             with clock(Stage.SEED):
                 md = materialize_seed(cfg, seeds, progress)
@@ -290,7 +293,7 @@ def probe(home: Path = typer.Option(..., help="a trial home with a committed sel
                 raise typer.BadParameter(f"--model-dir {model_dir} is used only with --cluster of SSH hosts "
                                          "(it stages their seed); replicas on this machine serve the trained model")
             if desc is not None and desc.source != "local":  # the hosts are staged (again) from the seed
-                md = model_dir or seeds / cfg.profile.seed
+                md = seed_from_model_dir(model_dir, seeds, progress) if model_dir else seeds / cfg.profile.seed
                 placement = make_placement(desc, home, md, home.parent, wheelhouse, progress)
             serve_probe(cfg, home, progress, retry=retry, placement=placement)
     except (*USER_ERRORS, ClusterError, StagingError, TransportError) as e:
@@ -713,7 +716,8 @@ def list_cmd() -> None:
         d = config_dir()
         for name in experiment_names(d):
             exp = load_experiment(name, d)
-            print(f"{name}: {exp.description}" + (f" (after {exp.previous})" if exp.previous else ""))
+            print(f"{name}: {exp.description}" + (f" (after {exp.previous})" if exp.previous else "")
+                  + (f" (tasks: {exp.task_file})" if exp.task_file else ""))
             for a in exp.arms:
                 marks = [m for m, yes in (("primary", a.name == exp.acceptance.primary),
                                           ("serving", a.name == exp.serving_arm)) if yes]
@@ -734,22 +738,33 @@ def validate(experiment: str = typer.Argument(..., help="an experiment's name (o
     import json
 
     from training.config import ConfigError, address, lineage, origins
+    from training.sources import TaskFileError, JsonlFile
 
     try:
         name = address(experiment)[0]
         chain = lineage(name, profile)
         values = origins(name, profile)
-    except ConfigError as e:
+        cases = None
+        if (exp := chain[-1].experiment).task_file is not None:  # the file read and split as prepare will
+            src, prof = JsonlFile(exp.task_path(), exp.generator_seed), chain[-1].profile
+            src.cases({"train": prof.tasks, "dev": prof.dev, "test": prof.test})
+            cases = {**src.describe(), "path": str(exp.task_path())}
+    except (ConfigError, TaskFileError) as e:
         say("error:", str(e), style="bold red")
         raise typer.Exit(2)
     if as_json:
         print(json.dumps({"experiment": name, "profile": profile, "digest": chain[-1].digest(),
-                          "previous": [c.experiment.name for c in chain[:-1]],
+                          "previous": [c.experiment.name for c in chain[:-1]], "task_source": cases,
                           "values": {k: {"value": v, "from": o} for k, (v, o) in values.items()}}, indent=2))
         return
     print(f"{name} at profile {profile}: valid; resolved digest {chain[-1].digest()[:16]}…"
           + (f"; prepared after {', '.join(c.experiment.name for c in chain[:-1])} (no task of theirs recurs)"
              if len(chain) > 1 else ""))
+    if cases is not None:
+        u = cases["used"]
+        print(f"tasks: {cases['path']} — {cases['cases']} cases (sha256 {cases['sha256'][:12]}…), split by "
+              f"{'the file' if cases['split_by'] == 'file' else 'the generator seed'}: train {u['train']}, dev "
+              f"{u['dev']}, test {u['test']}; {cases['unused']} not used; {cases['wrong_answers']} with a wrong answer")
     width = max(len(k) for k in values)
     for k, (v, o) in values.items():
         print(f"  {k:<{width}}  {json.dumps(v)}  ← {o}")
@@ -764,6 +779,8 @@ def recovery_trial_cmd(
         kill_after: int = typer.Option(75, help="kill it after this many updates"),
         out: Path = typer.Option(Path("trials/recovery"), help="a fresh directory for the trial"),
         seeds: Path = typer.Option(Path(".seeds"), help="where seed models are materialized"),
+        model_dir: Optional[Path] = typer.Option(None, help="a profile with seed = \"local\": your model (as `run "
+                                                 "--model-dir`)"),
         share_gpus: bool = typer.Option(False, "--share-gpus", help="CUDA profile with fewer GPUs than ranks: the "
                                         "ranks share them (gloo between them); the comparison stays exact")) -> None:
     """Kill a rank mid-run, restart from the common checkpoint, compare with an uninterrupted run."""
@@ -779,8 +796,15 @@ def recovery_trial_cmd(
         chain = lineage(name, profile)
         if out.exists():
             raise typer.BadParameter(f"{out} exists; give a fresh --out")
-        md = seeds / chain[-1].profile.seed
-        materialize(chain[-1].profile.seed, md)
+        kind = chain[-1].profile.seed
+        if (model_dir is None) != (kind != "local"):  # neither ignored nor missing
+            raise typer.BadParameter(f"profile {profile}'s seed is '{kind}': " + (
+                "pass --model-dir" if model_dir is None else f"--model-dir {model_dir} would not be used"))
+        if model_dir is not None:
+            md = seed_from_model_dir(model_dir, seeds, progress)
+        else:
+            md = seeds / kind
+            materialize(kind, md)
         rep = recovery_trial(out, experiment_chain=chain, arm=arm, model_dir=md, from_step=from_step,
                              kill_rank=kill_rank, kill_after=kill_after, share_gpus=share_gpus,
                              say=lambda m: con.print(m, highlight=False))

@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from evidence.canonical import canonical_sha256
 from training.arms import KINDS, kind as arm_kind
@@ -158,11 +158,23 @@ class Experiment(_Strict):
     grad_clip: float = 1.0
     damaged_fraction: float = 0.25
     heldout_test_fraction: float = 0.5
+    # the user's own cases (`training.sources`), a JSONL path relative to this file's directory;
+    # unset: the generated families
+    task_file: str | None = None
     serving_arm: str
     weights: Weights = Field(default_factory=Weights)
     arms: list[Arm]
     acceptance: Acceptance
     profiles: dict[str, Profile]
+    _directory: Path | None = PrivateAttr(default=None)  # where the TOML was read: task_file is relative to it
+
+    def task_path(self) -> Path:
+        """The task file, where this experiment was loaded from its TOML (hosts never read it: the
+        committed `inputs/tasks.jsonl` holds its cases)."""
+        if self.task_file is None or self._directory is None:
+            raise ConfigError(f"experiment {self.name}'s task file is read only beside its TOML "
+                              "(prepare it where the experiment file is)")
+        return (self._directory / self.task_file).resolve()
 
     @model_validator(mode="after")
     def _arms_consistent(self) -> "Experiment":
@@ -228,7 +240,9 @@ class Resolved(_Strict):
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "experiment": self.experiment.model_dump(mode="json", exclude={"profiles"}),
+            # task_file came after homes were committed: left out while unset, as serving_requests below
+            "experiment": self.experiment.model_dump(mode="json", exclude={"profiles"} | (
+                set() if self.experiment.task_file else {"task_file"})),
             "profile_name": self.profile_name,
             # serving_requests came after homes were committed: left out while unset, so that every
             # earlier home's experiment digest stands (a profile that sets it commits it)
@@ -300,6 +314,7 @@ def load_experiment(name: str, directory: Path | None = None) -> Experiment:
         )
     try:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
+        written = data.get("profiles")  # as written, before bases are expanded
         if isinstance(data.get("profiles"), dict):
             data["profiles"] = inherit_profiles(data["profiles"], path)
         exp = Experiment.model_validate(data)
@@ -309,6 +324,13 @@ def load_experiment(name: str, directory: Path | None = None) -> Experiment:
         raise ConfigError(f"{path} is not a valid experiment:\n{e}") from None
     if exp.name != name:
         raise ConfigError(f"{path} declares name '{exp.name}'; the file name must match")
+    if exp.task_file is not None:  # what only the generated families use would be ignored: refused instead
+        unused = (["heldout_test_fraction"] if "heldout_test_fraction" in data else []) + [
+            f"profiles.{p}.records" for p, t in (written or {}).items() if isinstance(t, dict) and "records" in t]
+        if unused:
+            raise ConfigError(f"{path}: {', '.join(unused)} shape(s) the generated task families, and this "
+                              f"experiment's cases come from its task_file {exp.task_file}: remove them")
+    exp._directory = d
     return exp
 
 

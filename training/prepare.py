@@ -2,6 +2,7 @@
 
 Outputs (under the trial home H):
     inputs/tasks.jsonl          every task case (train/dev/test) with prompt, answer, schema, target
+                                (from the experiment's task source: `training.sources`)
                                 and, for damaged training tasks, the damaged answer
     inputs/replay.jsonl         the replay conversations trained on
     inputs/probes.jsonl         the retention probes (response loss, paired against the seed)
@@ -41,7 +42,7 @@ from training import replay as replay_mod
 from training.config import Resolved
 from training.hold import NEW_HOME
 from training.seed import load_tokenizer, seed_parameters, verify_seed
-from training.tasks import FAMILIES, HELDOUT_VARIANTS, TRAIN_VARIANTS, Task, answer_text, damage, generate_task
+from training.sources import Generated, JsonlFile, TaskFileError, TaskSource, prompt_hash, target_text
 
 FORMAT = "trial-prepared-v1"
 PREPARED = "prepared.json"
@@ -51,56 +52,15 @@ class PrepareError(RuntimeError):
     """Prepare cannot proceed; the message names the thing and the fix."""
 
 
-def _prompt_hash(prompt: str) -> str:
-    return canonical_sha256({"prompt": prompt})
-
-
-class _Split:
-    """Generates unique tasks across all splits of one experiment."""
-
-    def __init__(self, seed: int, records: tuple[int, int]):
-        self.seed, self.records = seed, records
-        self.identities: set[str] = set()
-        self.prompts: set[str] = set()
-        self.collisions = 0
-
-    def make(self, split: str, n: int, variant_of) -> list[Task]:
-        out: list[Task] = []
-        i = 0
-        while len(out) < n:
-            family = FAMILIES[len(out) % len(FAMILIES)]
-            task = generate_task(self.seed, f"{split}/{i}", family, variant_of(len(out)),
-                                 self.records)
-            i += 1
-            ph = _prompt_hash(task.prompt)
-            if task.identity in self.identities or ph in self.prompts:
-                self.collisions += 1
-                continue
-            self.identities.add(task.identity)
-            self.prompts.add(ph)
-            out.append(task)
-        return out
-
-
-def _test_variant(frac: float):
-    def variant(i: int) -> int:
-        j = i // len(FAMILIES)  # the i-th case's family cycles with i, so decide per round
-        heldout = int((j + 1) * frac) > int(j * frac)
-        pool = HELDOUT_VARIANTS if heldout else TRAIN_VARIANTS
-        return pool[(j // 2) % len(pool)]
-    return variant
-
-
-def _train_variant(i: int) -> int:
-    return TRAIN_VARIANTS[(i // len(FAMILIES)) % len(TRAIN_VARIANTS)]
-
-
-def _task_row(task: Task, split: str, idx: int) -> dict[str, Any]:
-    return {"case_id": f"{split}-{idx:05d}", "split": split, "task_id": task.identity,
-            "family": task.family, "variant": task.variant,
-            "heldout_variant": task.variant in HELDOUT_VARIANTS, "prompt": task.prompt,
-            "answer": task.answer, "schema": task.schema, "target": task.target,
-            "records": task.records, "question": task.question}
+def task_source(cfg: Resolved) -> "TaskSource":
+    """The experiment's cases: its task_file's, else the generated families'."""
+    exp, prof = cfg.experiment, cfg.profile
+    if exp.task_file is not None:
+        try:
+            return JsonlFile(exp.task_path(), exp.generator_seed)
+        except TaskFileError as e:
+            raise PrepareError(str(e)) from None
+    return Generated(exp.generator_seed, tuple(prof.records), exp.heldout_test_fraction)
 
 
 def _previous_proof(previous_home: Path, tasks: list[dict[str, Any]],
@@ -123,9 +83,9 @@ def _previous_proof(previous_home: Path, tasks: list[dict[str, Any]],
     prev_ids, prev_prompts = set(), set()
     for row in read_jsonl(tasks_file):
         prev_ids.add(row["task_id"])
-        prev_prompts.add(_prompt_hash(row["prompt"]))
+        prev_prompts.add(prompt_hash(row["prompt"]))
     ids = {t["task_id"] for t in tasks}
-    prompts = {_prompt_hash(t["prompt"]) for t in tasks}
+    prompts = {prompt_hash(t["prompt"]) for t in tasks}
     overlap_ids, overlap_prompts = ids & prev_ids, prompts & prev_prompts
     if overlap_ids or overlap_prompts:
         raise PrepareError(
@@ -166,19 +126,18 @@ def build_inputs(cfg: Resolved, model_dir: Path, out: Path, *, replay_file: Path
     timer["seed_verify_and_tokenizer"] = time.monotonic() - t0
 
     t0 = time.monotonic()
-    gen = _Split(exp.generator_seed, tuple(prof.records))
-    train = gen.make("train", prof.tasks, _train_variant)
-    dev = gen.make("dev", prof.dev, _train_variant)
-    test = gen.make("test", prof.test, _test_variant(exp.heldout_test_fraction))
-    rows = ([_task_row(t, "train", i) for i, t in enumerate(train)]
-            + [_task_row(t, "dev", i) for i, t in enumerate(dev)]
-            + [_task_row(t, "test", i) for i, t in enumerate(test)])
-    n_damaged = round(exp.damaged_fraction * len(train))
-    drng = random.Random(f"damage/{exp.generator_seed}")
-    damaged_idx = sorted(drng.sample(range(len(train)), n_damaged))
+    source = task_source(cfg)
+    try:
+        rows = source.cases({"train": prof.tasks, "dev": prof.dev, "test": prof.test})
+        n_damaged = round(exp.damaged_fraction * prof.tasks)
+        wrong = source.damage(rows, n_damaged, exp.generator_seed,
+                              required=any(a.data == "damaged" for a in exp.arms))
+    except TaskFileError as e:
+        raise PrepareError(str(e)) from None
+    damaged_idx = sorted(wrong)
     for i in damaged_idx:
-        rows[i]["damaged_answer"] = damage(train[i], drng)
-        rows[i]["damaged_target"] = answer_text(rows[i]["damaged_answer"])
+        rows[i]["damaged_answer"] = wrong[i]
+        rows[i]["damaged_target"] = target_text(wrong[i], rows[i]["schema"])
     timer["generate_tasks"] = time.monotonic() - t0
 
     t0 = time.monotonic()
@@ -189,15 +148,15 @@ def build_inputs(cfg: Resolved, model_dir: Path, out: Path, *, replay_file: Path
     need = prof.replay + prof.probes
     if replay_file:
         pool = replay_mod.load_jsonl(replay_file)
-        source = {"kind": "user-jsonl", "file": replay_file.name, "sha256": file_sha256(replay_file),
-                  "rows": len(pool)}
+        replay_source = {"kind": "user-jsonl", "file": replay_file.name, "sha256": file_sha256(replay_file),
+                         "rows": len(pool)}
         random.Random(f"replay-order/{exp.generator_seed}").shuffle(pool)
     else:
         pool = replay_mod.generated_pool(exp.generator_seed, 2 * need + 8,
                                          tuple(prof.replay_steps), "pool",
                                          tuple(prof.replay_parts))
-        source = {"kind": "generated", "generator": "training.replay", "seed": exp.generator_seed,
-                  "steps": list(prof.replay_steps), "parts": list(prof.replay_parts)}
+        replay_source = {"kind": "generated", "generator": "training.replay", "seed": exp.generator_seed,
+                         "steps": list(prof.replay_steps), "parts": list(prof.replay_parts)}
     pool, too_long = _fit(tok, pool, prof.max_context)
     if len(pool) < need:
         raise PrepareError(
@@ -205,16 +164,17 @@ def build_inputs(cfg: Resolved, model_dir: Path, out: Path, *, replay_file: Path
             f"{too_long} longer ones skipped) but {prof.replay} replay + {prof.probes} probes are needed"
         )
     replay, probes = pool[:prof.replay], pool[prof.replay:need]
-    source["skipped_too_long"] = too_long
+    replay_source["skipped_too_long"] = too_long
     timer["replay"] = time.monotonic() - t0
 
     t0 = time.monotonic()
-    task_convs = [[{"role": "user", "content": t.prompt}, {"role": "assistant", "content": t.target}]
-                  for t in train]
+    train = rows[:prof.tasks]
+    task_convs = [[{"role": "user", "content": r["prompt"]}, {"role": "assistant", "content": r["target"]}]
+                  for r in train]
     damaged_convs = [
         [{"role": "user", "content": r["prompt"]},
          {"role": "assistant", "content": r.get("damaged_target", r["target"])}]
-        for r in rows[:len(train)]
+        for r in train
     ]
     replay_convs = [c["messages"] for c in replay]
     w = [exp.weights.task] * len(train) + [exp.weights.replay] * len(replay)
@@ -285,9 +245,9 @@ def build_inputs(cfg: Resolved, model_dir: Path, out: Path, *, replay_file: Path
             "train_tasks": canonical_sha256([r["task_id"] for r in rows[:n]]),
             "dev_tasks": canonical_sha256([r["task_id"] for r in rows if r["split"] == "dev"]),
             "test_tasks": canonical_sha256([r["task_id"] for r in rows if r["split"] == "test"]),
-            "train_prompts": canonical_sha256([_prompt_hash(r["prompt"]) for r in rows[:n]]),
+            "train_prompts": canonical_sha256([prompt_hash(r["prompt"]) for r in rows[:n]]),
             "test_prompts": canonical_sha256(
-                [_prompt_hash(r["prompt"]) for r in rows if r["split"] == "test"]),
+                [prompt_hash(r["prompt"]) for r in rows if r["split"] == "test"]),
             "replay": canonical_sha256([c["id"] for c in replay]),
             "probes": canonical_sha256([c["id"] for c in probes]),
         },
@@ -295,8 +255,8 @@ def build_inputs(cfg: Resolved, model_dir: Path, out: Path, *, replay_file: Path
         "test_heldout_variant_cases": sum(1 for r in rows if r["split"] == "test" and r["heldout_variant"]),
         "variants": {f"{s}/{v}": c for (s, v), c in sorted(variants.items())},
         "families": {f"{s}/{fam}": c for (s, fam), c in sorted(families.items())},
-        "generator_collisions_skipped": gen.collisions,
-        "replay_source": source,
+        "generator_collisions_skipped": source.collisions,
+        "replay_source": replay_source,
         "counts": {
             "task": task_c, "replay": replay_c,
             "probes": role_counts(probe_corpus, 0, len(probe_corpus)),
@@ -319,6 +279,8 @@ def build_inputs(cfg: Resolved, model_dir: Path, out: Path, *, replay_file: Path
         },
         "previous": proof,
     }
+    if (described := source.describe()) is not None:  # the generated families' homes keep their form
+        prepared["task_source"] = described
     return prepared
 
 

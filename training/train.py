@@ -33,8 +33,22 @@ from training.profiling import UpdateProfiler
 from training.runs import _set_aside, run_dir
 
 RESULT_FORMAT = "trial-result-v1"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
-                   "special_tokens_map.json", "generation_config.json")
+# what a trained model keeps of its seed besides its own weights and config: every other file
+# (tokenizer, vocabulary, merges, chat template, licence — whatever the seed has), but never the
+# seed's weights or index, and the seed's generation config (how it ends an answer) over the default
+SEED_WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.ckpt", "*.h5", "*.msgpack", "*.gguf", "*.onnx",
+                "*.index.json")
+SEED_KEPT_OVER_SAVED = ("generation_config.json",)
+
+
+def seed_files_kept(seed_dir: Path, saved: set[str]) -> list[Path]:
+    """The seed's files a trained model copies: see SEED_WEIGHTS."""
+    from fnmatch import fnmatch
+
+    return [p for p in sorted(seed_dir.iterdir())
+            if p.is_file() and not p.name.startswith(".") and p.name != "receipt.json"
+            and not any(fnmatch(p.name, w) for w in SEED_WEIGHTS)
+            and (p.name not in saved or p.name in SEED_KEPT_OVER_SAVED)]
 
 
 
@@ -88,9 +102,8 @@ def _write_model(model: Any, seed_dir: Path, out: Path, meta: dict[str, Any]) ->
     if tmp.exists():
         shutil.rmtree(tmp)
     model.save_pretrained(tmp, safe_serialization=True)
-    for name in TOKENIZER_FILES:
-        if (seed_dir / name).is_file():
-            shutil.copy2(seed_dir / name, tmp / name)
+    for p in seed_files_kept(seed_dir, {f.name for f in tmp.iterdir()}):
+        shutil.copy2(p, tmp / p.name)
     for f in tmp.iterdir():  # durable before the receipt vouches for them
         fsync_file(f)
     receipt = make_receipt(tmp, meta=meta)

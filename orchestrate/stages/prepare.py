@@ -24,6 +24,28 @@ def materialize_seed(cfg: Resolved, seeds: Path, progress: Progress) -> Path:
     return md
 
 
+def seed_from_model_dir(model_dir: Path, seeds: Path, progress: Progress) -> Path:
+    """The seed `--model-dir` names. A seed directory made by `python -m training seed` (it holds its
+    receipt) is verified and used where it is; any other Hugging Face directory is imported once, with
+    a receipt, under `seeds/local-<its content digest>`: a directory whose files change later is
+    another seed, never the copy of the old one."""
+    from evidence.receipts import RECEIPT_NAME, make_receipt
+    from training.seed import SeedError, materialize, verify_seed
+
+    if not model_dir.is_dir():
+        raise SeedError(f"--model-dir {model_dir} is not a directory")
+    if (model_dir / RECEIPT_NAME).is_file():
+        verify_seed(model_dir)
+        return model_dir
+    with progress.status(f"hashing {model_dir}…"):
+        digest = make_receipt(model_dir)["digest"]
+    out = seeds / f"local-{digest[:16]}"
+    progress.say("seed", f"{model_dir} → {out}" + (" (imported before: verified)" if out.exists() else " (imported, with a receipt)"))
+    with progress.status("importing / verifying the seed…"):
+        materialize("local", out, source=str(model_dir), say=lambda m: progress.say("seed", m))
+    return out
+
+
 def prepare(cfg: Resolved, chain: list[Resolved], home_of: Callable[[Resolved], Path], seed_dir: Path,
             store_url: str, progress: Progress, *, replay_file: Path | None = None) -> Iterator[Path]:
     """Each experiment of `chain` (earlier experiments first: none of their tasks may recur) prepared
@@ -45,6 +67,12 @@ def prepare(cfg: Resolved, chain: list[Resolved], home_of: Callable[[Resolved], 
                          f"{c['task']['documents']} task + {c['replay']['documents']} replay documents, "
                          f"task share of targets {c['task_share_of_targets']:.1%} unweighted / "
                          f"{c['task_share_of_weighted_targets']:.1%} weighted; committed")
+            ts = res["prepared"].get("task_source")
+            if ts is not None:
+                u = ts["used"]
+                progress.say("prepare", f"  tasks: {ts['file']} (sha256 {ts['sha256'][:12]}…): train {u['train']}, "
+                             f"dev {u['dev']}, test {u['test']} of its {ts['cases']} cases ({ts['unused']} not used); "
+                             f"{res['prepared']['corruption']['count']} damaged targets from its wrong answers")
             src = res["prepared"].get("replay_source") or {}
             if src.get("kind") == "user-jsonl":
                 progress.say("prepare", f"  replay: {src['rows']} conversations from {src['file']} (sha256 {src['sha256'][:12]}…)")

@@ -86,3 +86,44 @@ def test_hostile_edges(text, reason):
 
 def test_deep_nesting_is_malformed_not_a_crash():
     assert check_answer("[" * 100000, *LOOKUP).reason in ("malformed_json", "not_an_object")
+
+
+# Whole-answer schemas (a user's JSONL cases): a bare JSON number, or exact text.
+@pytest.mark.parametrize("text,expected,reason", [
+    ("1321", 1321, "ok"),
+    (" 1321\n", 1321, "ok"),
+    ("1321.0", 1321, "ok"),          # the same number
+    ("2.5", 2.5, "ok"),
+    ("-7", -7, "ok"),
+    ("1312", 1321, "wrong_value"),
+    ('"1321"', 1321, "not_a_number"),  # a string of digits is not a number
+    ("true", 1, "not_a_number"),     # JSON's true is no number, though Python's bool is an int
+    ("null", 0, "not_a_number"),
+    ("[1321]", 1321, "not_a_number"),
+    ("1321 apples", 1321, "trailing_text"),
+    ("The answer is 1321", 1321, "malformed_json"),
+    ("NaN", 1321, "non_finite_number"),
+    ("1e400", 1321, "non_finite_number"),
+    ("0x52A", 1321, "trailing_text"),  # JSON has no hex: the leading 0 is a number, the rest trails
+])
+def test_a_number_answer(text, expected, reason):
+    assert check_answer(text, "number", expected).reason == reason
+
+
+@pytest.mark.parametrize("text,expected,reason", [
+    ("Paris", "Paris", "ok"),
+    ("\n Paris \t", "Paris", "ok"),   # only surrounding JSON whitespace is free
+    ("paris", "Paris", "wrong_value"),
+    ("Paris.", "Paris", "wrong_value"),
+    ('"Paris"', "Paris", "wrong_value"),
+    ("Paris\u00a0", "Paris", "wrong_value"),  # a no-break space is not JSON whitespace
+    ("Pa ris", "Pa ris", "ok"),
+    ("", "Paris", "wrong_value"),
+])
+def test_a_text_answer(text, expected, reason):
+    assert check_answer(text, "text", expected).reason == reason
+
+
+def test_an_unknown_whole_answer_schema_is_refused():
+    with pytest.raises(ValueError, match="unknown answer schema 'json'"):
+        check_answer("1", "json", 1)

@@ -1,0 +1,64 @@
+"""docs/your-own-study.md, run as a reader runs it: every block of the page, in order, in a fresh
+folder — the files it shows written as shown, the shell blocks run by bash with the project's
+`python` and `orchestrate` first on PATH — then what the page says it ends with, checked."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ROOT
+
+DOC = ROOT / "docs" / "your-own-study.md"
+STEP = re.compile(r"<!-- walk: (bash|file (\S+)) -->\n```[a-z]*\n(.*?)```", re.S)
+
+
+def walk_steps(text: str) -> list[tuple[str, str | None, str]]:
+    """(kind, the file's path or None, the block's text) for every marked block, in page order."""
+    return [("file" if path else "bash", path or None, body) for _, path, body in STEP.findall(text)]
+
+
+def test_the_page_marks_every_block_it_shows():
+    """A block without a walk marker would be shown to readers and never run here."""
+    text = DOC.read_text(encoding="utf-8")
+    assert len(walk_steps(text)) == text.count("```") // 2
+
+
+def test_the_walk_from_an_empty_folder_to_a_preserved_report(tmp_path):
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+               PYTHONUNBUFFERED="1")
+    env.pop("TRIAL_CONFIG_DIR", None)
+    cwd, said = tmp_path, []
+    for kind, path, body in walk_steps(DOC.read_text(encoding="utf-8")):
+        if kind == "file":
+            (cwd / path).parent.mkdir(parents=True, exist_ok=True)
+            (cwd / path).write_text(body, encoding="utf-8")
+            continue
+        where = tmp_path / ".cwd"
+        p = subprocess.run(["bash", "-euo", "pipefail", "-c", f"{body}\npwd > {where}"], cwd=cwd, env=env,
+                           capture_output=True, text=True, timeout=900)
+        said.append(p.stdout + p.stderr)
+        assert p.returncode == 0, f"{body}\nexit {p.returncode}:\n{p.stdout}\n{p.stderr}"
+        cwd = Path(where.read_text().strip())
+    out = "\n".join(said)
+    study = tmp_path / "my-study"
+    assert cwd == study
+    # the task file read as prepare reads it, and committed
+    assert "200 cases" in out and "train 120, dev 16, test 64; 0 not used; 200 with a wrong answer" in out
+    assert "tasks: cases.jsonl" in out and "30 damaged targets from its wrong answers" in out
+    # the user's directory imported as a seed, with a receipt and its parameter count
+    (seed,) = [d for d in (study / ".seeds").iterdir() if d.is_dir()]
+    receipt = json.loads((seed / "receipt.json").read_text())
+    assert seed.name.startswith("local-") and receipt["meta"]["kind"] == "local" and receipt["parameters"] > 0
+    # exact-match accuracy on the file's 64 test cases, as the run printed it, recomputed from the evidence
+    rep = json.loads((study / "recomputed.json").read_text())
+    assert set(rep["accuracy"]) == {"seed", "single", "ddp-pair"}
+    for arm, a in rep["accuracy"].items():
+        assert a["cases"] == 64 and f"test {arm}: {a['correct']}/64 exact" in out
+    # preserved, then removed from this machine: the store keeps it
+    assert not (study / "trials" / "my-study-smoke").exists()
+    assert list((study / "trials" / "store" / "indexes" / "my-study-smoke").glob("*.json"))

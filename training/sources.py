@@ -1,0 +1,294 @@
+"""Where an experiment's task cases come from: the generated families, or the user's own JSONL file.
+
+A source hands `prepare` the train, dev and test cases (as `inputs/tasks.jsonl` rows) and, for the
+damaged-target control, wrong answers for some training cases. Everything downstream — the
+commitments, the strict checker, scoring, the report's re-check, serving — reads only those rows
+(`prompt`, `answer`, `schema`, `target`), so it works unchanged on either source.
+
+A JSONL file (`task_file` in the experiment) has one case per line:
+
+    {"prompt": "What is 17 + 25?", "answer": 42}
+    {"prompt": "Capital of France?", "answer": "Paris", "wrong_answer": "Lyon", "split": "test"}
+    {"prompt": "…", "answer": {"total": 12, "unit": "kg"}, "schema": {"total": "int", "unit": "str"}}
+
+`schema` says how an answer is checked (`evidence.checker`): `"number"` (one bare JSON number),
+`"text"` (exact text) or an object's fields and types; left out, it follows the answer (a number, a
+string, an object of integers, strings and lists of strings). `wrong_answer` is a plausible wrong
+answer of the same schema, trained on by the damaged-target control. `split` (train, dev or test)
+is given on every line or on none; without it the cases are split by the experiment's generator
+seed. `family` groups cases in the answers (default "jsonl"); `id` is kept with the case. Any other
+key, a repeated prompt, an answer its own schema refuses, or a wrong answer the checker accepts is
+refused with its line number: nothing in the file is silently dropped or reinterpreted.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any, Protocol
+
+from evidence.canonical import canonical_sha256, file_sha256
+from evidence.checker import FIELD_TYPES, INT, NUMBER, STR, STR_LIST, TEXT, check_answer, is_number
+
+SPLITS = ("train", "dev", "test")
+JSONL_KEYS = {"prompt", "answer", "schema", "wrong_answer", "split", "family", "id"}
+
+
+class TaskFileError(ValueError):
+    """The user's task file cannot be used; the message names the file, the line and the fix."""
+
+
+def target_text(answer: Any, schema: dict[str, str] | str) -> str:
+    """The reference answer as the model should write it: exact text as is, anything else as JSON."""
+    return answer if schema == TEXT else json.dumps(answer, ensure_ascii=False)
+
+
+class TaskSource(Protocol):
+    def describe(self) -> dict[str, Any] | None:
+        """What prepared.json commits about the source (None: the generated families, as before)."""
+
+    def cases(self, counts: dict[str, int]) -> list[dict[str, Any]]:
+        """`counts[split]` rows per split, in train, dev, test order, each with its case_id."""
+
+    def damage(self, rows: list[dict[str, Any]], n: int, seed: int, *, required: bool) -> dict[int, Any]:
+        """Wrong answers for `n` of the training rows, by index; `required`: an arm trains on them,
+        so a source without enough refuses (else it gives what it has)."""
+
+
+# -- the generated families -------------------------------------------------------------------
+class Generated:
+    """The four families of `training.tasks`, unique across splits, held-out wordings in test."""
+
+    def __init__(self, seed: int, records: tuple[int, int], heldout_fraction: float):
+        self.seed, self.records, self.heldout_fraction = seed, records, heldout_fraction
+        self.collisions = 0
+        self._tasks: list[Any] = []
+
+    def describe(self) -> None:
+        return None
+
+    def cases(self, counts: dict[str, int]) -> list[dict[str, Any]]:
+        from training.tasks import FAMILIES, HELDOUT_VARIANTS, TRAIN_VARIANTS, generate_task
+
+        identities: set[str] = set()
+        prompts: set[str] = set()
+
+        def train_variant(i: int) -> int:
+            return TRAIN_VARIANTS[(i // len(FAMILIES)) % len(TRAIN_VARIANTS)]
+
+        def test_variant(i: int) -> int:
+            j = i // len(FAMILIES)  # the i-th case's family cycles with i, so decide per round
+            heldout = int((j + 1) * self.heldout_fraction) > int(j * self.heldout_fraction)
+            pool = HELDOUT_VARIANTS if heldout else TRAIN_VARIANTS
+            return pool[(j // 2) % len(pool)]
+
+        rows: list[dict[str, Any]] = []
+        for split in SPLITS:
+            variant_of = test_variant if split == "test" else train_variant
+            made, i = 0, 0
+            while made < counts[split]:
+                family = FAMILIES[made % len(FAMILIES)]
+                task = generate_task(self.seed, f"{split}/{i}", family, variant_of(made), self.records)
+                i += 1
+                ph = prompt_hash(task.prompt)
+                if task.identity in identities or ph in prompts:
+                    self.collisions += 1
+                    continue
+                identities.add(task.identity)
+                prompts.add(ph)
+                if split == "train":
+                    self._tasks.append(task)
+                rows.append({"case_id": f"{split}-{made:05d}", "split": split, "task_id": task.identity,
+                             "family": task.family, "variant": task.variant,
+                             "heldout_variant": task.variant in HELDOUT_VARIANTS, "prompt": task.prompt,
+                             "answer": task.answer, "schema": task.schema, "target": task.target,
+                             "records": task.records, "question": task.question})
+                made += 1
+        return rows
+
+    def damage(self, rows: list[dict[str, Any]], n: int, seed: int, *, required: bool) -> dict[int, Any]:
+        from training.tasks import damage
+
+        rng = random.Random(f"damage/{seed}")
+        return {i: damage(self._tasks[i], rng) for i in sorted(rng.sample(range(len(self._tasks)), n))}
+
+
+def prompt_hash(prompt: str) -> str:
+    return canonical_sha256({"prompt": prompt})
+
+
+# -- the user's JSONL file --------------------------------------------------------------------
+def _inferred_schema(answer: Any) -> dict[str, str] | str | None:
+    if type(answer) is str:
+        return TEXT
+    if is_number(answer):
+        return NUMBER
+    if isinstance(answer, dict) and answer:
+        fields = {}
+        for k, v in answer.items():
+            if type(v) is int:
+                fields[k] = INT
+            elif type(v) is str:
+                fields[k] = STR
+            elif type(v) is list and all(type(x) is str for x in v):
+                fields[k] = STR_LIST
+            else:
+                return None
+        return fields
+    return None
+
+
+def _schema_ok(schema: Any) -> bool:
+    if schema in (TEXT, NUMBER):
+        return True
+    return (isinstance(schema, dict) and bool(schema)
+            and all(isinstance(k, str) and v in FIELD_TYPES for k, v in schema.items()))
+
+
+class JsonlFile:
+    """The user's cases, read and checked line by line when the source is made."""
+
+    def __init__(self, path: Path, seed: int):
+        self.path, self.seed = Path(path), seed
+        self.collisions = 0
+        self.sha256 = file_sha256(self.path) if self.path.is_file() else None
+        self.rows = self._read()
+        self.used: dict[str, int] = {}
+
+    def _bad(self, lineno: int, what: str) -> TaskFileError:
+        return TaskFileError(f"task file {self.path}, line {lineno}: {what}")
+
+    def _read(self) -> list[dict[str, Any]]:
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise TaskFileError(f"task file {self.path} is unreadable: {e}") from None
+        out: list[dict[str, Any]] = []
+        first_line: dict[str, int] = {}
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise self._bad(lineno, f"not JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise self._bad(lineno, "expected an object {\"prompt\": …, \"answer\": …}")
+            if extra := sorted(set(row) - JSONL_KEYS):
+                raise self._bad(lineno, f"unknown key(s) {', '.join(extra)} (a case takes "
+                                        f"{', '.join(sorted(JSONL_KEYS))})")
+            prompt = row.get("prompt")
+            if not isinstance(prompt, str) or not prompt.strip():
+                raise self._bad(lineno, "\"prompt\" must be a non-empty string")
+            if "answer" not in row:
+                raise self._bad(lineno, "no \"answer\"")
+            answer = row["answer"]
+            schema = row.get("schema", _inferred_schema(answer))
+            if schema is None:
+                raise self._bad(lineno, "the answer's schema cannot be told from the answer (give \"schema\": "
+                                        f"\"number\", \"text\", or an object's fields typed {', '.join(FIELD_TYPES)})")
+            if not _schema_ok(schema):
+                raise self._bad(lineno, f"\"schema\" {json.dumps(schema)} is none of \"number\", \"text\" or an "
+                                        f"object's fields typed {', '.join(FIELD_TYPES)}")
+            if schema == TEXT and type(answer) is not str:
+                raise self._bad(lineno, "a \"text\" answer must be a string")
+            target = target_text(answer, schema)
+            if not (v := check_answer(target, schema, answer)).correct:
+                raise self._bad(lineno, f"the answer fails its own schema ({v.reason})")
+            if schema == TEXT and target != target.strip(" \t\n\r"):
+                raise self._bad(lineno, "a \"text\" answer may not begin or end with whitespace (the checker "
+                                        "ignores it in answers, so the model could not be told it)")
+            case: dict[str, Any] = {"line": lineno, "prompt": prompt, "answer": answer, "schema": schema,
+                                    "target": target, "id": row.get("id"),
+                                    "family": row.get("family", "jsonl"), "split": row.get("split")}
+            if not isinstance(case["family"], str) or not case["family"]:
+                raise self._bad(lineno, "\"family\" must be a non-empty string")
+            if case["split"] is not None and case["split"] not in SPLITS:
+                raise self._bad(lineno, f"\"split\" must be one of {', '.join(SPLITS)}")
+            if "wrong_answer" in row:
+                wrong = row["wrong_answer"]
+                if schema == TEXT and type(wrong) is not str:
+                    raise self._bad(lineno, "a \"text\" case's wrong_answer must be a string")
+                v = check_answer(target_text(wrong, schema), schema, answer)
+                if v.correct:
+                    raise self._bad(lineno, "\"wrong_answer\" is accepted as correct by the checker")
+                if v.reason != "wrong_value" and not v.reason.startswith("wrong_value:"):
+                    raise self._bad(lineno, f"\"wrong_answer\" is not an answer of the case's schema ({v.reason}): "
+                                            "the damaged control trains on well-formed wrong answers")
+                case["wrong_answer"] = wrong
+            if prompt in first_line:
+                raise self._bad(lineno, f"the prompt of line {first_line[prompt]} again (every case is scored "
+                                        "once: a repeated prompt would count twice or cross splits)")
+            first_line[prompt] = lineno
+            out.append(case)
+        labelled = [c for c in out if c["split"] is not None]
+        if labelled and len(labelled) != len(out):
+            unl = next(c for c in out if c["split"] is None)
+            raise TaskFileError(f"task file {self.path}: {len(labelled)} of {len(out)} cases give a \"split\" "
+                                f"(line {unl['line']} does not): give it on every line or on none")
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "jsonl", "file": self.path.name, "sha256": self.sha256, "cases": len(self.rows),
+                "split_by": "file" if self.rows and self.rows[0]["split"] else "generator_seed",
+                "used": dict(self.used), "unused": len(self.rows) - sum(self.used.values()),
+                "wrong_answers": sum("wrong_answer" in c for c in self.rows)}
+
+    def plan(self, counts: dict[str, int]) -> dict[str, list[dict[str, Any]]]:
+        """The cases of each split: the first `counts[split]` of that split in file order, or (no
+        split in the file) test, dev, then train drawn from one shuffle by the generator seed."""
+        if self.rows and self.rows[0]["split"]:
+            by = {s: [c for c in self.rows if c["split"] == s] for s in SPLITS}
+            short = [f"{s}: {len(by[s])} of {counts[s]}" for s in SPLITS if len(by[s]) < counts[s]]
+            if short:
+                raise TaskFileError(f"task file {self.path} has too few cases for the profile ({'; '.join(short)}): "
+                                    "add cases or lower the profile's tasks, dev and test")
+            return {s: by[s][:counts[s]] for s in SPLITS}
+        need = sum(counts.values())
+        if len(self.rows) < need:
+            raise TaskFileError(f"task file {self.path} has {len(self.rows)} cases; the profile needs "
+                                f"{counts['train']} train + {counts['dev']} dev + {counts['test']} test = {need}: "
+                                "add cases or lower the profile's tasks, dev and test")
+        order = list(self.rows)
+        random.Random(f"jsonl-split/{self.seed}").shuffle(order)
+        test, dev = order[:counts["test"]], order[counts["test"]:counts["test"] + counts["dev"]]
+        train = order[counts["test"] + counts["dev"]:need]
+        return {"train": train, "dev": dev, "test": test}
+
+    def cases(self, counts: dict[str, int]) -> list[dict[str, Any]]:
+        plan = self.plan(counts)
+        self.used = {s: len(plan[s]) for s in SPLITS}
+        rows = []
+        for s in SPLITS:
+            for i, c in enumerate(plan[s]):
+                row = {"case_id": f"{s}-{i:05d}", "split": s,
+                       "task_id": canonical_sha256({"prompt": c["prompt"], "answer": c["answer"],
+                                                    "schema": c["schema"]}),
+                       "family": c["family"], "variant": 0, "heldout_variant": False,
+                       "prompt": c["prompt"], "answer": c["answer"], "schema": c["schema"],
+                       "target": c["target"], "records": [],
+                       "question": {"file": self.path.name, "line": c["line"], "id": c["id"]}}
+                if "wrong_answer" in c:
+                    row["wrong_answer"] = c["wrong_answer"]
+                rows.append(row)
+        return rows
+
+    def damage(self, rows: list[dict[str, Any]], n: int, seed: int, *, required: bool) -> dict[int, Any]:
+        """The file's own wrong answers, for `n` training cases drawn among those that have one (where
+        no arm trains on them, as many as there are, up to `n`). Taken out of the rows: the committed
+        cases hold a wrong answer only where the damaged control trains on it."""
+        have = [i for i, r in enumerate(rows) if r["split"] == "train" and "wrong_answer" in r]
+        if not required:
+            n = min(n, len(have))
+        if len(have) < n:
+            raise TaskFileError(
+                f"task file {self.path}: the damaged-target control trains on wrong answers for {n} training "
+                f"cases, and {len(have)} of the training cases have a \"wrong_answer\": add \"wrong_answer\" "
+                "to more cases, or remove the damaged arm (data = \"damaged\") from the experiment")
+        rng = random.Random(f"damage/{seed}")
+        chosen = sorted(rng.sample(have, n))
+        wrong = {i: rows[i]["wrong_answer"] for i in chosen}
+        for r in rows:
+            r.pop("wrong_answer", None)
+        return wrong
