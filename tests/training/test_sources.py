@@ -1,0 +1,198 @@
+"""The task sources: the user's JSONL read line by line (every refusal names its line), split and
+damaged as documented; a prepared home commits the file's hash and scores its cases with their own
+schemas; the generated families' homes keep their form."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from evidence.canonical import read_json
+from training.config import ConfigError, load_experiment, resolve
+from training.prepare import PrepareError, load_cases, prepare
+from training.sources import JsonlFile, TaskFileError
+
+COUNTS = {"train": 6, "dev": 2, "test": 4}
+
+
+def write(path: Path, rows: list) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def sums(n: int, **extra) -> list[dict]:
+    return [{"prompt": f"What is {i} + {i + 1}?", "answer": 2 * i + 1, **extra} for i in range(n)]
+
+
+def test_schemas_follow_the_answer_and_splits_come_from_the_seed(tmp_path):
+    rows = sums(10) + [{"prompt": "Capital of France?", "answer": "Paris"},
+                       {"prompt": "Totals?", "answer": {"total": 3, "unit": "kg", "tags": ["a"]}}]
+    src = JsonlFile(write(tmp_path / "t.jsonl", rows), seed=1)
+    cases = src.cases(COUNTS)
+    assert [c["split"] for c in cases] == ["train"] * 6 + ["dev"] * 2 + ["test"] * 4
+    by_prompt = {c["prompt"]: c for c in cases}
+    assert by_prompt["Capital of France?"]["schema"] == "text" and by_prompt["Capital of France?"]["target"] == "Paris"
+    assert by_prompt["Totals?"]["schema"] == {"total": "int", "unit": "str", "tags": "list[str]"}
+    assert by_prompt["What is 3 + 4?"]["schema"] == "number" and by_prompt["What is 3 + 4?"]["target"] == "7"
+    again = JsonlFile(tmp_path / "t.jsonl", seed=1).cases(COUNTS)
+    other = JsonlFile(tmp_path / "t.jsonl", seed=2).cases(COUNTS)
+    assert again == cases and [c["prompt"] for c in other] != [c["prompt"] for c in cases]
+    assert src.describe()["used"] == COUNTS and src.describe()["unused"] == 0
+
+
+def test_a_files_own_splits_are_kept_and_the_surplus_is_counted(tmp_path):
+    rows = ([{**r, "split": "train"} for r in sums(8)]
+            + [{"prompt": f"dev {i}", "answer": i, "split": "dev"} for i in range(2)]
+            + [{"prompt": f"test {i}", "answer": i, "split": "test"} for i in range(5)])
+    src = JsonlFile(write(tmp_path / "t.jsonl", rows), seed=1)
+    cases = src.cases(COUNTS)
+    assert [c["prompt"] for c in cases if c["split"] == "test"] == [f"test {i}" for i in range(4)]
+    assert [c["question"]["line"] for c in cases if c["split"] == "train"] == [1, 2, 3, 4, 5, 6]
+    assert src.describe()["split_by"] == "file" and src.describe()["unused"] == 3
+    with pytest.raises(TaskFileError, match=r"too few cases for the profile \(dev: 2 of 3\)"):
+        JsonlFile(tmp_path / "t.jsonl", seed=1).cases({**COUNTS, "dev": 3})
+
+
+@pytest.mark.parametrize("rows,match", [
+    (["not json"], "line 1: not JSON"),
+    ([[1, 2]], "line 1: expected an object"),
+    ([{"prompt": "a", "answer": 1, "hint": "x"}], "line 1: unknown key.s. hint"),
+    ([{"prompt": "", "answer": 1}], "line 1: \"prompt\" must be a non-empty string"),
+    ([{"prompt": "a"}], "line 1: no \"answer\""),
+    ([{"prompt": "a", "answer": None}], "line 1: the answer's schema cannot be told"),
+    ([{"prompt": "a", "answer": {"x": 1.5}}], "line 1: the answer's schema cannot be told"),
+    ([{"prompt": "a", "answer": 1, "schema": "json"}], "line 1: \"schema\" \"json\" is none of"),
+    ([{"prompt": "a", "answer": "1", "schema": "number"}], r"line 1: the answer fails its own schema \(not_a_number\)"),
+    ([{"prompt": "a", "answer": 1, "schema": "text"}], "line 1: a \"text\" answer must be a string"),
+    ([{"prompt": "a", "answer": " Paris"}], "line 1: a \"text\" answer may not begin or end with whitespace"),
+    ([{"prompt": "a", "answer": 4, "wrong_answer": 4.0}], "line 1: \"wrong_answer\" is accepted as correct"),
+    ([{"prompt": "a", "answer": 4, "wrong_answer": "5"}], r"line 1: \"wrong_answer\" is not an answer of the case's schema \(not_a_number\)"),
+    ([{"prompt": "a", "answer": {"n": 1}, "wrong_answer": {"m": 1}}], r"not an answer of the case's schema \(missing_key:n\)"),
+    ([{"prompt": "a", "answer": 1, "split": "valid"}], "line 1: \"split\" must be one of train, dev, test"),
+    ([{"prompt": "a", "answer": 1}, "", {"prompt": "a", "answer": 2}], "line 3: the prompt of line 1 again"),
+    ([{"prompt": "a", "answer": 1, "split": "test"}, {"prompt": "b", "answer": 2}],
+     r"1 of 2 cases give a \"split\" \(line 2 does not\)"),
+])
+def test_every_refused_line_is_named(tmp_path, rows, match):
+    with pytest.raises(TaskFileError, match=match):
+        JsonlFile(write(tmp_path / "t.jsonl", rows), seed=1)
+
+
+def test_too_few_cases_and_an_unreadable_file_are_refused(tmp_path):
+    with pytest.raises(TaskFileError, match=r"has 11 cases; the profile needs 6 train \+ 2 dev \+ 4 test = 12"):
+        JsonlFile(write(tmp_path / "t.jsonl", sums(11)), seed=1).cases(COUNTS)
+    (tmp_path / "bad.jsonl").write_bytes(b"\xff\xfe")
+    with pytest.raises(TaskFileError, match="unreadable"):
+        JsonlFile(tmp_path / "bad.jsonl", seed=1)
+
+
+def test_wrong_answers_feed_the_damaged_control_or_it_is_refused(tmp_path):
+    rows = sums(12, wrong_answer=-1)
+    src = JsonlFile(write(tmp_path / "t.jsonl", rows), seed=1)
+    cases = src.cases(COUNTS)
+    wrong = src.damage(cases, 3, seed=1, required=True)
+    assert len(wrong) == 3 and set(wrong.values()) == {-1} and all(cases[i]["split"] == "train" for i in wrong)
+    assert not any("wrong_answer" in c for c in cases)  # committed only where the control trains on it
+    none = JsonlFile(write(tmp_path / "n.jsonl", sums(12)), seed=1)
+    cases = none.cases(COUNTS)
+    assert none.damage(cases, 3, seed=1, required=False) == {}
+    with pytest.raises(TaskFileError, match="wrong answers for 3 training cases, and 0 of the training cases"):
+        none.damage(cases, 3, seed=1, required=True)
+
+
+# -- the file in an experiment, prepared --------------------------------------------------------
+STUDY = '''
+name = "own"
+description = "own cases"
+generator_seed = 5
+task_file = "cases.jsonl"
+global_batch = 8
+lr = 1e-3
+serving_arm = "clean"
+{extra}
+
+[[arms]]
+name = "seed"
+kind = "seed"
+
+[[arms]]
+name = "clean"
+kind = "single"
+{arms}
+
+[acceptance]
+primary = "clean"
+min_gain_pp = 5.0
+
+[profiles.smoke]
+seed = "tiny"
+tasks = 24
+replay = 8
+dev = 4
+test = 8
+probes = 4
+updates = 4
+max_context = 320
+replay_steps = [2, 3]
+{profile}
+'''
+
+
+def study(tmp_path: Path, rows: list, *, extra: str = "", arms: str = "", profile: str = "") -> Path:
+    d = tmp_path / "config"
+    d.mkdir(exist_ok=True)
+    (d / "own.toml").write_text(STUDY.format(extra=extra, arms=arms, profile=profile), encoding="utf-8")
+    write(d / "cases.jsonl", rows)
+    return d
+
+
+def mixed(n: int) -> list[dict]:
+    return [{"prompt": f"Is {i} even or odd?", "answer": "even" if i % 2 == 0 else "odd",
+             "wrong_answer": "odd" if i % 2 == 0 else "even"} if i % 2 else
+            {"prompt": f"What is {i} + 1?", "answer": i + 1, "wrong_answer": i + 2} for i in range(n)]
+
+
+def test_a_prepared_home_commits_the_file_and_its_cases(tmp_path, tiny_seed):
+    d = study(tmp_path, mixed(40), arms='[[arms]]\nname = "damaged"\nkind = "single"\ndata = "damaged"')
+    res = prepare(resolve("own", "smoke", d), tmp_path / "h", tiny_seed)
+    p = res["prepared"]
+    ts = p["task_source"]
+    assert ts["kind"] == "jsonl" and ts["file"] == "cases.jsonl" and ts["cases"] == 40 and ts["unused"] == 4
+    assert ts["sha256"] == __import__("hashlib").sha256((d / "cases.jsonl").read_bytes()).hexdigest()
+    assert p["experiment"]["experiment"]["task_file"] == "cases.jsonl"
+    assert p["corruption"]["count"] == 6  # round(0.25 × 24), each from the file's own wrong answers
+    cases = load_cases(tmp_path / "h")
+    damaged = [c for c in cases.values() if "damaged_answer" in c]
+    assert len(damaged) == 6 and all(c["split"] == "train" for c in damaged)
+    for c in damaged:  # the file's wrong answer, written as the model is taught to write an answer
+        assert c["damaged_target"] == (c["damaged_answer"] if c["schema"] == "text" else json.dumps(c["damaged_answer"]))
+    assert {c["family"] for c in cases.values()} == {"jsonl"}
+    # a changed file is another study: the home refuses it, naming what it holds
+    write(d / "cases.jsonl", mixed(41))
+    with pytest.raises(PrepareError, match="already holds different prepared inputs"):
+        prepare(resolve("own", "smoke", d), tmp_path / "h", tiny_seed)
+
+
+def test_a_damaged_arm_without_wrong_answers_is_refused_before_anything_is_written(tmp_path, tiny_seed):
+    rows = [{k: v for k, v in r.items() if k != "wrong_answer"} for r in mixed(40)]
+    d = study(tmp_path, rows, arms='[[arms]]\nname = "damaged"\nkind = "single"\ndata = "damaged"')
+    with pytest.raises(PrepareError, match="remove the damaged arm"):
+        prepare(resolve("own", "smoke", d), tmp_path / "h", tiny_seed)
+    assert sorted(p.name for p in (tmp_path / "h").iterdir()) == []
+
+
+@pytest.mark.parametrize("where,text,named", [
+    ("extra", "heldout_test_fraction = 0.5", "heldout_test_fraction"),
+    ("profile", "records = [3, 5]", "profiles.smoke.records"),
+])
+def test_what_only_generated_families_use_is_refused_with_a_task_file(tmp_path, where, text, named):
+    d = study(tmp_path, mixed(40), **{where: text})
+    with pytest.raises(ConfigError, match=f"{named} shape.s. the generated task families"):
+        load_experiment("own", d)
+
+
+def test_the_generated_families_homes_keep_their_form(smoke_home):
+    p = read_json(smoke_home / "prepared.json")
+    assert "task_source" not in p and "task_file" not in p["experiment"]["experiment"]
