@@ -304,6 +304,11 @@ def inherit_profiles(tables: dict[str, Any], where: Path | str) -> dict[str, Any
     return {name: expand(name, ()) for name in tables}
 
 
+# what only the generated task families read: refused where written in an experiment with a task_file,
+# and shown as not used by `validate` where a default
+GENERATED_ONLY = ("heldout_test_fraction", "profile.records")
+
+
 def load_experiment(name: str, directory: Path | None = None) -> Experiment:
     d = directory or config_dir()
     path = d / f"{name}.toml"
@@ -325,8 +330,9 @@ def load_experiment(name: str, directory: Path | None = None) -> Experiment:
     if exp.name != name:
         raise ConfigError(f"{path} declares name '{exp.name}'; the file name must match")
     if exp.task_file is not None:  # what only the generated families use would be ignored: refused instead
-        unused = (["heldout_test_fraction"] if "heldout_test_fraction" in data else []) + [
-            f"profiles.{p}.records" for p, t in (written or {}).items() if isinstance(t, dict) and "records" in t]
+        unused = [k for k in GENERATED_ONLY if "." not in k and k in data] + [
+            f"profiles.{p}.{k.removeprefix('profile.')}" for k in GENERATED_ONLY if k.startswith("profile.")
+            for p, t in (written or {}).items() if isinstance(t, dict) and k.removeprefix("profile.") in t]
         if unused:
             raise ConfigError(f"{path}: {', '.join(unused)} shape(s) the generated task families, and this "
                               f"experiment's cases come from its task_file {exp.task_file}: remove them")
@@ -372,6 +378,10 @@ def origins(name: str, profile: str, directory: Path | None = None) -> dict[str,
         out[f"profile.{k}"] = (v, written_in(k))
         if k in out and v is not None:  # a profile's value of an experiment's key is the one that runs
             out[k] = (v, f"{written_in(k)}, replacing the experiment's {json.dumps(out[k][0])}")
+    if r.experiment.task_file is not None:  # defaults only the generated families read (written, they are refused)
+        for k in GENERATED_ONLY:
+            v, o = out[k]
+            out[k] = (v, f"{o}; not used: the cases come from task_file")
     return out
 
 

@@ -53,13 +53,18 @@ def place_arms(cfg: Resolved, home: Path, placement: Placement, progress: Progre
     from evidence.placement import SERVING_PROBE, not_run
     from orchestrate import placement as pl
     from orchestrate.attainability import commit_attainability
+    from orchestrate.cluster import ClusterError
     from training.results import finished
 
     d = dataclasses.replace(placement.devices(pl.trial_device(cfg)), no_serve=no_serve)
     done = {a.name for a in cfg.experiment.arms if a.trains and finished(home, a.name, a.world_size)}
     rec, now = pl.commit_placement(cfg, home, d, finished=done,
                                    probed=CommitmentLog(home).latest("serving") is not None)
-    if rec is None:
+    if rec is None:  # a home whose candidates predate committed placements: every arm and the probe run
+        if no_serve:
+            raise ClusterError(f"--no-serve: {home} committed its candidates before placements were committed, "
+                               "so nothing it runs can be left out by choice (its report expects the probe); run "
+                               "without --no-serve, or in a fresh --trials folder")
         return {}
     skipped = not_run(rec)
     if not no_serve and not now and rec["cluster"].get("no_serve"):

@@ -222,3 +222,28 @@ def test_no_serve_is_committed_and_a_later_run_cannot_drop_a_committed_probe(hom
     assert rec["serving"]["runs"]
     with pytest.raises(ClusterError, match="--no-serve cannot change a placement committed at the home's first run"):
         commit_placement(cfg, other, dataclasses.replace(d, no_serve=True))
+
+
+def test_no_serve_on_a_home_older_than_committed_placements_is_refused(home_copy):
+    """A home whose candidates were committed before placements were (every arm and the probe run) has no
+    placement to commit --no-serve in: it was silently ignored there; now refused by name (#33)."""
+    from contextlib import nullcontext
+
+    from evidence.commitments import CommitmentLog
+    from orchestrate.stages.train import place_arms
+
+    class Quiet:
+        said: list[str] = []
+        say = lambda self, label, text, style="bold": self.said.append(text)  # noqa: E731
+        line = lambda self, text: self.said.append(text)  # noqa: E731
+        status = lambda self, text: nullcontext()  # noqa: E731
+
+    class Here:
+        devices = staticmethod(lambda device: local_devices(None, "cpu"))
+
+    cfg = resolve("cooperative-learning", "smoke")
+    (home_copy / "candidates.json").write_text("{}")
+    CommitmentLog(home_copy).append("candidates", "candidates.json", {})
+    with pytest.raises(ClusterError, match="--no-serve: .* committed its candidates before placements were committed"):
+        place_arms(cfg, home_copy, Here(), Quiet(), no_serve=True)
+    assert place_arms(cfg, home_copy, Here(), Quiet()) == {} and not (home_copy / "placement.json").exists()

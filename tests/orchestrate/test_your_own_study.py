@@ -50,6 +50,7 @@ def test_the_walk_from_an_empty_folder_to_a_preserved_report(tmp_path):
     # the task file read as prepare reads it, and committed
     assert "200 cases" in out and "train 120, dev 16, test 64; 0 not used; 200 with a wrong answer" in out
     assert "tasks: cases.jsonl" in out and "30 damaged targets from its wrong answers" in out
+    assert "← default; not used: the cases come from task_file" in out  # validate: what the file leaves unread
     # the user's directory imported as a seed, with a receipt and its parameter count
     (seed,) = [d for d in (study / ".seeds").iterdir() if d.is_dir()]
     receipt = json.loads((seed / "receipt.json").read_text())
