@@ -452,6 +452,13 @@ def lineage(name: str, profile: str, directory: Path | None = None) -> list[Reso
         if n in seen:
             raise ConfigError(f"experiments' 'previous' links form a cycle through {n}")
         seen.add(n)
+        if chain and profile not in (prev := load_experiment(n, directory)).profiles:
+            after = chain[0].experiment.name
+            raise ConfigError(
+                f"{after}/{profile}: {after}'s tasks must not repeat those of {n} (its `previous`), which is "
+                f"prepared first at the same profile, and {n} has no profile '{profile}' (profiles: "
+                f"{', '.join(sorted(prev.profiles))}): add [profiles.{profile}] to {n}.toml too (`base = \"…\"` "
+                "reuses one of its profiles), or run at a profile both have")
         r = resolve(n, profile, directory)
         chain.insert(0, r)
         n = r.experiment.previous

@@ -219,3 +219,19 @@ def test_serving_requests_are_committed_only_where_a_profile_sets_them():
     with pytest.raises(ValidationError, match="serving_requests must be at least 4"):
         Profile(seed="tiny", tasks=8, replay=8, dev=1, test=1, probes=1, updates=2, max_context=64,
                 serving_requests=3)
+
+
+def test_a_new_profile_the_previous_experiment_lacks_is_refused_saying_what_to_add(tmp_path, monkeypatch):
+    """Every experiment of a lineage is prepared at the run's profile, so a profile added to one experiment
+    alone cannot run; the refusal names the experiment to add it to and why (it said only "no profile")."""
+    from training.config import lineage
+
+    src = load_experiment.__globals__["config_dir"]()
+    _ltw_copy(src, tmp_path, monkeypatch, lambda t: t + '\n[profiles.mine]\nbase = "smoke"\n')
+    with pytest.raises(ConfigError, match=r"local-training-windows/mine: local-training-windows's tasks must not "
+                                          r"repeat those of cooperative-learning .* add \[profiles.mine\] to "
+                                          r"cooperative-learning.toml too"):
+        lineage("local-training-windows", "mine")
+    coop = tmp_path / "cooperative-learning.toml"
+    coop.write_text(coop.read_text() + '\n[profiles.mine]\nbase = "smoke"\n')
+    assert [r.profile_name for r in lineage("local-training-windows", "mine")] == ["mine", "mine"]
