@@ -45,6 +45,8 @@ def target_text(answer: Any, schema: dict[str, str] | str) -> str:
 
 
 class TaskSource(Protocol):
+    collisions: int  # generated cases skipped as repeats (prepared.json's `generator_collisions_skipped`)
+
     def describe(self) -> dict[str, Any] | None:
         """What prepared.json commits about the source (None: the generated families, as before)."""
 
@@ -73,6 +75,7 @@ class Generated:
 
         identities: set[str] = set()
         prompts: set[str] = set()
+        self._tasks, self.collisions = [], 0
 
         def train_variant(i: int) -> int:
             return TRAIN_VARIANTS[(i // len(FAMILIES)) % len(TRAIN_VARIANTS)]
