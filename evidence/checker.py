@@ -21,8 +21,8 @@ the schema and whose values equal the expected ones. The semantics, in the order
 7. Values: anything else that differs from the expected object is `wrong_value:<k>`.
 
 A `"number"` answer follows rules 1–3, then must be a JSON number (`"5"`, `true`, `null`, a list
-are `not_a_number`) equal to the expected one as a number (`5` and `5.0` are the same number), else
-`wrong_value`. A `"text"` answer is the expected text exactly, once surrounding JSON whitespace is
+are `not_a_number`) equal to the expected one as an exact decimal (`5`, `5.0` and `5e0` are the same
+number; `5.0000000000000001` is not), else `wrong_value`. A `"text"` answer is the expected text exactly, once surrounding JSON whitespace is
 stripped from both, else `wrong_value`: no case, spacing or punctuation is forgiven inside it.
 
 The family semantics the expected answers follow (missing lookups are `null`, zero quantities are
@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 # Field type codes used in schemas.
@@ -132,7 +133,10 @@ def check_answer(text: str, schema: dict[str, str] | str, expected: Any) -> Verd
     if schema == NUMBER:
         if not is_number(value):
             return Verdict(False, "not_a_number")
-        return Verdict(True, "ok") if value == expected else Verdict(False, "wrong_value")
+        # exactly, as decimals: the text is the number's one token (binary floats would call
+        # 42.0000000000000001 right for 42, and 9007199254740993.0 wrong for 9007199254740993)
+        same = Decimal(text.strip(_JSON_WS)) == (Decimal(repr(expected)) if type(expected) is float else Decimal(expected))
+        return Verdict(True, "ok") if same else Verdict(False, "wrong_value")
     if not isinstance(value, dict):
         return Verdict(False, "not_an_object")
     for k in schema:

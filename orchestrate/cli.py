@@ -745,10 +745,11 @@ def validate(experiment: str = typer.Argument(..., help="an experiment's name (o
         chain = lineage(name, profile)
         values = origins(name, profile)
         cases = None
-        if (exp := chain[-1].experiment).task_file is not None:  # the file read and split as prepare will
-            src, prof = JsonlFile(exp.task_path(), exp.generator_seed), chain[-1].profile
-            src.cases({"train": prof.tasks, "dev": prof.dev, "test": prof.test})
-            cases = {**src.describe(), "path": str(exp.task_path())}
+        for step in chain:  # every task file of the lineage read and split as prepare will
+            if (exp := step.experiment).task_file is not None:
+                src, prof = JsonlFile(exp.task_path(), exp.generator_seed), step.profile
+                src.cases({"train": prof.tasks, "dev": prof.dev, "test": prof.test})
+                cases = {**src.describe(), "path": str(exp.task_path())} if step is chain[-1] else cases
     except (ConfigError, TaskFileError) as e:
         say("error:", str(e), style="bold red")
         raise typer.Exit(2)

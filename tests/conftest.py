@@ -361,10 +361,10 @@ EXPLICIT = {
     "tests/evidence/test_anchors.py::*[[]s3[]]": {"aws"},  # store_url asks for `aws` by getfixturevalue
     # a whole trial through `orchestrate run` in this process (CliRunner); its ranks are subprocesses
     "tests/orchestrate/test_cli.py::test_run_reports_an_arm_the_gpus_cannot_place_and_runs_the_rest": {"dist"},
-    "tests/training/test_seed.py::test_smollm2_135m_materializes_to_the_pinned_weights": {"slow"},
-    "tests/orchestrate/test_remote.py::test_the_hosts_wheel_holds_*": {"slow"},
+    "tests/training/test_seed.py::test_smollm2_135m_materializes_to_the_pinned_weights": {"slow"},  # the 135M GGUF
+    "tests/orchestrate/test_remote.py::test_the_hosts_wheel_holds_*": {"slow"},  # pip builds the project wheel
     # a whole trial through the page's own bash blocks (`orchestrate run` in a subprocess, ranks its children)
-    "tests/orchestrate/test_your_own_study.py::test_the_walk_*": {"dist", "slow"},  # pip builds the project wheel  # the 135M GGUF
+    "tests/orchestrate/test_your_own_study.py::test_the_walk_*": {"dist", "slow"},
 }
 MARKERS = ("unit", "dist", "ssh", "aws", "slow", "cuda")
 TESTS = Path(__file__).resolve().parent

@@ -52,7 +52,7 @@ class PrepareError(RuntimeError):
     """Prepare cannot proceed; the message names the thing and the fix."""
 
 
-def task_source(cfg: Resolved) -> "TaskSource":
+def task_source(cfg: Resolved) -> TaskSource:
     """The experiment's cases: its task_file's, else the generated families'."""
     exp, prof = cfg.experiment, cfg.profile
     if exp.task_file is not None:
@@ -61,6 +61,23 @@ def task_source(cfg: Resolved) -> "TaskSource":
         except TaskFileError as e:
             raise PrepareError(str(e)) from None
     return Generated(exp.generator_seed, tuple(prof.records), exp.heldout_test_fraction)
+
+
+def task_rows(cfg: Resolved) -> tuple[TaskSource, list[dict[str, Any]], list[int]]:
+    """(the source, every case as `inputs/tasks.jsonl` holds it, the indices of the damaged ones): the
+    damaged-target control's share of the training cases carry a wrong answer and its target."""
+    exp, prof = cfg.experiment, cfg.profile
+    source = task_source(cfg)
+    try:
+        rows = source.cases({"train": prof.tasks, "dev": prof.dev, "test": prof.test})
+        wrong = source.damage(rows, round(exp.damaged_fraction * prof.tasks), exp.generator_seed,
+                              required=any(a.data == "damaged" for a in exp.arms))
+    except TaskFileError as e:
+        raise PrepareError(str(e)) from None
+    for i in sorted(wrong):
+        rows[i]["damaged_answer"] = wrong[i]
+        rows[i]["damaged_target"] = target_text(wrong[i], rows[i]["schema"])
+    return source, rows, sorted(wrong)
 
 
 def _previous_proof(previous_home: Path, tasks: list[dict[str, Any]],
@@ -126,18 +143,7 @@ def build_inputs(cfg: Resolved, model_dir: Path, out: Path, *, replay_file: Path
     timer["seed_verify_and_tokenizer"] = time.monotonic() - t0
 
     t0 = time.monotonic()
-    source = task_source(cfg)
-    try:
-        rows = source.cases({"train": prof.tasks, "dev": prof.dev, "test": prof.test})
-        n_damaged = round(exp.damaged_fraction * prof.tasks)
-        wrong = source.damage(rows, n_damaged, exp.generator_seed,
-                              required=any(a.data == "damaged" for a in exp.arms))
-    except TaskFileError as e:
-        raise PrepareError(str(e)) from None
-    damaged_idx = sorted(wrong)
-    for i in damaged_idx:
-        rows[i]["damaged_answer"] = wrong[i]
-        rows[i]["damaged_target"] = target_text(wrong[i], rows[i]["schema"])
+    source, rows, damaged_idx = task_rows(cfg)
     timer["generate_tasks"] = time.monotonic() - t0
 
     t0 = time.monotonic()
@@ -185,10 +191,13 @@ def build_inputs(cfg: Resolved, model_dir: Path, out: Path, *, replay_file: Path
     too_big += [i for i, n in enumerate(damaged.lengths.tolist()) if n > prof.max_context]
     if too_big:
         i = too_big[0]
+        q = rows[i]["question"] if i < len(train) else {}
+        fix = (f"shorten line {q['line']} of {q['file']}" if "line" in q else
+               "lower 'records'" if i < len(train) else "lower 'replay_steps'")
         raise PrepareError(
             f"training document {i} ({'task ' + rows[i]['case_id'] if i < len(train) else 'replay'}) "
             f"has {int(max(clean.lengths[i], damaged.lengths[i]))} tokens > max_context "
-            f"{prof.max_context}; raise max_context or lower 'records' in profile {cfg.profile_name}"
+            f"{prof.max_context}; raise max_context in profile {cfg.profile_name}, or {fix}"
         )
     plan = corpus_mod.schedule(len(clean), prof.updates, cfg.global_batch, exp.generator_seed)
     timer["tokenize"] = time.monotonic() - t0
@@ -363,6 +372,11 @@ def _prepare_locked(cfg: Resolved, home: Path, model_dir: Path, replay_file: str
                 was, now = old.get("replay_source") or {}, prepared.get("replay_source") or {}
                 hint = ("" if was == now else f"; its replay was {_replay_said(was)}, this run's is "
                         f"{_replay_said(now)} (every run of a home must give the same `--replay`, or none)")
+                was, now = old.get("task_source") or {}, prepared.get("task_source") or {}
+                if was.get("sha256") != now.get("sha256"):
+                    hint += (f"; its task file was {was.get('file')} (sha256 {str(was.get('sha256'))[:12]}…), this "
+                             f"run's is {now.get('file')} (sha256 {str(now.get('sha256'))[:12]}…): a changed task "
+                             "file is another study")
                 raise PrepareError(
                     f"{existing} already holds different prepared inputs (experiment "
                     f"{old['experiment']['experiment']['name']}/{old['experiment']['profile_name']}{hint}); "

@@ -181,11 +181,12 @@ def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """Read a user-supplied replay file; any unreadable row stops with its line number."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        text = p.read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as e:
         raise ReplayFileError(f"replay file {p} is unreadable: {e}") from None
     out, seen = [], set()
-    for lineno, line in enumerate(text.splitlines(), 1):
+    # lines end at LF (and an optional CR) only: JSON strings may hold U+2028, U+0085 … unescaped
+    for lineno, line in enumerate((ln.removesuffix("\r") for ln in text.split("\n")), 1):
         if not line.strip():
             continue
         try:

@@ -23,12 +23,13 @@ refused with its line number: nothing in the file is silently dropped or reinter
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 from pathlib import Path
 from typing import Any, Protocol
 
-from evidence.canonical import canonical_sha256, file_sha256
+from evidence.canonical import canonical_sha256
 from evidence.checker import FIELD_TYPES, INT, NUMBER, STR, STR_LIST, TEXT, check_answer, is_number
 
 SPLITS = ("train", "dev", "test")
@@ -155,21 +156,33 @@ class JsonlFile:
     def __init__(self, path: Path, seed: int):
         self.path, self.seed = Path(path), seed
         self.collisions = 0
-        self.sha256 = file_sha256(self.path) if self.path.is_file() else None
         self.rows = self._read()
         self.used: dict[str, int] = {}
 
     def _bad(self, lineno: int, what: str) -> TaskFileError:
         return TaskFileError(f"task file {self.path}, line {lineno}: {what}")
 
+    def _plain_text(self, lineno: int, key: str, text: str) -> None:
+        """A text answer is trained as written and checked with surrounding whitespace stripped: an
+        empty one, or one that begins or ends with whitespace, could never be told to the model."""
+        if not text.strip(" \t\n\r"):
+            raise self._bad(lineno, f"an empty \"text\" {key} (the model's empty reply would count as it)")
+        if text != text.strip(" \t\n\r"):
+            raise self._bad(lineno, f"a \"text\" {key} may not begin or end with whitespace (the checker "
+                                    "ignores it in answers, so the model could not be told it)")
+
     def _read(self) -> list[dict[str, Any]]:
-        try:
-            text = self.path.read_text(encoding="utf-8")
+        try:  # one read: the hash committed is of the very bytes the cases come from
+            data = self.path.read_bytes()
+            text = data.decode("utf-8-sig")
         except (OSError, UnicodeDecodeError) as e:
             raise TaskFileError(f"task file {self.path} is unreadable: {e}") from None
+        self.sha256 = hashlib.sha256(data).hexdigest()
         out: list[dict[str, Any]] = []
         first_line: dict[str, int] = {}
-        for lineno, line in enumerate(text.splitlines(), 1):
+        # lines end at LF (and an optional CR) only: JSON strings may hold U+2028, U+0085 … unescaped
+        for lineno, line in enumerate(text.split("\n"), 1):
+            line = line.removesuffix("\r")
             if not line.strip():
                 continue
             try:
@@ -199,9 +212,8 @@ class JsonlFile:
             target = target_text(answer, schema)
             if not (v := check_answer(target, schema, answer)).correct:
                 raise self._bad(lineno, f"the answer fails its own schema ({v.reason})")
-            if schema == TEXT and target != target.strip(" \t\n\r"):
-                raise self._bad(lineno, "a \"text\" answer may not begin or end with whitespace (the checker "
-                                        "ignores it in answers, so the model could not be told it)")
+            if schema == TEXT:
+                self._plain_text(lineno, "answer", answer)
             case: dict[str, Any] = {"line": lineno, "prompt": prompt, "answer": answer, "schema": schema,
                                     "target": target, "id": row.get("id"),
                                     "family": row.get("family", "jsonl"), "split": row.get("split")}
@@ -213,6 +225,8 @@ class JsonlFile:
                 wrong = row["wrong_answer"]
                 if schema == TEXT and type(wrong) is not str:
                     raise self._bad(lineno, "a \"text\" case's wrong_answer must be a string")
+                if schema == TEXT:
+                    self._plain_text(lineno, "wrong_answer", wrong)
                 v = check_answer(target_text(wrong, schema), schema, answer)
                 if v.correct:
                     raise self._bad(lineno, "\"wrong_answer\" is accepted as correct by the checker")

@@ -29,7 +29,8 @@ def seed_from_model_dir(model_dir: Path, seeds: Path, progress: Progress) -> Pat
     receipt) is verified and used where it is; any other Hugging Face directory is imported once, with
     a receipt, under `seeds/local-<its content digest>`: a directory whose files change later is
     another seed, never the copy of the old one."""
-    from evidence.receipts import RECEIPT_NAME, make_receipt
+    from evidence.canonical import canonical_sha256, file_sha256
+    from evidence.receipts import RECEIPT_NAME
     from training.seed import SeedError, materialize, verify_seed
 
     if not model_dir.is_dir():
@@ -37,12 +38,16 @@ def seed_from_model_dir(model_dir: Path, seeds: Path, progress: Progress) -> Pat
     if (model_dir / RECEIPT_NAME).is_file():
         verify_seed(model_dir)
         return model_dir
-    with progress.status(f"hashing {model_dir}…"):
-        digest = make_receipt(model_dir)["digest"]
-    out = seeds / f"local-{digest[:16]}"
+    with progress.status(f"hashing {model_dir}…"):  # the files an import copies (training.seed: top level)
+        table = {p.name: file_sha256(p) for p in sorted(model_dir.iterdir())
+                 if p.is_file() and not p.name.startswith(".") and p.name != RECEIPT_NAME}
+    out = seeds / f"local-{canonical_sha256(table)[:16]}"
     progress.say("seed", f"{model_dir} → {out}" + (" (imported before: verified)" if out.exists() else " (imported, with a receipt)"))
     with progress.status("importing / verifying the seed…"):
-        materialize("local", out, source=str(model_dir), say=lambda m: progress.say("seed", m))
+        receipt = materialize("local", out, source=str(model_dir), say=lambda m: progress.say("seed", m))
+    if {k: v["sha256"] for k, v in receipt["files"].items()} != table:  # the name must say what it holds
+        raise SeedError(f"{out} does not hold the files {model_dir} had when it was hashed (did they change while "
+                        f"it was imported?): remove {out} and run again")
     return out
 
 

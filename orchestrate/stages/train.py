@@ -58,10 +58,10 @@ def place_arms(cfg: Resolved, home: Path, placement: Placement, progress: Progre
 
     d = dataclasses.replace(placement.devices(pl.trial_device(cfg)), no_serve=no_serve)
     done = {a.name for a in cfg.experiment.arms if a.trains and finished(home, a.name, a.world_size)}
-    rec, now = pl.commit_placement(cfg, home, d, finished=done,
-                                   probed=CommitmentLog(home).latest("serving") is not None)
+    probed = CommitmentLog(home).latest("serving") is not None
+    rec, now = pl.commit_placement(cfg, home, d, finished=done, probed=probed)
     if rec is None:  # a home whose candidates predate committed placements: every arm and the probe run
-        if no_serve:
+        if no_serve and not probed:  # (a probe already run: --no-serve leaves out nothing there)
             raise ClusterError(f"--no-serve: {home} committed its candidates before placements were committed, "
                                "so nothing it runs can be left out by choice (its report expects the probe); run "
                                "without --no-serve, or in a fresh --trials folder")

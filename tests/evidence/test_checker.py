@@ -105,6 +105,11 @@ def test_deep_nesting_is_malformed_not_a_crash():
     ("NaN", 1321, "non_finite_number"),
     ("1e400", 1321, "non_finite_number"),
     ("0x52A", 1321, "trailing_text"),  # JSON has no hex: the leading 0 is a number, the rest trails
+    ("1.321e3", 1321, "ok"),
+    ("42.0000000000000001", 42, "wrong_value"),   # exact: not equal once rounded to a binary float
+    ("9007199254740993.0", 9007199254740993, "ok"),  # 2**53 + 1: lost by a float, kept as a decimal
+    ("0.10", 0.1, "ok"),              # the expected 0.1 is the decimal the file wrote, not its binary float
+    ("0.30000000000000004", 0.3, "wrong_value"),
 ])
 def test_a_number_answer(text, expected, reason):
     assert check_answer(text, "number", expected).reason == reason

@@ -46,6 +46,14 @@ def test_a_model_directory_is_imported_once_by_its_content(tiny_seed, tmp_path):
     cfg.write_text(cfg.read_text().replace("{", '{"_edited": true, ', 1))
     second = seed_from_model_dir(mine, seeds, p)
     assert second != first and read_json(first / "receipt.json") == r
+    # a name holds what it says: a copy under it of other files is refused, never used
+    from evidence.canonical import canonical_sha256, file_sha256
+
+    cfg.write_text(cfg.read_text().replace("{", '{"_again": true, ', 1))
+    table = {p.name: file_sha256(p) for p in sorted(mine.iterdir()) if p.is_file()}
+    shutil.copytree(first, seeds / f"local-{canonical_sha256(table)[:16]}")
+    with pytest.raises(SeedError, match="does not hold the files .* had when it was hashed"):
+        seed_from_model_dir(mine, seeds, p)
     # a seed directory (it holds its receipt) is verified and used where it is
     assert seed_from_model_dir(tiny_seed, seeds, p) == tiny_seed
     with pytest.raises(SeedError, match="is not a directory"):

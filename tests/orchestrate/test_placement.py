@@ -247,3 +247,7 @@ def test_no_serve_on_a_home_older_than_committed_placements_is_refused(home_copy
     with pytest.raises(ClusterError, match="--no-serve: .* committed its candidates before placements were committed"):
         place_arms(cfg, home_copy, Here(), Quiet(), no_serve=True)
     assert place_arms(cfg, home_copy, Here(), Quiet()) == {} and not (home_copy / "placement.json").exists()
+    for kind in ("selection", "serving"):  # its probe has run: --no-serve would leave out nothing
+        (home_copy / f"{kind}.json").write_text("{}")
+        CommitmentLog(home_copy).append(kind, f"{kind}.json", {})
+    assert place_arms(cfg, home_copy, Here(), Quiet(), no_serve=True) == {}

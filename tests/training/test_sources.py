@@ -57,6 +57,8 @@ def test_a_files_own_splits_are_kept_and_the_surplus_is_counted(tmp_path):
 
 @pytest.mark.parametrize("rows,match", [
     (["not json"], "line 1: not JSON"),
+    ([{"prompt": "a", "answer": ""}], "line 1: an empty \"text\" answer"),
+    ([{"prompt": "a", "answer": "odd", "wrong_answer": "even\n"}], "line 1: a \"text\" wrong_answer may not begin or end"),
     ([[1, 2]], "line 1: expected an object"),
     ([{"prompt": "a", "answer": 1, "hint": "x"}], "line 1: unknown key.s. hint"),
     ([{"prompt": "", "answer": 1}], "line 1: \"prompt\" must be a non-empty string"),
@@ -78,6 +80,19 @@ def test_a_files_own_splits_are_kept_and_the_surplus_is_counted(tmp_path):
 def test_every_refused_line_is_named(tmp_path, rows, match):
     with pytest.raises(TaskFileError, match=match):
         JsonlFile(write(tmp_path / "t.jsonl", rows), seed=1)
+
+
+def test_lines_end_at_newlines_only_and_a_byte_order_mark_is_read(tmp_path):
+    """JSON strings may hold U+2028 or U+0085 unescaped (json.dumps(ensure_ascii=False) writes them so):
+    splitting on every Unicode line break refused such a line as broken JSON, with the wrong line number."""
+    rows = [{"prompt": f"Say\u2028{i}\u0085now", "answer": i} for i in range(3)] + ['{"prompt": "x", "answer": 1, "hint": 2}']
+    f = tmp_path / "t.jsonl"
+    f.write_bytes(b"\xef\xbb\xbf" + "".join((r if isinstance(r, str) else json.dumps(r, ensure_ascii=False)) + "\r\n"
+                                          for r in rows).encode())
+    with pytest.raises(TaskFileError, match="line 4: unknown key"):
+        JsonlFile(f, seed=1)
+    f.write_bytes(f.read_bytes().rsplit(b"\r\n", 2)[0] + b"\r\n")
+    assert [c["prompt"] for c in JsonlFile(f, seed=1).rows] == [f"Say\u2028{i}\u0085now" for i in range(3)]
 
 
 def test_too_few_cases_and_an_unreadable_file_are_refused(tmp_path):
@@ -171,7 +186,8 @@ def test_a_prepared_home_commits_the_file_and_its_cases(tmp_path, tiny_seed):
     assert {c["family"] for c in cases.values()} == {"jsonl"}
     # a changed file is another study: the home refuses it, naming what it holds
     write(d / "cases.jsonl", mixed(41))
-    with pytest.raises(PrepareError, match="already holds different prepared inputs"):
+    with pytest.raises(PrepareError, match=r"already holds different prepared inputs .*; its task file was "
+                                           r"cases.jsonl \(sha256 \w{12}…\), this run's is cases.jsonl"):
         prepare(resolve("own", "smoke", d), tmp_path / "h", tiny_seed)
 
 
@@ -193,6 +209,29 @@ def test_what_only_generated_families_use_is_refused_with_a_task_file(tmp_path, 
         load_experiment("own", d)
 
 
+def test_the_generated_cases_are_those_the_families_made_before_the_sources():
+    """cooperative-learning's smoke cases, written as prepare writes inputs/tasks.jsonl, hash to the file the
+    code before the task sources wrote (306ec79): the generated source is the same generator, the same
+    random draws in the same order, the same damaged answers."""
+    import hashlib
+
+    from training.prepare import task_rows
+
+    _, rows, damaged = task_rows(resolve("cooperative-learning", "smoke"))
+    text = "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows)
+    assert len(damaged) == 24
+    assert hashlib.sha256(text.encode()).hexdigest() == "10d161dc50411991e4e9c607444492a428fc5b58b1d09be5e2adb680fc4efe1c"
+
+
 def test_the_generated_families_homes_keep_their_form(smoke_home):
     p = read_json(smoke_home / "prepared.json")
     assert "task_source" not in p and "task_file" not in p["experiment"]["experiment"]
+
+
+def test_a_replay_file_splits_lines_as_a_task_file_does(tmp_path):
+    from training.replay import load_jsonl
+
+    msgs = [{"role": "user", "content": "Say\u2028hi"}, {"role": "assistant", "content": "hi\u0085there"}]
+    f = tmp_path / "r.jsonl"
+    f.write_bytes(b"\xef\xbb\xbf" + (json.dumps({"messages": msgs}, ensure_ascii=False) + "\r\n").encode())
+    assert [r["messages"] for r in load_jsonl(f)] == [msgs]
