@@ -393,6 +393,8 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
                   f"{x['payload_bytes_per_sync'] / GB:,.2f} GB", f"{x['host_bytes_rx_plus_tx'] / 1e12:,.3f} TB",
                   f"{x['cross_zone_bytes'] / 1e12:,.3f} TB", f"{usd[x['arm']]:,.2f}")
     con.print(t)
+    for sc in est["scaled"]:  # the arm's own value does not run: said beside what the plan priced
+        print(f"  {sc['arm']}: {sc['key']} = {sc['profile']} (profile {est['profile']}; the arm's own: {sc['arm_own']})")
     if placed is not None:
         print(f"GPUs: {placed['cluster']['gpus_per_host']} per host ({placed['cluster']['gpus_from']}), one rank per "
               f"host; an arm that does not fit is not run (`orchestrate run` trains the others)")

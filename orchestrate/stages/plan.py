@@ -88,6 +88,8 @@ def plan_arm(cfg: TrialConfig, stack: Path, arm: str, *, wheelhouse: Optional[Pa
     return {**est, "arm": arm, "experiment": exp.name, "profile": profile, "hours": cfg.hours,
             "deadline": cfg.deadline and cfg.deadline.isoformat(), "vcpu": vcpu,
             "placement": placed, "staging": staging, "zones": zones, "attainability": attainable,
+            # an arm setting the profile replaces (its H, its dense warmup): priced as it runs, and said
+            "scaled": [{"arm": a, "key": k, "arm_own": own, "profile": v} for a, k, own, v in resolved.scaled()],
             "problems": problems}
 
 

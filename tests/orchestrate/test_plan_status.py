@@ -84,6 +84,14 @@ def test_plan_refuses_over_the_quota(monkeypatch, tmp_path):
                                  "profile gpu") in " ".join(r.output.split())
     r = CliRunner().invoke(app, ["plan", "diloco-four", "--stack", stack, "--no-quota", "--profile", "smoke"])
     assert r.exit_code == 2 and "this plan is of local-training-windows at profile smoke" in " ".join(r.output.split())
+    # a profile that replaces an arm's own setting: the plan prices it as it runs and says so (#33)
+    (tmp_path / "smoke").mkdir()
+    smoke = example_stack(tmp_path / "smoke", profile="smoke")
+    r = CliRunner().invoke(app, ["plan", "diloco-four", "--stack", str(smoke), "--no-quota", "--profile", "smoke"])
+    assert "diloco-four: sync_every = 4 (profile smoke; the arm's own: 16)" in r.output, r.output
+    diloco = next(x for x in json.loads(CliRunner().invoke(app, ["plan", "diloco-four", "--stack", str(smoke),
+                  "--no-quota", "--profile", "smoke", "--json"]).output)["traffic"] if x["arm"] == "diloco-four")
+    assert diloco["synchronizations"] == 16 // 4
 
 
 def test_status_of_the_embedded_cluster(trained, aws, tmp_path, zombie):
