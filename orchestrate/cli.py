@@ -740,7 +740,7 @@ def validate(experiment: str = typer.Argument(..., help="an experiment's name (o
     import json
 
     from training.config import ConfigError, address, lineage, origins
-    from training.sources import TaskFileError, JsonlFile
+    from training.sources import JsonlFile, TaskFileError
 
     try:
         name = address(experiment)[0]
