@@ -82,12 +82,12 @@ def _float(text: str) -> float:
 
 
 _DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_constant, parse_float=_float)
-_JSON_WS = " \t\n\r"
+JSON_WS = " \t\n\r"  # the only whitespace an answer may carry around it
 
 
 def parse_strict(text: str) -> tuple[Any, str | None]:
     """Parse one JSON value; return (value, None) or (None, reason)."""
-    s = text.strip(_JSON_WS)
+    s = text.strip(JSON_WS)
     try:
         value, end = _DECODER.raw_decode(s)
     except _Duplicate as e:
@@ -96,7 +96,7 @@ def parse_strict(text: str) -> tuple[Any, str | None]:
         return None, "non_finite_number"
     except (json.JSONDecodeError, RecursionError, ValueError):
         return None, "malformed_json"
-    if s[end:].strip(_JSON_WS):
+    if s[end:].strip(JSON_WS):
         return None, "trailing_text"
     return value, None
 
@@ -123,7 +123,7 @@ def check_answer(text: str, schema: dict[str, str] | str, expected: Any) -> Verd
     if schema == TEXT:
         if type(expected) is not str:
             raise ValueError("a text schema's expected answer is a string")
-        ok = text.strip(_JSON_WS) == expected.strip(_JSON_WS)
+        ok = text.strip(JSON_WS) == expected.strip(JSON_WS)
         return Verdict(ok, "ok" if ok else "wrong_value")
     if isinstance(schema, str) and schema != NUMBER:
         raise ValueError(f"unknown answer schema {schema!r} (an object's fields, {NUMBER!r} or {TEXT!r})")
@@ -135,7 +135,7 @@ def check_answer(text: str, schema: dict[str, str] | str, expected: Any) -> Verd
             return Verdict(False, "not_a_number")
         # exactly, as decimals: the text is the number's one token (binary floats would call
         # 42.0000000000000001 right for 42, and 9007199254740993.0 wrong for 9007199254740993)
-        same = Decimal(text.strip(_JSON_WS)) == (Decimal(repr(expected)) if type(expected) is float else Decimal(expected))
+        same = Decimal(text.strip(JSON_WS)) == (Decimal(repr(expected)) if type(expected) is float else Decimal(expected))
         return Verdict(True, "ok") if same else Verdict(False, "wrong_value")
     if not isinstance(value, dict):
         return Verdict(False, "not_an_object")

@@ -740,7 +740,8 @@ def validate(experiment: str = typer.Argument(..., help="an experiment's name (o
     import json
 
     from training.config import ConfigError, address, lineage, origins
-    from training.sources import JsonlFile, TaskFileError
+    from training.prepare import PrepareError, task_source
+    from training.sources import TaskFileError
 
     try:
         name = address(experiment)[0]
@@ -748,11 +749,10 @@ def validate(experiment: str = typer.Argument(..., help="an experiment's name (o
         values = origins(name, profile)
         cases = None
         for step in chain:  # every task file of the lineage read and split as prepare will
-            if (exp := step.experiment).task_file is not None:
-                src, prof = JsonlFile(exp.task_path(), exp.generator_seed), step.profile
-                src.cases({"train": prof.tasks, "dev": prof.dev, "test": prof.test})
-                cases = {**src.describe(), "path": str(exp.task_path())} if step is chain[-1] else cases
-    except (ConfigError, TaskFileError) as e:
+            if step.experiment.task_file is not None:
+                (src := task_source(step)).cases(step.split_counts)
+                cases = {**src.describe(), "path": str(step.experiment.task_path())} if step is chain[-1] else cases
+    except (ConfigError, PrepareError, TaskFileError) as e:
         say("error:", str(e), style="bold red")
         raise typer.Exit(2)
     if as_json:

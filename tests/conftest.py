@@ -190,6 +190,24 @@ def home_copy(smoke_home, tmp_path) -> Path:
     return dst
 
 
+class QuietProgress:
+    """A stage's progress (orchestrate.progress.Progress) that shows nothing and keeps what it was told."""
+
+    def __init__(self):
+        self.said: list[str] = []
+
+    def say(self, label: str, text: str, style: str = "bold") -> None:
+        self.said.append(f"{label} {text}")
+
+    def line(self, text: str) -> None:
+        self.said.append(text)
+
+    def status(self, text: str):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
 def run_cli(*args: str, stdin: str = "", cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:
     """`timeout` guards against a hang, not a speed: a whole trial on four hosts needs more."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")

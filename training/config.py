@@ -204,6 +204,11 @@ class Resolved(_Strict):
         return self.profile.tasks + self.profile.replay
 
     @property
+    def split_counts(self) -> dict[str, int]:
+        """How many cases each split takes from the task source."""
+        return {"train": self.profile.tasks, "dev": self.profile.dev, "test": self.profile.test}
+
+    @property
     def epochs(self) -> int:
         return self.profile.updates * self.global_batch // self.documents
 

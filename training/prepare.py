@@ -69,7 +69,7 @@ def task_rows(cfg: Resolved) -> tuple[TaskSource, list[dict[str, Any]], list[int
     exp, prof = cfg.experiment, cfg.profile
     source = task_source(cfg)
     try:
-        rows = source.cases({"train": prof.tasks, "dev": prof.dev, "test": prof.test})
+        rows = source.cases(cfg.split_counts)
         wrong = source.damage(rows, round(exp.damaged_fraction * prof.tasks), exp.generator_seed,
                               required=any(a.data == "damaged" for a in exp.arms))
     except TaskFileError as e:

@@ -135,6 +135,13 @@ def _materialize_tiny(tmp: Path) -> dict[str, Any]:
             "parameters": sum(p.numel() for p in model.parameters())}
 
 
+def import_files(source: Path) -> list[Path]:
+    """The files a `local` import copies from a Hugging Face directory: its top-level files, hidden ones
+    and a receipt of its own left out (the copy gets its own receipt)."""
+    return [p for p in sorted(source.iterdir())
+            if p.is_file() and not p.name.startswith(".") and p.name != RECEIPT_NAME]
+
+
 def _import_local(tmp: Path, source: Path) -> dict[str, Any]:
     if not (source / "config.json").is_file():
         raise SeedError(f"{source} is not a Hugging Face model directory (no config.json)")
@@ -144,9 +151,8 @@ def _import_local(tmp: Path, source: Path) -> dict[str, Any]:
         raise SeedError(f"{source} has no chat template (neither chat_template.jinja nor a \"chat_template\" "
                         "in tokenizer_config.json): every prompt is built with it, for training and scoring "
                         "alike; add the template your model was trained with as chat_template.jinja")
-    for p in sorted(source.iterdir()):
-        if p.is_file() and not p.name.startswith(".") and p.name != RECEIPT_NAME:
-            shutil.copy2(p, tmp / p.name)
+    for p in import_files(source):
+        shutil.copy2(p, tmp / p.name)
     return {"source": {"format": "huggingface-directory"}}
 
 

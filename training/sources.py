@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from evidence.canonical import canonical_sha256
-from evidence.checker import FIELD_TYPES, INT, NUMBER, STR, STR_LIST, TEXT, check_answer, is_number
+from evidence.checker import FIELD_TYPES, INT, JSON_WS, NUMBER, STR, STR_LIST, TEXT, check_answer, is_number
 
 SPLITS = ("train", "dev", "test")
 JSONL_KEYS = {"prompt", "answer", "schema", "wrong_answer", "split", "family", "id"}
@@ -165,9 +165,9 @@ class JsonlFile:
     def _plain_text(self, lineno: int, key: str, text: str) -> None:
         """A text answer is trained as written and checked with surrounding whitespace stripped: an
         empty one, or one that begins or ends with whitespace, could never be told to the model."""
-        if not text.strip(" \t\n\r"):
+        if not text.strip(JSON_WS):
             raise self._bad(lineno, f"an empty \"text\" {key} (the model's empty reply would count as it)")
-        if text != text.strip(" \t\n\r"):
+        if text != text.strip(JSON_WS):
             raise self._bad(lineno, f"a \"text\" {key} may not begin or end with whitespace (the checker "
                                     "ignores it in answers, so the model could not be told it)")
 

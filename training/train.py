@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from evidence.canonical import canonical_sha256, fsync_dir, fsync_file, read_json, write_json_atomic
 from evidence.commitments import CommitmentLog
-from evidence.receipts import make_receipt, verify_receipt
+from evidence.receipts import RECEIPT_NAME, make_receipt, verify_receipt
 from training.arms import KINDS
 from training.checkpoint.disk_baseline import io_baseline
 from training.config import Arm, ConfigError, Experiment, Resolved
@@ -46,7 +46,7 @@ def seed_files_kept(seed_dir: Path, saved: set[str]) -> list[Path]:
     from fnmatch import fnmatch
 
     return [p for p in sorted(seed_dir.iterdir())
-            if p.is_file() and not p.name.startswith(".") and p.name != "receipt.json"
+            if p.is_file() and not p.name.startswith(".") and p.name != RECEIPT_NAME
             and not any(fnmatch(p.name, w) for w in SEED_WEIGHTS)
             and (p.name not in saved or p.name in SEED_KEPT_OVER_SAVED)]
 

@@ -31,16 +31,15 @@ def seed_from_model_dir(model_dir: Path, seeds: Path, progress: Progress) -> Pat
     another seed, never the copy of the old one."""
     from evidence.canonical import canonical_sha256, file_sha256
     from evidence.receipts import RECEIPT_NAME
-    from training.seed import SeedError, materialize, verify_seed
+    from training.seed import SeedError, import_files, materialize, verify_seed
 
     if not model_dir.is_dir():
         raise SeedError(f"--model-dir {model_dir} is not a directory")
     if (model_dir / RECEIPT_NAME).is_file():
         verify_seed(model_dir)
         return model_dir
-    with progress.status(f"hashing {model_dir}…"):  # the files an import copies (training.seed: top level)
-        table = {p.name: file_sha256(p) for p in sorted(model_dir.iterdir())
-                 if p.is_file() and not p.name.startswith(".") and p.name != RECEIPT_NAME}
+    with progress.status(f"hashing {model_dir}…"):  # the files an import copies
+        table = {p.name: file_sha256(p) for p in import_files(model_dir)}
     out = seeds / f"local-{canonical_sha256(table)[:16]}"
     progress.say("seed", f"{model_dir} → {out}" + (" (imported before: verified)" if out.exists() else " (imported, with a receipt)"))
     with progress.status("importing / verifying the seed…"):

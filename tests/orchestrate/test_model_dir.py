@@ -5,30 +5,15 @@ is, and what a trained model keeps of its seed is every tokenizer file and never
 from __future__ import annotations
 
 import shutil
-from contextlib import nullcontext
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from conftest import QuietProgress as Quiet
 from evidence.canonical import read_json
 from orchestrate.stages.prepare import seed_from_model_dir
 from training.seed import SeedError
 from training.train import seed_files_kept
-
-
-class Quiet:
-    def __init__(self):
-        self.said: list[str] = []
-
-    def say(self, label, text, style="bold"):
-        self.said.append(f"{label} {text}")
-
-    def line(self, text):
-        self.said.append(text)
-
-    def status(self, text):
-        return nullcontext()
 
 
 def test_a_model_directory_is_imported_once_by_its_content(tiny_seed, tmp_path):

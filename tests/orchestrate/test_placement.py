@@ -227,16 +227,9 @@ def test_no_serve_is_committed_and_a_later_run_cannot_drop_a_committed_probe(hom
 def test_no_serve_on_a_home_older_than_committed_placements_is_refused(home_copy):
     """A home whose candidates were committed before placements were (every arm and the probe run) has no
     placement to commit --no-serve in: it was silently ignored there; now refused by name (#33)."""
-    from contextlib import nullcontext
-
+    from conftest import QuietProgress as Quiet
     from evidence.commitments import CommitmentLog
     from orchestrate.stages.train import place_arms
-
-    class Quiet:
-        said: list[str] = []
-        say = lambda self, label, text, style="bold": self.said.append(text)  # noqa: E731
-        line = lambda self, text: self.said.append(text)  # noqa: E731
-        status = lambda self, text: nullcontext()  # noqa: E731
 
     class Here:
         devices = staticmethod(lambda device: local_devices(None, "cpu"))
