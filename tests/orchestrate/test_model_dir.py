@@ -24,7 +24,7 @@ def test_a_model_directory_is_imported_once_by_its_content(tiny_seed, tmp_path):
     first = seed_from_model_dir(mine, seeds, p)
     assert first.parent == seeds and first.name.startswith("local-") and "(imported, with a receipt)" in p.said[-1]
     r = read_json(first / "receipt.json")
-    assert r["meta"]["kind"] == "local" and r["parameters"] == 3219776
+    assert r["meta"]["kind"] == "local" and r["parameters"] == 205_120
     assert seed_from_model_dir(mine, seeds, p) == first and "(imported before: verified)" in p.said[-1]
     # the user edits their directory: another seed, the first one left as it was
     cfg = (mine / "generation_config.json")

@@ -185,7 +185,7 @@ def test_powersgd_compresses_after_warmup_and_replicas_agree(two, ortho):
 def test_powersgd_orthogonalizations_compress_alike(two):
     """The Cholesky QR gives another orthonormal basis of the same span, and the compressed gradient
     P·Pᵀ·M does not depend on the basis: the same bytes sent, the same gradient norms and losses to
-    rounding. Rounding here is FP32 over the 49,152-row embedding: its compressed gradient differs by
+    rounding. Rounding here is FP32 over the 2,048-row embedding: its compressed gradient differs by
     ~1e-4 (relative) between any two orthogonalizations, torch's own Gram-Schmidt and Householder
     QR included. (Parameters are not compared: Adam turns rounding in a near-zero gradient element
     into a step of up to lr; tests/training/test_powersgd.py compares the gradients themselves.)"""
