@@ -1,7 +1,10 @@
 """Test hosts: network namespaces on 198.18.0.0/24, each running a real OpenSSH `sshd` (needs root).
 
-    root namespace   bridge tb<tag>  198.18.0.1   (the operator / controller)
-    host k           netns tn<tag>-k, eth0 198.18.0.(10+k), sshd on port 22, its own root directory
+The /24 holds two slots, 198.18.0.0/25 and 198.18.0.128/25, so two sets can live at once (the test
+suite's two workers each build theirs, `TRIALS_NETNS_SLOT`: tests/conftest.py); in slot s (base b = 128·s):
+
+    root namespace   bridge tb<tag>  198.18.0.(b+1)/25   (the operator / controller)
+    host k           netns tn<tag>-k, eth0 198.18.0.(b+10+k), sshd on port 22, its own root directory
 
 Each host gets its own ed25519 host key (pinned for the SSH transport — no key is ever accepted
 blindly) and accepts one client key generated for the set. A firewall in each namespace plays the
@@ -11,15 +14,15 @@ then the namespaces and the bridge. Namespaces share the filesystem, so each hos
 own root directory.
 
 Links and namespaces outlive the process that made them: a test run killed mid-way (a session that
-ends, a CI job cancelled) leaves its bridge holding 198.18.0.1/24, and every later set would route
-into it and time out. Two sets cannot share the subnet either. So a live set holds a machine-wide
-lock (/run/trials-netns.lock, flock: the kernel drops it with its process) for its whole life; the
-next set waits for it, bounded by `wait_s`, and once it holds it, any test bridge still in the subnet
-was left by a set that is gone: it is reclaimed (its namespaces' processes ended by pid, then the
-namespaces and links). Each bridge also names its owner (pid and start time) in its alias, for the
-one case the lock cannot see: a set from code older than the lock, still running, is refused by name.
-An address in the subnet that is not a test bridge is refused at once, and left alone.
-"""
+ends, a CI job cancelled) leaves its bridge holding its slot's operator address, and every later set in
+that slot would route into it and time out. Two sets cannot share a slot either. So a live set holds
+its slot's machine-wide lock (/run/trials-netns-<slot>.lock, flock: the kernel drops it with its
+process) for its whole life; the next set for that slot waits for it, bounded by `wait_s`, and once it
+holds it, any test bridge still in the slot was left by a set that is gone: it is reclaimed (its
+namespaces' processes ended by pid, then the namespaces and links). Each bridge also names its owner
+(pid and start time) in its alias, for the one case the lock cannot see: a set from code older than
+the lock, still running, is refused by name. An address in the slot that is not a test bridge is
+refused at once, and left alone."""
 
 from __future__ import annotations
 
@@ -36,7 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SUBNET = "198.18.0"
-LOCK = Path("/run/trials-netns.lock")
+SLOTS = 2  # /25 halves of the /24
+SLOT_ENV = "TRIALS_NETNS_SLOT"  # which slot a set takes unless told (default 0)
 _OPEN_HERE = 0  # sets open in this process (a second would wait on its own lock)
 _BRIDGE = re.compile(r"tb([0-9a-f]{4})")
 _OWNER = re.compile(r"trials-netns owner=(\d+):(\d+)")
@@ -47,7 +51,23 @@ class NetnsError(RuntimeError):
 
 
 class SubnetBusy(NetnsError):
-    """Another live set of test hosts holds the subnet."""
+    """Another live set of test hosts holds the slot."""
+
+
+def slot_base(slot: int) -> int:
+    """The slot's first address's last octet: 0 or 128."""
+    if not 0 <= slot < SLOTS:
+        raise NetnsError(f"test-host slot {slot} does not exist (0 … {SLOTS - 1}; {SLOT_ENV})")
+    return 128 * slot
+
+
+def lock_path(slot: int) -> Path:
+    return Path(f"/run/trials-netns-{slot}.lock")
+
+
+def in_slot(address: str, slot: int) -> bool:
+    head, _, last = address.rpartition(".")
+    return head == SUBNET and last.isdigit() and slot_base(slot) <= int(last) < slot_base(slot) + 128
 
 
 def _start_time(pid: int) -> int | None:
@@ -73,6 +93,16 @@ def _sh(*argv: str) -> str:
     if p.returncode != 0:
         raise NetnsError(f"{' '.join(argv)} failed ({p.returncode}): {p.stderr.strip()}")
     return p.stdout
+
+
+def default_slot() -> int:
+    return int(os.environ.get(SLOT_ENV, "0") or 0)
+
+
+def operator_address(slot: int | None = None) -> str:
+    """The bridge's address in `slot` (default: this process's): where the hosts reach this machine
+    (a test's moto server), known before the set is built."""
+    return f"{SUBNET}.{slot_base(default_slot() if slot is None else slot) + 1}"
 
 
 @dataclass
@@ -101,6 +131,7 @@ class NetnsHosts:
     user: str = "root"
     wait_s: float = 1800.0  # for another live set to end (another suite's SSH module lasts minutes)
     env: dict[str, str] = field(default_factory=dict)  # set in every session (sshd's SetEnv), as a host's own
+    slot: int = field(default_factory=lambda: default_slot())
 
     @property
     def bridge(self) -> str:
@@ -108,7 +139,10 @@ class NetnsHosts:
 
     @property
     def operator(self) -> str:
-        return f"{SUBNET}.1"
+        return operator_address(self.slot)
+
+    def address_of(self, k: int) -> str:
+        return f"{SUBNET}.{slot_base(self.slot) + 10 + k}"
 
     def __enter__(self) -> "NetnsHosts":
         global _OPEN_HERE
@@ -118,8 +152,11 @@ class NetnsHosts:
             if shutil.which(tool) is None:
                 raise NetnsError(f"{tool} is missing: apt-get install -y openssh-server iproute2 iptables")
         if _OPEN_HERE:
-            raise NetnsError("a set of test hosts is already open in this process: two cannot share the subnet; "
+            raise NetnsError("a set of test hosts is already open in this process: two cannot share the slot; "
                              "close it first")
+        if not 0 < self.count <= 100:
+            raise NetnsError(f"a set holds 1 … 100 hosts, not {self.count}")
+        slot_base(self.slot)
         self._take_subnet()
         _OPEN_HERE += 1
         try:
@@ -130,12 +167,13 @@ class NetnsHosts:
         return self
 
     def _take_subnet(self) -> None:
-        """The machine-wide lock that one live set holds for its whole life: a second set waits for it
-        (bounded), so no two build at once, and whatever a set finds in the subnet once it holds the
-        lock was left by a set that is gone."""
+        """The slot's machine-wide lock that one live set holds for its whole life: a second set for the
+        slot waits for it (bounded), so no two build at once, and whatever a set finds in the slot once it
+        holds the lock was left by a set that is gone."""
         import fcntl
 
-        self._lock = open(LOCK, "a+")
+        lock = lock_path(self.slot)
+        self._lock = open(lock, "a+")
         deadline = time.monotonic() + self.wait_s
         while True:
             try:
@@ -147,8 +185,8 @@ class NetnsHosts:
                     holder = self._lock.read().strip() or "unknown"
                     self._lock.close()
                     self._lock = None
-                    raise SubnetBusy(f"{LOCK} is held by another set of test hosts ({holder}) after {self.wait_s:.0f} s: "
-                                     "two sets cannot share the subnet; wait for it or end it") from None
+                    raise SubnetBusy(f"{lock} is held by another set of test hosts ({holder}) after {self.wait_s:.0f} s: "
+                                     "two sets cannot share a slot; wait for it or end it") from None
                 time.sleep(0.5)
         self._lock.truncate(0)
         self._lock.write(f"pid {os.getpid()}\n")
@@ -159,21 +197,21 @@ class NetnsHosts:
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
         self.client_key = self.workdir / "client_ed25519"
         _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"trials-{self.tag}", "-f", str(self.client_key))
-        self.reclaim_stale()  # under the lock: any test bridge still here is a dead set's
+        self.reclaim_stale(self.slot)  # under the lock: any test bridge still here is a dead set's
         _sh("ip", "link", "add", self.bridge, "type", "bridge")
         _sh("ip", "link", "set", self.bridge, "alias", f"trials-netns owner={os.getpid()}:{_start_time(os.getpid())}")
-        _sh("ip", "addr", "add", f"{self.operator}/24", "dev", self.bridge)
+        _sh("ip", "addr", "add", f"{self.operator}/25", "dev", self.bridge)
         _sh("ip", "link", "set", self.bridge, "up")
         members = set(range(self.count) if self.members is None else self.members)
         for k in range(self.count):
-            ns, veth, addr = f"tn{self.tag}-{k}", f"tv{self.tag}{k}", f"{SUBNET}.{10 + k}"
+            ns, veth, addr = f"tn{self.tag}-{k}", f"tv{self.tag}{k}", self.address_of(k)
             root = self.workdir / f"host-{k}"
             root.mkdir()
             _sh("ip", "netns", "add", ns)
             self.hosts.append(NetnsHost(k, ns, addr, root, "", k in members))
             _sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
             _sh("ip", "link", "set", veth, "master", self.bridge, "up")
-            _sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
+            _sh("ip", "-n", ns, "addr", "add", f"{addr}/25", "dev", "eth0")
             _sh("ip", "-n", ns, "link", "set", "eth0", "up")
             _sh("ip", "-n", ns, "link", "set", "lo", "up")
         member_addrs = [h.address for h in self.hosts if h.member]
@@ -184,23 +222,24 @@ class NetnsHosts:
             self._wait_sshd(h)
 
     @staticmethod
-    def reclaim_stale() -> list[str]:
-        """Remove the test bridges in the subnet whose owner is gone, with their namespaces; refuse
+    def reclaim_stale(slot: int) -> list[str]:
+        """Remove the test bridges in the slot whose owner is gone, with their namespaces; refuse
         anything else there by name. Returns the bridges removed."""
+        net = f"{SUBNET}.{slot_base(slot)}/25"
         links = {l["ifname"]: l for l in json.loads(_sh("ip", "-j", "link", "show") or "[]")}
         holders = [a["ifname"] for a in json.loads(_sh("ip", "-j", "-4", "addr", "show") or "[]")
-                   if any(i.get("local", "").startswith(f"{SUBNET}.") for i in a.get("addr_info", []))]
+                   if any(in_slot(i.get("local", ""), slot) for i in a.get("addr_info", []))]
         namespaces = [line.split()[0] for line in _sh("ip", "netns", "list").splitlines() if line.strip()]
         for name in holders:  # first, so that it is refused at once rather than after a wait
             if _BRIDGE.fullmatch(name) is None:
-                raise NetnsError(f"{name} holds an address in {SUBNET}.0/24, which the test hosts need; "
+                raise NetnsError(f"{name} holds an address in {net}, which the test hosts need; "
                                  f"it is not a test bridge (tb<tag>), so it is left alone: remove it or free the subnet")
         removed = []
         for name in holders:
             m = _BRIDGE.fullmatch(name)
             owner = _owner_alive(links.get(name, {}).get("ifalias"))
             if owner is not None and owner != os.getpid():  # a set that runs without the lock (older code)
-                raise NetnsError(f"{name} holds {SUBNET}.0/24 for the test hosts of pid {owner}, which still runs "
+                raise NetnsError(f"{name} holds {net} for the test hosts of pid {owner}, which still runs "
                                  "without the test hosts' lock: end it")
             tag = m[1]
             for ns in (n for n in namespaces if re.fullmatch(rf"tn{tag}-\d+", n)):

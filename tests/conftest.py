@@ -445,16 +445,28 @@ def markers_of(item, names: set[str] | None = None) -> set[str]:
 
 
 # Under `pytest -n` (scripts/test.sh runs two workers) some tests must share one worker, in order: the
-# network-namespace hosts (marker `ssh`) hold a machine-wide lock, one set at a time, so tests on them in
-# two workers would only wait on each other; and the finished trial (a whole smoke trial, about two
-# minutes, whose fixture also holds the two runs' processes and what they said, so not `built_once`) is
-# built once per worker, so its tests stay together. The first match names a test's group (`--dist
-# loadgroup`: a group runs whole on one worker; every other test goes where a worker is free).
+# finished trial (a whole smoke trial, about two minutes, whose fixture also holds the two runs' processes
+# and what they said, so not `built_once`) is built once per worker, so its tests stay together; and the
+# tests of one module on the network-namespace hosts (marker `ssh`), which share that module's hosts and
+# stagings. The namespace hosts' modules go to both workers: each worker builds its sets in a slot of its
+# own (`pytest_configure`), so neither waits for the other's lock. The first match names a test's group
+# (`--dist loadgroup`: a group runs whole on one worker; every other test goes where a worker is free).
 GROUPS = (("ssh", "netns-hosts"), ("finished_trial", "finished-trial"))
 
 
-def group_of(marks: set[str], names: set[str]) -> str | None:
-    return next((g for key, g in GROUPS if key in marks or key in names), None)
+def group_of(marks: set[str], names: set[str], module: str = "") -> str | None:
+    group = next((g for key, g in GROUPS if key in marks or key in names), None)
+    return f"{group}:{module}" if group == "netns-hosts" else group
+
+
+def pytest_configure(config):
+    """Each xdist worker's namespace hosts in a slot of its own (orchestrate/netns.py: gw0 the first,
+    gw1 the second /25); one process, or a third worker, shares a slot and waits on its lock."""
+    from orchestrate.netns import SLOT_ENV, SLOTS
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw") and worker[2:].isdigit():
+        os.environ.setdefault(SLOT_ENV, str(int(worker[2:]) % SLOTS))
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns each group into its node ids' suffix
@@ -464,6 +476,6 @@ def pytest_collection_modifyitems(items):
         marks = markers_of(item, names)
         for m in sorted(marks):
             item.add_marker(m)
-        group = group_of(marks, names)
+        group = group_of(marks, names, item.module.__name__)
         if group:
             item.add_marker(pytest.mark.xdist_group(group))

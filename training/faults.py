@@ -1,8 +1,13 @@
-"""Fault injection for recovery trials and tests: a rank that SIGKILLs itself at a chosen point.
+"""Fault injection for recovery trials and tests: a rank that SIGKILLs itself at a chosen point, or
+ranks slower than the model makes them.
 
 TRIAL_FAULT_KILL="RANK:UPDATE[:publish]" makes that rank SIGKILL itself after UPDATE, or
 (":publish") in the middle of publishing step UPDATE: after the receipt digests are exchanged,
 before its own manifest is written.
+
+TRIAL_FAULT_SLOW_S="SECONDS" makes every rank rest that long after each update, as a larger model's
+update would take: a tiny-seed arm ends within seconds, before a controller under test could act
+mid-arm (a guard tripping, a controller killed while its ranks run on).
 """
 
 from __future__ import annotations
@@ -19,8 +24,8 @@ from evidence.canonical import write_json_atomic
 class FaultPlan:
     """Where, if anywhere, this rank dies; read once from the environment."""
 
-    def __init__(self, rank_dir: Path, rank: int, at: tuple[int, str] | None):
-        self.rank_dir, self.rank, self.at = rank_dir, rank, at
+    def __init__(self, rank_dir: Path, rank: int, at: tuple[int, str] | None, slow_s: float = 0.0):
+        self.rank_dir, self.rank, self.at, self.slow_s = rank_dir, rank, at, slow_s
 
     @classmethod
     def from_env(cls, rank_dir: Path, rank: int) -> "FaultPlan":
@@ -29,7 +34,7 @@ class FaultPlan:
         if spec:
             r, u, *phase = spec.split(":")
             at = (int(u), phase[0] if phase else "after") if int(r) == rank else None
-        return cls(rank_dir, rank, at)
+        return cls(rank_dir, rank, at, float(os.environ.get("TRIAL_FAULT_SLOW_S") or 0))
 
     def while_publishing(self, step: int) -> Callable[[], None] | None:
         """The kill to run between the digests' exchange and the manifest of `step`, if planned."""
@@ -39,6 +44,8 @@ class FaultPlan:
                                           f"step {step}")
 
     def after_update(self, done: int) -> None:
+        if self.slow_s > 0:
+            time.sleep(self.slow_s)
         if self.at == (done, "after"):
             die(self.rank_dir, f"fault injection: rank {self.rank} killed after update {done}")
 

@@ -82,16 +82,17 @@ def said(r) -> str:
 
 @pytest.fixture
 def cloud(monkeypatch):
-    """moto's server where the hosts reach it too (the bridge's address, 198.18.0.1), with the
+    """moto's server where the hosts reach it too (the bridge's address, `operator_address()`), with the
     environment that points this process, its subprocesses and every host session at it (a real host
     uses its instance role; these use moto's test credentials and never ask for instance metadata)."""
     import boto3
     from moto.server import ThreadedMotoServer
 
     from orchestrate.launch.command import free_port
+    from orchestrate.netns import operator_address
 
-    port = free_port()
-    env = {"AWS_ENDPOINT_URL": f"http://198.18.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
+    port, bridge = free_port(), operator_address()
+    env = {"AWS_ENDPOINT_URL": f"http://{bridge}:{port}", "AWS_ACCESS_KEY_ID": "testing",
            "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": REGION, "AWS_EC2_METADATA_DISABLED": "true"}
     for k in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
         monkeypatch.delenv(k, raising=False)
@@ -100,7 +101,7 @@ def cloud(monkeypatch):
     servers: list = []
 
     def start() -> object:  # once the bridge holds the address
-        server = ThreadedMotoServer(ip_address="198.18.0.1", port=port, verbose=False)
+        server = ThreadedMotoServer(ip_address=bridge, port=port, verbose=False)
         server.start()
         servers.append(server)
         return boto3.Session(region_name=REGION)

@@ -1,8 +1,10 @@
 """The network-namespace test hosts themselves (root only): a set left behind by a killed run (its
-bridge still holding 198.18.0.1/24, its sshd still running) is reclaimed by the next set, which then
-answers; a set whose owner still runs, and an address in the subnet on a link that is not a test
-bridge, are refused by name and left as they were. Without this a run killed mid-way makes every
-later SSH test time out, which is how a CI run once failed."""
+bridge still holding its slot's operator address, its sshd still running) is reclaimed by the next set,
+which then answers; a set whose owner still runs, and an address in the slot on a link that is not a
+test bridge, are refused by name and left as they were; the two slots hold two live sets at once, each
+reaching its own hosts. Without this a run killed mid-way makes every later SSH test time out, which is
+how a CI run once failed. Each test works in this worker's slot (tests/conftest.py), its helper child
+processes too (they inherit the slot), so the other worker's sets in the other slot never meet it."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.netns import NetnsError, NetnsHosts
+from orchestrate.netns import SLOT_ENV, NetnsError, NetnsHosts, default_slot, lock_path, slot_base
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("/usr/sbin/sshd") is None,
                                 reason="needs root and openssh-server (CI installs both)")
@@ -83,13 +85,13 @@ def test_a_set_whose_owner_runs_is_waited_for_then_refused_by_name(tmp_path):
     p, bridge, ns, _ = holder(tmp_path / "live")
     try:
         t0 = time.monotonic()
-        with pytest.raises(NetnsError, match=rf"/run/trials-netns.lock is held by another set of test hosts "
+        with pytest.raises(NetnsError, match=rf"{lock_path(default_slot())} is held by another set of test hosts "
                                              rf"\(pid {p.pid}\) after 2 s"):
             with NetnsHosts(1, tmp_path / "second", wait_s=2):
                 pass
         assert time.monotonic() - t0 >= 2
         assert bridge in links() and ns in namespaces()  # the live set is untouched
-        assert answers("198.18.0.10")
+        assert answers(f"198.18.0.{slot_base(default_slot()) + 10}")
     finally:
         p.communicate("\n", timeout=30)
     assert p.returncode == 0 and bridge not in links() and ns not in namespaces()
@@ -116,9 +118,10 @@ def test_a_foreign_address_in_the_subnet_is_refused_and_left_alone(tmp_path):
     name = f"td{os.getpid() % 0xffff:04x}"
     subprocess.run(["ip", "link", "add", name, "type", "veth", "peer", "name", f"{name}p"], check=True)
     try:
-        subprocess.run(["ip", "addr", "add", "198.18.0.250/24", "dev", name], check=True)
+        base = slot_base(default_slot())
+        subprocess.run(["ip", "addr", "add", f"198.18.0.{base + 120}/25", "dev", name], check=True)
         before = links()
-        with pytest.raises(NetnsError, match=rf"{name} holds an address in 198\.18\.0\.0/24.*not a test bridge"):
+        with pytest.raises(NetnsError, match=rf"{name} holds an address in 198\.18\.0\.{base}/25.*not a test bridge"):
             with NetnsHosts(1, tmp_path / "blocked"):
                 pass
         assert links() == before
@@ -135,3 +138,43 @@ def test_a_second_set_in_the_same_process_is_refused_at_once(tmp_path):
         assert time.monotonic() - t0 < 5 and answers(hs.hosts[0].address)
     with NetnsHosts(1, tmp_path / "third") as hs:  # closed: the next one opens
         assert answers(hs.hosts[0].address)
+
+
+def test_the_two_slots_hold_two_live_sets_each_reaching_its_own_hosts(tmp_path):
+    """A set in the other slot comes up beside this one at once; each answers on its own addresses, and
+    ending one leaves the other answering. The other set is a child told the other slot — or, when the
+    suite's other worker already holds that slot, that worker's own live set."""
+    import fcntl
+
+    other = 1 - default_slot()
+    with open(lock_path(other), "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            busy = None
+        except BlockingIOError:
+            lock.seek(0)
+            busy = lock.read().strip()
+    if busy:  # the other worker's set lives there: it must keep answering while this one comes up beside it
+        pid = int(busy.split()[1])
+        t0 = time.monotonic()
+        with NetnsHosts(2, tmp_path / "mine") as hs:
+            assert time.monotonic() - t0 < 30 and all(answers(h.address) for h in hs.hosts)
+            assert os.path.exists(f"/proc/{pid}")  # that set's owner still ran all along
+        return
+    p = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path / "other")], cwd=ROOT, text=True,
+                         env=dict(os.environ, **{SLOT_ENV: str(other)}),
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        line = p.stdout.readline()
+        assert line, p.stderr.read()
+        bridge = line.split()[0]
+        t0 = time.monotonic()
+        with NetnsHosts(2, tmp_path / "mine") as hs:
+            assert time.monotonic() - t0 < 30  # built, not waiting for the other slot's lock
+            assert [h.address for h in hs.hosts] == [f"198.18.0.{slot_base(hs.slot) + 10 + k}" for k in range(2)]
+            assert all(answers(h.address) for h in hs.hosts)
+            assert answers(f"198.18.0.{slot_base(other) + 10}") and bridge in links()
+        assert answers(f"198.18.0.{slot_base(other) + 10}")
+    finally:
+        p.communicate("\n", timeout=30)
+    assert p.returncode == 0 and bridge not in links()

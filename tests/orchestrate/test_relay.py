@@ -119,7 +119,7 @@ def test_four_hosts_staged_through_the_bucket(smoke_home, tiny_seed, tmp_path, m
 
     from orchestrate.cluster import netns_cluster
     from orchestrate.launch.command import free_port
-    from orchestrate.netns import NetnsHosts
+    from orchestrate.netns import NetnsHosts, operator_address
     from orchestrate.remote import stage_reports
 
     wheels = tmp_path / "wheels"
@@ -127,8 +127,8 @@ def test_four_hosts_staged_through_the_bucket(smoke_home, tiny_seed, tmp_path, m
                     str(ROOT)], check=True, capture_output=True)
     files = {f"home/{p.relative_to(smoke_home)}": p for p in sorted(smoke_home.rglob("*")) if p.is_file()}
     files |= {f"seed/{p.relative_to(tiny_seed)}": p for p in sorted(tiny_seed.rglob("*")) if p.is_file()}
-    port = free_port()
-    env = {"AWS_ENDPOINT_URL": f"http://198.18.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
+    port, bridge = free_port(), operator_address()
+    env = {"AWS_ENDPOINT_URL": f"http://{bridge}:{port}", "AWS_ACCESS_KEY_ID": "testing",
            "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
     for k in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
         monkeypatch.delenv(k, raising=False)
@@ -136,7 +136,7 @@ def test_four_hosts_staged_through_the_bucket(smoke_home, tiny_seed, tmp_path, m
         monkeypatch.setenv(k, v)
     url = "s3://relay-loop/trials/relay-loop/"
     with NetnsHosts(4, tmp_path / "netns", env=env) as hs:
-        server = ThreadedMotoServer(ip_address="198.18.0.1", port=port, verbose=False)
+        server = ThreadedMotoServer(ip_address=bridge, port=port, verbose=False)
         server.start()
         try:
             s3 = boto3.Session(region_name="us-east-1").client("s3")

@@ -134,7 +134,7 @@ def test_replicas_on_the_hosts_serve_the_three_phases(hosts, placement):
     assert seen["inside"] and seen["not_ours"], seen  # in the hosts' namespaces, not children of the controller
     assert seen["pids"]["ns-0"] != seen["pids"]["ns-1"]
     for k, listening in enumerate(seen["bound"]):  # bound to the host's private address only
-        assert [line.split()[3].rsplit(":", 1)[0] for line in listening.splitlines()] == [f"198.18.0.{10 + k}"], \
+        assert [line.split()[3].rsplit(":", 1)[0] for line in listening.splitlines()] == [hosts.hosts[k].address], \
             listening
     assert seen["stopped_gone"]  # confirmed gone before the failure phase began
 
@@ -264,7 +264,7 @@ def test_orchestrate_probe_with_a_cluster_serves_from_its_hosts(hosts, selected_
     assert r.returncode == 0, r.stderr[-3000:]
     err = " ".join(r.stderr.split())
     assert "clean-pair: 2 replicas on the hosts (ns-0, ns-1, where its ranks ran)" in err, err[-2000:]
-    assert "replica-1.ns-1 on 198.18.0.11:" in err and "stopped replica-1.ns-1" in err
+    assert f"replica-1.ns-1 on {hosts.hosts[1].address}:" in err and "stopped replica-1.ns-1" in err
     plan = read_json(home / "serving" / "attempt-1" / "plan.json")
     assert plan["replicas"] == ["replica-0.ns-0", "replica-1.ns-1"] and plan["stopped"]["host"] == "ns-1"
     assert CommitmentLog(home).latest("serving") is not None and on_hosts(hosts) == []

@@ -31,13 +31,16 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("/usr/sbin/ssh
 
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory):
-    with NetnsHosts(4, tmp_path_factory.mktemp("netns4")) as hs:
+    # a tiny-seed update lasts milliseconds: each rests 0.4 s more (training/faults.py), as a larger model's
+    # would, so that the guard and the controllers here act while the arm runs, as they would on hours
+    with NetnsHosts(4, tmp_path_factory.mktemp("netns4"), env={"TRIAL_FAULT_SLOW_S": "0.4"}) as hs:
         yield hs
 
 
 def test_transfer_guard_stops_a_group_from_host_counters(hosts, tiny_seed, smoke_home, tmp_path):
-    """Host 1's guard is set 20 MB above what it has moved so far; a 2-rank run all-reduces about
-    13 MB per update, so the controller stops the group within a few updates, before it finishes."""
+    """Host 1's guard is set four gradients (FP32, the seed's parameter count) above what it has moved
+    so far; a 2-rank run all-reduces one gradient per update, so the controller stops the group within a
+    few updates, before it finishes."""
     from orchestrate.guard import Guard, Polled, host_bytes
     from orchestrate.launch.ssh import launch_remote_group
     from orchestrate.remote import stage
@@ -53,14 +56,15 @@ def test_transfer_guard_stops_a_group_from_host_counters(hosts, tiny_seed, smoke
         read = host_bytes(ts[1])
         start = read()
         assert start is not None and start > 0
+        margin = 4 * 4 * read_json(tiny_seed / "receipt.json")["meta"]["parameters"]
         polled = Polled(read, every_s=0.2, name="ns-1")
-        guard = Guard(counters={"ns-1": polled}, limit_bytes=start + 20e6, fraction=1.0)
+        guard = Guard(counters={"ns-1": polled}, limit_bytes=start + margin, fraction=1.0)
         argv = lambda h: ["-m", "training", "train", "--home", f"{h.root}/home", "--arm", "clean-pair",  # noqa: E731
                           "--model-dir", f"{h.root}/seed", "--threads", "1"]
         res = launch_remote_group(desc, argv, 2, log_dir=tmp_path / "logs", env={"OMP_NUM_THREADS": "1"},
                                   guard=guard, grace_s=5)
         assert not res.ok and res.reason == "guard" and res.guard.startswith("ns-1 has moved"), res
-        assert guard.last["ns-1"] > start + 20e6
+        assert guard.last["ns-1"] > start + margin
         rank0 = Path(desc.by_rank[0].root) / "home/runs/clean-pair/rank-0"
         assert not (rank0 / "result.json").exists()  # stopped before the run could finish
         if (rank0 / "heartbeat.json").exists():

@@ -48,7 +48,7 @@ def test_exec_status_streams_and_env(hosts):
         assert (r.status, r.stdout, r.stderr) == (7, "out\n", "err\n")
         r = t.run('echo "$GREETING" from $(ip -4 -o addr show eth0 | awk \'{print $4}\')',
                   env={"GREETING": "it's me"})
-        assert r.status == 0 and r.stdout.strip() == "it's me from 198.18.0.10/24"
+        assert r.status == 0 and r.stdout.strip() == f"it's me from {hosts.hosts[0].address}/25"
         big = t.run("head -c 300000 /dev/zero | tr '\\0' x")  # more than one channel window
         assert big.status == 0 and len(big.stdout) == 300000
     finally:
@@ -84,7 +84,7 @@ def test_host_keys_are_pinned(hosts):
 
 
 def test_unreachable_host_fails_fast(hosts):
-    t = SSHTransport("ghost", "198.18.0.250", user="root", key_file=hosts.client_key,
+    t = SSHTransport("ghost", hosts.address_of(100), user="root", key_file=hosts.client_key,
                      host_key=hosts.hosts[0].host_key, connect_timeout=2)
     t0 = time.monotonic()
     with pytest.raises(TransportError, match="cannot be reached|timed out"):
@@ -97,11 +97,11 @@ def test_rendezvous_port_accepts_members_only(hosts):
     listener = subprocess.Popen(hosts.hosts[0].exec_argv(
         sys.executable, "-c",
         "import socket,sys; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
-        "s.bind(('198.18.0.10', 29500)); s.listen(); print('ready', flush=True); "
+        f"s.bind(('{hosts.hosts[0].address}', 29500)); s.listen(); print('ready', flush=True); "
         "[s.accept()[0].close() for _ in iter(int, 1)]"), stdout=subprocess.PIPE, text=True)
     try:
         assert listener.stdout.readline().strip() == "ready"
-        probe = ("import socket,sys\ntry:\n socket.create_connection(('198.18.0.10', 29500), timeout=3).close()"
+        probe = (f"import socket,sys\ntry:\n socket.create_connection(('{hosts.hosts[0].address}', 29500), timeout=3).close()"
                  "; print('connected')\nexcept OSError as e: print(type(e).__name__)")
         member = subprocess.run(hosts.hosts[1].exec_argv(sys.executable, "-c", probe), capture_output=True, text=True)
         outsider = subprocess.run(hosts.hosts[2].exec_argv(sys.executable, "-c", probe), capture_output=True, text=True)

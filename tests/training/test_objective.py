@@ -112,13 +112,14 @@ def test_packed_loss_and_gradients_equal_the_padded_ones(tiny_seed):
 
     want, g_want = run(padded)
     got, g_got = run(packed)
-    assert got == pytest.approx(want, rel=1e-5)
+    rel = 1e-5
+    assert got == pytest.approx(want, rel=rel)
     for name, g in g_want.items():
         torch.testing.assert_close(g_got[name], g, rtol=1e-4, atol=1e-6, msg=name)
     seeing = collate_packed(corpus, [0, 1, 2, 3], pad_id=2)
     seeing.position_ids = torch.arange(seeing.input_ids.shape[1])[None]  # one long sequence
-    with torch.no_grad():
-        assert abs(float(loss(*seeing.args())) - want) > 1e-3 * want
+    with torch.no_grad():  # the control moves the loss by far more than the equality above allows
+        assert abs(float(loss(*seeing.args())) - want) > 20 * rel * want
 
 
 def test_fixed_width_rows_are_filled_first_fit_and_hold_every_document_once():
