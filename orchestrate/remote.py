@@ -185,8 +185,7 @@ def stage_host(t: Transport, host: Host, *, python: str, wheel_dir: Path, lock: 
                   f"--no-deps --no-compile --target {root}/site {' '.join(f'{root}/wheels/{n}' for n in names)}",
                   timeout=900).check(f"{host.name}: offline install")
 
-    for name in over_ssh:
-        got = t.put(wheel_dir / name, f"{root}/wheels/{name}")
+    for name, got in zip(over_ssh, t.put_all([(wheel_dir / n, f"{root}/wheels/{n}") for n in over_ssh])):
         if got != lock[name]:
             raise StagingError(f"{host.name}: wheel {name} reads back as {got}, the lock says {lock[name]}")
         sent += (wheel_dir / name).stat().st_size
@@ -210,9 +209,8 @@ def stage_host(t: Transport, host: Host, *, python: str, wheel_dir: Path, lock: 
         # (its bin/ from the first install), which would drop the fetched wheels' scripts
         install(list(lock), fresh=True)
     else:
-        for rel, local in files.items():
-            t.put(local, f"{root}/{rel}")
-            sent += local.stat().st_size
+        t.put_all([(local, f"{root}/{rel}") for rel, local in files.items()])
+        sent += sum(local.stat().st_size for local in files.values())
     return environment_report(t, host, python) | {"sent_bytes": sent, "fetched": fetched}
 
 

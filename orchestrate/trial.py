@@ -325,15 +325,12 @@ class RemotePlacement:
         candidates, the controller's log and each of `arms`' models that the host lacks (trained
         on another host's rank 0); every file read back and checked by `put`."""
         h, t = self.hosts[r], self.ts[r]
-        for rel in ("candidates.json", "selection.json", LOG_NAME):
-            if (home / rel).is_file():
-                t.put(home / rel, f"{h.root}/home/{rel}")
+        send = [home / rel for rel in ("candidates.json", "selection.json", LOG_NAME) if (home / rel).is_file()]
         for name in arms:
             model = home / "runs" / name / "model"
             if model.is_dir() and t.run(f"test -f {h.root}/home/runs/{shlex.quote(name)}/model/receipt.json").status:
-                for p in sorted(model.rglob("*")):
-                    if p.is_file():
-                        t.put(p, f"{h.root}/home/{p.relative_to(home)}")
+                send += [p for p in sorted(model.rglob("*")) if p.is_file()]
+        t.put_all([(p, f"{h.root}/home/{p.relative_to(home)}") for p in send])
 
     # -- serving -------------------------------------------------------------------------------
     def replicas(self, home: Path, arm: str, n: int) -> "RemoteReplicas":

@@ -203,7 +203,7 @@ def test_a_cluster_pinned_from_the_consoles_logs_in_and_refuses_another_key(tmp_
             t = cluster.transport(h)
             try:
                 r = t.run("ip -4 -o addr show eth0 | awk '{print $4}'")
-                assert r.status == 0 and r.stdout.strip() == f"{h.address}/24"
+                assert r.status == 0 and r.stdout.strip() == f"{h.address}/25"
             finally:
                 t.close()
         # a console whose key is not the host's (another instance's text, a replaced host): no log-in

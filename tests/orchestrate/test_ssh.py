@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -66,6 +68,38 @@ def test_copies_are_verified_both_ways(hosts, tmp_path):
         assert t.run(f"sha256sum {remote}").stdout.split()[0] == digest
         back = tmp_path / "back.bin"
         assert t.get(remote, back) == digest and back.read_bytes() == src.read_bytes()
+    finally:
+        t.close()
+
+
+def test_many_copies_go_in_one_session_and_are_each_verified(hosts, tmp_path, monkeypatch):
+    """`put_all`: files into folders the host lacks (names with a space, a quote, a backslash), in batches
+    of paths (made small here), each read back and checked, in order; one that reads back otherwise
+    is refused by its remote path."""
+    import functools
+
+    from orchestrate import transport as transport_mod
+
+    t = ssh(hosts, 1)
+    base = hosts.hosts[1].root / "many"
+    names = [f"d{i % 3}/sub dir/f'{i}\\x.bin" for i in range(12)]
+    pairs = []
+    for i, n in enumerate(names):
+        src = tmp_path / f"src-{i}"
+        src.write_bytes(os.urandom(1000 + i))
+        pairs.append((src, str(base / n)))
+    monkeypatch.setattr(transport_mod, "_batches", functools.partial(transport_mod._batches, limit=200))
+    try:
+        got = t.put_all(pairs)
+        assert got == [hashlib.sha256(src.read_bytes()).hexdigest() for src, _ in pairs]
+        for (src, remote), digest in zip(pairs, got):
+            assert Path(remote).read_bytes() == src.read_bytes()  # the namespaces share this filesystem
+        assert len(transport_mod._batches([r for _, r in pairs])) > 1
+        real = transport_mod.file_sha256
+        monkeypatch.setattr(transport_mod, "file_sha256",
+                            lambda p: "0" * 64 if Path(p) == pairs[5][0] else real(p))
+        with pytest.raises(TransportError, match=rf"{re.escape(pairs[5][1])} reads back as {got[5]}, uploaded 0{{64}}"):
+            t.put_all(pairs)
     finally:
         t.close()
 
