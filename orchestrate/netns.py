@@ -96,6 +96,7 @@ def _sh(*argv: str) -> str:
 
 
 def default_slot() -> int:
+    """This process's slot: `TRIALS_NETNS_SLOT`, else 0."""
     return int(os.environ.get(SLOT_ENV, "0") or 0)
 
 
@@ -131,7 +132,7 @@ class NetnsHosts:
     user: str = "root"
     wait_s: float = 1800.0  # for another live set to end (another suite's SSH module lasts minutes)
     env: dict[str, str] = field(default_factory=dict)  # set in every session (sshd's SetEnv), as a host's own
-    slot: int = field(default_factory=lambda: default_slot())
+    slot: int = field(default_factory=default_slot)
 
     @property
     def bridge(self) -> str:
@@ -156,7 +157,7 @@ class NetnsHosts:
                              "close it first")
         if not 0 < self.count <= 100:
             raise NetnsError(f"a set holds 1 … 100 hosts, not {self.count}")
-        slot_base(self.slot)
+        slot_base(self.slot)  # a slot that does not exist is refused before any lock is taken
         self._take_subnet()
         _OPEN_HERE += 1
         try:

@@ -175,7 +175,7 @@ def _tiny_tokenizer(tok: Any, out: Path) -> Any:
         raise SeedError(f"the generated texts use {base + len(keep)} tokens, more than TINY_VOCAB "
                         f"{TINY_VOCAB}: raise it (the tiny seed's pinned weights change with it)")
     rank = base
-    while base + len(keep) < TINY_VOCAB:  # earliest merges first: a prefix is closed, so the union is
+    while base + len(keep) < TINY_VOCAB:  # earliest merges first: a prefix of them is closed, so is the union
         keep.add(rank)
         rank += 1
     kept = sorted(keep)
