@@ -226,25 +226,14 @@ class SSHTransport:
         return Result(status, out.decode(errors="replace"), err.decode(errors="replace"), time.perf_counter() - t0)
 
     def put(self, local: Path, remote: str) -> str:
-        sftp = self._connect().open_sftp()
-        try:
-            self.run(f"mkdir -p {shlex.quote(str(Path(remote).parent))}").check(f"{self.name}: mkdir")
-            sftp.put(str(local), remote + ".part")
-            sftp.posix_rename(remote + ".part", remote)
-        finally:
-            sftp.close()
-        want = file_sha256(local)
-        got = self.run(f"sha256sum {shlex.quote(remote)}").check(f"{self.name}: sha256sum").stdout.split()[0]
-        if got != want:
-            raise TransportError(f"{self.name}: {remote} reads back as {got}, uploaded {want}")
-        return want
+        return self.put_all([(local, remote)])[0]
 
     def put_all(self, pairs: list[tuple[Path, str]]) -> list[str]:
-        """`put` of many files, each uploaded beside its place and renamed into it, then read back and
-        checked: their folders made by one command, every file through one SFTP session, the hashes
-        read back by one `sha256sum` per batch of paths. `put` spends three round trips on every file
-        (an SFTP session, `mkdir`, `sha256sum`), which made up most of staging a home of dozens of files,
-        and more the farther the host."""
+        """Files uploaded, each beside its place and renamed into it, then read back and checked: their
+        folders made by one command, every file through one SFTP session, the hashes read back by one
+        `sha256sum` per batch of paths (`put` is one such file). A file at a time cost three round trips
+        each (an SFTP session, `mkdir`, `sha256sum`): most of staging a home of dozens of files, and more
+        the farther the host."""
         if not pairs:
             return []
         for batch in _batches(sorted({str(Path(r).parent) for _, r in pairs})):
