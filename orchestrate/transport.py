@@ -62,6 +62,15 @@ def _batches(paths: list[str], limit: int = 60_000) -> list[list[str]]:
     return out if out[0] else []
 
 
+def finished(chan: Any) -> bool:
+    """Whether a command's channel has all it will carry: its exit status and its end of output (EOF, or
+    the channel closed). OpenSSH's sshd sends the exit status as soon as the command's process ends, with
+    output it has not yet read from the process's pipe still to come (session.c, session_exit_message:
+    "there could be some more data waiting in the pipe"), and only after it the EOF; so the status alone
+    is not the end: a read stopped there lost the last line of a `sha256sum` under load."""
+    return chan.exit_status_ready() and (chan.eof_received or chan.closed)
+
+
 def _env_prefix(env: dict[str, str] | None) -> str:
     return "".join(f"export {k}={shlex.quote(v)}; " for k, v in (env or {}).items())
 
@@ -217,7 +226,7 @@ class SSHTransport:
                 out += chan.recv(65536)
             elif chan.recv_stderr_ready():
                 err += chan.recv_stderr(65536)
-            elif chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+            elif finished(chan) and not chan.recv_ready() and not chan.recv_stderr_ready():
                 break
             else:
                 time.sleep(0.005)

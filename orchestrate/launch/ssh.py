@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 from orchestrate.cluster import Cluster, Host
 from orchestrate.launch.command import Rendezvous, free_port, host_command, process_env
 from orchestrate.launch.supervise import GroupResult, Reason, run_group
-from orchestrate.transport import SSHTransport
+from orchestrate.transport import SSHTransport, finished
 from training.lease import env as lease_env
 
 
@@ -291,7 +291,7 @@ class RemoteRank:
         is done with, the probe back when it still runs. One that outlives `unreachable_s` is dropped."""
         deadline = time.monotonic() + wait_s
         try:
-            while not chan.exit_status_ready():
+            while not finished(chan):
                 if time.monotonic() >= deadline:
                     if time.monotonic() - began > self.unreachable_s:
                         chan.close()
@@ -333,7 +333,7 @@ class RemoteRank:
         if self.returncode is not None:
             return self.returncode
         self._drain()
-        if self.chan.exit_status_ready() and self.chan.status_event.is_set() and not self._connection_died():
+        if finished(self.chan) and self.chan.status_event.is_set() and not self._connection_died():
             self._drain()
             status = self.chan.recv_exit_status()
             if status == NO_STATUS:  # never taken for success
@@ -347,7 +347,7 @@ class RemoteRank:
         if self.hearing.verdict(self.key):
             self.returncode, self.why, self.unstoppable = 255, Reason.UNREACHABLE, True
             self._close()
-        elif self.chan.closed or self.chan.exit_status_ready():
+        elif self.chan.closed or finished(self.chan):
             self._reattach()
         return self.returncode
 

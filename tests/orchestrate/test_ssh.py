@@ -53,6 +53,10 @@ def test_exec_status_streams_and_env(hosts):
         assert r.status == 0 and r.stdout.strip() == f"it's me from {hosts.hosts[0].address}/25"
         big = t.run("head -c 300000 /dev/zero | tr '\\0' x")  # more than one channel window
         assert big.status == 0 and len(big.stdout) == 300000
+        # sshd sends the exit status when the shell ends and the output still in its pipe after it: the
+        # last line of a sha256sum under load once; here a child that writes after its shell has ended
+        late = t.run("(sleep 0.5; echo late; echo late-err >&2) & echo early")
+        assert (late.status, late.stdout, late.stderr) == (0, "early\nlate\n", "late-err\n")
     finally:
         t.close()
 
