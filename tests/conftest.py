@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
@@ -206,6 +206,17 @@ class QuietProgress:
         import contextlib
 
         return contextlib.nullcontext()
+
+
+def score(home: Path, arms: Iterable[str], seed: Path, retry: str | None = None) -> None:
+    """Each arm scored on the test tasks in this process, as a trial on this machine scores them
+    (orchestrate/trial.py, `LocalPlacement.evaluate`), for a fixture that needs a scored home: a
+    `training evaluate` process spends most of its time importing the libraries (#34). Tests of the CLI's
+    own refusals and retries run the CLI."""
+    from training.evaluate import evaluate
+
+    for arm in arms:
+        evaluate(home, arm, "test", seed_dir=seed, retry_reason=retry)
 
 
 def run_cli(*args: str, stdin: str = "", cwd: Path = ROOT, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from conftest import SMOKE_ARMS as ARMS
-from conftest import run_cli
+from conftest import run_cli, score
 from evidence.canonical import read_json
 from evidence.report import EvidenceError, compute, verify
 
@@ -31,9 +31,7 @@ def scored(tmp_path_factory, trained, tiny_seed):
     assert r.returncode == 2 and "selection" in r.stderr  # no scoring before the selection
     r = run_cli("-m", "training", "select", "--home", str(home))
     assert r.returncode == 0, r.stderr
-    for arm in ("seed", *ARMS):
-        r = evaluate(home, arm, tiny_seed)
-        assert r.returncode == 0, r.stderr
+    score(home, ("seed", *ARMS), tiny_seed)
     return home
 
 
@@ -127,7 +125,7 @@ def test_selection_after_test_scoring_is_caught(trained, tmp_path, tiny_seed):
     home = tmp_path / "home"
     shutil.copytree(trained, home)
     assert run_cli("-m", "training", "select", "--home", str(home)).returncode == 0
-    assert evaluate(home, "seed", tiny_seed).returncode == 0
+    score(home, ["seed"], tiny_seed)
     log = CommitmentLog(home)
     entries = log.entries()
     sel = next(e for e in entries if e["kind"] == "selection")
@@ -181,8 +179,7 @@ def test_a_gate_without_its_evidence_is_shown_not_dropped(trained, tmp_path, tin
     home = tmp_path / "home"
     shutil.copytree(trained, home)
     assert run_cli("-m", "training", "select", "--home", str(home)).returncode == 0
-    for arm in ARMS:
-        assert evaluate(home, arm, tiny_seed).returncode == 0
+    score(home, ARMS, tiny_seed)
     started = home / "evaluations" / "test" / "seed" / "attempt-1"
     started.mkdir(parents=True)
     (started / "started.json").write_text(json.dumps({"arm": "seed", "role": "test", "attempt": 1}))
@@ -193,7 +190,7 @@ def test_a_gate_without_its_evidence_is_shown_not_dropped(trained, tmp_path, tin
     for name in ("gain ≥ 5.0 pp", "McNemar p ≤ 0.01", "retention upper bound ≤ +0.02 nats"):
         assert gates[name]["passed"] is None and "clean-single and seed is not in the home" in gates[name]["reason"]
         assert name in rep["not_evaluated_gates"] and name not in rep["failed_gates"]
-    assert evaluate(home, "seed", tiny_seed, "--retry", "attempt-1 did not finish").returncode == 0
+    score(home, ["seed"], tiny_seed, retry="attempt-1 did not finish")
     assert report(home, tmp_path / "r2.json").returncode == 0
     rep = read_json(tmp_path / "r2.json")
     assert rep["accuracy"]["seed"]["attempts"] == 2

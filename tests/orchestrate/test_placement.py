@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from conftest import run_cli
+from conftest import run_cli, score
 from evidence.canonical import read_json
 from orchestrate.cluster import ClusterError
 from orchestrate.placement import hosts_devices, local_devices, place, visible_gpus
@@ -150,10 +150,7 @@ def primary_not_run(tmp_path_factory, trained, tiny_seed):
     CommitmentLog(home).append("placement", "placement.json", {"not_run": ["clean-single"]})
     r = run_cli("-m", "training", "select", "--home", str(home))
     assert r.returncode == 0, r.stderr
-    for arm in ("seed", "damaged-single", "clean-pair"):
-        r = run_cli("-m", "training", "evaluate", "--home", str(home), "--arm", arm, "--role", "test",
-                    "--model-dir", str(tiny_seed))
-        assert r.returncode == 0, r.stderr
+    score(home, ("seed", "damaged-single", "clean-pair"), tiny_seed)
     return home
 
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import run_cli
+from conftest import run_cli, score
 from evidence.canonical import read_json
 from orchestrate.cluster import ClusterError
 from orchestrate.placement import commit_placement, committed_share, local_devices, place
@@ -148,10 +148,7 @@ def shared_report(tmp_path_factory, ltw_pair, tiny_seed):
     home = tmp_path_factory.mktemp("share-report") / "home"
     shutil.copytree(ltw_pair["shared"], home)
     assert run_cli("-m", "training", "select", "--home", str(home)).returncode == 0
-    for arm in ("seed", "single", "ddp-four", "diloco-four"):
-        r = run_cli("-m", "training", "evaluate", "--home", str(home), "--arm", arm, "--role", "test",
-                    "--model-dir", str(tiny_seed))
-        assert r.returncode == 0, r.stderr
+    score(home, ("seed", "single", "ddp-four", "diloco-four"), tiny_seed)
     out = home.parent / "report.json"
     r = run_cli("-m", "evidence", "report", "--home", str(home), "--output", str(out))
     assert r.returncode == 0, r.stderr
@@ -186,9 +183,7 @@ def test_a_placement_the_ranks_did_not_run_by_is_refused(trained, tiny_seed, tmp
     rec, _ = commit_placement(resolve("cooperative-learning", "smoke"), home, gpus(1, share=True))
     assert [r["arm"] for r in rec["arms"] if r.get("shared")] == ["clean-pair"]
     assert run_cli("-m", "training", "select", "--home", str(home)).returncode == 0
-    for arm in ("seed", "clean-single"):
-        assert run_cli("-m", "training", "evaluate", "--home", str(home), "--arm", arm, "--role", "test",
-                       "--model-dir", str(tiny_seed)).returncode == 0
+    score(home, ("seed", "clean-single"), tiny_seed)
     out = tmp_path / "r.json"
     r = run_cli("-m", "evidence", "report", "--home", str(home), "--output", str(out))
     assert r.returncode == 2 and not out.exists()
