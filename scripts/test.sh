@@ -11,6 +11,7 @@ if [ "$(id -u)" = 0 ] && { [ ! -x /usr/sbin/sshd ] || ! command -v ip >/dev/null
 fi
 bash scripts/bootstrap.sh
 . .venv/bin/activate
-# Two workers (the machines have two cores; tests/conftest.py's GROUPS keeps the namespace hosts' tests on
-# one of them, and the finished trial's on one); TEST_WORKERS=0 runs everything in this one process.
+# Two workers (the machines have two cores; tests/conftest.py's GROUPS keeps a module's namespace-host tests
+# on one of them, each worker's hosts in a slot of their own, and the finished trial's tests on one);
+# TEST_WORKERS=0 runs everything in this one process.
 exec python -m pytest -n "${TEST_WORKERS:-2}" --dist loadgroup "${@:-tests}"
