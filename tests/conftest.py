@@ -381,7 +381,7 @@ REACHES = {
     # the project's CLIs in subprocesses (each imports torch), or a model trained, run or scored in
     # this process
     "run_cli": "slow", "Popen": "slow", "Trainer": "slow", "AutoModelForCausalLM": "slow",
-    "generate_answers": "slow",
+    "generate_answers": "slow", "score": "slow",
     # dist_worker's device: these run on one GPU per rank under TRIAL_TEST_DEVICE=cuda
     "dist_worker.device": "cuda",
 }
