@@ -12,13 +12,26 @@ PYTEST_CURRENT_TEST it inherited; "-" for processes started through sshd on the 
 inherit nothing) and its command line; at a normal exit it appends the CPU seconds it used itself
 (`getrusage`, children apart; a process ended by a signal reports none). An interpreter started with
 -S (no site) is not counted.
+
+    python bench/process_census.py sample [--log /tmp/pycpu.log] &   # until SIGTERM or Ctrl-C
+    ./scripts/test.sh -q ...; kill %1
+    python bench/process_census.py report --log /tmp/pycpu.log
+
+`sample` reads every process's CPU time from /proc twice a second instead, and writes the hook's lines when
+stopped: it also counts what the hook cannot — ranks that leave by `os._exit`, processes ended by a signal,
+and programs that are not Python (sshd, Pulumi's engine). A process that lives under half a second is missed;
+one that was running when sampling began counts only what it used after. The test is the
+PYTEST_CURRENT_TEST in the process's environment, as the hook reads it.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import os
 import re
+import signal
+import time
 from pathlib import Path
 
 HOOK = '''import atexit, os, resource, sys, time
@@ -77,10 +90,10 @@ def report(log: Path) -> None:
             cpu_test[t] += sec
             cpu_kind[k] += sec
             cpu_both[(t, k)] += sec
-    print(f"{sum(by_kind.values())} Python processes started")
+    print(f"{sum(by_kind.values())} processes started (with the hook: Python ones)")
     tables("", by_test, by_kind, both, "{:6d}")
     if ended:
-        print(f"\nCPU seconds of the {ended} that exited normally (a signalled one reports nothing): "
+        print(f"\nCPU seconds of the {ended} with a figure (the hook: those that exited normally; `sample`: all): "
               f"{sum(cpu_kind.values()):,.1f} in all")
         tables("CPU ", cpu_test, cpu_kind, cpu_both, "{:9.1f}")
 
@@ -94,14 +107,48 @@ def tables(prefix: str, by_test: collections.Counter, by_kind: collections.Count
             print(f"{fmt.format(value)}  {' · '.join(key) if isinstance(key, tuple) else key}")
 
 
+def sample(log: Path, every_s: float = 0.5) -> None:
+    """Every process's CPU seconds from /proc, until SIGTERM or SIGINT; then the hook's lines for each."""
+    tick, me = os.sysconf("SC_CLK_TCK"), os.getpid()
+    seen: dict[tuple[int, str], list] = {}  # (pid, start time) -> [test, argv, cpu, cpu when first seen]
+    stopped: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda n, _f: stopped.append(n))
+    first = True
+    while not stopped:
+        for pid in (int(d) for d in os.listdir("/proc") if d.isdigit() and int(d) != me):
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                cpu, key = (int(fields[11]) + int(fields[12])) / tick, (pid, fields[19])
+                if key not in seen:
+                    argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                    test = next((e[20:].decode(errors="replace") for e in env
+                                 if e.startswith(b"PYTEST_CURRENT_TEST=")), "-")
+                    seen[key] = [test, argv.strip()[:240], cpu, cpu if first else 0.0]
+                seen[key][2] = cpu
+            except (OSError, IndexError, ValueError):  # gone meanwhile, or a kernel thread
+                pass
+        first = False
+        time.sleep(every_s)
+    with log.open("a") as f:
+        for (pid, _), (test, argv, cpu, base) in seen.items():
+            f.write(f"{time.time():.3f}\t{pid}\t{test}\t{argv}\tstart\n"
+                    f"{time.time():.3f}\t{pid}\t{test}\t{argv}\tcpu={cpu - base:.3f}\n")
+    print(f"{len(seen)} processes sampled into {log}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("action", choices=("install", "uninstall", "report"))
+    ap.add_argument("action", choices=("install", "uninstall", "report", "sample"))
     ap.add_argument("venv", nargs="?", type=Path)
     ap.add_argument("--log", type=Path, default=Path("/tmp/pystarts.log"))
     a = ap.parse_args()
     if a.action == "report":
         report(a.log)
+        return
+    if a.action == "sample":
+        sample(a.log)
         return
     if a.venv is None:
         raise SystemExit(f"{a.action} needs the venv")
