@@ -27,6 +27,7 @@ from evidence.checker import check_answer
 from evidence.commitments import CommitmentLog
 from evidence.receipts import make_receipt
 from training.errors import TrainError
+from training.heap import long_lived
 
 
 def attempts_dir(home: Path, role: str, arm: str) -> Path:
@@ -135,12 +136,13 @@ def evaluate(home: str | os.PathLike[str], arm: str, role: str, *, seed_dir: Pat
              retry_reason: str | None = None, batch: int | None = None,
              say=lambda m: None) -> dict[str, Any]:
     """Score `arm` on every case of `role`; `batch` overrides the profile's `score_batch` (benchmarks)."""
-    import torch
+    with long_lived():  # loaded once, kept to the end: out of the collector's sight (training/heap.py)
+        import torch
 
-    from training.corpus import Corpus
-    from training.objective import WeightedResponseLoss, collate
-    from training.prepare import load_cases, require_prepared
-    from training.seed import load_tokenizer, quiet_libraries
+        from training.corpus import Corpus
+        from training.objective import WeightedResponseLoss, collate
+        from training.prepare import load_cases, require_prepared
+        from training.seed import load_tokenizer, quiet_libraries
 
     home = Path(home)
     if role not in ("dev", "test"):
@@ -168,11 +170,12 @@ def evaluate(home: str | os.PathLike[str], arm: str, role: str, *, seed_dir: Pat
                                              "model_receipt": receipt_digest, "retry_reason": retry_reason})
     t0 = time.perf_counter()
     quiet_libraries()
-    from transformers import AutoModelForCausalLM
+    with long_lived():
+        from transformers import AutoModelForCausalLM
 
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
-    tok = load_tokenizer(model_dir, verified=True)
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+        tok = load_tokenizer(model_dir, verified=True)
     model.to(device)
     score_batch, score_dtype = scoring_settings(prepared)
     batch = batch or score_batch

@@ -43,6 +43,7 @@ from starlette.concurrency import run_in_threadpool
 from evidence.canonical import read_json, write_json_atomic
 from evidence.schema import explain
 from training.errors import TrainError
+from training.heap import long_lived
 
 MAX_BODY_BYTES = 4096
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
@@ -117,15 +118,16 @@ class Replica:
 
 def load_replica(home: str | os.PathLike[str], *, arm: str | None = None, seed_dir: Path | None = None,
                  name: str = "replica", threads: int | None = None, cache_size: int = 1024) -> Replica:
-    import torch
+    with long_lived():  # loaded once, kept to the end: out of the collector's sight (training/heap.py)
+        import torch
 
-    from evidence.commitments import CommitmentLog
-    from training.evaluate import generation_budget, model_dir_for
-    from training.prepare import load_cases, require_prepared
-    from training.runtime import DeviceShare, device_lock, pick_device
-    from training.seed import load_tokenizer, quiet_libraries
-    from training.train import resolved_from_prepared
-    from training.trainer import parameter_digest
+        from evidence.commitments import CommitmentLog
+        from training.evaluate import generation_budget, model_dir_for
+        from training.prepare import load_cases, require_prepared
+        from training.runtime import DeviceShare, device_lock, pick_device
+        from training.seed import load_tokenizer, quiet_libraries
+        from training.train import resolved_from_prepared
+        from training.trainer import parameter_digest
 
     home = Path(home)
     prepared = require_prepared(home)
@@ -143,9 +145,10 @@ def load_replica(home: str | os.PathLike[str], *, arm: str | None = None, seed_d
     if threads:
         torch.set_num_threads(threads)
     quiet_libraries()
-    from transformers import AutoModelForCausalLM
+    with long_lived():
+        from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     loaded = parameter_digest(model)
     agreed = receipt["meta"].get("parameters_sha256")
     if agreed is None and arm != selection["baseline"]:

@@ -29,6 +29,7 @@ from training.config import Arm, ConfigError, Experiment, Resolved
 from training.errors import CheckpointError, TrainError
 from training.hold import NEW_HOME
 from training.faults import FaultPlan
+from training.heap import long_lived
 from training.profiling import UpdateProfiler
 from training.runs import _set_aside, run_dir
 
@@ -155,9 +156,10 @@ class RankRun:
 
     def __init__(self, home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_name: str, *,
                  threads: int | None = None, say: Callable[[str], None] | None = None, resume: bool = False):
-        import torch.distributed  # noqa: F401  the rank's imports come before its clock starts, so that
-        import training.checkpoint.group  # noqa: F401  process_seconds_in_train is the train phases' own
-        from training import comm, corpus, prepare, runtime, seed, trainer  # noqa: F401  (imports vary by host)
+        with long_lived():  # loaded once, kept to the end: out of the collector's sight (training/heap.py)
+            import torch.distributed  # noqa: F401  the rank's imports come before its clock starts, so that
+            import training.checkpoint.group  # noqa: F401  process_seconds_in_train is the train phases' own
+            from training import comm, corpus, prepare, runtime, seed, trainer  # noqa: F401  (imports vary by host)
 
         self.t_start = time.perf_counter()
         self.home, self.model_dir, self.arm_name = Path(home), Path(model_dir), arm_name
@@ -267,12 +269,13 @@ class RankRun:
         from training.corpus import Corpus
 
         t0 = time.perf_counter()  # the libraries' import counts as loading, as it always has
-        from transformers import AutoModelForCausalLM
+        with long_lived():
+            from transformers import AutoModelForCausalLM
 
-        from training.seed import load_tokenizer, quiet_libraries
-        quiet_libraries()
-        model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=torch.float32)
-        tok = load_tokenizer(self.model_dir, verified=True)
+            from training.seed import load_tokenizer, quiet_libraries
+            quiet_libraries()
+            model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=torch.float32)
+            tok = load_tokenizer(self.model_dir, verified=True)
         self.timers["model_load_seconds"] = time.perf_counter() - t0
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
 

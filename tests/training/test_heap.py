@@ -1,0 +1,47 @@
+"""training/heap.py: what a block loads is frozen out of the collector's sight, and the collector is left as
+it was found — including when the block raises."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+
+from training.heap import long_lived
+
+
+class Node:
+    def __init__(self) -> None:
+        self.me = self  # a cycle: only the collector could free it
+
+
+@pytest.fixture
+def collector():
+    was = gc.isenabled()
+    yield
+    gc.unfreeze()  # back into the oldest generation: nothing the test froze stays frozen
+    (gc.enable if was else gc.disable)()
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_what_the_block_loads_is_frozen_and_the_collector_left_as_found(collector, enabled):
+    (gc.enable if enabled else gc.disable)()
+    before = gc.get_freeze_count()
+    with long_lived():
+        assert not gc.isenabled()  # paused while the block loads
+        kept = [Node() for _ in range(1000)]
+    assert gc.isenabled() is enabled
+    assert gc.get_freeze_count() >= before + 1000
+    ours = {id(n) for n in kept}
+    for generation in range(3):  # in none of the generations a collection visits
+        assert not ours & {id(o) for o in gc.get_objects(generation)}
+
+
+def test_a_block_that_raises_still_freezes_and_resumes(collector):
+    gc.enable()
+    before = gc.get_freeze_count()
+    with pytest.raises(RuntimeError):
+        with long_lived():
+            kept = [Node() for _ in range(100)]  # noqa: F841
+            raise RuntimeError("import failed")
+    assert gc.isenabled() and gc.get_freeze_count() >= before + 100
