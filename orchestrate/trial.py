@@ -4,8 +4,9 @@ The controller's home is the authority: prepare, commit, select, report and pres
 Hosts get a staged copy and send back, verified, what they wrote:
 
     controller home                       host r, under its root
-    prepared.json, inputs/, log   stage ▶  site/ (locked wheelhouse, offline), seed/, home/
+    prepared.json, inputs/        stage ▶  site/ (locked wheelhouse, offline), seed/, home/
                                            (through the trial's bucket when it has one: evidence/relay.py)
+    commitments.jsonl              push ▶  before a group launches; to the host that scores or serves
     logs/<arm>/attempt-<n>/      ◀ stream  one rank process per host (stderr, stdout)
     runs/<arm>/                  ◀ collect home/runs/<arm>/rank-r; rank 0's model and numerical profile
     evaluations/<role>/<arm>/    ◀ collect `python -m training evaluate` on rank 0's host
@@ -46,7 +47,11 @@ from orchestrate.transport import Transport, TransportError
 if TYPE_CHECKING:
     from orchestrate.serving import LocalReplicas, RemoteReplicas
 
-STAGED = ("prepared.json", "prepare-record.json", LOG_NAME)
+STAGED = ("prepared.json", "prepare-record.json")
+"""The home's files every host gets when it is staged. Not the commitments log: a host's may extend ours
+with commitments not yet collected (an arm that finished after its controller stopped), and staging again,
+as the next controller does, must not overwrite them. The log goes where a stage starts from it: to a
+group's hosts before it is launched (`_push_log`), to the host that scores or serves (`_push_selected`)."""
 
 
 class Placement(Protocol):

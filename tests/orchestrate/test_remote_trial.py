@@ -86,11 +86,41 @@ from training.train import resolved_from_prepared
 cluster, home, seed, wheels = load(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
 pl = RemotePlacement(cluster, home, seed, wheel_dir=wheels, say=print)
 try:
-    res = pl.train(home, resolved_from_prepared(require_prepared(home)).arm("clean-pair"), max_restarts=0, echo=print)
+    arm = resolved_from_prepared(require_prepared(home)).arm("clean-pair")
+    pl.devices("cpu")  # the hosts staged first, as `orchestrate run` places the arms before it trains
+    print("placed", flush=True)
+    res = pl.train(home, arm, max_restarts=0, echo=print)
+    print("attempts", *[a.ok for a in res], flush=True)
     print("ok" if res and res[-1].ok else "failed", flush=True)
 finally:
     pl.close()
 """
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU a live process has used (/proc/PID/stat's utime and stime)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def throttled(ctl: subprocess.Popen, run_s: float = 0.001, period_s: float = 0.1) -> threading.Thread:
+    """Starve `ctl` of CPU until it exits, as a CPU limit throttles a cgroup (cpu.max "1000 100000": 1 ms per
+    100-ms period, then nothing until the next; Linux's Documentation/scheduler/sched-bwc.rst): stopped for
+    all but `run_s` of every `period_s`, whatever else runs on the machine. `send_signal` polls first, so a
+    process already reaped is never signalled."""
+    def cycle() -> None:
+        try:
+            while ctl.poll() is None:
+                ctl.send_signal(signal.SIGCONT)
+                time.sleep(run_s)
+                ctl.send_signal(signal.SIGSTOP)
+                time.sleep(period_s - run_s)
+        finally:
+            ctl.send_signal(signal.SIGCONT)
+
+    th = threading.Thread(target=cycle, daemon=True)
+    th.start()
+    return th
 
 
 def test_an_arm_outlives_its_controller(hosts, tiny_seed, smoke_home, tmp_path):
@@ -142,31 +172,43 @@ def test_an_arm_outlives_its_controller(hosts, tiny_seed, smoke_home, tmp_path):
     pl = RemotePlacement(desc, home, tiny_seed, wheel_dir=wheels)
     try:
         before = (home / LOG_NAME).read_bytes()
-        pl.devices("cpu")  # the hosts staged first, as `orchestrate run` places the arms before it trains
-        # the reference arm, its controller starved for the whole arm (pinned to CPU 0 beside two busy loops
-        # at nice -19: about 1 % of that CPU is left to it; the ranks run on the other CPU). Starved for
-        # this arm, not the 60-s cut's (#34): the busy loops burn a CPU for as long as they run
-        busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"],
-                                 preexec_fn=lambda: (os.sched_setaffinity(0, {0}), os.nice(-19))) for _ in range(2)]
-        mine = os.sched_getaffinity(0)
-        os.sched_setaffinity(0, {0})  # this thread, and every thread it starts: the controller's
+        # the reference arm, its controller (a process of its own) starved of CPU for the whole arm: 1 % of a
+        # CPU from the moment it has placed the arm. (#34: two busy loops at nice -19 starved it before, and
+        # burned a CPU for as long as the arm ran)
+        reaped = os.times()  # the CPU of this process's children reaped so far
+        ctl = subprocess.Popen([sys.executable, "-c", CONTROLLER, str(cluster), str(home), str(tiny_seed),
+                                str(wheels)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
-            t0 = time.monotonic()
-            attempts, said = train(pl, home)
+            staged = []
+            for line in ctl.stdout:  # what staging said, until the arm is placed
+                staged.append(line)
+                if line.startswith("placed"):
+                    break
+            assert staged and staged[-1].startswith("placed"), "".join(staged)
+            t0, placed = time.monotonic(), cpu_seconds(ctl.pid)
+            th = throttled(ctl)
+            out, _ = ctl.communicate(timeout=900)
+            th.join()
+            wall, spent = time.monotonic() - t0, os.times()
         finally:
-            os.sched_setaffinity(0, mine)
-            for b in busy:
-                b.kill()
-                b.wait()
-        print(f"starved controller: the arm took {time.monotonic() - t0:.1f} s; the controller's own words: "
-              f"{[s for s in said if 'answer' in s or 'unreachable' in s]}")
-        assert [a.ok for a in attempts] == [True], said  # no false verdict: one attempt, no restart
+            if ctl.poll() is None:
+                ctl.kill()
+                ctl.communicate()
+        said = out.splitlines()
+        cpu = (spent.children_user - reaped.children_user) + (spent.children_system - reaped.children_system) \
+            - placed  # the controller's whole life (counted once it is reaped) less what it used to get placed
+        print(f"starved controller: the arm took {wall:.1f} s, the controller {cpu:.2f} s of CPU in it; its own "
+              f"words: {[s for s in said if 'answer' in s or 'unreachable' in s]}")
+        assert "attempts True" in said and "ok" in said, out[-3000:]  # no false verdict: one attempt, no restart
+        assert cpu < 0.1 * wall  # starved: its CPU time a small share of the arm's
         expected = final(home)
         after = (home / LOG_NAME).read_bytes()
         assert after.startswith(before) and after != before  # rank 0's numerical-profile came back
 
         # the controller stopped after the hosts finished the arm but before it collected it: the next
-        # run finds every rank's result on the hosts and only collects (a relaunch would be refused there)
+        # run finds every rank's result on the hosts and only collects (a relaunch would be refused there).
+        # This placement has not staged the hosts yet: as a new controller, it stages them first, which must
+        # leave rank 0's log on its host alone (it holds the arm's commitments, not yet collected)
         shutil.rmtree(home / "runs")
         (home / LOG_NAME).write_bytes(before)
         attempts, said = train(pl, home)
