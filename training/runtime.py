@@ -14,7 +14,6 @@ import platform
 import resource
 import socket
 import time
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import torch.distributed as dist
 
 from evidence.canonical import canonical_sha256
 from training.errors import DeviceBusy, RuntimeSetupError
+from training.identity import RankInfo  # noqa: F401  (init_group's argument; read before torch loads)
 from training.sharing import SHARED_GPUS_ENV, DeviceShare
 
 _PROCESS_T0 = time.monotonic()
@@ -33,31 +33,6 @@ RUNTIME_ENV = NUMERIC_ENV + ("OMP_NUM_THREADS", "NCCL_IB_DISABLE", "NCCL_SOCKET_
                              "NCCL_NVLS_ENABLE", "PYTORCH_CUDA_ALLOC_CONF", "CUDA_VISIBLE_DEVICES",
                              "TRIAL_SHARED_GPUS", "TRIAL_DEVICE_JOB")
 
-
-
-@dataclass(frozen=True)
-class RankInfo:
-    world_size: int
-    rank: int
-    local_rank: int
-    master_addr: str | None
-    master_port: int | None
-
-    @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> "RankInfo":
-        env = dict(os.environ if env is None else env)
-        world = int(env.get("WORLD_SIZE", "1"))
-        rank = int(env.get("RANK", "0"))
-        if world > 1:
-            missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in env]
-            if missing:
-                raise RuntimeSetupError(f"WORLD_SIZE={world} but {', '.join(missing)} not set; "
-                                        "every rank needs RANK, MASTER_ADDR and MASTER_PORT")
-        if not 0 <= rank < world:
-            raise RuntimeSetupError(f"RANK={rank} is outside WORLD_SIZE={world}")
-        port = env.get("MASTER_PORT")
-        return cls(world, rank, int(env.get("LOCAL_RANK", "0")), env.get("MASTER_ADDR"),
-                   int(port) if port else None)
 
 
 def pick_device(kind: str, local_rank: int, share: DeviceShare | None = None) -> torch.device:

@@ -156,22 +156,21 @@ class RankRun:
 
     def __init__(self, home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_name: str, *,
                  threads: int | None = None, say: Callable[[str], None] | None = None, resume: bool = False):
-        with long_lived():  # loaded once, kept to the end: out of the collector's sight (training/heap.py)
-            import torch.distributed  # noqa: F401  the rank's imports come before its clock starts, so that
-            import training.checkpoint.group  # noqa: F401  process_seconds_in_train is the train phases' own
-            from training import comm, corpus, prepare, runtime, seed, trainer  # noqa: F401  (imports vary by host)
+        from training.identity import RankInfo  # who this rank is, read without loading torch
 
-        self.t_start = time.perf_counter()
         self.home, self.model_dir, self.arm_name = Path(home), Path(model_dir), arm_name
         self.threads, self.resume = threads, resume
-        self.info = runtime.RankInfo.from_env()
+        self.info = RankInfo.from_env()
         self.say = say or (lambda msg: None)
         self.timers: dict[str, Any] = {}  # filled phase by phase, in the result's order
 
     def run(self) -> dict[str, Any]:
-        from training import comm, runtime
-
-        self.check_inputs()
+        self.check_inputs()  # before any library loads: a refused rank spends no time loading them
+        with long_lived():  # loaded once, kept to the end: out of the collector's sight (training/heap.py)
+            import torch.distributed  # noqa: F401  the libraries load before the clock starts, so that
+            import training.checkpoint.group  # noqa: F401  process_seconds_in_train is the train phases' own
+            from training import comm, corpus, prepare, runtime, seed, trainer  # noqa: F401  (imports vary by host)
+        self.t_start = time.perf_counter()
         self.join_group()
         model = self.load_model()
         spec, numerics, numerics_digest = self.fix_numerics(model)
