@@ -21,7 +21,9 @@ inherit nothing) and its command line; at a normal exit it appends the CPU secon
 stopped: it also counts what the hook cannot — ranks that leave by `os._exit`, processes ended by a signal,
 and programs that are not Python (sshd, Pulumi's engine). A process that lives under half a second is missed;
 one that was running when sampling began counts only what it used after. The test is the
-PYTEST_CURRENT_TEST in the process's environment, as the hook reads it.
+PYTEST_CURRENT_TEST in the process's environment, as the hook reads it. It also writes the whole machine's
+busy core-seconds over the sampling (/proc/stat), which misses nothing: the suite is CPU-bound when that
+is close to the wall time times the cores.
 """
 
 from __future__ import annotations
@@ -72,6 +74,12 @@ def kind(argv: str) -> str:
 
 def report(log: Path) -> None:
     rows = [r for r in (line.rstrip("\n").split("\t") for line in log.open()) if len(r) in (4, 5)]
+    for r in rows:
+        if r[3] == "machine":  # `sample`'s whole-machine line
+            busy, wall = (float(x.split("=")[1]) for x in r[4].split())
+            print(f"the machine: {busy:,.1f} core-seconds busy in {wall:,.1f} s "
+                  f"({busy / wall:.2f} of {os.cpu_count()} cores on average)")
+    rows = [r for r in rows if r[3] != "machine"]
     by_test, by_kind, both = collections.Counter(), collections.Counter(), collections.Counter()
     cpu_test, cpu_kind, cpu_both = collections.Counter(), collections.Counter(), collections.Counter()
     ended = 0
@@ -107,6 +115,13 @@ def tables(prefix: str, by_test: collections.Counter, by_kind: collections.Count
             print(f"{fmt.format(value)}  {' · '.join(key) if isinstance(key, tuple) else key}")
 
 
+def machine_busy() -> float:
+    """Core-seconds every CPU of the machine has spent busy since boot (/proc/stat: all but idle and
+    iowait): it counts what the per-process sampling misses (processes shorter than a sample, the kernel)."""
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    return (sum(values) - values[3] - values[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def sample(log: Path, every_s: float = 0.5) -> None:
     """Every process's CPU seconds from /proc, until SIGTERM or SIGINT; then the hook's lines for each."""
     tick, me = os.sysconf("SC_CLK_TCK"), os.getpid()
@@ -114,7 +129,7 @@ def sample(log: Path, every_s: float = 0.5) -> None:
     stopped: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda n, _f: stopped.append(n))
-    first = True
+    first, t0, busy0 = True, time.time(), machine_busy()
     while not stopped:
         for pid in (int(d) for d in os.listdir("/proc") if d.isdigit() and int(d) != me):
             try:
@@ -132,6 +147,7 @@ def sample(log: Path, every_s: float = 0.5) -> None:
         first = False
         time.sleep(every_s)
     with log.open("a") as f:
+        f.write(f"{time.time():.3f}\t0\t-\tmachine\tbusy={machine_busy() - busy0:.1f} wall={time.time() - t0:.1f}\n")
         for (pid, _), (test, argv, cpu, base) in seen.items():
             f.write(f"{time.time():.3f}\t{pid}\t{test}\t{argv}\tstart\n"
                     f"{time.time():.3f}\t{pid}\t{test}\t{argv}\tcpu={cpu - base:.3f}\n")
