@@ -6,9 +6,11 @@ rest of the process. CPython's collector traverses all of them at each full coll
 those imports alone (0.2 s each on a 2-core test machine), and again whenever a rank's training loop, a
 replica's answers or a scoring pass has allocated enough to trigger one. `long_lived()` pauses the
 collector for the block that loads them and then `gc.freeze()`s everything alive: frozen objects sit in a
-permanent generation that no later collection visits. Reference counting still frees them (checked: a Llama model loaded in the block and used to
-generate is freed by its last reference, collector or not); only a cycle among them that dies later is
-never reclaimed, and the libraries' modules do not die before the process.
+permanent generation that no later collection visits. Reference counting still frees them (checked: a
+Llama model loaded in the block and used to generate is freed by its last reference, collector or not);
+only a cycle among them that dies later is never reclaimed, and the libraries' modules do not die before
+the process. In a process that calls it more than once (a controller scoring arm after arm in its own
+process), each call freezes what is alive then; each model still goes with its last reference.
 
 Measured (`bench/rank_cpu.py`, bench/results/2026-12-04-heap-2cpu/): a tiny-seed smoke rank's user CPU
 5.57 s before, 3.80 s after (means of five runs each, alternating).
