@@ -11,7 +11,11 @@ blindly) and accepts one client key generated for the set. A firewall in each na
 security group: every port is open to member hosts only, SSH also to the operator, anything else is
 refused with a reset. Everything made here is removed on exit: sshd processes by their own pids,
 then the namespaces and the bridge. Namespaces share the filesystem, so each host works under its
-own root directory.
+own root directory, and its sessions log in to a home of their own there (`login_home`: HOME, which
+sshd's SetEnv sets over the account's, seeded from /etc/skel as a new account's home is). A session's
+shell reads its startup files from HOME (bash run by sshd reads ~/.bashrc even for a command), and a
+real host's are its own, never this machine's root user's: here those start pyenv, ~0.1 s of CPU that
+every SSH command would pay.
 
 Links and namespaces outlive the process that made them: a test run killed mid-way (a session that
 ends, a CI job cancelled) leaves its bridge holding its slot's operator address, and every later set in
@@ -261,18 +265,29 @@ class NetnsHosts:
         _sh(*ipt, "-A", "INPUT", "-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset")
         _sh(*ipt, "-A", "INPUT", "-j", "DROP")
 
+    @staticmethod
+    def login_home(h: NetnsHost) -> Path:
+        """The home a session on host `h` logs in to (its HOME)."""
+        return h.root / "login-home"
+
     def _sshd(self, h: NetnsHost) -> None:
         key = h.root / "ssh_host_ed25519_key"
         _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key))
         h.host_key = " ".join(Path(f"{key}.pub").read_text().split()[:2])
         shutil.copyfile(f"{self.client_key}.pub", h.root / "authorized_keys")
+        home = self.login_home(h)
+        if Path("/etc/skel").is_dir():
+            shutil.copytree("/etc/skel", home, symlinks=True)
+        else:
+            home.mkdir()
+        env = {"HOME": str(home), **self.env}
         cfg = h.root / "sshd_config"
         cfg.write_text("\n".join([
             f"ListenAddress {h.address}", "Port 22", f"HostKey {key}",
             f"AuthorizedKeysFile {h.root / 'authorized_keys'}", f"PidFile {h.root / 'sshd.pid'}",
             "PasswordAuthentication no", "KbdInteractiveAuthentication no", "PermitRootLogin prohibit-password",
             "StrictModes no", "UsePAM no", "Subsystem sftp internal-sftp", "LogLevel ERROR",
-            *([f"SetEnv {' '.join(f'{k}={v}' for k, v in self.env.items())}"] if self.env else []), ""]))
+            f"SetEnv {' '.join(f'{k}={v}' for k, v in env.items())}", ""]))
         log = open(h.root / "sshd.log", "ab")
         h.sshd = subprocess.Popen(h.exec_argv("/usr/sbin/sshd", "-D", "-e", "-f", str(cfg)),
                                   stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

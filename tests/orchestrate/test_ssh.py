@@ -1,5 +1,5 @@
 """SSH transport against real OpenSSH sshd processes in network namespaces on 198.18.0.0/24
-(root only): exit status, separate output streams, verified copies, pinned host keys, the member-only
+(root only): exit status, separate output streams, a session in the host's own login home, verified copies, pinned host keys, the member-only
 firewall on a rendezvous port, an unreachable host failing fast, and a remote rank's liveness
 verdict kept on the clock while its probes hang — a host silent while another answers, every host silent
 at once (the controller's network), the controller itself stopped — a detached rank attached again after its
@@ -58,6 +58,25 @@ def test_exec_status_streams_and_env(hosts):
         late = t.run("(sleep 0.5; echo late; echo late-err >&2) & echo early")
         assert (late.status, late.stdout, late.stderr) == (0, "early\nlate\n", "late-err\n")
     finally:
+        t.close()
+
+
+def test_a_session_logs_in_to_its_hosts_own_home(hosts):
+    """A real host's shell reads its own startup files, never this machine's root user's: a session's
+    HOME is the host's login home, and the shell sshd runs for a command reads that home's ~/.bashrc
+    (Debian's bash does so when sshd starts it)."""
+    h = hosts.hosts[2]
+    home = NetnsHosts.login_home(h)
+    rc = home / ".bashrc"
+    kept = rc.read_bytes()
+    t = ssh(hosts, 2)
+    try:
+        assert t.run('echo "$HOME"').stdout.strip() == str(home)
+        rc.write_bytes(b"echo this-hosts-bashrc >&2\n" + kept)
+        r = t.run("true")
+        assert r.status == 0 and set(r.stderr.splitlines()) == {"this-hosts-bashrc"}, r.stderr  # once per shell
+    finally:
+        rc.write_bytes(kept)
         t.close()
 
 
