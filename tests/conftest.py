@@ -158,13 +158,27 @@ def zombie():
         parent.wait()
 
 
-def proc_state(pid: int) -> str | None:
-    """The process state letter from /proc/<pid>/stat (R, S, Z, …), None once the pid is gone."""
+def proc_stat(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat's fields after the command name (which may hold spaces and parentheses, so the
+    split is at its last ")"): field 3 of proc(5), the state, first. None once the pid is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(") ", 1)[1][:1]
+            return f.read().rsplit(")", 1)[1].split()
     except FileNotFoundError:
         return None
+
+
+def proc_state(pid: int) -> str | None:
+    """The process state letter (R, S, Z, …), None once the pid is gone."""
+    fields = proc_stat(pid)
+    return None if fields is None else fields[0]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU a live process has used (proc(5)'s utime and stime, fields 14 and 15)."""
+    fields = proc_stat(pid)
+    assert fields is not None, f"pid {pid} is gone"
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def serving_processes(namespaces: dict[str, str]) -> list[tuple[str, int]]:

@@ -30,6 +30,7 @@ from training.errors import CheckpointError, TrainError
 from training.hold import NEW_HOME
 from training.faults import FaultPlan
 from training.heap import long_lived
+from training.identity import RankInfo  # who this rank is, read without loading torch
 from training.profiling import UpdateProfiler
 from training.runs import _set_aside, run_dir
 
@@ -156,8 +157,6 @@ class RankRun:
 
     def __init__(self, home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_name: str, *,
                  threads: int | None = None, say: Callable[[str], None] | None = None, resume: bool = False):
-        from training.identity import RankInfo  # who this rank is, read without loading torch
-
         self.home, self.model_dir, self.arm_name = Path(home), Path(model_dir), arm_name
         self.threads, self.resume = threads, resume
         self.info = RankInfo.from_env()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, proc_state
+from conftest import ROOT, cpu_seconds, proc_state
 from evidence.canonical import read_json
 from evidence.commitments import LOG_NAME
 from orchestrate.cluster import netns_cluster, save
@@ -95,12 +95,6 @@ try:
 finally:
     pl.close()
 """
-
-
-def cpu_seconds(pid: int) -> float:
-    """User and system CPU a live process has used (/proc/PID/stat's utime and stime)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def throttled(ctl: subprocess.Popen, run_s: float = 0.001, period_s: float = 0.1) -> threading.Thread:
