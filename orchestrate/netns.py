@@ -11,7 +11,7 @@ blindly) and accepts one client key generated for the set. A firewall in each na
 security group: every port is open to member hosts only, SSH also to the operator, anything else is
 refused with a reset. Everything made here is removed on exit: sshd processes by their own pids,
 then the namespaces and the bridge. Namespaces share the filesystem, so each host works under its
-own root directory, and its sessions log in to a home of their own there (`login_home`: HOME, which
+own root directory, and its sessions log in to a home of their own there (`NetnsHost.login_home`: HOME, which
 sshd's SetEnv sets over the account's, seeded from /etc/skel as a new account's home is). A session's
 shell reads its startup files from HOME (bash run by sshd reads ~/.bashrc even for a command), and a
 real host's are its own, never this machine's root user's: here those start pyenv, ~0.1 s of CPU that
@@ -119,6 +119,11 @@ class NetnsHost:
     host_key: str  # "ssh-ed25519 AAAA…", pinned by the transport
     member: bool
     sshd: subprocess.Popen | None = None
+
+    @property
+    def login_home(self) -> Path:
+        """The home a session on this host logs in to (its HOME)."""
+        return self.root / "login-home"
 
     def exec_argv(self, *argv: str) -> list[str]:
         """argv run inside this host's namespace (for tests that act as the host itself)."""
@@ -265,17 +270,12 @@ class NetnsHosts:
         _sh(*ipt, "-A", "INPUT", "-p", "tcp", "-j", "REJECT", "--reject-with", "tcp-reset")
         _sh(*ipt, "-A", "INPUT", "-j", "DROP")
 
-    @staticmethod
-    def login_home(h: NetnsHost) -> Path:
-        """The home a session on host `h` logs in to (its HOME)."""
-        return h.root / "login-home"
-
     def _sshd(self, h: NetnsHost) -> None:
         key = h.root / "ssh_host_ed25519_key"
         _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key))
         h.host_key = " ".join(Path(f"{key}.pub").read_text().split()[:2])
         shutil.copyfile(f"{self.client_key}.pub", h.root / "authorized_keys")
-        home = self.login_home(h)
+        home = h.login_home
         if Path("/etc/skel").is_dir():
             shutil.copytree("/etc/skel", home, symlinks=True)
         else:

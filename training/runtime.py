@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from evidence.canonical import canonical_sha256
 from training.errors import DeviceBusy, RuntimeSetupError
-from training.identity import RankInfo  # noqa: F401  (init_group's argument; read before torch loads)
+from training.identity import RankInfo
 from training.sharing import SHARED_GPUS_ENV, DeviceShare
 
 _PROCESS_T0 = time.monotonic()

@@ -66,7 +66,7 @@ def test_a_session_logs_in_to_its_hosts_own_home(hosts):
     HOME is the host's login home, and the shell sshd runs for a command reads that home's ~/.bashrc
     (Debian's bash does so when sshd starts it)."""
     h = hosts.hosts[2]
-    home = NetnsHosts.login_home(h)
+    home = h.login_home
     rc = home / ".bashrc"
     kept = rc.read_bytes() if rc.is_file() else b""  # /etc/skel's, where the system has one
     t = ssh(hosts, 2)
