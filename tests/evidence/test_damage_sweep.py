@@ -141,7 +141,20 @@ def figures_drawn_once(monkeypatch):
     return drawn
 
 
-def test_damage_sweep(sweep_trial, finished_trial, figures_drawn_once):
+@pytest.fixture
+def commands_built_once(monkeypatch):
+    """typer's `CliRunner.invoke(app, …)` builds the app's click command from its functions on every call
+    (`typer.testing._get_command(app)`, ~5 ms: each parameter's annotations read again); the sweep's ~2,300
+    invocations build each app's once. It is the command `app()` itself would build, unchanged: every
+    invocation still parses its arguments and runs the command's function as a user's does."""
+    import functools
+
+    import typer.testing
+
+    monkeypatch.setattr(typer.testing, "_get_command", functools.cache(typer.testing._get_command))
+
+
+def test_damage_sweep(sweep_trial, finished_trial, figures_drawn_once, commands_built_once):
     from evidence.report import build_report
 
     root, baseline = sweep_trial

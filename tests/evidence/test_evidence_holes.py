@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -17,9 +18,20 @@ from conftest import ROOT, run_cli
 
 
 def snapshot(root: Path) -> dict[str, tuple[int, int]]:
-    """Every file under `root` with its size and modification time: what 'nothing changed' compares."""
-    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(root.rglob("*")) if p.is_file()}
+    """Every file under `root` with its size and modification time: what 'nothing changed' compares.
+    As `root.rglob("*")` sees them (symlinked directories not entered, a link to a file counted as the
+    file), with one stat each and no Path objects: the damage sweep takes two snapshots per damage."""
+    out = {}
+    for d, _, names in os.walk(root):
+        for n in names:
+            p = os.path.join(d, n)
+            try:
+                st = os.stat(p)
+            except OSError:  # a dangling link: not a file, as `is_file()` says
+                continue
+            if stat.S_ISREG(st.st_mode):
+                out[os.path.relpath(p, root)] = (st.st_size, st.st_mtime_ns)
+    return dict(sorted(out.items()))
 
 
 def words(text: str) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import run_worker
+from conftest import built_once, run_worker
 from dist_cases import case
 from dist_worker import CUDA, device, to_cpu, train_state
 from training.comm import chunk_plan
@@ -62,14 +62,15 @@ JOBS_4 = [
 ]
 
 
-@pytest.fixture(scope="module")
+# Each job runs once per test run (`built_once`), not once per xdist worker that reaches it; read-only.
+@pytest.fixture(scope="session")
 def two(tmp_path_factory, tiny_seed):
-    return run_worker(tmp_path_factory.mktemp("arms"), tiny_seed, 2, JOBS_2)
+    return built_once(tmp_path_factory, "arms-2", lambda d: run_worker(d, tiny_seed, 2, JOBS_2)) / "worker-2"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def four(tmp_path_factory, tiny_seed):
-    return run_worker(tmp_path_factory.mktemp("arms"), tiny_seed, 4, JOBS_4)
+    return built_once(tmp_path_factory, "arms-4", lambda d: run_worker(d, tiny_seed, 4, JOBS_4)) / "worker-4"
 
 
 def load(out, name, world):

@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from conftest import run_ranks
+from conftest import built_once, run_ranks
 from evidence.canonical import file_sha256, read_json
 
 ARM = "clean-pair"
@@ -46,15 +46,19 @@ def full_pair(trained):
 
 @pytest.fixture(scope="session")
 def killed_pair(tmp_path_factory, smoke_home, tiny_seed):
-    home = tmp_path_factory.mktemp("ckpt") / "killed"
-    shutil.copytree(smoke_home, home)
-    res = run_ranks(argv(home, tiny_seed), 2, env={"TRIAL_FAULT_KILL": "1:11"})
-    assert res[1][0] == -9, res[1][1]  # rank 1 died by SIGKILL; rank 0 lost its peer
-    assert res[0][0] != 0
-    for r in range(2):
-        assert (rank_dir(home, r) / "manifests" / "step-000008.json").is_file()
-        assert not (rank_dir(home, r) / "result.json").exists()
-    return home
+    """clean-pair with rank 1 SIGKILLed after update 11, once per test run (not per xdist worker);
+    read-only: tests resume copies (`killed`)."""
+    def build(d):
+        home = d / "killed"
+        shutil.copytree(smoke_home, home)
+        res = run_ranks(argv(home, tiny_seed), 2, env={"TRIAL_FAULT_KILL": "1:11"})
+        assert res[1][0] == -9, res[1][1]  # rank 1 died by SIGKILL; rank 0 lost its peer
+        assert res[0][0] != 0
+        for r in range(2):
+            assert (rank_dir(home, r) / "manifests" / "step-000008.json").is_file()
+            assert not (rank_dir(home, r) / "result.json").exists()
+
+    return built_once(tmp_path_factory, "killed-pair", build) / "killed"
 
 
 @pytest.fixture
