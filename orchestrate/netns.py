@@ -1,9 +1,10 @@
 """Test hosts: network namespaces on 198.18.0.0/24, each running a real OpenSSH `sshd` (needs root).
 
-The /24 holds two slots, 198.18.0.0/25 and 198.18.0.128/25, so two sets can live at once (the test
-suite's two workers each build theirs, `TRIALS_NETNS_SLOT`: tests/conftest.py); in slot s (base b = 128·s):
+The /24 holds four slots, its /26 quarters (198.18.0.0/26 … 198.18.0.192/26), so four sets can live at once
+(each of the test suite's workers builds its own, `TRIALS_NETNS_SLOT`: tests/conftest.py); in slot s (base
+b = 64·s):
 
-    root namespace   bridge tb<tag>  198.18.0.(b+1)/25   (the operator / controller)
+    root namespace   bridge tb<tag>  198.18.0.(b+1)/26   (the operator / controller)
     host k           netns tn<tag>-k, eth0 198.18.0.(b+10+k), sshd on port 22, its own root directory
 
 Each host gets its own ed25519 host key (pinned for the SSH transport — no key is ever accepted
@@ -43,7 +44,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 SUBNET = "198.18.0"
-SLOTS = 2  # /25 halves of the /24
+SLOTS = 4  # the /24's /26 quarters: one per test worker, up to four
+SLOT_SIZE = 256 // SLOTS  # addresses in a slot
+PREFIX = 32 - (SLOT_SIZE - 1).bit_length()  # a slot's prefix length: 26
+MAX_HOSTS = SLOT_SIZE - 11  # hosts are b+10 … b+SLOT_SIZE-2 (the last address is the slot's broadcast)
 SLOT_ENV = "TRIALS_NETNS_SLOT"  # which slot a set takes unless told (default 0)
 _OPEN_HERE = 0  # sets open in this process (a second would wait on its own lock)
 _BRIDGE = re.compile(r"tb([0-9a-f]{4})")
@@ -59,10 +63,10 @@ class SubnetBusy(NetnsError):
 
 
 def slot_base(slot: int) -> int:
-    """The slot's first address's last octet: 0 or 128."""
+    """The slot's first address's last octet: 0, 64, 128 or 192."""
     if not 0 <= slot < SLOTS:
         raise NetnsError(f"test-host slot {slot} does not exist (0 … {SLOTS - 1}; {SLOT_ENV})")
-    return 128 * slot
+    return SLOT_SIZE * slot
 
 
 def lock_path(slot: int) -> Path:
@@ -71,7 +75,7 @@ def lock_path(slot: int) -> Path:
 
 def in_slot(address: str, slot: int) -> bool:
     head, _, last = address.rpartition(".")
-    return head == SUBNET and last.isdigit() and slot_base(slot) <= int(last) < slot_base(slot) + 128
+    return head == SUBNET and last.isdigit() and slot_base(slot) <= int(last) < slot_base(slot) + SLOT_SIZE
 
 
 def _start_time(pid: int) -> int | None:
@@ -164,8 +168,8 @@ class NetnsHosts:
         if _OPEN_HERE:
             raise NetnsError("a set of test hosts is already open in this process: two cannot share the slot; "
                              "close it first")
-        if not 0 < self.count <= 100:
-            raise NetnsError(f"a set holds 1 … 100 hosts, not {self.count}")
+        if not 0 < self.count <= MAX_HOSTS:
+            raise NetnsError(f"a set holds 1 … {MAX_HOSTS} hosts, not {self.count}")
         slot_base(self.slot)  # a slot that does not exist is refused before any lock is taken
         self._take_subnet()
         _OPEN_HERE += 1
@@ -210,7 +214,7 @@ class NetnsHosts:
         self.reclaim_stale(self.slot)  # under the lock: any test bridge still here is a dead set's
         _sh("ip", "link", "add", self.bridge, "type", "bridge")
         _sh("ip", "link", "set", self.bridge, "alias", f"trials-netns owner={os.getpid()}:{_start_time(os.getpid())}")
-        _sh("ip", "addr", "add", f"{self.operator}/25", "dev", self.bridge)
+        _sh("ip", "addr", "add", f"{self.operator}/{PREFIX}", "dev", self.bridge)
         _sh("ip", "link", "set", self.bridge, "up")
         members = set(range(self.count) if self.members is None else self.members)
         for k in range(self.count):
@@ -221,7 +225,7 @@ class NetnsHosts:
             self.hosts.append(NetnsHost(k, ns, addr, root, "", k in members))
             _sh("ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", ns)
             _sh("ip", "link", "set", veth, "master", self.bridge, "up")
-            _sh("ip", "-n", ns, "addr", "add", f"{addr}/25", "dev", "eth0")
+            _sh("ip", "-n", ns, "addr", "add", f"{addr}/{PREFIX}", "dev", "eth0")
             _sh("ip", "-n", ns, "link", "set", "eth0", "up")
             _sh("ip", "-n", ns, "link", "set", "lo", "up")
         member_addrs = [h.address for h in self.hosts if h.member]
@@ -235,7 +239,7 @@ class NetnsHosts:
     def reclaim_stale(slot: int) -> list[str]:
         """Remove the test bridges in the slot whose owner is gone, with their namespaces; refuse
         anything else there by name. Returns the bridges removed."""
-        net = f"{SUBNET}.{slot_base(slot)}/25"
+        net = f"{SUBNET}.{slot_base(slot)}/{PREFIX}"
         links = {l["ifname"]: l for l in json.loads(_sh("ip", "-j", "link", "show") or "[]")}
         holders = [a["ifname"] for a in json.loads(_sh("ip", "-j", "-4", "addr", "show") or "[]")
                    if any(in_slot(i.get("local", ""), slot) for i in a.get("addr_info", []))]

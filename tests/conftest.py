@@ -476,17 +476,23 @@ def markers_of(item, names: set[str] | None = None) -> set[str]:
 # stagings. The namespace hosts' modules go to both workers: each worker builds its sets in a slot of its
 # own (`pytest_configure`), so neither waits for the other's lock. The first match names a test's group
 # (`--dist loadgroup`: a group runs whole on one worker; every other test goes where a worker is free).
+# The tests that compile (test_arms: the compiled step, its warm-up, packed rows) share one worker too: what
+# Inductor keeps in a process (its compile workers, ~15 s of CPU to start, and the graphs compiled so far)
+# is then paid once, and no two workers compile the same shape at once.
 GROUPS = (("ssh", "netns-hosts"), ("finished_trial", "finished-trial"))
+GROUP_PATTERNS = {"tests/training/test_arms.py::*compile*": "inductor"}  # node ids (fnmatch)
 
 
-def group_of(marks: set[str], names: set[str], module: str = "") -> str | None:
+def group_of(marks: set[str], names: set[str], module: str = "", nodeid: str = "") -> str | None:
     group = next((g for key, g in GROUPS if key in marks or key in names), None)
+    if group is None:
+        group = next((g for pattern, g in GROUP_PATTERNS.items() if fnmatch.fnmatchcase(nodeid, pattern)), None)
     return f"{group}:{module}" if group == "netns-hosts" else group
 
 
 def pytest_configure(config):
-    """Each xdist worker's namespace hosts in a slot of its own (orchestrate/netns.py: gw0 the first,
-    gw1 the second /25); one process, or a third worker, shares a slot and waits on its lock."""
+    """Each xdist worker's namespace hosts in a slot of its own (orchestrate/netns.py's /26 quarters: gw0
+    the first, gw1 the second, …); one process, or a fifth worker, shares a slot and waits on its lock."""
     from orchestrate.netns import SLOT_ENV, SLOTS
 
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
@@ -501,6 +507,6 @@ def pytest_collection_modifyitems(items):
         marks = markers_of(item, names)
         for m in sorted(marks):
             item.add_marker(m)
-        group = group_of(marks, names, item.module.__name__)
+        group = group_of(marks, names, item.module.__name__, item.nodeid)
         if group:
             item.add_marker(pytest.mark.xdist_group(group))

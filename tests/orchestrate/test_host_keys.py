@@ -188,7 +188,7 @@ def test_up_reads_the_consoles_through_boto3_and_refuses_a_silent_one(aws, tmp_p
                     reason="needs root and openssh-server (CI installs both)")
 def test_a_cluster_pinned_from_the_consoles_logs_in_and_refuses_another_key(tmp_path):
     from orchestrate.cluster import pulumi_cluster
-    from orchestrate.netns import NetnsHosts
+    from orchestrate.netns import PREFIX, NetnsHosts
     from orchestrate.transport import TransportError
 
     with NetnsHosts(2, tmp_path / "netns") as hs:
@@ -203,7 +203,7 @@ def test_a_cluster_pinned_from_the_consoles_logs_in_and_refuses_another_key(tmp_
             t = cluster.transport(h)
             try:
                 r = t.run("ip -4 -o addr show eth0 | awk '{print $4}'")
-                assert r.status == 0 and r.stdout.strip() == f"{h.address}/25"
+                assert r.status == 0 and r.stdout.strip() == f"{h.address}/{PREFIX}"
             finally:
                 t.close()
         # a console whose key is not the host's (another instance's text, a replaced host): no log-in

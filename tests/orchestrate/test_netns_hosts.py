@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.netns import SLOT_ENV, NetnsError, NetnsHosts, default_slot, lock_path, slot_base
+from orchestrate.netns import PREFIX, SLOT_ENV, SLOT_SIZE, SLOTS, NetnsError, NetnsHosts, default_slot, lock_path, slot_base
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("/usr/sbin/sshd") is None,
                                 reason="needs root and openssh-server (CI installs both)")
@@ -119,9 +119,9 @@ def test_a_foreign_address_in_the_subnet_is_refused_and_left_alone(tmp_path):
     subprocess.run(["ip", "link", "add", name, "type", "veth", "peer", "name", f"{name}p"], check=True)
     try:
         base = slot_base(default_slot())
-        subprocess.run(["ip", "addr", "add", f"198.18.0.{base + 120}/25", "dev", name], check=True)
+        subprocess.run(["ip", "addr", "add", f"198.18.0.{base + SLOT_SIZE - 8}/{PREFIX}", "dev", name], check=True)
         before = links()
-        with pytest.raises(NetnsError, match=rf"{name} holds an address in 198\.18\.0\.{base}/25.*not a test bridge"):
+        with pytest.raises(NetnsError, match=rf"{name} holds an address in 198\.18\.0\.{base}/{PREFIX}.*not a test bridge"):
             with NetnsHosts(1, tmp_path / "blocked"):
                 pass
         assert links() == before
@@ -140,13 +140,13 @@ def test_a_second_set_in_the_same_process_is_refused_at_once(tmp_path):
         assert answers(hs.hosts[0].address)
 
 
-def test_the_two_slots_hold_two_live_sets_each_reaching_its_own_hosts(tmp_path):
-    """A set in the other slot comes up beside this one at once; each answers on its own addresses, and
-    ending one leaves the other answering. The other set is a child told the other slot — or, when the
-    suite's other worker already holds that slot, that worker's own live set."""
+def test_two_slots_hold_two_live_sets_each_reaching_its_own_hosts(tmp_path):
+    """A set in another slot (the next) comes up beside this one at once; each answers on its own addresses,
+    and ending one leaves the other answering. The other set is a child told that slot — or, when another
+    of the suite's workers already holds it, that worker's own live set."""
     import fcntl
 
-    other = 1 - default_slot()
+    other = (default_slot() + 1) % SLOTS
     with open(lock_path(other), "a+") as lock:
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -24,7 +24,7 @@ import pytest
 
 from conftest import ROOT
 from orchestrate.launch.ssh import Hearing, RemoteRank, liveness_probe
-from orchestrate.netns import NetnsHosts
+from orchestrate.netns import PREFIX, NetnsHosts
 from orchestrate.transport import SSHTransport, TransportError
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("/usr/sbin/sshd") is None,
@@ -50,7 +50,7 @@ def test_exec_status_streams_and_env(hosts):
         assert (r.status, r.stdout, r.stderr) == (7, "out\n", "err\n")
         r = t.run('echo "$GREETING" from $(ip -4 -o addr show eth0 | awk \'{print $4}\')',
                   env={"GREETING": "it's me"})
-        assert r.status == 0 and r.stdout.strip() == f"it's me from {hosts.hosts[0].address}/25"
+        assert r.status == 0 and r.stdout.strip() == f"it's me from {hosts.hosts[0].address}/{PREFIX}"
         big = t.run("head -c 300000 /dev/zero | tr '\\0' x")  # more than one channel window
         assert big.status == 0 and len(big.stdout) == 300000
         # sshd sends the exit status when the shell ends and the output still in its pipe after it: the
