@@ -156,6 +156,10 @@ class NetnsHosts:
         return operator_address(self.slot)
 
     def address_of(self, k: int) -> str:
+        """Host k's address, or (k ≥ count) one in the slot that no host holds; never one outside the slot,
+        which the route would send off this machine."""
+        if not 0 <= k < MAX_HOSTS:
+            raise NetnsError(f"host {k} is outside the slot (0 … {MAX_HOSTS - 1})")
         return f"{SUBNET}.{slot_base(self.slot) + 10 + k}"
 
     def __enter__(self) -> "NetnsHosts":

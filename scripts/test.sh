@@ -11,7 +11,9 @@ if [ "$(id -u)" = 0 ] && { [ ! -x /usr/sbin/sshd ] || ! command -v ip >/dev/null
 fi
 bash scripts/bootstrap.sh
 . .venv/bin/activate
-# Two workers (the machines have two cores; tests/conftest.py's GROUPS keeps a module's namespace-host tests
-# on one of them, each worker's hosts in a slot of their own, and the finished trial's tests on one);
+# Three workers on the machines' two cores: many tests wait (on ranks' paced updates, a cut-off controller,
+# sshd), and a third worker's tests fill the CPU they leave (bench/results/2026-12-04-three-workers-2cpu/).
+# tests/conftest.py's GROUPS keeps a module's namespace-host tests on one of them, each worker's hosts in a
+# slot of their own, the finished trial's tests on one, and a module's tests that share a fixture it builds;
 # TEST_WORKERS=0 runs everything in this one process.
-exec python -m pytest -n "${TEST_WORKERS:-2}" --dist loadgroup "${@:-tests}"
+exec python -m pytest -n "${TEST_WORKERS:-3}" --dist loadgroup "${@:-tests}"

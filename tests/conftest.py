@@ -469,24 +469,44 @@ def markers_of(item, names: set[str] | None = None) -> set[str]:
     return marks
 
 
-# Under `pytest -n` (scripts/test.sh runs two workers) some tests must share one worker, in order: the
+# Under `pytest -n` (scripts/test.sh runs three workers) some tests must share one worker, in order: the
 # finished trial (a whole smoke trial, about two minutes, whose fixture also holds the two runs' processes
 # and what they said, so not `built_once`) is built once per worker, so its tests stay together; and the
 # tests of one module on the network-namespace hosts (marker `ssh`), which share that module's hosts and
-# stagings. The namespace hosts' modules go to both workers: each worker builds its sets in a slot of its
-# own (`pytest_configure`), so neither waits for the other's lock. The first match names a test's group
+# stagings. The namespace hosts' modules go to every worker: each worker builds its sets in a slot of its
+# own (`pytest_configure`), so none waits for another's lock. The first match names a test's group
 # (`--dist loadgroup`: a group runs whole on one worker; every other test goes where a worker is free).
 # The tests that compile (test_arms: the compiled step, its warm-up, packed rows) share one worker too: what
 # Inductor keeps in a process (its compile workers, ~15 s of CPU to start, and the graphs compiled so far)
-# is then paid once, and no two workers compile the same shape at once.
+# is then paid once, and no two workers compile the same shape at once. Last, the tests that reach a
+# fixture their own module builds for more than one test (a scored home, a probe, a replica, the Pulumi
+# program's registrations) share a worker, which builds it once — unless it is `built_once` already.
 GROUPS = (("ssh", "netns-hosts"), ("finished_trial", "finished-trial"))
 GROUP_PATTERNS = {"tests/training/test_arms.py::*compile*": "inductor"}  # node ids (fnmatch)
 
 
-def group_of(marks: set[str], names: set[str], module: str = "", nodeid: str = "") -> str | None:
+def own_shared_fixtures(item) -> list[str]:
+    """The fixtures of module or session scope that `item`'s own module defines and builds in each worker
+    that reaches them (not through `built_once`)."""
+    module = item.nodeid.split("::")[0]
+    out = []
+    for name, defs in item._fixtureinfo.name2fixturedefs.items():
+        for fd in defs:
+            if fd.scope in ("module", "session") and fd.baseid == module:
+                reached: set[str] = set()
+                _reached(fd.func, set(), reached)
+                if "built_once" not in reached:
+                    out.append(name)
+    return out
+
+
+def group_of(marks: set[str], names: set[str], module: str = "", nodeid: str = "",
+             own_fixtures: list[str] | None = None) -> str | None:
     group = next((g for key, g in GROUPS if key in marks or key in names), None)
     if group is None:
         group = next((g for pattern, g in GROUP_PATTERNS.items() if fnmatch.fnmatchcase(nodeid, pattern)), None)
+    if group is None and own_fixtures:
+        group = f"module-fixtures:{module}"
     return f"{group}:{module}" if group == "netns-hosts" else group
 
 
@@ -507,6 +527,6 @@ def pytest_collection_modifyitems(items):
         marks = markers_of(item, names)
         for m in sorted(marks):
             item.add_marker(m)
-        group = group_of(marks, names, item.module.__name__, item.nodeid)
+        group = group_of(marks, names, item.module.__name__, item.nodeid, own_shared_fixtures(item))
         if group:
             item.add_marker(pytest.mark.xdist_group(group))

@@ -24,7 +24,7 @@ import pytest
 
 from conftest import ROOT
 from orchestrate.launch.ssh import Hearing, RemoteRank, liveness_probe
-from orchestrate.netns import PREFIX, NetnsHosts
+from orchestrate.netns import MAX_HOSTS, PREFIX, NetnsHosts
 from orchestrate.transport import SSHTransport, TransportError
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("/usr/sbin/sshd") is None,
@@ -141,7 +141,7 @@ def test_host_keys_are_pinned(hosts):
 
 
 def test_unreachable_host_fails_fast(hosts):
-    t = SSHTransport("ghost", hosts.address_of(100), user="root", key_file=hosts.client_key,
+    t = SSHTransport("ghost", hosts.address_of(MAX_HOSTS - 1), user="root", key_file=hosts.client_key,
                      host_key=hosts.hosts[0].host_key, connect_timeout=2)
     t0 = time.monotonic()
     with pytest.raises(TransportError, match="cannot be reached|timed out"):

@@ -36,7 +36,7 @@ def files(home):
             and p.name not in ("heartbeat.json",)}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def full_pair(trained):
     """clean-pair trained uninterrupted: the session's `trained` home ran exactly `argv(home, seed)` for
     it (conftest.py), so that home is the reference rather than a second run of the same command.
