@@ -165,6 +165,11 @@ def test_a_live_rank_is_never_set_aside(tmp_path):
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "training", "train",
                               "--home", str(tmp_path / "another-home")])
     try:
+        for p in (live, other):  # exec'd: until then /proc shows the command line of the worker it forked from
+            deadline = time.monotonic() + 30
+            while b"--home" not in Path(f"/proc/{p.pid}/cmdline").read_bytes():
+                assert time.monotonic() < deadline, "the stand-in rank never started"
+                time.sleep(0.01)
         (rank / "heartbeat.json").write_text(json.dumps({"pid": live.pid, "update": 3, "time": time.time()}))
         with pytest.raises(TrainError, match=f"still running \\(pid {live.pid}\\)"):
             set_aside_unfinished(tmp_path, "single", 1)
