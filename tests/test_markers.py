@@ -10,19 +10,46 @@ from conftest import EXPLICIT, MARKERS, ROOT, TESTS
 
 
 @pytest.fixture(scope="module")
-def marks() -> dict[str, set[str]]:
-    """node id → its markers among MARKERS, for every test of tests/."""
-    got: dict[str, set[str]] = {}
+def collected() -> dict[str, tuple[set[str], str | None]]:
+    """node id → (its markers among MARKERS, its xdist group or None), for every test of tests/."""
+    got: dict[str, tuple[set[str], str | None]] = {}
 
     class Record:
         @pytest.hookimpl(trylast=True)
         def pytest_collection_modifyitems(self, items):
-            got.update({i.nodeid: {m.name for m in i.iter_markers() if m.name in MARKERS} for i in items})
+            for i in items:
+                group = i.get_closest_marker("xdist_group")
+                got[i.nodeid] = ({m.name for m in i.iter_markers() if m.name in MARKERS}, group and group.args[0])
 
     code = pytest.main(["--collect-only", "-qq", "-p", "no:cacheprovider", "--rootdir", str(ROOT), str(TESTS)],
                        plugins=[Record()])
     assert code == pytest.ExitCode.OK and got
     return got
+
+
+@pytest.fixture
+def marks(collected) -> dict[str, set[str]]:
+    return {n: m for n, (m, _) in collected.items()}
+
+
+def test_tests_that_share_what_a_worker_builds_share_that_worker(collected):
+    """`--dist loadgroup` runs a group whole on one worker (tests/conftest.py, `group_of`): a module's
+    namespace hosts, the finished trial, the compile tests, and a fixture a module builds for several of its
+    tests — but not one `built_once`, which every worker reads."""
+    group = {n: g for n, (_, g) in collected.items()}
+    assert group["tests/orchestrate/test_ssh.py::test_host_keys_are_pinned"] == "netns-hosts:test_ssh"
+    assert group["tests/orchestrate/test_cli.py::test_orchestrate_run_smoke"] == "finished-trial"
+    assert group["tests/training/test_arms.py::test_compiled_step_matches_eager"] == "inductor"
+    assert group["tests/orchestrate/test_serving.py::test_probe_three_phases"] == "module-fixtures:test_serving"
+    assert group["tests/evidence/test_report.py::test_full_trial_report"] == "module-fixtures:test_report"
+    assert group["tests/training/test_arms.py::test_ddp_four_ranks_equals_single"] is None  # `four` is built_once
+    assert group["tests/evidence/test_checker.py::test_deep_nesting_is_malformed_not_a_crash"] is None
+    import fnmatch
+
+    from conftest import GROUP_PATTERNS
+
+    stale = [p for p in GROUP_PATTERNS if not any(fnmatch.fnmatchcase(n, p) for n in group)]
+    assert not stale, stale
 
 
 def test_known_tests_get_their_markers(marks):

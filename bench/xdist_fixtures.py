@@ -1,0 +1,67 @@
+"""Which worker built which shared fixture, and how long each worker was busy (#34: a module or session
+fixture is built once per xdist worker that reaches it, unless `built_once`; was any built twice?).
+
+    PYTHONPATH=bench FIXLOG_DIR=/tmp/fixlog python -m pytest -p xdist_fixtures -n 3 --dist loadgroup tests
+    python bench/xdist_fixtures.py /tmp/fixlog
+
+As a pytest plugin it appends, per worker (FIXLOG_DIR/<worker>.jsonl), every set-up of a fixture wider than
+one test (name, scope, wall seconds) and every test's start and wall seconds. Run as a script it prints the
+fixtures whose set-ups took over 2 s in all (a name listed with two workers was built twice) and each
+worker's test count, busy seconds and when its last test ended.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+
+def _write(rec: dict) -> None:
+    d = Path(os.environ.get("FIXLOG_DIR", "/tmp/fixlog"))
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}.jsonl", "a") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    t0 = time.time()
+    yield
+    if fixturedef.scope != "function":
+        _write({"kind": "fixture", "name": fixturedef.argname, "scope": fixturedef.scope, "t0": t0,
+                "s": time.time() - t0})
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    t0 = time.time()
+    yield
+    _write({"kind": "test", "id": item.nodeid, "t0": t0, "s": time.time() - t0})
+
+
+def summary(d: Path) -> str:
+    recs = [dict(json.loads(line), w=f.stem) for f in sorted(d.glob("*.jsonl")) for line in f.open()]
+    built = collections.defaultdict(list)
+    for r in recs:
+        if r["kind"] == "fixture":
+            built[(r["name"], r["scope"])].append((r["w"], round(r["s"], 1)))
+    out = ["fixture (scope): [(worker, seconds), …] — over 2 s in all"]
+    for (name, scope), v in sorted(built.items(), key=lambda kv: -sum(s for _, s in kv[1])):
+        if sum(s for _, s in v) > 2:
+            out.append(f"  {name} ({scope}): {v}")
+    t0 = min(r["t0"] for r in recs)
+    for w in sorted({r["w"] for r in recs}):
+        tests = [r for r in recs if r["w"] == w and r["kind"] == "test"]
+        out.append(f"{w}: {len(tests)} tests, busy {sum(r['s'] for r in tests):.0f} s, "
+                   f"last ended at {max(r['t0'] + r['s'] for r in tests) - t0:.0f} s")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    print(summary(Path(sys.argv[1])))
