@@ -5,9 +5,11 @@ fixture is built once per xdist worker that reaches it, unless `built_once`; was
     python bench/xdist_fixtures.py /tmp/fixlog
 
 As a pytest plugin it appends, per worker (FIXLOG_DIR/<worker>.jsonl), every set-up of a fixture wider than
-one test (name, scope, wall seconds) and every test's start and wall seconds. Run as a script it prints the
-fixtures whose set-ups took over 2 s in all (a name listed with two workers was built twice) and each
-worker's test count, busy seconds and when its last test ended.
+one test (name, where it is defined, scope, wall seconds) and every test's start and wall seconds. Run as a
+script it prints the fixtures whose set-ups took over 2 s in all, and each worker's test count, busy seconds
+and when its last test ended. A fixture listed with two workers was set up by both: built twice, unless it is
+`built_once` (tests/conftest.py), where a worker's set-up is its wait for the one that builds (it then reads
+that copy), as `tiny_seed`'s second worker shows.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ def pytest_fixture_setup(fixturedef, request):
     t0 = time.time()
     yield
     if fixturedef.scope != "function":
-        _write({"kind": "fixture", "name": fixturedef.argname, "scope": fixturedef.scope, "t0": t0,
-                "s": time.time() - t0})
+        _write({"kind": "fixture", "name": fixturedef.argname, "where": fixturedef.baseid,
+                "scope": fixturedef.scope, "t0": t0, "s": time.time() - t0})
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -50,11 +52,11 @@ def summary(d: Path) -> str:
     built = collections.defaultdict(list)
     for r in recs:
         if r["kind"] == "fixture":
-            built[(r["name"], r["scope"])].append((r["w"], round(r["s"], 1)))
-    out = ["fixture (scope): [(worker, seconds), …] — over 2 s in all"]
-    for (name, scope), v in sorted(built.items(), key=lambda kv: -sum(s for _, s in kv[1])):
+            built[(r["name"], r.get("where", "?"), r["scope"])].append((r["w"], round(r["s"], 1)))
+    out = ["fixture (where it is defined, scope): [(worker, seconds), …] — over 2 s in all"]
+    for (name, where, scope), v in sorted(built.items(), key=lambda kv: -sum(s for _, s in kv[1])):
         if sum(s for _, s in v) > 2:
-            out.append(f"  {name} ({scope}): {v}")
+            out.append(f"  {name} ({where or 'tests'}, {scope}): {v}")
     t0 = min(r["t0"] for r in recs)
     for w in sorted({r["w"] for r in recs}):
         tests = [r for r in recs if r["w"] == w and r["kind"] == "test"]

@@ -48,6 +48,7 @@ SLOTS = 4  # the /24's /26 quarters: one per test worker, up to four
 SLOT_SIZE = 256 // SLOTS  # addresses in a slot
 PREFIX = 32 - (SLOT_SIZE - 1).bit_length()  # a slot's prefix length: 26
 MAX_HOSTS = SLOT_SIZE - 11  # hosts are b+10 … b+SLOT_SIZE-2 (the last address is the slot's broadcast)
+assert SLOT_SIZE & (SLOT_SIZE - 1) == 0, "a slot is a CIDR block: SLOTS must be a power of two"
 SLOT_ENV = "TRIALS_NETNS_SLOT"  # which slot a set takes unless told (default 0)
 _OPEN_HERE = 0  # sets open in this process (a second would wait on its own lock)
 _BRIDGE = re.compile(r"tb([0-9a-f]{4})")

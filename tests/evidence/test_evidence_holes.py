@@ -165,14 +165,21 @@ def test_a_live_rank_is_never_set_aside(tmp_path):
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "-m", "training", "train",
                               "--home", str(tmp_path / "another-home")])
     try:
-        for p in (live, other):  # exec'd: until then /proc shows the command line of the worker it forked from
-            deadline = time.monotonic() + 30
-            while b"--home" not in Path(f"/proc/{p.pid}/cmdline").read_bytes():
-                assert time.monotonic() < deadline, "the stand-in rank never started"
-                time.sleep(0.01)
         (rank / "heartbeat.json").write_text(json.dumps({"pid": live.pid, "update": 3, "time": time.time()}))
-        with pytest.raises(TrainError, match=f"still running \\(pid {live.pid}\\)"):
+        try:
             set_aside_unfinished(tmp_path, "single", 1)
+        except TrainError as e:
+            assert f"still running (pid {live.pid})" in str(e)
+        else:  # once, under three workers (#34), with no cause known: what live_rank read, if it happens again
+            def read(f: str) -> object:
+                try:
+                    return os.readlink(f"/proc/{live.pid}/{f}") if f == "cwd" else \
+                        Path(f"/proc/{live.pid}/{f}").read_bytes()[:300]
+                except OSError as e:
+                    return e
+
+            pytest.fail(f"a live rank was set aside: poll {live.poll()}, "
+                        f"{ {f: read(f) for f in ('cmdline', 'stat', 'cwd')} }")
         assert rank.is_dir()
         from training.runs import live_rank
 

@@ -1,10 +1,10 @@
 """The network-namespace test hosts themselves (root only): a set left behind by a killed run (its
 bridge still holding its slot's operator address, its sshd still running) is reclaimed by the next set,
 which then answers; a set whose owner still runs, and an address in the slot on a link that is not a
-test bridge, are refused by name and left as they were; the two slots hold two live sets at once, each
-reaching its own hosts. Without this a run killed mid-way makes every later SSH test time out, which is
+test bridge, are refused by name and left as they were; two slots hold two live sets at once, each
+reaching its own hosts; the slots' addresses stay inside the /24, apart, and a host's inside its slot. Without this a run killed mid-way makes every later SSH test time out, which is
 how a CI run once failed. Each test works in this worker's slot (tests/conftest.py), its helper child
-processes too (they inherit the slot), so the other worker's sets in the other slot never meet it."""
+processes too (they inherit the slot), so the other workers' sets in their slots never meet it."""
 
 from __future__ import annotations
 
@@ -114,6 +114,30 @@ def test_a_second_suite_waits_for_the_subnet_then_comes_up(tmp_path):
     assert p.returncode == 0
 
 
+def test_the_slots_are_apart_inside_the_24_and_a_host_never_leaves_its_slot(tmp_path):
+    """Checked with `ipaddress`, not with netns.py's own arithmetic: every slot a network of the test /24,
+    no two overlapping; the operator and every host a set can hold inside their slot, none of them its
+    network or broadcast address; a host number past the slot refused before any address is made."""
+    import ipaddress
+
+    from orchestrate.netns import MAX_HOSTS, operator_address
+
+    test_net = ipaddress.ip_network("198.18.0.0/24")
+    nets = [ipaddress.ip_network(f"198.18.0.{slot_base(s)}/{PREFIX}") for s in range(SLOTS)]
+    assert all(n.subnet_of(test_net) for n in nets) and len(nets) == SLOTS
+    assert all(not a.overlaps(b) for i, a in enumerate(nets) for b in nets[i + 1:])
+    for s, net in enumerate(nets):
+        hs = NetnsHosts(1, tmp_path, slot=s)  # not entered: no namespace, no lock
+        used = [ipaddress.ip_address(operator_address(s))] + [ipaddress.ip_address(hs.address_of(k))
+                                                              for k in range(MAX_HOSTS)]
+        assert all(a in net and a not in (net.network_address, net.broadcast_address) for a in used)
+        assert len(set(used)) == len(used)
+        with pytest.raises(NetnsError, match="outside the slot"):
+            hs.address_of(MAX_HOSTS)
+        with pytest.raises(NetnsError, match="outside the slot"):
+            hs.address_of(-1)
+
+
 def test_a_foreign_address_in_the_subnet_is_refused_and_left_alone(tmp_path):
     name = f"td{os.getpid() % 0xffff:04x}"
     subprocess.run(["ip", "link", "add", name, "type", "veth", "peer", "name", f"{name}p"], check=True)
@@ -154,7 +178,7 @@ def test_two_slots_hold_two_live_sets_each_reaching_its_own_hosts(tmp_path):
         except BlockingIOError:
             lock.seek(0)
             busy = lock.read().strip()
-    if busy:  # the other worker's set lives there: it must keep answering while this one comes up beside it
+    if busy:  # another worker's set lives there: it must keep answering while this one comes up beside it
         pid = int(busy.split()[1])
         t0 = time.monotonic()
         with NetnsHosts(2, tmp_path / "mine") as hs:
