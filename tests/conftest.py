@@ -485,19 +485,23 @@ GROUPS = (("ssh", "netns-hosts"), ("finished_trial", "finished-trial"))
 GROUP_PATTERNS = {"tests/training/test_arms.py::*compile*": "inductor"}  # node ids (fnmatch)
 
 
+_BUILT_ONCE: dict[int, bool] = {}  # fixture function → whether it builds through `built_once` (read once)
+
+
+def _builds_once(func) -> bool:
+    if id(func) not in _BUILT_ONCE:
+        reached: set[str] = set()
+        _reached(func, set(), reached)
+        _BUILT_ONCE[id(func)] = "built_once" in reached
+    return _BUILT_ONCE[id(func)]
+
+
 def own_shared_fixtures(item) -> list[str]:
     """The fixtures of module or session scope that `item`'s own module defines and builds in each worker
     that reaches them (not through `built_once`)."""
     module = item.nodeid.split("::")[0]
-    out = []
-    for name, defs in item._fixtureinfo.name2fixturedefs.items():
-        for fd in defs:
-            if fd.scope in ("module", "session") and fd.baseid == module:
-                reached: set[str] = set()
-                _reached(fd.func, set(), reached)
-                if "built_once" not in reached:
-                    out.append(name)
-    return out
+    return [name for name, defs in item._fixtureinfo.name2fixturedefs.items() for fd in defs
+            if fd.scope in ("module", "session") and fd.baseid == module and not _builds_once(fd.func)]
 
 
 def group_of(marks: set[str], names: set[str], module: str = "", nodeid: str = "",

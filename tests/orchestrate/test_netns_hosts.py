@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.netns import PREFIX, SLOT_ENV, SLOT_SIZE, SLOTS, NetnsError, NetnsHosts, default_slot, lock_path, slot_base
+from orchestrate.netns import (MAX_HOSTS, PREFIX, SLOT_ENV, SLOT_SIZE, SLOTS, NetnsError, NetnsHosts, default_slot,
+                              lock_path, operator_address, slot_base)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("/usr/sbin/sshd") is None,
                                 reason="needs root and openssh-server (CI installs both)")
@@ -119,8 +120,6 @@ def test_the_slots_are_apart_inside_the_24_and_a_host_never_leaves_its_slot(tmp_
     no two overlapping; the operator and every host a set can hold inside their slot, none of them its
     network or broadcast address; a host number past the slot refused before any address is made."""
     import ipaddress
-
-    from orchestrate.netns import MAX_HOSTS, operator_address
 
     test_net = ipaddress.ip_network("198.18.0.0/24")
     nets = [ipaddress.ip_network(f"198.18.0.{slot_base(s)}/{PREFIX}") for s in range(SLOTS)]
