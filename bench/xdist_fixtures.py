@@ -5,9 +5,11 @@ fixture is built once per xdist worker that reaches it, unless `built_once`; was
     python bench/xdist_fixtures.py /tmp/fixlog
 
 As a pytest plugin it appends, per worker (FIXLOG_DIR/<worker>.jsonl), every set-up of a fixture wider than
-one test (name, where it is defined, scope, wall seconds) and every test's start and wall seconds. Run as a
-script it prints the fixtures whose set-ups took over 2 s in all, and each worker's test count, busy seconds
-and when its last test ended. A fixture listed with two workers was set up by both: built twice, unless it is
+one test (name, where it is defined, scope, wall seconds) and every test's start, wall seconds and CPU
+seconds (the worker's own and its waited-for children's: processes under the namespace hosts' sshd are not
+its children, `process_census.py` counts those). Run as a script it prints the fixtures whose set-ups took
+over 2 s in all, each worker's test count, busy seconds and when its last test ended, and the tests that
+cost the most CPU. A fixture listed with two workers was set up by both: built twice, unless it is
 `built_once` (tests/conftest.py), where a worker's set-up is its wait for the one that builds (it then reads
 that copy), as `tiny_seed`'s second worker shows.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -40,11 +43,19 @@ def pytest_fixture_setup(fixturedef, request):
                 "scope": fixturedef.scope, "t0": t0, "s": time.time() - t0})
 
 
+def _cpu() -> tuple[float, float]:
+    """CPU seconds of this worker (all its threads) and of the children it has waited for."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime, kids.ru_utime + kids.ru_stime
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    t0 = time.time()
+    t0, (self0, kids0) = time.time(), _cpu()
     yield
-    _write({"kind": "test", "id": item.nodeid, "t0": t0, "s": time.time() - t0})
+    self1, kids1 = _cpu()
+    _write({"kind": "test", "id": item.nodeid, "t0": t0, "s": time.time() - t0,
+            "cpu_self": self1 - self0, "cpu_children": kids1 - kids0})
 
 
 def summary(d: Path) -> str:
@@ -62,6 +73,15 @@ def summary(d: Path) -> str:
         tests = [r for r in recs if r["w"] == w and r["kind"] == "test"]
         out.append(f"{w}: {len(tests)} tests, busy {sum(r['s'] for r in tests):.0f} s, "
                    f"last ended at {max(r['t0'] + r['s'] for r in tests) - t0:.0f} s")
+    tests = [r for r in recs if r["kind"] == "test" and "cpu_self" in r]
+    if tests:
+        out.append("CPU seconds by test (the worker's own, set-ups of the fixtures it reached included; the "
+                   "children it waited for) — the 40 highest:")
+        for r in sorted(tests, key=lambda r: -(r["cpu_self"] + r["cpu_children"]))[:40]:
+            out.append(f"  {r['cpu_self'] + r['cpu_children']:7.1f} = {r['cpu_self']:6.1f} + "
+                       f"{r['cpu_children']:6.1f}  {r['s']:6.1f} s wall  {r['id']}")
+        out.append(f"  all tests: {sum(r['cpu_self'] for r in tests):.1f} own + "
+                   f"{sum(r['cpu_children'] for r in tests):.1f} children")
     return "\n".join(out)
 
 
