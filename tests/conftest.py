@@ -90,6 +90,19 @@ def batched_home(tmp_path_factory, ltw_home, tiny_seed):
 
 
 @pytest.fixture(scope="session")
+def powersgd_trained(tmp_path_factory, batched_home, tiny_seed) -> Path:
+    """batched-learning/smoke with powersgd-pair trained by `python -m training train`, a process per rank
+    (the ordinary path); read only: copy before altering."""
+    def build(d: Path) -> None:
+        shutil.copytree(batched_home, d / "home")
+        res = run_ranks([sys.executable, "-m", "training", "train", "--home", str(d / "home"), "--arm",
+                         "powersgd-pair", "--model-dir", str(tiny_seed)], 2)
+        assert all(c == 0 for c, _ in res), "\n".join(o[-2000:] for _, o in res)
+
+    return built_once(tmp_path_factory, "powersgd", build) / "home"
+
+
+@pytest.fixture(scope="session")
 def trained(tmp_path_factory, smoke_home, tiny_seed) -> Path:
     """Every arm of cooperative-learning/smoke trained (no selection yet); copy before altering."""
     def build(d: Path) -> None:

@@ -24,14 +24,24 @@ def report(home, out):
 
 
 @pytest.fixture(scope="session")
-def scored(tmp_path_factory, trained, tiny_seed):
-    home = tmp_path_factory.mktemp("report") / "scored"
+def selected(tmp_path_factory, trained, tiny_seed):
+    """The trained home selected and its three arms scored on the test tasks, the seed not yet: the state
+    `scored` continues from, and a crash while scoring the seed starts from (copy before altering)."""
+    home = tmp_path_factory.mktemp("report") / "selected"
     shutil.copytree(trained, home)
     r = evaluate(home, "seed", tiny_seed)
     assert r.returncode == 2 and "selection" in r.stderr  # no scoring before the selection
     r = run_cli("-m", "training", "select", "--home", str(home))
     assert r.returncode == 0, r.stderr
-    score(home, ("seed", *ARMS), tiny_seed)
+    score(home, ARMS, tiny_seed)
+    return home
+
+
+@pytest.fixture(scope="session")
+def scored(tmp_path_factory, selected, tiny_seed):
+    home = tmp_path_factory.mktemp("report") / "scored"
+    shutil.copytree(selected, home)
+    score(home, ["seed"], tiny_seed)
     return home
 
 
@@ -116,16 +126,13 @@ def test_deleted_evaluation_attempt_is_caught(copy, tmp_path):
     refused(copy, tmp_path, "committed test attempt 1 of clean-pair is missing")
 
 
-def test_selection_after_test_scoring_is_caught(trained, tmp_path, tiny_seed):
+def test_selection_after_test_scoring_is_caught(copy, tmp_path):
     """A test evaluation entry placed before the selection in the log (forged by hand, with a valid
     hash chain, since the log itself refuses to append it) stops the report: replaying the log's
     sequencing rules catches it."""
     from evidence.commitments import CommitmentLog, _entry_hash
 
-    home = tmp_path / "home"
-    shutil.copytree(trained, home)
-    assert run_cli("-m", "training", "select", "--home", str(home)).returncode == 0
-    score(home, ["seed"], tiny_seed)
+    home = copy
     log = CommitmentLog(home)
     entries = log.entries()
     sel = next(e for e in entries if e["kind"] == "selection")
@@ -172,14 +179,12 @@ def test_another_arms_attempt_copied_over_is_caught(copy, tmp_path):
     refused(copy, tmp_path, "committed file changed")
 
 
-def test_a_gate_without_its_evidence_is_shown_not_dropped(trained, tmp_path, tiny_seed):
+def test_a_gate_without_its_evidence_is_shown_not_dropped(selected, tmp_path, tiny_seed):
     """The seed's only test attempt never finished (a crash mid-scoring, as the first GPU study's
     scoring did): the primary gates are listed as not evaluated, saying why, instead of vanishing;
     once another attempt is scored (its retry reason recorded), they are evaluated."""
     home = tmp_path / "home"
-    shutil.copytree(trained, home)
-    assert run_cli("-m", "training", "select", "--home", str(home)).returncode == 0
-    score(home, ARMS, tiny_seed)
+    shutil.copytree(selected, home)
     started = home / "evaluations" / "test" / "seed" / "attempt-1"
     started.mkdir(parents=True)
     (started / "started.json").write_text(json.dumps({"arm": "seed", "role": "test", "attempt": 1}))

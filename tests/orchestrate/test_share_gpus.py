@@ -112,14 +112,15 @@ def ltw_pair(tmp_path_factory, ltw_home, tiny_seed, finished_trial):
 
 
 @pytest.fixture(scope="module")
-def powersgd_pair(tmp_path_factory, batched_home, tiny_seed):
-    root = tmp_path_factory.mktemp("share-psgd")
-    homes = {k: root / k for k in ("shared", "ordinary")}
+def powersgd_pair(tmp_path_factory, batched_home, tiny_seed, powersgd_trained):
+    """batched-learning/smoke's powersgd-pair with its two ranks sharing one GPU as placed, beside the
+    session's `powersgd_trained`: the same committed inputs trained on the ordinary path (a rank per
+    process, no GPU shared; read only)."""
+    home = tmp_path_factory.mktemp("share-psgd") / "shared"
+    shutil.copytree(batched_home, home)
     with pytest.MonkeyPatch.context() as mp:
-        for k, home in homes.items():
-            shutil.copytree(batched_home, home)
-            train_as_placed(home, {"powersgd-pair": 2}, tiny_seed, 1 if k == "shared" else 2, k == "shared", mp)
-    return homes
+        train_as_placed(home, {"powersgd-pair": 2}, tiny_seed, 1, True, mp)
+    return {"shared": home, "ordinary": powersgd_trained}
 
 
 @pytest.mark.parametrize("arm,world", [("ddp-four", 4), ("diloco-four", 4), ("powersgd-pair", 2)])

@@ -23,10 +23,6 @@ def results(home, arm, world):
     return [read_json(home / "runs" / arm / f"rank-{r}" / "result.json") for r in range(world)]
 
 
-def ok(res):
-    assert all(code == 0 for code, _ in res), "\n".join(o[-2000:] for _, o in res)
-
-
 def test_single_and_pair(trained, tiny_seed, tmp_path):
     """clean-single and clean-pair as `python -m training train` ran them, one process per rank: the
     session's `trained` home ran exactly these commands (conftest.py), so its copy is read here rather
@@ -110,11 +106,12 @@ def test_refusals(home_copy, tiny_seed, tmp_path):
         assert "Traceback" not in out
 
 
-def test_ddp_four_and_diloco_four(ltw_home, tmp_path, tiny_seed):
-    home = tmp_path / "ltw"
-    shutil.copytree(ltw_home, home)
-    ok(run_ranks(train_argv(home, "ddp-four", tiny_seed), 4))
-    ok(run_ranks(train_argv(home, "diloco-four", tiny_seed), 4))
+def test_ddp_four_and_diloco_four(finished_trial):
+    """ddp-four and diloco-four as `python -m training train` ran them, four processes each: the session's
+    `finished_trial` (`orchestrate run diloco-four --profile smoke` on the embedded local cluster) launched
+    exactly these commands, a process per rank, on local-training-windows/smoke, so its results are read
+    here rather than trained again (read only)."""
+    home = finished_trial.home
     ddp, dil = results(home, "ddp-four", 4), results(home, "diloco-four", 4)
     for group in (ddp, dil):
         assert len({r["digests"]["final_parameters"] for r in group}) == 1
@@ -132,10 +129,11 @@ def test_ddp_four_and_diloco_four(ltw_home, tmp_path, tiny_seed):
         assert rec["loss_local"] == pytest.approx(rec["loss_sum_local"] / rec["weighted_targets_local"])
 
 
-def test_powersgd_pair(batched_home, tmp_path, tiny_seed):
-    home = tmp_path / "batched"
-    shutil.copytree(batched_home, home)
-    ok(run_ranks(train_argv(home, "powersgd-pair", tiny_seed), 2))
+def test_powersgd_pair(powersgd_trained):
+    """powersgd-pair as `python -m training train` ran it, two processes: the session's `powersgd_trained`
+    (conftest.py) ran exactly that command, and is read here (test_share_gpus.py compares it with the
+    co-located path)."""
+    home = powersgd_trained
     pair = results(home, "powersgd-pair", 2)
     assert pair[0]["digests"]["final_parameters"] == pair[1]["digests"]["final_parameters"]
     recs = pair[0]["updates"]
