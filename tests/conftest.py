@@ -89,15 +89,41 @@ def batched_home(tmp_path_factory, ltw_home, tiny_seed):
     return prepared_once(tmp_path_factory, "batched", "batched-learning", tiny_seed, ltw_home)
 
 
+def gpus(n: int, share: bool = False):
+    """The devices `orchestrate run` finds with TRIAL_GPUS=n (`--share-gpus` or not)."""
+    from orchestrate.placement import local_devices
+
+    return local_devices(None, "cuda", {"TRIAL_GPUS": str(n)}, share_gpus=share)
+
+
+def train_as_placed(home: Path, arms: Iterable[str], seed: Path, placed_gpus: int, share: bool,
+                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commit the placement `orchestrate run` would on `placed_gpus` GPUs, then train every arm
+    through the controller's LocalPlacement, which launches as that placement says (a process per rank,
+    `python -m training train`, its threads as the controller gives them)."""
+    from evidence.canonical import read_json
+    from orchestrate.placement import commit_placement
+    from orchestrate.trial import LocalPlacement
+    from training.config import resolve
+
+    cfg = resolve(read_json(home / "prepared.json")["experiment"]["experiment"]["name"], "smoke")
+    with monkeypatch.context() as m:
+        m.setattr("orchestrate.placement.trial_device", lambda c: "cuda")  # decided as for a GPU profile
+        commit_placement(cfg, home, gpus(placed_gpus, share))
+    lp = LocalPlacement(seed, share_gpus=share)
+    for arm in arms:
+        attempts = lp.train(home, cfg.arm(arm), max_restarts=0, echo=lambda line: None)
+        assert attempts[-1].ok, attempts[-1].failure_text()
+
+
 @pytest.fixture(scope="session")
 def powersgd_trained(tmp_path_factory, batched_home, tiny_seed) -> Path:
-    """batched-learning/smoke with powersgd-pair trained by `python -m training train`, a process per rank
-    (the ordinary path); read only: copy before altering."""
+    """batched-learning/smoke with powersgd-pair trained on the ordinary path: placed on two GPUs, one rank
+    each, and launched by the controller's LocalPlacement; read only: copy before altering."""
     def build(d: Path) -> None:
         shutil.copytree(batched_home, d / "home")
-        res = run_ranks([sys.executable, "-m", "training", "train", "--home", str(d / "home"), "--arm",
-                         "powersgd-pair", "--model-dir", str(tiny_seed)], 2)
-        assert all(c == 0 for c, _ in res), "\n".join(o[-2000:] for _, o in res)
+        with pytest.MonkeyPatch.context() as mp:
+            train_as_placed(d / "home", ["powersgd-pair"], tiny_seed, 2, False, mp)
 
     return built_once(tmp_path_factory, "powersgd", build) / "home"
 

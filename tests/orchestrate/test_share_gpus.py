@@ -17,17 +17,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import run_cli, score
+from conftest import gpus, run_cli, score, train_as_placed
 from evidence.canonical import read_json
 from orchestrate.cluster import ClusterError
 from orchestrate.placement import commit_placement, committed_share, local_devices, place
 from training.config import resolve
 
 ATOL = 5e-5  # the exact-objective tolerance of tests/training/test_arms.py
-
-
-def gpus(n: int, share: bool = False):
-    return local_devices(None, "cuda", {"TRIAL_GPUS": str(n)}, share_gpus=share)
 
 
 def test_sharing_places_every_arm_on_one_gpu_and_says_so():
@@ -75,22 +71,6 @@ def test_share_gpus_is_refused_on_ssh_hosts(tmp_path):
         make_placement(Desc(), tmp_path, tmp_path, tmp_path, None, None, share_gpus=True)
 
 
-def train_as_placed(home: Path, arms: dict[str, int], seed: Path, placed_gpus: int, share: bool,
-                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """Commit the placement `orchestrate run` would on `placed_gpus` GPUs, then train every arm
-    through the controller's LocalPlacement, which launches as that placement says."""
-    from orchestrate.trial import LocalPlacement
-
-    cfg = resolve(read_json(home / "prepared.json")["experiment"]["experiment"]["name"], "smoke")
-    with monkeypatch.context() as m:
-        m.setattr("orchestrate.placement.trial_device", lambda c: "cuda")  # decided as for a GPU profile
-        commit_placement(cfg, home, gpus(placed_gpus, share))
-    lp = LocalPlacement(seed, share_gpus=share)
-    for arm in arms:
-        attempts = lp.train(home, cfg.arm(arm), max_restarts=0, echo=lambda line: None)
-        assert attempts[-1].ok, attempts[-1].failure_text()
-
-
 def final(home: Path, arm: str) -> dict[str, torch.Tensor]:
     return load_file(str(home / "runs" / arm / "model" / "model.safetensors"))
 
@@ -107,7 +87,7 @@ def ltw_pair(tmp_path_factory, ltw_home, tiny_seed, finished_trial):
     a, b = read_json(home / "prepared.json"), read_json(ordinary / "prepared.json")
     assert {k: a[k] for k in same} == {k: b[k] for k in same}, "the two homes were prepared differently"
     with pytest.MonkeyPatch.context() as mp:
-        train_as_placed(home, {"single": 1, "ddp-four": 4, "diloco-four": 4}, tiny_seed, 1, True, mp)
+        train_as_placed(home, ["single", "ddp-four", "diloco-four"], tiny_seed, 1, True, mp)
     return {"shared": home, "ordinary": ordinary}
 
 
@@ -119,7 +99,7 @@ def powersgd_pair(tmp_path_factory, batched_home, tiny_seed, powersgd_trained):
     home = tmp_path_factory.mktemp("share-psgd") / "shared"
     shutil.copytree(batched_home, home)
     with pytest.MonkeyPatch.context() as mp:
-        train_as_placed(home, {"powersgd-pair": 2}, tiny_seed, 1, True, mp)
+        train_as_placed(home, ["powersgd-pair"], tiny_seed, 1, True, mp)
     return {"shared": home, "ordinary": powersgd_trained}
 
 

@@ -109,9 +109,13 @@ def test_refusals(home_copy, tiny_seed, tmp_path):
 def test_ddp_four_and_diloco_four(finished_trial):
     """ddp-four and diloco-four as `python -m training train` ran them, four processes each: the session's
     `finished_trial` (`orchestrate run diloco-four --profile smoke` on the embedded local cluster) launched
-    exactly these commands, a process per rank, on local-training-windows/smoke, so its results are read
-    here rather than trained again (read only)."""
+    that command for every rank (with `--threads`, the controller's share of the cores) on
+    local-training-windows/smoke, so its results are read here rather than trained again (read only). Each
+    arm trained in one attempt: a group the supervisor restarted would not be what this test checks."""
+    assert finished_trial.first.returncode == 0, finished_trial.first.stderr[-3000:]
     home = finished_trial.home
+    for arm in ("ddp-four", "diloco-four"):
+        assert sorted(p.name for p in (home / "logs" / arm).iterdir()) == ["attempt-1"]
     ddp, dil = results(home, "ddp-four", 4), results(home, "diloco-four", 4)
     for group in (ddp, dil):
         assert len({r["digests"]["final_parameters"] for r in group}) == 1
@@ -130,9 +134,9 @@ def test_ddp_four_and_diloco_four(finished_trial):
 
 
 def test_powersgd_pair(powersgd_trained):
-    """powersgd-pair as `python -m training train` ran it, two processes: the session's `powersgd_trained`
-    (conftest.py) ran exactly that command, and is read here (test_share_gpus.py compares it with the
-    co-located path)."""
+    """powersgd-pair as `python -m training train` ran it, a process per rank: the session's
+    `powersgd_trained` (conftest.py) was trained so by the controller's LocalPlacement (with the threads it
+    gives a rank), and is read here; test_share_gpus.py compares it with the co-located path."""
     home = powersgd_trained
     pair = results(home, "powersgd-pair", 2)
     assert pair[0]["digests"]["final_parameters"] == pair[1]["digests"]["final_parameters"]
