@@ -4,9 +4,11 @@ The suite is collected again here, in this process (its modules are already impo
 
 from __future__ import annotations
 
+import fnmatch
+
 import pytest
 
-from conftest import EXPLICIT, MARKERS, ROOT, TESTS
+from conftest import EXPLICIT, GROUP_PATTERNS, MARKERS, ROOT, TESTS
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +46,6 @@ def test_tests_that_share_what_a_worker_builds_share_that_worker(collected):
     assert group["tests/evidence/test_report.py::test_full_trial_report"] == "module-fixtures:test_report"
     assert group["tests/training/test_arms.py::test_ddp_four_ranks_equals_single"] is None  # `four` is built_once
     assert group["tests/evidence/test_checker.py::test_deep_nesting_is_malformed_not_a_crash"] is None
-    import fnmatch
-
-    from conftest import GROUP_PATTERNS
-
     stale = [p for p in GROUP_PATTERNS if not any(fnmatch.fnmatchcase(n, p) for n in group)]
     assert not stale, stale
 
