@@ -16,7 +16,10 @@ own root directory, and its sessions log in to a home of their own there (`Netns
 sshd's SetEnv sets over the account's, seeded from /etc/skel as a new account's home is). A session's
 shell reads its startup files from HOME (bash run by sshd reads ~/.bashrc even for a command), and a
 real host's are its own, never this machine's root user's: here those start pyenv, ~0.1 s of CPU that
-every SSH command would pay.
+every SSH command would pay. A real host's cores are its own too, while these hosts share this machine's:
+sessions get OMP_WAIT_POLICY=PASSIVE (`SHARED_CORES_ENV`), so that torch's idle OpenMP threads sleep
+rather than spin on cores the other hosts' processes are waiting for (a host's own `env` may set it
+otherwise).
 
 Links and namespaces outlive the process that made them: a test run killed mid-way (a session that
 ends, a CI job cancelled) leaves its bridge holding its slot's operator address, and every later set in
@@ -113,6 +116,11 @@ def operator_address(slot: int | None = None) -> str:
     """The bridge's address in `slot` (default: this process's): where the hosts reach this machine
     (a test's moto server), known before the set is built."""
     return f"{SUBNET}.{slot_base(default_slot() if slot is None else slot) + 1}"
+
+
+SHARED_CORES_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+"""What every session on these hosts gets because they share one machine's cores (a real host's are its own):
+libgomp's idle threads sleep instead of spinning. No thread count, kernel or result changes."""
 
 
 @dataclass
@@ -289,7 +297,7 @@ class NetnsHosts:
             shutil.copytree("/etc/skel", home, symlinks=True)
         else:
             home.mkdir()
-        env = {"HOME": str(home), **self.env}
+        env = {"HOME": str(home), **SHARED_CORES_ENV, **self.env}
         cfg = h.root / "sshd_config"
         cfg.write_text("\n".join([
             f"ListenAddress {h.address}", "Port 22", f"HostKey {key}",

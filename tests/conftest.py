@@ -20,6 +20,14 @@ from orchestrate.launch.command import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# The suite runs three workers and their subprocesses on two cores. torch's OpenMP (libgomp) keeps a
+# parallel region's idle threads spinning for a while by default, which on cores that other processes
+# are waiting for burns CPU without doing any work: a worker's in-process training ran 35 % more CPU
+# (bench/results/2026-12-05-omp-wait-2cpu/). PASSIVE makes idle threads sleep instead. It changes no
+# thread count, kernel or result, only how a thread waits; it is set here, before any test process
+# imports torch, so every process the tests start inherits it (an operator's setting wins).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 def built_once(tmp_path_factory: pytest.TempPathFactory, key: str, build: Callable[[Path], None]) -> Path:
     """A folder that `build` fills once per test run, whatever the number of workers. Under pytest-xdist
