@@ -20,17 +20,21 @@ from conftest import ROOT, run_cli
 def snapshot(root: Path) -> dict[str, tuple[int, int]]:
     """Every file under `root` with its size and modification time: what 'nothing changed' compares.
     As `root.rglob("*")` sees them (symlinked directories not entered, a link to a file counted as the
-    file), with one stat each and no Path objects: the damage sweep takes two snapshots per damage."""
+    file), with one stat each and no Path objects: the damage sweep takes two snapshots per damage. A
+    file's name relative to `root` is cut from its joined path (os.walk's directories all start with
+    `root` as given), not asked of `os.path.relpath`, which normalizes both paths again for each file."""
     out = {}
-    for d, _, names in os.walk(root):
+    top = os.fspath(root)
+    for d, _, names in os.walk(top):
+        rel = os.path.relpath(d, top)
+        prefix = "" if rel == "." else rel + os.sep
         for n in names:
-            p = os.path.join(d, n)
             try:
-                st = os.stat(p)
+                st = os.stat(os.path.join(d, n))
             except OSError:  # a dangling link: not a file, as `is_file()` says
                 continue
             if stat.S_ISREG(st.st_mode):
-                out[os.path.relpath(p, root)] = (st.st_size, st.st_mtime_ns)
+                out[prefix + n] = (st.st_size, st.st_mtime_ns)
     return dict(sorted(out.items()))
 
 
