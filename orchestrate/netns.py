@@ -17,9 +17,9 @@ sshd's SetEnv sets over the account's, seeded from /etc/skel as a new account's 
 shell reads its startup files from HOME (bash run by sshd reads ~/.bashrc even for a command), and a
 real host's are its own, never this machine's root user's: here those start pyenv, ~0.1 s of CPU that
 every SSH command would pay. A real host's cores are its own too, while these hosts share this machine's:
-sessions get OMP_WAIT_POLICY=PASSIVE (`SHARED_CORES_ENV`), so that torch's idle OpenMP threads sleep
-rather than spin on cores the other hosts' processes are waiting for (a host's own `env` may set it
-otherwise).
+sessions get OMP_WAIT_POLICY=PASSIVE (`shared_cores_env`), so that torch's idle OpenMP threads sleep
+rather than spin on cores the other hosts' processes are waiting for (the operator's own setting, or a
+host's `env`, wins).
 
 Links and namespaces outlive the process that made them: a test run killed mid-way (a session that
 ends, a CI job cancelled) leaves its bridge holding its slot's operator address, and every later set in
@@ -118,9 +118,11 @@ def operator_address(slot: int | None = None) -> str:
     return f"{SUBNET}.{slot_base(default_slot() if slot is None else slot) + 1}"
 
 
-SHARED_CORES_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
-"""What every session on these hosts gets because they share one machine's cores (a real host's are its own):
-libgomp's idle threads sleep instead of spinning. No thread count, kernel or result changes."""
+def shared_cores_env() -> dict[str, str]:
+    """What every session on these hosts gets because they share one machine's cores (a real host's are its
+    own): libgomp's idle threads sleep instead of spinning. No thread count, kernel or result changes. The
+    operator's own OMP_WAIT_POLICY, where set, is passed on instead."""
+    return {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
 
 
 @dataclass
@@ -297,7 +299,7 @@ class NetnsHosts:
             shutil.copytree("/etc/skel", home, symlinks=True)
         else:
             home.mkdir()
-        env = {"HOME": str(home), **SHARED_CORES_ENV, **self.env}
+        env = {"HOME": str(home), **shared_cores_env(), **self.env}
         cfg = h.root / "sshd_config"
         cfg.write_text("\n".join([
             f"ListenAddress {h.address}", "Port 22", f"HostKey {key}",

@@ -22,10 +22,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # The suite runs three workers and their subprocesses on two cores. torch's OpenMP (libgomp) keeps a
 # parallel region's idle threads spinning for a while by default, which on cores that other processes
-# are waiting for burns CPU without doing any work: a worker's in-process training ran 35 % more CPU
-# (bench/results/2026-12-05-omp-wait-2cpu/). PASSIVE makes idle threads sleep instead. It changes no
-# thread count, kernel or result, only how a thread waits; it is set here, before any test process
-# imports torch, so every process the tests start inherits it (an operator's setting wins).
+# are waiting for burns CPU without doing any work: 36 in-process training tests on three workers used
+# 111.7-121.9 core-seconds, 82.6-86.7 with PASSIVE (bench/results/2026-12-05-omp-wait-2cpu/), which makes
+# idle threads sleep instead. It changes no thread count, kernel or result, only how a thread waits; libgomp
+# reads it when torch loads it, so it is set here, before any test process imports torch, and every process
+# the tests start inherits it (an operator's setting wins; the namespace hosts: orchestrate/netns.py).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 

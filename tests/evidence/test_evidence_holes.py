@@ -20,9 +20,8 @@ from conftest import ROOT, run_cli
 def snapshot(root: Path) -> dict[str, tuple[int, int]]:
     """Every file under `root` with its size and modification time: what 'nothing changed' compares.
     As `root.rglob("*")` sees them (symlinked directories not entered, a link to a file counted as the
-    file), with one stat each and no Path objects: the damage sweep takes two snapshots per damage. A
-    file's name relative to `root` is cut from its joined path (os.walk's directories all start with
-    `root` as given), not asked of `os.path.relpath`, which normalizes both paths again for each file."""
+    file), with one stat each and no Path objects: the damage sweep takes two snapshots per damage. Names
+    relative to `root` come from `os.path.relpath` once per directory, not once per file."""
     out = {}
     top = os.fspath(root)
     for d, _, names in os.walk(top):

@@ -80,6 +80,18 @@ def test_a_session_logs_in_to_its_hosts_own_home(hosts):
         t.close()
 
 
+def test_a_sessions_idle_openmp_threads_sleep(hosts):
+    """The hosts share this machine's cores, so a session's torch does not keep idle OpenMP threads spinning
+    on them (`shared_cores_env`: the operator's own OMP_WAIT_POLICY where set, else PASSIVE)."""
+    from orchestrate.netns import shared_cores_env
+
+    t = ssh(hosts, 0)
+    try:
+        assert t.run('echo "$OMP_WAIT_POLICY"').stdout.strip() == shared_cores_env()["OMP_WAIT_POLICY"] != ""
+    finally:
+        t.close()
+
+
 def test_copies_are_verified_both_ways(hosts, tmp_path):
     t = ssh(hosts, 1)
     src = tmp_path / "payload.bin"

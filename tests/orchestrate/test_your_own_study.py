@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from conftest import ROOT
@@ -22,6 +23,32 @@ def walk_steps(text: str) -> list[tuple[str, str | None, str]]:
     return [("file" if path else "bash", path or None, body) for _, path, body in STEP.findall(text)]
 
 
+def reader_env() -> dict[str, str]:
+    """A reader's shell after `. .venv/bin/activate`: the project's `python` and `orchestrate` first on PATH,
+    no test-only config folder."""
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+               PYTHONUNBUFFERED="1")
+    env.pop("TRIAL_CONFIG_DIR", None)
+    return env
+
+
+def walk(folder: Path, env: dict[str, str]) -> Iterator[tuple[str, subprocess.CompletedProcess, Path]]:
+    """The page in `folder`, block by block: files written as shown; each shell block run by bash, yielded
+    with its completed process and the folder it ended in (a block's `cd` carries over to the next, as in a
+    reader's shell). The test stops at the first block that fails; bench/doc_walk.py times each."""
+    cwd, where = folder, folder / ".cwd"
+    for kind, path, body in walk_steps(DOC.read_text(encoding="utf-8")):
+        if kind == "file":
+            (cwd / path).parent.mkdir(parents=True, exist_ok=True)
+            (cwd / path).write_text(body, encoding="utf-8")
+            continue
+        p = subprocess.run(["bash", "-euo", "pipefail", "-c", f"{body}\npwd > {where}"], cwd=cwd, env=env,
+                           capture_output=True, text=True, timeout=900)
+        if p.returncode == 0:
+            cwd = Path(where.read_text().strip())
+        yield body, p, cwd
+
+
 def test_the_page_marks_every_block_it_shows():
     """A block without a walk marker would be shown to readers and never run here."""
     text = DOC.read_text(encoding="utf-8")
@@ -29,21 +56,10 @@ def test_the_page_marks_every_block_it_shows():
 
 
 def test_the_walk_from_an_empty_folder_to_a_preserved_report(tmp_path):
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-               PYTHONUNBUFFERED="1")
-    env.pop("TRIAL_CONFIG_DIR", None)
     cwd, said = tmp_path, []
-    for kind, path, body in walk_steps(DOC.read_text(encoding="utf-8")):
-        if kind == "file":
-            (cwd / path).parent.mkdir(parents=True, exist_ok=True)
-            (cwd / path).write_text(body, encoding="utf-8")
-            continue
-        where = tmp_path / ".cwd"
-        p = subprocess.run(["bash", "-euo", "pipefail", "-c", f"{body}\npwd > {where}"], cwd=cwd, env=env,
-                           capture_output=True, text=True, timeout=900)
+    for body, p, cwd in walk(tmp_path, reader_env()):
         said.append(p.stdout + p.stderr)
         assert p.returncode == 0, f"{body}\nexit {p.returncode}:\n{p.stdout}\n{p.stderr}"
-        cwd = Path(where.read_text().strip())
     out = "\n".join(said)
     study = tmp_path / "my-study"
     assert cwd == study
