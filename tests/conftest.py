@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from orchestrate.launch.command import free_port
+from orchestrate.netns import shared_cores_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,8 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # 111.7-121.9 core-seconds, 82.6-86.7 with PASSIVE (bench/results/2026-12-05-omp-wait-2cpu/), which makes
 # idle threads sleep instead. It changes no thread count, kernel or result, only how a thread waits; libgomp
 # reads it when torch loads it, so it is set here, before any test process imports torch, and every process
-# the tests start inherits it (an operator's setting wins; the namespace hosts: orchestrate/netns.py).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# the tests start inherits it. One definition with the namespace hosts' (`shared_cores_env`: an operator's
+# setting wins).
+os.environ.update(shared_cores_env())
 
 
 def built_once(tmp_path_factory: pytest.TempPathFactory, key: str, build: Callable[[Path], None]) -> Path:
