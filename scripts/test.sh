@@ -2,6 +2,7 @@
 # Install everything the tests need, then run them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+SECONDS=0
 # The SSH and network-namespace tests need a real sshd, iproute2 and iptables (and root). As root,
 # install them if missing; otherwise those tests skip and say why.
 if [ "$(id -u)" = 0 ] && { [ ! -x /usr/sbin/sshd ] || ! command -v ip >/dev/null || ! command -v iptables >/dev/null; }; then
@@ -11,6 +12,9 @@ if [ "$(id -u)" = 0 ] && { [ ! -x /usr/sbin/sshd ] || ! command -v ip >/dev/null
 fi
 bash scripts/bootstrap.sh
 . .venv/bin/activate
+# The set-up is timed apart from the tests (pytest's last line gives theirs): on a fresh machine it is
+# mostly installing torch, and it says nothing about the suite's own speed.
+echo "[test] set-up took ${SECONDS} s (system packages, .venv); the tests' own time is pytest's last line"
 # Three workers on the machines' two cores: many tests wait (on ranks' paced updates, a cut-off controller,
 # sshd), and a third worker's tests fill the CPU they leave (bench/results/2026-12-04-three-workers-2cpu/).
 # tests/conftest.py's GROUPS keeps a module's namespace-host tests on one of them, each worker's hosts in a
