@@ -4,6 +4,7 @@ every test gets (`pytest -m unit` is the quick loop, docs/benchmarks-and-tests.m
 from __future__ import annotations
 
 import fnmatch
+import gc
 import inspect
 import os
 import shutil
@@ -30,6 +31,24 @@ ROOT = Path(__file__).resolve().parents[1]
 # the tests start inherits it. One definition with the namespace hosts' (`shared_cores_env`: an operator's
 # setting wins).
 os.environ.update(shared_cores_env())
+
+# Collection imports every test module and, through them, torch, transformers, Pulumi, moto and boto3: some
+# million objects that live as long as the process. With the cyclic collector on, each full collection during
+# those imports traverses all that is loaded so far, and each one later traverses it again; collecting the
+# suite took 6.1-6.8 core-seconds, 3.6-3.8 with the collector paused. So it is paused from here until
+# collection ends, and what is alive then is frozen out of its sight (`gc.freeze`, as training/heap.py does
+# for what a rank loads); every test runs with the collector on, as before. Each xdist worker collects the
+# suite itself, and the controller, which does not, resumes it at the same point.
+gc.disable()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session):
+    try:
+        return (yield)
+    finally:
+        gc.freeze()
+        gc.enable()
 
 
 def built_once(tmp_path_factory: pytest.TempPathFactory, key: str, build: Callable[[Path], None]) -> Path:

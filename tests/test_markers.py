@@ -5,6 +5,7 @@ The suite is collected again here, in this process (its modules are already impo
 from __future__ import annotations
 
 import fnmatch
+import gc
 
 import pytest
 
@@ -79,3 +80,10 @@ def test_every_explicit_entry_still_names_a_test(marks):
 
     stale = [p for p in EXPLICIT if not any(fnmatch.fnmatchcase(n, p) for n in marks)]
     assert not stale, stale
+
+
+def test_the_collector_is_on_while_tests_run():
+    """conftest pauses the cyclic collector while the suite is collected and resumes it when collection ends
+    (in each xdist worker, and in the controller, which collects nothing): a test run with it paused would
+    keep every cycle it made."""
+    assert gc.isenabled()
