@@ -35,7 +35,7 @@ os.environ.update(shared_cores_env())
 # Collection imports every test module and, through them, torch, transformers, Pulumi, moto and boto3: about
 # 470,000 tracked objects (measured) that live as long as the process. With the cyclic collector on, each full collection during
 # those imports traverses all that is loaded so far, and each one later traverses it again; collecting the
-# suite took 6.1-6.8 core-seconds, 3.6-3.8 with the collector paused. So it is paused from here until
+# suite took 6.5-6.8 core-seconds, 3.9-4.0 with the collector paused. So it is paused from here until
 # collection ends, and what is alive then is frozen out of its sight (`gc.freeze`, as training/heap.py does
 # for what a rank loads); every test runs with the collector on, as before. Each xdist worker collects the
 # suite itself, and the controller, which does not, resumes it at the same point.
