@@ -4,7 +4,6 @@ every test gets (`pytest -m unit` is the quick loop, docs/benchmarks-and-tests.m
 from __future__ import annotations
 
 import fnmatch
-import gc
 import inspect
 import os
 import shutil
@@ -19,6 +18,7 @@ import pytest
 
 from orchestrate.launch.command import free_port
 from orchestrate.netns import shared_cores_env
+from training.heap import long_lived
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,22 +33,16 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.update(shared_cores_env())
 
 # Collection imports every test module and, through them, torch, transformers, Pulumi, moto and boto3: about
-# 470,000 tracked objects (measured) that live as long as the process. With the cyclic collector on, each full collection during
-# those imports traverses all that is loaded so far, and each one later traverses it again; collecting the
-# suite took 6.5-6.8 core-seconds, 3.9-4.0 with the collector paused. So it is paused from here until
-# collection ends, and what is alive then is frozen out of its sight (`gc.freeze`, as training/heap.py does
-# for what a rank loads); every test runs with the collector on, as before. Each xdist worker collects the
-# suite itself, and the controller, which does not, resumes it at the same point.
-gc.disable()
-
-
+# 470,000 tracked objects (measured) that live as long as the process. With the cyclic collector on, each full
+# collection during those imports traverses all that is loaded so far, and each one later traverses it again;
+# collecting the suite took 6.5-6.8 core-seconds, 3.9-4.0 with the collector paused. So collection runs inside
+# training/heap.py's `long_lived`, as a rank's loading does: the collector paused, what is alive at its end
+# frozen out of its sight, and the collector resumed before the first test. Each xdist worker collects the suite
+# itself; the controller, which does not, only freezes what it had loaded by then.
 @pytest.hookimpl(wrapper=True)
 def pytest_collection(session):
-    try:
+    with long_lived():
         return (yield)
-    finally:
-        gc.freeze()
-        gc.enable()
 
 
 def built_once(tmp_path_factory: pytest.TempPathFactory, key: str, build: Callable[[Path], None]) -> Path:

@@ -83,7 +83,6 @@ def test_every_explicit_entry_still_names_a_test(marks):
 
 
 def test_the_collector_is_on_while_tests_run():
-    """conftest pauses the cyclic collector while the suite is collected and resumes it when collection ends
-    (in each xdist worker, and in the controller, which collects nothing): a test run with it paused would
-    keep every cycle it made."""
+    """conftest collects the suite with the cyclic collector paused (`long_lived`) and resumes it when
+    collection ends: a test run with it paused would keep every cycle it made."""
     assert gc.isenabled()
