@@ -1,13 +1,15 @@
-"""training/heap.py: what a block loads is frozen out of the collector's sight, and the collector is left as
-it was found — including when the block raises."""
+"""training/heap.py: what a block loads is frozen out of the collector's sight (`long_lived`), or only the collector
+paused while it runs (`paused`); either way the collector is left as it was found — including when the block
+raises."""
 
 from __future__ import annotations
 
 import gc
+import weakref
 
 import pytest
 
-from training.heap import long_lived
+from training.heap import long_lived, paused
 
 
 class Node:
@@ -45,3 +47,23 @@ def test_a_block_that_raises_still_freezes_and_resumes(collector):
             kept = [Node() for _ in range(100)]  # noqa: F841
             raise RuntimeError("import failed")
     assert gc.isenabled() and gc.get_freeze_count() >= before + 100
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_paused_block_freezes_nothing_and_its_cycles_are_reclaimed_after(collector, enabled):
+    """A seed's conversion runs `paused`: what it allocated and dropped is not kept out of the collector's
+    sight afterwards — a cycle made in the block goes at the next collection — and a block that raises
+    leaves the collector as it found it too."""
+    (gc.enable if enabled else gc.disable)()
+    before = gc.get_freeze_count()
+    with paused():
+        assert not gc.isenabled()
+        gone = weakref.ref(Node())  # only the cycle holds it
+    assert gc.isenabled() is enabled and gc.get_freeze_count() == before
+    assert gone() is not None  # not collected during the block
+    gc.collect()
+    assert gone() is None
+    with pytest.raises(RuntimeError):
+        with paused():
+            raise RuntimeError("conversion failed")
+    assert gc.isenabled() is enabled and gc.get_freeze_count() == before
