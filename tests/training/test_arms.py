@@ -7,6 +7,8 @@ independent local trainers joined by the outer formula computed here, not by the
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import pytest
 import torch
 
@@ -86,14 +88,30 @@ def single(tiny_seed, name, *, microbatch=None, plan=None, corpus=None, weights=
     corpus, plan = corpus or c, plan or p
     if weights is not None:
         corpus.weights[:] = weights
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_seed), dtype=torch.float32).to(device())
-    tr = Trainer(model, corpus, TrainSpec(kind="single", plan=plan, lr=LR, microbatch=microbatch, **spec),
-                 device(), pad_id=2)
-    if warm_up:
-        rng = torch.get_rng_state()
-        tr.compile_warm_up()
-        assert torch.equal(torch.get_rng_state(), rng) and all(p.grad is None for p in tr.params)
-    return to_cpu(train_state(tr, [tr.step() for _ in plan]))
+    with cpu_inductor() if spec.get("compile") else nullcontext():
+        model = AutoModelForCausalLM.from_pretrained(str(tiny_seed), dtype=torch.float32).to(device())
+        tr = Trainer(model, corpus, TrainSpec(kind="single", plan=plan, lr=LR, microbatch=microbatch, **spec),
+                     device(), pad_id=2)
+        if warm_up:
+            rng = torch.get_rng_state()
+            tr.compile_warm_up()
+            assert torch.equal(torch.get_rng_state(), rng) and all(p.grad is None for p in tr.params)
+        return to_cpu(train_state(tr, [tr.step() for _ in plan]))
+
+
+def cpu_inductor():
+    """On CPU, Inductor's C++ kernels written as scalar loops (`cpp.simdlen = 1`) rather than with its
+    vector classes. Compiling is still all of it — Dynamo's graphs, AOTAutograd's backward, Inductor's
+    lowering and fusion, g++, loading — and the padding, packing and parameter names under test are ours
+    either way; what the suite stops compiling is Inductor's own vectorized CPU code, which no arm
+    runs (compile is for CUDA, where Triton writes the kernels). The four compiled tests took 111-131
+    core-seconds with vector kernels, 89-94 without (cold cache, alternating; bench/results/
+    2026-12-05-scalar-inductor-2cpu/). On CUDA nothing changes."""
+    if CUDA:
+        return nullcontext()
+    import torch._inductor.config as inductor
+
+    return inductor.patch({"cpp.simdlen": 1})
 
 
 def max_diff(a: dict, b: dict) -> float:
