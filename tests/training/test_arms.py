@@ -103,10 +103,10 @@ def cpu_inductor():
     """On CPU, Inductor's C++ kernels written as scalar loops (`cpp.simdlen = 1`) rather than with its
     vector classes. Compiling is still all of it — Dynamo's graphs, AOTAutograd's backward, Inductor's
     lowering and fusion, g++, loading — and the padding, packing and parameter names under test are ours
-    either way; what the suite stops compiling is Inductor's own vectorized CPU code, which no arm
-    runs (compile is for CUDA, where Triton writes the kernels). The four compiled tests took 111-131
-    core-seconds with vector kernels, 89-94 without (cold cache, alternating; bench/results/
-    2026-12-05-scalar-inductor-2cpu/). On CUDA nothing changes."""
+    either way; what the suite stops compiling is Inductor's own vectorized CPU code, which no shipped
+    profile uses (compile = true only in the CUDA profiles, where Triton writes the kernels). The seven compile tests took 113.7 and
+    121.5 core-seconds with vector kernels, 86.2 and 85.5 without (cold cache, alternating; bench/results/
+    2026-12-05-cpu-cuts-2cpu/). On CUDA nothing changes."""
     if CUDA:
         return nullcontext()
     import torch._inductor.config as inductor
