@@ -284,8 +284,10 @@ def _materialize(kind: str, out: Path, source: str | None, expect: str | None) -
     started = time.monotonic()
     try:
         # The conversion reads the GGUF file field by field (millions of small arrays, three times over:
-        # tokenizer, config, weights), all of it dropped by the end: with the collector paused the smollm2
-        # seed took 16 s of CPU instead of 21, the tiny one 5.5 instead of 6.9 (training/heap.py `paused`)
+        # tokenizer, config, weights), all of it dropped by the end. With the collector paused (training/
+        # heap.py `paused`) the smollm2 seed took 14.4-15.7 core-s instead of 20.0-20.9 and the tiny one
+        # 5.1-5.4 instead of 6.4-6.6, the same weights and the same peak memory (bench/results/
+        # 2026-12-05-cpu-cuts-2cpu/)
         with paused():
             if kind == "smollm2-135m":
                 meta = _materialize_smollm2(tmp)
