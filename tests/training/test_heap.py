@@ -65,10 +65,11 @@ def test_a_paused_block_freezes_nothing_and_its_cycles_are_reclaimed_after(colle
         churn = [[] for _ in range(20 * gc.get_threshold()[0])]  # allocations that would start collections
         assert gone() is not None  # none ran
         del churn
-    assert gc.isenabled() is enabled and gc.get_freeze_count() == before
-    gc.collect(0)  # the youngest generation, where the block left it: nothing froze it
+    assert gc.isenabled() is enabled
+    assert gc.get_freeze_count() <= before  # nothing frozen (frozen objects other threads drop still go)
+    gc.collect(0)  # the youngest generation, where the block left it: a frozen cycle would stay
     assert gone() is None
     with pytest.raises(RuntimeError):
         with paused():
             raise RuntimeError("conversion failed")
-    assert gc.isenabled() is enabled and gc.get_freeze_count() == before
+    assert gc.isenabled() is enabled and gc.get_freeze_count() <= before
