@@ -19,14 +19,14 @@ class Node:
 
 @pytest.fixture
 def collector():
-    """The collector switched back as the test found it. A test's `gc.freeze()` freezes everything alive in
-    the worker then, not only its own objects, and that stays frozen for the worker's life (a cycle among
-    them that dies later is never reclaimed, as in a rank after `long_lived`); so the garbage is collected
-    first, and none of it is frozen. Thawing afterwards (`gc.unfreeze()`) would also thaw what the worker
-    froze before — the suite's collected modules (conftest.py) and every `long_lived` block's libraries —
-    and every later full collection in the worker would traverse them again."""
+    """The collector switched back as the test found it. A test's `gc.freeze()` freezes everything in the
+    worker's generations then, not only its own objects — cycles not yet collected included, which then stay
+    allocated for the worker's life. Both ways out cost more: thawing afterwards (`gc.unfreeze()`) would also
+    thaw what the worker froze before (the suite's collected modules, conftest.py, and every `long_lived`
+    block's libraries), and every later full collection in the worker would traverse them again; collecting
+    first took 3.9 s in the suite and made test_heap.py's tests 13.2 s instead of 2.3
+    (bench/results/2026-12-05-cpu-cuts-2cpu/)."""
     was = gc.isenabled()
-    gc.collect()
     yield
     (gc.enable if was else gc.disable)()
 
