@@ -1,5 +1,6 @@
 """What a process loads once and keeps to its end (torch, transformers' model code, the model), kept out of the
-cyclic garbage collector's sight.
+cyclic garbage collector's sight (`long_lived`); and a block whose many allocations all die with it, run without
+the collector (`paused`, which `long_lived` builds on: a seed's conversion).
 
 Importing torch and transformers' Llama code leaves about 600,000 tracked container objects alive for the
 rest of the process. CPython's collector traverses all of them at each full collection: six times during
