@@ -415,6 +415,21 @@ def aws(moto_url, monkeypatch):
     assert urls and all(u.startswith(moto_url) for u in urls)
 
 
+@pytest.fixture(scope="module")
+def moto_module(moto_url):
+    """`aws`'s environment for a module's shared fixture (one `pulumi up` several tests read): a boto3
+    session to moto, and every subprocess pointed at it, for as long as the module runs."""
+    import boto3
+
+    with pytest.MonkeyPatch.context() as mp:
+        for k in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
+            mp.delenv(k, raising=False)
+        for k, v in (("AWS_ENDPOINT_URL", moto_url), ("AWS_ACCESS_KEY_ID", "testing"),
+                     ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_DEFAULT_REGION", "us-east-1")):
+            mp.setenv(k, v)
+        yield boto3.Session(region_name="us-east-1")
+
+
 def public_key() -> str:
     """A fresh ed25519 public key in OpenSSH form ('ssh-ed25519 AAAA…'), as an operator's .pub holds."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
