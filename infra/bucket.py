@@ -52,8 +52,8 @@ class Evidence(Concern):
     """`bucket`, the trial's `prefix` in it (trials/<trial>/), and `host_policy`: the document a host's
     role carries."""
 
-    def __init__(self, cfg: TrialConfig, opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("Evidence", cfg, opts)
+    def __init__(self, cfg: TrialConfig, refuse: pulumi.ResourceHook, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("Evidence", cfg, refuse, opts)
         name = self.name
         bucket = self.bucket = aws.s3.Bucket(
             name("evidence"), bucket_prefix=name("evidence-")[:37], tags=self.tags,

@@ -7,6 +7,11 @@ resource, create a new one": every host, with the evidence on its disk, replaced
 carries the alias `Alias(parent=ROOT_STACK_RESOURCE)` — its own name and type, parented by the stack —
 which is the URN those stacks recorded: the engine then matches the old resource to the new URN and
 changes nothing.
+
+Every child whose delete would delete something in the account carries the run's refusing hook
+(infra/teardown.py): whichever of a stack's resources a `pulumi destroy` reaches first, from whatever state
+an `up` left, refuses while the trial is unpreserved. A retained child (the evidence) deletes nothing and
+carries none.
 """
 
 from __future__ import annotations
@@ -25,9 +30,10 @@ class Concern(pulumi.ComponentResource):
     names they had under the stack (`<trial>-...`), which the resources' physical names, tags and the
     aliases above depend on."""
 
-    def __init__(self, kind: str, cfg: TrialConfig, opts: pulumi.ResourceOptions | None = None) -> None:
+    def __init__(self, kind: str, cfg: TrialConfig, refuse: pulumi.ResourceHook,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__(f"{PACKAGE}:{kind}", f"{cfg.trial}-{kind.lower()}", None, opts)
-        self.cfg = cfg
+        self.cfg, self.refuse = cfg, refuse
         self.tags = {"trial": cfg.trial, "managed-by": "trials"}
 
     def name(self, *parts: Any) -> str:
@@ -35,6 +41,9 @@ class Concern(pulumi.ComponentResource):
         return "-".join([self.cfg.trial, *map(str, parts)])
 
     def child(self, **options: Any) -> pulumi.ResourceOptions:
-        """A child's options: parented here, and aliased to the URN it had under the stack (see above)."""
+        """A child's options: parented here, aliased to the URN it had under the stack, and — unless it is
+        retained — refusing its delete while the trial is unpreserved (see above)."""
+        if not options.get("retain_on_delete"):
+            options["hooks"] = pulumi.ResourceHookBinding(before_delete=[self.refuse])
         return pulumi.ResourceOptions(parent=self, aliases=[pulumi.Alias(parent=pulumi.ROOT_STACK_RESOURCE)],
                                       **options)

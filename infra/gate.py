@@ -18,9 +18,16 @@ is therefore gated by its first destroy too. (In destroy mode a registration tha
 the state lacks is skipped as well; the gate the state already holds is then deleted from its old state —
 still first, since its recorded dependencies are all there: tests/infra/test_destroy.py.)
 
+What the gate cannot cover: a stack whose state lacks something the gate depends on and never held the
+gate — a first `up` that failed before its end (the gate registers last). Then the gate is a skipped
+create and the first wave is whatever has no dependents. So the gate is not the only line: every child of
+the concerns carries the same check as its own `before_delete` hook (infra/concern.py), and whichever of
+them a destroy reaches first refuses before its provider's Delete; the gate only makes the usual case one
+refusal instead of one per resource of the first wave.
+
 Its dependencies are the four concerns: the SDK turns a local component named in `depends_on` into every
 custom resource under it (`pulumi/runtime/rpc.py` `_add_dependency`), which is what the engine records.
-Its inputs record the bucket its hook reads.
+Its inputs record the trial's bucket (for the reader of the state; the check reads each host's own tag).
 """
 
 from __future__ import annotations
@@ -30,15 +37,16 @@ import pulumi
 from infra.bucket import Evidence
 from infra.concern import PACKAGE
 from infra.plan import TrialConfig
-from infra.teardown import before_gate_delete
+from infra.teardown import DeleteCheck
 
 
 class DestroyGate(pulumi.ComponentResource):
-    """`<trial>-destroy-gate`, depending on every resource of `concerns`, with the refusing hook."""
+    """`<trial>-destroy-gate`, depending on every resource of `concerns`, with the refusing hook (the run's
+    check, the same every resource's hook asks)."""
 
-    def __init__(self, cfg: TrialConfig, evidence: Evidence, concerns: list[pulumi.Resource]) -> None:
-        hook = pulumi.ResourceHook(f"{cfg.trial}-destroy-gate",
-                                   before_gate_delete(cfg.trial, cfg.region, cfg.abandon_unpreserved))
+    def __init__(self, cfg: TrialConfig, evidence: Evidence, concerns: list[pulumi.Resource], check: DeleteCheck) -> None:
+        hook = pulumi.ResourceHook(f"{cfg.trial}-destroy-gate", check.hook,
+                                   pulumi.ResourceHookOptions(on_dry_run=True))
         super().__init__(f"{PACKAGE}:DestroyGate", f"{cfg.trial}-destroy-gate",
                          {"trial": cfg.trial, "bucket": evidence.bucket.bucket, "prefix": evidence.prefix},
                          pulumi.ResourceOptions(depends_on=concerns,

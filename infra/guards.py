@@ -1,10 +1,32 @@
-"""What stops the trial's spending without the operator: an EventBridge Scheduler one-time schedule at
-the deadline that stops every instance (its role allowed ec2:StopInstances on exactly those; the
-on-host deadline timer is the hosts' user data); per isolated-zone host, CloudWatch alarms on NetworkIn
-and NetworkOut that stop it and one on their sum that notifies (the on-host cumulative guard, and why
-both: infra/userdata.py); last, a late backstop: an AWS Budgets budget (the region's spend, or the
-trial's tag) notifying an SNS topic at 50/80/100 % actual and 100 % forecast, and a budget action that
-stops every instance at 100 % actual (its own role)."""
+"""What stops the trial's spending without the operator, and when each stop exists.
+
+Every stop that can name its hosts without knowing their ids exists before any host: the hosts depend on it
+(infra/hosts.py), so at no point of any `pulumi up` — whatever order the engine creates in, wherever a
+create fails — does an instance exist without it. The stops that need an instance id are created for each
+host as soon as that host exists, depending on it alone, never waiting for the other hosts (`cover`).
+
+Before every host:
+  deadline   an EventBridge Scheduler one-time schedule that, at the deadline, starts SSM Automation's
+             `AWS-StopEC2Instance` on every instance tagged `trial=<trial>` (rate control: `Targets` by tag,
+             `TargetParameterName` InstanceId, every instance at once, errors not stopping the rest). The
+             schedule's role may start that document and stop only instances carrying the trial's tag.
+             AWS documents each piece: Scheduler's universal target calls any API action that is not a
+             read-only one (get/describe/list...), so `ssm:startAutomationExecution` is a target; Automation
+             runs rate-controlled executions on the resources a tag selects, one per instance, as the
+             caller when no AutomationAssumeRole is given; `ec2:StopInstances` takes the condition
+             `aws:ResourceTag/${TagKey}` (docs/aws.md cites the pages). A host created after the schedule
+             is covered by it without any change to it.
+  alerts     the SNS topic every alarm and budget notification goes to (exported: `status` asks who hears it),
+  budget     an AWS Budgets budget (the region's spend, or the trial's tag) notifying at 50/80/100 % actual
+             and 100 % forecast: a late backstop, never the bound.
+Per host, when it exists (`cover`):
+  transfer   for an isolated-zone host, CloudWatch alarms on its NetworkIn and NetworkOut that stop it, and
+             one on their sum that notifies. AWS runs an EC2 stop action only from an alarm on a
+             per-instance metric (InstanceId dimension), so these need the host's id.
+  spend      a budget action that, at 100 % of actual spend, runs SSM's stop document on that host (Budgets'
+             `SsmActionDefinition` takes instance ids only; 10 actions per budget, so at most 10 hosts).
+The on-host deadline timer and transfer guard (the hosts' user data) stay as the last line.
+"""
 
 from __future__ import annotations
 
@@ -15,11 +37,35 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.concern import Concern
-from infra.hosts import Hosts
 from infra.outputs import transfer_alarm_prefix
-from infra.plan import TrialConfig
+from infra.plan import Host, TrialConfig
 
 ALARM_PERIOD_S = 3600
+STOP_BY_TAG_TARGET = "arn:aws:scheduler:::aws-sdk:ssm:startAutomationExecution"
+STOP_DOCUMENT = "AWS-StopEC2Instance"
+
+
+def stop_by_tag_input(trial: str) -> dict:
+    """SSM StartAutomationExecution's request (the schedule's input: the API's own parameter names): AWS's stop
+    document on every instance tagged trial=<trial>, all at once, a failure on one (a terminated instance the
+    tag still names) not stopping the others."""
+    return {"DocumentName": STOP_DOCUMENT, "TargetParameterName": "InstanceId",
+            "Targets": [{"Key": "tag:trial", "Values": [trial]}], "MaxConcurrency": "100%", "MaxErrors": "100%"}
+
+
+def stop_by_tag_policy(trial: str, region: str) -> dict:
+    """What the deadline schedule's role may do: start the stop document, find the tagged instances, stop
+    only instances carrying the trial's tag (the automation runs with this role's permissions)."""
+    return {"Version": "2012-10-17", "Statement": [
+        {"Sid": "StartTheStopDocument", "Effect": "Allow", "Action": "ssm:StartAutomationExecution",
+         "Resource": [f"arn:aws:ssm:{region}::automation-definition/{STOP_DOCUMENT}:*",
+                      f"arn:aws:ssm:{region}:*:automation-definition/{STOP_DOCUMENT}:*"]},
+        {"Sid": "StopOnlyTheTrialsHosts", "Effect": "Allow", "Action": "ec2:StopInstances",
+         "Resource": f"arn:aws:ec2:{region}:*:instance/*",
+         "Condition": {"StringEquals": {"aws:ResourceTag/trial": trial}}},
+        {"Sid": "FindTheTaggedHosts", "Effect": "Allow",
+         "Action": ["ec2:DescribeInstances", "ec2:DescribeInstanceStatus", "tag:GetResources",
+                    "ssm:GetAutomationExecution", "ssm:DescribeAutomationExecutions"], "Resource": "*"}]}
 
 
 def budget_period_start(cfg: TrialConfig) -> str:
@@ -33,18 +79,15 @@ def budget_period_start(cfg: TrialConfig) -> str:
 
 
 class Guards(Concern):
-    """`topic`: where every alarm and budget notification goes (exported: `status` asks who hears it);
-    `budget_name`: fixed, so that `status` can read the budget's spend by name."""
+    """`topic`: where every alarm and budget notification goes; `budget_name`: fixed, so that `status` can read
+    the budget's spend by name; `before_hosts`: what every instance must depend on (the deadline stop)."""
 
-    def __init__(self, cfg: TrialConfig, hosts: Hosts, opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("Guards", cfg, opts)
+    def __init__(self, cfg: TrialConfig, refuse: pulumi.ResourceHook, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("Guards", cfg, refuse, opts)
         self.topic = self._alerts()
-        arns = pulumi.Output.all(*[i.arn for _, i in hosts.instances])
-        ids = pulumi.Output.all(*[i.id for _, i in hosts.instances])
-        self._deadline(arns, ids)
+        self.before_hosts = self._deadline()
         self.budget_name = self.name("budget")
-        self._budget(arns, ids)
-        self._transfer(hosts)
+        self.budget, self.spender = self._budget()
         self.register_outputs({"alert_topic": self.topic.arn, "budget_name": self.budget_name})
 
     def _alerts(self) -> aws.sns.Topic:
@@ -61,31 +104,32 @@ class Guards(Concern):
                                       endpoint=cfg.budget.alert_email, opts=self.child())
         return topic
 
-    def _deadline(self, arns: pulumi.Output[list], ids: pulumi.Output[list]) -> None:
-        """A one-time schedule that stops every instance (`ids`), with a role allowed only that (`arns`)."""
+    def _deadline(self) -> list[pulumi.Resource]:
+        """The one-time schedule that stops every host of the trial by its tag, and its role's policy: the
+        resources a host depends on."""
         name, cfg = self.name, self.cfg
         assert cfg.deadline is not None  # the plan refuses a stack without one before anything exists
         stopper = aws.iam.Role(name("deadline"), tags=self.tags, opts=self.child(), assume_role_policy=json.dumps({
             "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
                                                     "Principal": {"Service": "scheduler.amazonaws.com"}}]}))
-        aws.iam.RolePolicy(name("deadline-stop"), role=stopper.id, opts=self.child(), policy=arns.apply(lambda a: json.dumps({
-            "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "ec2:StopInstances",
-                                                    "Resource": list(a)}]})))
+        policy = aws.iam.RolePolicy(name("deadline-stop"), role=stopper.id, opts=self.child(),
+                                    policy=json.dumps(stop_by_tag_policy(cfg.trial, cfg.region)))
         at = cfg.deadline.strftime("%Y-%m-%dT%H:%M:%S")
-        aws.scheduler.Schedule(
+        schedule = aws.scheduler.Schedule(
             name("deadline"), schedule_expression=f"at({at})", schedule_expression_timezone="UTC",
             flexible_time_window=aws.scheduler.ScheduleFlexibleTimeWindowArgs(mode="OFF"),
-            description=f"stop every host of trial {cfg.trial} at its deadline", opts=self.child(),
-            target=aws.scheduler.ScheduleTargetArgs(
-                arn="arn:aws:scheduler:::aws-sdk:ec2:stopInstances", role_arn=stopper.arn,
-                input=ids.apply(lambda i: json.dumps({"InstanceIds": list(i)}))))
+            description=f"stop every host tagged trial={cfg.trial} at its deadline", opts=self.child(),
+            target=aws.scheduler.ScheduleTargetArgs(arn=STOP_BY_TAG_TARGET, role_arn=stopper.arn,
+                                                    input=json.dumps(stop_by_tag_input(cfg.trial))))
+        return [schedule, policy]
 
-    def _budget(self, arns: pulumi.Output[list], ids: pulumi.Output[list]) -> None:
+    def _budget(self) -> tuple[aws.budgets.Budget, aws.iam.Role]:
         """A late backstop (AWS Budgets' data is refreshed at least daily, hours behind the spend), never
         the trial's bound — the deadline schedule and the transfer guards are. It finds the trial's cost
         by region (default) or by the trial tag; activating the tag is opt-in, because activation is
         refused for a key billing has not seen yet (up to 24 h after first use) and in an Organization's
-        member accounts, which would fail the first `pulumi up`."""
+        member accounts, which would fail the first `pulumi up`. Returns the budget and the role its
+        per-host spend stops run with."""
         name, cfg, tags = self.name, self.cfg, self.tags
         if cfg.budget_filter == "tag-activate":
             # account-wide: another trial's stack may rely on it, so destroying this one leaves it active
@@ -107,68 +151,74 @@ class Guards(Concern):
                 subscriber_sns_topic_arns=[self.topic.arn],
                 subscriber_email_addresses=[cfg.budget.alert_email] if cfg.budget.alert_email else None)
                 for kind, pct in notes])
-        # the spend stop: at 100 % of actual spend, Budgets runs SSM's stop document on every host, approved
-        # automatically, with a role that may start that one document and stop only these instances. Budgets
-        # sees costs hours late, so the deadline schedule stays the first bound; this one catches the rest
+        # the spend stop's role: Budgets runs SSM's stop document with it, which may stop only the trial's
+        # tagged instances and only through SSM (each host's action names the host: `cover`)
         spender = aws.iam.Role(name("spend-stop"), tags=tags, opts=self.child(), assume_role_policy=json.dumps({
             "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
                                                     "Principal": {"Service": "budgets.amazonaws.com"}}]}))
-        aws.iam.RolePolicy(name("spend-stop"), role=spender.id, opts=self.child(), policy=arns.apply(lambda a: json.dumps({
+        aws.iam.RolePolicy(name("spend-stop"), role=spender.id, opts=self.child(), policy=json.dumps({
             "Version": "2012-10-17", "Statement": [
                 {"Sid": "StopDocument", "Effect": "Allow", "Action": "ssm:StartAutomationExecution",
                  "Resource": f"arn:aws:ssm:{cfg.region}:*:automation-definition/AWS-StopEC2Instance:*"},
-                {"Sid": "StopTheseHostsThroughSsm", "Effect": "Allow", "Action": "ec2:StopInstances",
-                 "Resource": list(a), "Condition": {"ForAnyValue:StringEquals": {"aws:CalledVia": ["ssm.amazonaws.com"]}}},
-                {"Sid": "ReadState", "Effect": "Allow", "Action": "ec2:DescribeInstanceStatus", "Resource": "*"}]})))
+                {"Sid": "StopTheTrialsHostsThroughSsm", "Effect": "Allow", "Action": "ec2:StopInstances",
+                 "Resource": f"arn:aws:ec2:{cfg.region}:*:instance/*",
+                 "Condition": {"StringEquals": {"aws:ResourceTag/trial": cfg.trial},
+                               "ForAnyValue:StringEquals": {"aws:CalledVia": ["ssm.amazonaws.com"]}}},
+                {"Sid": "ReadState", "Effect": "Allow", "Action": "ec2:DescribeInstanceStatus", "Resource": "*"}]}))
+        return budget, spender
+
+    def cover(self, host: Host, inst: aws.ec2.Instance) -> None:
+        """The stops that need `inst`'s id, for it alone: its spend stop and, for an isolated-zone host, its
+        transfer alarms. They depend on this host only, so no host waits for another to be guarded."""
+        name, cfg, tags = self.name, self.cfg, self.tags
         aws.budgets.BudgetAction(
-            name("spend-stop"), budget_name=budget.name, action_type="RUN_SSM_DOCUMENTS", approval_model="AUTOMATIC",
-            notification_type="ACTUAL", execution_role_arn=spender.arn, tags=tags, opts=self.child(),
+            name("spend-stop", host.rank), budget_name=self.budget.name, action_type="RUN_SSM_DOCUMENTS",
+            approval_model="AUTOMATIC", notification_type="ACTUAL", execution_role_arn=self.spender.arn, tags=tags,
+            opts=self.child(),
             action_threshold=aws.budgets.BudgetActionActionThresholdArgs(action_threshold_type="PERCENTAGE",
                                                                          action_threshold_value=100),
             definition=aws.budgets.BudgetActionDefinitionArgs(
                 ssm_action_definition=aws.budgets.BudgetActionDefinitionSsmActionDefinitionArgs(
-                    action_sub_type="STOP_EC2_INSTANCES", instance_ids=ids, region=cfg.region)),
+                    action_sub_type="STOP_EC2_INSTANCES", instance_ids=[inst.id], region=cfg.region)),
             subscribers=[aws.budgets.BudgetActionSubscriberArgs(address=self.topic.arn, subscription_type="SNS")])
+        if host.rank in set(cfg.isolated_ranks()):
+            self._transfer(host, inst)
 
-    def _transfer(self, hosts: Hosts) -> None:
-        """The transfer guard, cloud side: isolated-zone hosts. AWS runs an EC2 stop action only for an
+    def _transfer(self, h: Host, inst: aws.ec2.Instance) -> None:
+        """The transfer guard, cloud side, for an isolated-zone host. AWS runs an EC2 stop action only for an
         alarm on a per-instance EC2 metric (InstanceId dimension), so the stop sits on two single-metric
         alarms, NetworkIn and NetworkOut, each at half the guard per hour: whenever in + out exceeds the
         guard, one of them exceeds half of it, so the stop comes no later than a sum would give. The
         metric-math alarm on in + out only notifies. All are named <trial>-transfer-<rank>…, which `run`
         and `status` read."""
         name, cfg, tags = self.name, self.cfg, self.tags
-        isolated = set(cfg.isolated_ranks())
         stop_action = f"arn:aws:automate:{cfg.region}:ec2:stop"
-        for h, inst in hosts.instances:
-            if h.rank not in isolated:
-                continue
 
-            def metric(mid: str, metric_name: str, inst: aws.ec2.Instance = inst) -> aws.cloudwatch.MetricAlarmMetricQueryArgs:
-                return aws.cloudwatch.MetricAlarmMetricQueryArgs(id=mid, return_data=False, metric=aws.cloudwatch.
-                                                                 MetricAlarmMetricQueryMetricArgs(
-                    namespace="AWS/EC2", metric_name=metric_name, period=ALARM_PERIOD_S, stat="Sum",
-                    dimensions={"InstanceId": inst.id}))
+        def metric(mid: str, metric_name: str) -> aws.cloudwatch.MetricAlarmMetricQueryArgs:
+            return aws.cloudwatch.MetricAlarmMetricQueryArgs(id=mid, return_data=False, metric=aws.cloudwatch.
+                                                             MetricAlarmMetricQueryMetricArgs(
+                namespace="AWS/EC2", metric_name=metric_name, period=ALARM_PERIOD_S, stat="Sum",
+                dimensions={"InstanceId": inst.id}))
 
-            alarm = f"{transfer_alarm_prefix(cfg.trial)}{h.rank}"
+        alarm = f"{transfer_alarm_prefix(cfg.trial)}{h.rank}"
+        aws.cloudwatch.MetricAlarm(
+            name("transfer", h.rank), name=alarm,
+            comparison_operator="GreaterThanThreshold", evaluation_periods=1,
+            threshold=cfg.transfer_guard_bytes, treat_missing_data="notBreaching", tags=tags, opts=self.child(),
+            alarm_description=f"rank {h.rank} (isolated zone {h.zone}): NetworkIn + NetworkOut over one hour "
+                              f"exceeds the whole {cfg.transfer_guard_bytes:.3g}-byte guard (notifies; the "
+                              f"{alarm}-in/-out alarms stop the host)",
+            metric_queries=[metric("rx", "NetworkIn"), metric("tx", "NetworkOut"),
+                            aws.cloudwatch.MetricAlarmMetricQueryArgs(id="total", expression="rx + tx",
+                                                                      label="bytes in + out", return_data=True)],
+            alarm_actions=[self.topic.arn])
+        for short, metric_name in (("in", "NetworkIn"), ("out", "NetworkOut")):
             aws.cloudwatch.MetricAlarm(
-                name("transfer", h.rank), name=alarm,
+                name("transfer", h.rank, short), name=f"{alarm}-{short}",
                 comparison_operator="GreaterThanThreshold", evaluation_periods=1,
-                threshold=cfg.transfer_guard_bytes, treat_missing_data="notBreaching", tags=tags, opts=self.child(),
-                alarm_description=f"rank {h.rank} (isolated zone {h.zone}): NetworkIn + NetworkOut over one hour "
-                                  f"exceeds the whole {cfg.transfer_guard_bytes:.3g}-byte guard (notifies; the "
-                                  f"{alarm}-in/-out alarms stop the host)",
-                metric_queries=[metric("rx", "NetworkIn"), metric("tx", "NetworkOut"),
-                                aws.cloudwatch.MetricAlarmMetricQueryArgs(id="total", expression="rx + tx",
-                                                                          label="bytes in + out", return_data=True)],
-                alarm_actions=[self.topic.arn])
-            for short, metric_name in (("in", "NetworkIn"), ("out", "NetworkOut")):
-                aws.cloudwatch.MetricAlarm(
-                    name("transfer", h.rank, short), name=f"{alarm}-{short}",
-                    comparison_operator="GreaterThanThreshold", evaluation_periods=1,
-                    namespace="AWS/EC2", metric_name=metric_name, period=ALARM_PERIOD_S, statistic="Sum",
-                    dimensions={"InstanceId": inst.id}, threshold=cfg.transfer_guard_bytes / 2,
-                    treat_missing_data="notBreaching", tags=tags, opts=self.child(),
-                    alarm_description=f"rank {h.rank} (isolated zone {h.zone}): {metric_name} over one hour "
-                                      f"exceeds half the {cfg.transfer_guard_bytes:.3g}-byte guard: stops the host",
-                    alarm_actions=[self.topic.arn, stop_action])
+                namespace="AWS/EC2", metric_name=metric_name, period=ALARM_PERIOD_S, statistic="Sum",
+                dimensions={"InstanceId": inst.id}, threshold=cfg.transfer_guard_bytes / 2,
+                treat_missing_data="notBreaching", tags=tags, opts=self.child(),
+                alarm_description=f"rank {h.rank} (isolated zone {h.zone}): {metric_name} over one hour "
+                                  f"exceeds half the {cfg.transfer_guard_bytes:.3g}-byte guard: stops the host",
+                alarm_actions=[self.topic.arn, stop_action])

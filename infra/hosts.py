@@ -14,9 +14,10 @@ import pulumi_aws as aws
 
 from infra.concern import Concern
 from infra.bucket import Evidence
+from infra.guards import Guards
 from infra.network import Network
 from infra.plan import Host, TrialConfig
-from infra.teardown import BUCKET_TAG, before_host_delete
+from infra.teardown import BUCKET_TAG
 from infra.userdata import user_data
 
 
@@ -30,9 +31,9 @@ class Hosts(Concern):
     `teardown`: registered for `pulumi destroy --run-program` (infra/__main__.py), when the operator's
     key may be gone: the key pair then keeps the public key the stack holds."""
 
-    def __init__(self, cfg: TrialConfig, network: Network, evidence: Evidence, *, teardown: bool = False,
-                 opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("Hosts", cfg, opts)
+    def __init__(self, cfg: TrialConfig, refuse: pulumi.ResourceHook, network: Network, evidence: Evidence,
+                 guards: Guards, *, teardown: bool = False, opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("Hosts", cfg, refuse, opts)
         name, tags = self.name, self.tags
         assert cfg.deadline is not None  # the plan refuses a stack without one before anything exists
         # instance role: write (and read back) only the trial's evidence objects; read its staging relay
@@ -55,11 +56,9 @@ class Hosts(Concern):
         assert cfg.ssh_public_key is not None or teardown  # a missing one is among the plan's problems
         key = aws.ec2.KeyPair(name("operator"), key_name=name("operator"), public_key=cfg.ssh_public_key or "",
                               tags=tags, opts=self.child(ignore_changes=["publicKey"] if teardown else None))
-        # a host's volume goes with it: the hook refuses until the trial is preserved. A whole `pulumi destroy`
-        # is refused before anything by the destroy gate (infra/gate.py); this one guards a host dropped from
-        # the stack by `pulumi up`, and does not verify again what the gate verified in the same run
-        refuse_unpreserved = pulumi.ResourceHook(name("refuse-unpreserved"), before_host_delete(
-            cfg.trial, cfg.region, cfg.abandon_unpreserved))
+        # a host's volume goes with it: like every child, an instance refuses its delete until the trial is
+        # preserved (infra/concern.py). It exists only once the stops that need no id exist (`depends_on`), and
+        # the ones that need its id follow it at once (guards.cover), waiting for no other host
         self.instances: list[tuple[Host, aws.ec2.Instance]] = []
         for h in cfg.by_rank:
             inst = aws.ec2.Instance(
@@ -80,9 +79,9 @@ class Hosts(Concern):
                 # a changed boot script must never replace a host: its disk holds unpreserved evidence
                 user_data_replace_on_change=False,
                 tags={**tags, "rank": str(h.rank), "Name": name("rank", h.rank), BUCKET_TAG: evidence.bucket.bucket},
-                opts=self.child(ignore_changes=["userData", "ami"],
-                                hooks=pulumi.ResourceHookBinding(before_delete=[refuse_unpreserved])))
+                opts=self.child(ignore_changes=["userData", "ami"], depends_on=guards.before_hosts))
             self.instances.append((h, inst))
+            guards.cover(h, inst)
         # the image the hosts run (their stored state, kept by ignore_changes), not this run's lookup:
         # after a new release the two differ, and this is the id to pin
         self.ami: pulumi.Output[str] = self.instances[0][1].ami

@@ -8,28 +8,35 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.concern import Concern
-from infra.plan import TrialConfig
+from infra.existing import VPC_CIDR
+from infra.plan import TrialConfig, is_zone_id
 
 
 class Network(Concern):
     """`subnets` by zone (as the stack names it: a zone name or a zone ID) and the members' group `sg`,
     which the hosts join."""
 
-    def __init__(self, cfg: TrialConfig, opts: pulumi.ResourceOptions | None = None) -> None:
-        super().__init__("Network", cfg, opts)
+    def __init__(self, cfg: TrialConfig, refuse: pulumi.ResourceHook, cidrs: dict[str, str],
+                 opts: pulumi.ResourceOptions | None = None) -> None:
+        super().__init__("Network", cfg, refuse, opts)
         name, tags = self.name, self.tags
-        vpc = aws.ec2.Vpc(name("vpc"), cidr_block="10.42.0.0/16", enable_dns_hostnames=True,
+        vpc = aws.ec2.Vpc(name("vpc"), cidr_block=VPC_CIDR, enable_dns_hostnames=True,
                           enable_dns_support=True, tags=tags, opts=self.child())
         igw = aws.ec2.InternetGateway(name("igw"), vpc_id=vpc.id, tags=tags, opts=self.child())
         routes = aws.ec2.RouteTable(name("routes"), vpc_id=vpc.id, tags=tags, opts=self.child(),
                                     routes=[aws.ec2.RouteTableRouteArgs(cidr_block="0.0.0.0/0", gateway_id=igw.id)])
         self.subnets: dict[str, aws.ec2.Subnet] = {}
-        for i, zone in enumerate(sorted({h.zone for h in cfg.hosts})):
-            # a zone ID (use1-az4) names the same physical zone in every account; a name may not
-            where = {"availability_zone_id": zone} if cfg.hosts[0].zone_is_id else {"availability_zone": zone}
+        # `cidrs`: every zone of the hosts, and every zone whose subnet the account still holds (infra/existing.py):
+        # a zone no host uses any more keeps its subnet while the trial lives — deleting it would be a delete
+        # during a live trial, which the check refuses (infra/teardown.py); a destroy takes it with the rest
+        for zone in sorted(cidrs):
+            # a zone ID (use1-az4) names the same physical zone in every account; a name may not. The CIDR is
+            # the one an existing subnet has: a new CIDR would replace it and its hosts. The `zone` tag says how
+            # the stack named it: a name and an ID of the same zone are two subnets to Pulumi (infra/existing.py)
+            where = {"availability_zone_id": zone} if is_zone_id(zone) else {"availability_zone": zone}
             self.subnets[zone] = aws.ec2.Subnet(name("subnet", zone), vpc_id=vpc.id, **where,
-                                                cidr_block=f"10.42.{i}.0/24", map_public_ip_on_launch=True,
-                                                tags=tags, opts=self.child())
+                                                cidr_block=cidrs[zone], map_public_ip_on_launch=True,
+                                                tags={**tags, "zone": zone}, opts=self.child())
             aws.ec2.RouteTableAssociation(name("routes", zone), subnet_id=self.subnets[zone].id,
                                           route_table_id=routes.id, opts=self.child())
         sg = self.sg = aws.ec2.SecurityGroup(name("members"), vpc_id=vpc.id, tags=tags, opts=self.child(),

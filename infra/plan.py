@@ -40,6 +40,11 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+def is_zone_id(zone: str) -> bool:
+    """A zone ID (use1-az4: the same physical zone in every account), not a zone name (us-east-1c)."""
+    return bool(re.fullmatch(r"[a-z]+[0-9]+-az[0-9]+", zone))
+
+
 class Host(Strict):
     rank: int = Field(ge=0)
     instance_type: str
@@ -49,7 +54,7 @@ class Host(Strict):
 
     @property
     def zone_is_id(self) -> bool:
-        return bool(re.fullmatch(r"[a-z]+[0-9]+-az[0-9]+", self.zone))
+        return is_zone_id(self.zone)
 
 
 _DIRECTIONS = {"east": "e", "west": "w", "north": "n", "south": "s", "central": "c", "southeast": "se",
@@ -127,6 +132,10 @@ def experiment_arms(experiment: str, profile: str, measured: dict[str, dict[str,
                     **({"sync_every": settings["sync_every"]} if settings.get("sync_every") is not None else {}),
                     **measured.get(a.name, {})})
     return out
+
+
+MAX_HOSTS = 10
+"""AWS Budgets' quota of actions per budget (Budgets' quotas page): each host's spend stop is one."""
 
 
 class TrialConfig(Strict):
@@ -366,6 +375,9 @@ def estimate(cfg: TrialConfig, now: dt.datetime, *, wheelhouse_bytes: int = 0) -
     planned = {r: b * (1 + cfg.protocol_overhead) + staged for r, b in per_host.items()}
     stop_at = cfg.guard_fraction * cfg.transfer_guard_bytes
     problems = deadline_problems(cfg, now) + key_problems(cfg)
+    if len(cfg.hosts) > MAX_HOSTS:  # a problem of the plan, not of the config: a teardown must still run
+        problems.append(f"{len(cfg.hosts)} hosts: at most {MAX_HOSTS}, since each host has its own budget spend stop "
+                        f"and AWS Budgets allows {MAX_HOSTS} actions per budget (infra/guards.py)")
     problems += [f"{c}: ${totals[c]:.2f} estimated > ${reserved[c]:.2f} reserved" for c in totals
                  if totals[c] > reserved[c] + 1e-9]
     if sum(totals.values()) > cfg.budget.total_usd + 1e-9:

@@ -1,16 +1,21 @@
 """The trial cluster as Pulumi resources. `build(cfg, now)` refuses an over-budget or mis-timed plan
-before registering anything, then creates one component per concern, every resource tagged
-`trial=<name>`:
+before registering anything, then — at `pulumi up` — looks up what the account already holds of the
+trial and refuses an `up` that would delete, replace or restart a host of an unpreserved trial
+(infra/existing.py), then creates one component per concern, every resource tagged `trial=<name>`:
 
   network   infra/network.py: a VPC, a public subnet per zone, a members-only security group
   evidence  infra/bucket.py: the S3 bucket and what a host may do in it
-  hosts     infra/hosts.py: one g6e instance per rank, its key, image, encrypted gp3 volume and role
-  guards    infra/guards.py: the deadline stop, the transfer alarms, the budget and its spend stop
+  guards    infra/guards.py: the deadline stop (by tag: before any host), the alert topic, the budget;
+            per host, once it exists: its transfer alarms and budget spend stop
+  hosts     infra/hosts.py: one g6e instance per rank, its key, image, encrypted gp3 volume and role,
+            each depending on the deadline stop
   gate      infra/gate.py: the destroy gate, depending on all of the above, deleted first by `pulumi
             destroy`, whose hook refuses the destroy until the trial is preserved (nothing deleted before)
 
-and exports the outputs `orchestrate` reads (shape: infra/outputs.py). A stack created before the
-components existed keeps every resource: each child carries an alias to its old URN (infra/concern.py).
+Every child whose delete costs something carries the same refusing hook (infra/teardown.py, one check per
+run), so a destroy from any state an `up` can leave deletes nothing before preservation. The outputs
+`orchestrate` reads are exported (shape: infra/outputs.py). A stack created before the components existed
+keeps every resource: each child carries an alias to its old URN (infra/concern.py).
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from typing import Any
 import pulumi
 
 from infra.bucket import Evidence
+from infra.credentials import session_factory
+from infra.existing import host_changes, look_up, refuse_host_changes, subnet_cidrs
 from infra.gate import DestroyGate
 from infra.guards import Guards
 from infra.hosts import Hosts
@@ -28,6 +35,7 @@ from infra.network import Network
 from infra.outputs import OUTPUTS_FORMAT
 from infra.plan import TrialConfig, estimate, require_within_budget
 from infra.prices import INSTANCE_TYPES
+from infra.teardown import DeleteCheck
 
 
 def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = False) -> dict[str, Any]:
@@ -41,11 +49,26 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = 
         raise ValueError("teardown: the stack has no deadline; it was never created by this program")
     assert cfg.deadline is not None  # a missing one is among the problems above
 
-    network = Network(cfg)
-    evidence = Evidence(cfg)
-    hosts = Hosts(cfg, network, evidence, teardown=teardown)
-    guards = Guards(cfg, hosts)
-    DestroyGate(cfg, evidence, [network, evidence, hosts, guards])  # last: it depends on everything above
+    dry_run = pulumi.runtime.is_dry_run()
+    session_for = session_factory()  # the stack's own AWS identity (infra/credentials.py), opened when first used
+    check = DeleteCheck(cfg.trial, cfg.abandon_unpreserved, session_for, dry_run=dry_run)
+    refuse = pulumi.ResourceHook(f"{cfg.trial}-refuse-unpreserved", check.hook,
+                                 pulumi.ResourceHookOptions(on_dry_run=True))
+    seen = None if teardown else look_up(cfg)  # a teardown looks nothing up: the state says what to delete
+    if seen is not None:
+        allowed = refuse_host_changes(cfg, seen, session_for=session_for, dry_run=dry_run)  # raises: nothing registered
+        if allowed:
+            check.settle(allowed)  # one decision per run: the hooks give the same answer
+            pulumi.log.warn(f"this up deletes, replaces or restarts hosts of trial {cfg.trial}, which is {allowed}: "
+                            + "; ".join(f"rank {h.rank} {what}" for h, what in host_changes(cfg, seen)))
+
+    network = Network(cfg, refuse, subnet_cidrs(cfg, seen))
+    evidence = Evidence(cfg, refuse)
+    guards = Guards(cfg, refuse)  # before the hosts: each host depends on its deadline stop
+    hosts = Hosts(cfg, refuse, network, evidence, guards, teardown=teardown)
+    for _, inst in hosts.instances:  # the check looks these up by id too, and in their account and region
+        pulumi.Output.all(inst.id, inst.arn).apply(lambda v: check.know(*v))
+    DestroyGate(cfg, evidence, [network, evidence, hosts, guards], check)  # last: it depends on everything above
 
     outputs = {
         "format": OUTPUTS_FORMAT, "trial": cfg.trial, "region": cfg.region,

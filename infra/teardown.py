@@ -1,25 +1,45 @@
-"""`pulumi destroy` deletes nothing before the trial is preserved.
+"""Nothing of a trial's stack is deleted while a host of it holds unpreserved evidence.
 
 Each host's root volume is deleted with the instance and holds whatever the controller has not
-preserved yet, and the guards, roles, network rules and bucket settings are what let the hosts reach
-the store at all, so "destroy after preservation" is made a rule rather than a habit. The check
+preserved yet, and the guards, roles, network rules and bucket settings are what stop the hosts and let
+them reach the store at all, so "delete after preservation" is made a rule rather than a habit. The check
 (`verify_preserved`) reads the trial's evidence store, requires at least one preservation index there,
 re-reads each home's newest index and every object it names (`evidence.stores.verify_index`), and
 raises naming what is missing.
 
-Where it runs decides what a refusal saves. A `before_delete` hook runs inside its own resource's
-delete step, and the engine deletes dependents first, in waves (pulumi/pulumi
-`pkg/resource/deploy/step_generator.go` `ScheduleDeletes`, `step.go` `DeleteStep.Apply`): a hook on the
-instances alone would run only after the schedules, alarms, budget action, role policies, network rules
-and bucket settings were deleted. So the check sits on the destroy gate (infra/gate.py), a resource that
-depends on every other one of the stack: the engine deletes it first and alone, and a failed step
-cancels every later wave (`deployment_executor.go` `performPostSteps`, `step_executor.go`
-`cancelDueToError`), so a refusal deletes nothing. The instances keep a hook of their own for the
-deletes that are not a whole destroy (a host dropped from the stack by `pulumi up`); within a destroy
-whose gate has verified the trial in this same program run, they do not verify it again.
+Where it runs decides what a refusal saves. A `before_delete` hook runs inside its own resource's delete
+step, before the provider's Delete, and a failed step cancels the deployment: no later wave starts and the
+steps of its own wave that were dispatched with it each run their own hook first (pulumi/pulumi
+`pkg/resource/deploy/step.go` `DeleteStep.Apply`, `step_executor.go` `cancelDueToError`,
+`step_generator.go` `ScheduleDeletes`). So every resource whose delete could cost something carries the
+same hook (infra/concern.py): whatever a `pulumi destroy` would delete first — from a complete stack, one
+whose first `up` failed anywhere, or one whose destroy gate never reached the state — refuses, and nothing
+is deleted. (The destroy gate, infra/gate.py, still goes first and alone where the state is complete, so a
+refusal is then one message.) Retained resources (the evidence bucket and what keeps it safe) delete
+nothing and carry no hook.
 
-With `abandon_unpreserved: true` in the stack the operator gives the trial up on purpose: the check
-then writes that choice, with what was found, to the bucket, and lets the delete go on.
+What it asks, once per program run (`DeleteCheck`, its answer shared by every hook of that run):
+  1. Which hosts of the trial exist in the account (EC2, any state but terminated)? Found by their `trial`
+     tag and by the ids the stack's state holds (a host whose tag was removed is still found). Before that,
+     the identity the check speaks as must be in the account and region of those hosts (their ARNs): a
+     check pointed at another account or region would find no host and could not be trusted to say so.
+     No live host: nothing unpreserved can sit on a disk, and the delete goes on (a stack whose first `up`
+     failed before any host, or whose hosts are gone, can always be destroyed).
+  2. Their evidence buckets (each host's `evidence-bucket` tag): is the trial preserved in each? Yes: go on.
+  3. No: refuse, naming what is missing — unless the stack sets `abandon_unpreserved: true`, the
+     operator's choice to give the trial up, which is then written to the bucket (not in a preview).
+It speaks to AWS as the stack does (infra/credentials.py), and runs in previews too (`on_dry_run`), so a
+`pulumi destroy` says "refusing" before it asks "yes?".
+
+The same rule holds for a `pulumi up`'s deletes (what it replaces or no longer registers), and for a
+`pulumi destroy --run-program` run without `TRIALS_TEARDOWN=1`: the program cannot tell which operation runs
+it, so no delete is let through on the strength of a guess. An `up` that would remove, replace or restart a
+host is refused earlier, by the program, before it registers anything (infra/existing.py); where it allowed
+one (a preserved or abandoned trial) its answer is this run's answer (`settle`), so the hooks cannot
+decide otherwise halfway through. Any other delete of an `up` is checked the same way (removing the alert
+e-mail, or the transfer alarms of a host no longer isolated, waits for the preservation); the subnet of a
+zone no host uses any more is not deleted at all: it stays registered while the account holds it
+(infra/network.py), so moving a host to another zone after a capacity refusal deletes nothing.
 
 The hosts' checkpoint payloads are in those indexes (each host preserves its own), so they are
 covered as well: present at their recorded size.
@@ -29,6 +49,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import threading
 from typing import Any, Callable
 
 from evidence.canonical import bytes_sha256
@@ -109,70 +130,139 @@ def abandon(bucket: str, trial: str, instance: str, found: str, *, session: Any 
     return key
 
 
-VERIFIED: dict[tuple[str, str], str] = {}
-"""(bucket, trial) → what the destroy gate found in this program run ("preserved" or "abandoned"). The
-program runs once per deployment and its hooks run in that same process (the SDK serves them while it
-waits for the engine), so this lives exactly as long as one `pulumi destroy`."""
+INSTANCE = "aws:ec2/instance:Instance"
+LIVE_STATES = ["pending", "running", "shutting-down", "stopping", "stopped"]
 
 
-def refuse_unpreserved(what: str, bucket: str | None, trial: str, region: str, abandon_unpreserved: bool,
-                       session: Any, resource: str | None = None) -> str:
-    """Verify the trial's evidence in `bucket`, or record its abandonment (by `resource`, the id of what
-    is being deleted); raises NotPreserved naming `what` otherwise. Returns what was found."""
-    if not bucket:
-        raise NotPreserved(f"{what}: no evidence bucket recorded for it, so its trial's evidence cannot be checked; "
-                           "refusing to delete it (set abandon_unpreserved: true to give the trial up)")
-    try:
-        verify_preserved(bucket, trial, session=session)
+def trial_hosts(trial: str, session: Any, ids: set[str] = frozenset()) -> dict[str, str | None]:
+    """Every instance of the trial in the account that is not terminated — tagged with the trial, or one of
+    `ids` (the stack's own) — id -> its evidence bucket (tag)."""
+    ec2 = session.client("ec2")
+    found: dict[str, str | None] = {}
+    queries = [[{"Name": "tag:trial", "Values": [trial]}]]
+    if ids:
+        queries.append([{"Name": "instance-id", "Values": sorted(ids)}])
+    for filters in queries:
+        for page in ec2.get_paginator("describe_instances").paginate(
+                Filters=filters + [{"Name": "instance-state-name", "Values": LIVE_STATES}]):
+            for r in page["Reservations"]:
+                for i in r["Instances"]:
+                    tags = {t["Key"]: t["Value"] for t in i.get("Tags", [])}
+                    found[i["InstanceId"]] = tags.get(BUCKET_TAG)
+    return found
+
+
+def arn_place(arn: str) -> tuple[str, str] | None:
+    """(region, account) of an EC2 instance's ARN; None for anything else."""
+    parts = arn.split(":")
+    if len(parts) >= 6 and parts[2] == "ec2" and parts[5].startswith("instance/"):
+        return parts[3], parts[4]
+    return None
+
+
+def same_place(session: Any, arns: dict[str, str]) -> None:
+    """Raises NotPreserved unless `session` speaks in the account and region of every host `arns` names."""
+    places = {i: p for i, a in arns.items() if (p := arn_place(a))}
+    if not places:
+        return
+    account = session.client("sts").get_caller_identity()["Account"]
+    region = session.region_name
+    wrong = sorted(f"{i} (account {a}, {r})" for i, (r, a) in places.items() if (r, a) != (region, account))
+    if wrong:
+        raise NotPreserved(f"the check speaks as account {account} in {region}, but the stack's host(s) "
+                           f"{', '.join(wrong)} are elsewhere: it could not see them (the stack's aws: config and "
+                           "the environment name different identities?)")
+
+
+def judge(trial: str, hosts: dict[str, str | None], *, abandon_unpreserved: bool, session: Any, dry_run: bool,
+          who: str) -> str:
+    """"preserved", "abandoned" or "no hosts" for the trial whose live hosts (id -> bucket) are `hosts`;
+    raises NotPreserved otherwise. `who` is what asks (written with an abandonment)."""
+    if not hosts:
+        return "no hosts"
+    untagged = sorted(i for i, b in hosts.items() if not b)
+    if untagged and not abandon_unpreserved:
+        raise NotPreserved(f"host(s) {', '.join(untagged)} carry no {BUCKET_TAG} tag, so their trial's evidence "
+                           "cannot be checked")
+    reasons = [(None, f"host(s) {', '.join(untagged)} carry no {BUCKET_TAG} tag")] if untagged else []
+    for bucket in sorted({b for b in hosts.values() if b}):
+        try:
+            verify_preserved(bucket, trial, session=session)
+        except NotPreserved as e:
+            reasons.append((bucket, str(e)))
+    if not reasons:
         return "preserved"
-    except NotPreserved as e:
-        if not abandon_unpreserved:
-            raise NotPreserved(f"refusing to delete {what}: {e}. Preserve the trial first, or set "
-                               "trials:cluster.abandon_unpreserved: true to give it up on purpose (that choice is "
-                               "written to the bucket)") from None
-        abandon(bucket, trial, resource or what, str(e), session=session)
-        return "abandoned"
+    if not abandon_unpreserved:
+        raise NotPreserved("; ".join(r for _, r in reasons) + f" (live hosts: {', '.join(sorted(hosts))})")
+    if not dry_run:  # the choice is written to every bucket the live hosts name
+        found = "; ".join(r for _, r in reasons)
+        for bucket in sorted({b for b in hosts.values() if b}):
+            abandon(bucket, trial, who, found, session=session)
+    return "abandoned"
 
 
-def _session(region: str, session_for: Callable[[str], Any] | None) -> Any:
-    session = session_for(region) if session_for else None
-    if session is None:
-        import boto3
-
-        session = boto3.Session(region_name=region)
-    return session
+ADVICE = ("Preserve the trial first (`orchestrate preserve --home H` for each home, or `orchestrate down`); if "
+          "no trial ran on these hosts, or to give its evidence up on purpose, set "
+          "trials:cluster.abandon_unpreserved: true (the choice is written to the bucket)")
 
 
-def before_gate_delete(trial: str, region: str, abandon_unpreserved: bool,
-                       session_for: Callable[[str], Any] | None = None) -> Callable[[Any], None]:
-    """The destroy gate's hook: the first step of a destroy, refusing it while the trial is unpreserved.
-    The bucket is the gate's own recorded input (its state), so the hook needs nothing but the step."""
+class DeleteCheck:
+    """One program run's answer to "may this stack's resources be deleted?", asked by every delete hook of
+    the run and computed once (the hooks of one wave run in parallel). The program tells it the stack's
+    hosts as it registers them (`know`), and may settle the answer itself (`settle`)."""
 
-    def hook(args: Any) -> None:
-        recorded = {**(args.old_outputs or {}), **(args.old_inputs or {})}
-        bucket = recorded.get("bucket")
-        what = f"the stack of trial {trial} ({args.name} goes first: nothing has been deleted)"
-        found = refuse_unpreserved(what, bucket, trial, region, abandon_unpreserved, _session(region, session_for),
-                                   args.name)
-        VERIFIED[(bucket, trial)] = found
+    def __init__(self, trial: str, abandon_unpreserved: bool, session_for: Callable[[], Any], *,
+                 dry_run: bool) -> None:
+        self.trial, self.abandon_unpreserved, self.session_for = trial, abandon_unpreserved, session_for
+        self.dry_run = dry_run
+        self.lock = threading.Lock()
+        self.answer: str | None = None
+        self.refusal: str | None = None
+        self.asked = 0
+        self.known: dict[str, str] = {}  # the stack's instances: id -> ARN
 
-    return hook
+    def know(self, instance_id: str | None, arn: str | None) -> None:
+        """A host the stack holds (its id and ARN as the engine answered the program's registration)."""
+        if instance_id:
+            with self.lock:
+                self.known[instance_id] = arn or ""
 
+    def settle(self, answer: str) -> None:
+        """The program's own verdict for this run (an `up` it let change hosts): the hooks give the same."""
+        with self.lock:
+            self.answer = answer
 
-def before_host_delete(trial: str, region: str, abandon_unpreserved: bool,
-                       session_for: Callable[[str], Any] | None = None) -> Callable[[Any], None]:
-    """An instance's hook: refuses the delete of a host whose trial is not preserved — unless the
-    destroy gate already verified the same trial in this run (VERIFIED)."""
+    def verdict(self, who: str) -> str:
+        """What the trial's hosts and store say, once; raises NotPreserved (the same reason to every asker)."""
+        with self.lock:
+            self.asked += 1
+            if self.answer is None and self.refusal is None:
+                try:
+                    session = self.session_for()
+                    same_place(session, self.known)
+                    try:
+                        hosts = trial_hosts(self.trial, session, set(self.known))
+                    except Exception as e:  # noqa: BLE001 — hosts that cannot be listed may hold evidence
+                        raise NotPreserved(f"the hosts of trial {self.trial} cannot be listed: {e}") from None
+                    self.answer = judge(self.trial, hosts, abandon_unpreserved=self.abandon_unpreserved,
+                                        session=session, dry_run=self.dry_run, who=who)
+                except NotPreserved as e:
+                    self.refusal = str(e)
+                except Exception as e:  # noqa: BLE001 — a check that cannot run has verified nothing
+                    self.refusal = f"the check could not run: {type(e).__name__}: {e}"
+            if self.refusal is not None:
+                raise NotPreserved(self.refusal)
+            assert self.answer is not None
+            return self.answer
 
-    def hook(args: Any) -> None:
-        tags = (args.old_inputs or {}).get("tags") or (args.old_outputs or {}).get("tags") or {}
-        bucket = tags.get(BUCKET_TAG)
-        if bucket and (bucket, trial) in VERIFIED:
-            return
-        if not bucket:
-            raise NotPreserved(f"{args.name}: no {BUCKET_TAG} tag, so its trial's evidence cannot be checked; "
-                               "refusing to delete it (set abandon_unpreserved: true to give the trial up)")
-        refuse_unpreserved(f"{args.name} ({args.id})", bucket, trial, region, abandon_unpreserved,
-                           _session(region, session_for), args.id or args.name)
-
-    return hook
+    def hook(self, args: Any) -> None:
+        """A `before_delete` hook (every deleting resource's, and the destroy gate's): returns to let the delete
+        go on, raises to refuse it."""
+        if args.type == INSTANCE and args.id:
+            self.know(args.id, (args.old_outputs or {}).get("arn"))
+        try:
+            self.verdict(args.id or args.name)
+        except NotPreserved as e:
+            raise NotPreserved(f"refusing to delete {args.name}{f' ({args.id})' if args.id else ''}: trial "
+                               f"{self.trial} is not preserved: {e}. Nothing of it has been deleted by this "
+                               f"check. {ADVICE}") from None

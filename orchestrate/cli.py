@@ -431,7 +431,8 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
     else:
         print("stopped volumes: not counted (stopped_days = 0): they bill every day after the deadline until "
               "`orchestrate down`")
-    print(f"stops: the cloud schedule at the deadline and the transfer guards are the bounds. The budget "
+    print(f"stops: the cloud schedule at the deadline (every host tagged trial={cfg.trial}, from its first moment) "
+          "and the transfer guards are the bounds. The budget "
           f"(${cfg.budget.total_usd:g}, {'the region' if cfg.budget_filter == 'region' else 'the trial tag'}'s spend) "
           "and its stop action are a late backstop: AWS Budgets sees costs hours late (its data is refreshed at "
           f"least daily), so a {cfg.hours:g}-h trial's spend may not show in it before the deadline")

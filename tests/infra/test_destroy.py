@@ -1,13 +1,15 @@
 """`pulumi destroy` as the engine runs it, on the program's real resource graph (#31 items 3 and 4): the
 program's `up` recorded through the engine harness (every resource with its parent, dependencies,
-property dependencies, provider, hooks and options), then `TRIALS_TEARDOWN=1 pulumi destroy
---run-program` through the same harness: the engine's delete waves (tests/pulumi_engine.py, after
-`ScheduleDeletes`), the gate's hook run in the program's process against moto's S3.
+property dependencies, provider, hooks and options; its bucket and instances made in moto), then
+`TRIALS_TEARDOWN=1 pulumi destroy --run-program` through the same harness: the engine's delete waves
+(tests/pulumi_engine.py, after `ScheduleDeletes`), the hooks run in the program's process against moto's
+EC2 and S3.
 
-A refused destroy deletes nothing: the gate is the whole first wave and its refusal cancels the rest.
-A preserved trial's destroy ends without error, gate first, with every resource deleted but the
-evidence bucket and what keeps it safe, which stay. The hooks on the instances alone — the design
-before #31 — are shown to let the guards and the network go before any refusal."""
+A refused destroy deletes nothing: the gate is the whole first wave and its refusal cancels the rest. A
+preserved trial's destroy ends without error, gate first, with every resource deleted but the evidence
+bucket and what keeps it safe, which stay. A plain `pulumi destroy` (no `--run-program`) is refused by the
+engine itself. What a destroy does from the states a failed or changing `up` leaves:
+tests/infra/test_failures.py."""
 
 from __future__ import annotations
 
@@ -20,8 +22,7 @@ from pathlib import Path
 import pytest
 
 from evidence.stores import preserve
-from pulumi_engine import (STACK_TYPE, DependencyGraph, Node, StepError, execute, is_provider, plan_deletes,
-                           pulumi_run)
+from pulumi_engine import STACK_TYPE, DependencyGraph, Node, is_provider, pulumi_run
 from test_infra import CALLS, answers, live, stack_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,23 +40,60 @@ def cloud(state_or_steps: list[dict]) -> list[dict]:
     return [s for s in state_or_steps if s["custom"] and not is_provider(s["type"])]
 
 
-@pytest.fixture
-def stack(aws):
-    """The example stack's `pulumi up`, its bucket created in moto (a name of its own: moto's server is the
-    session's, and a bucket another test preserved into would pass the gate)."""
-    bucket = f"gate-evidence-{uuid.uuid4().hex[:12]}"
-    rules = [r for r in answers(TRIAL) if r["type"] != "aws:s3/bucket:Bucket"] + [
+def terminate_trial(aws, trial: str = TRIAL) -> None:
+    """End every instance of `trial` this worker's moto holds (the next test's check must not find them)."""
+    ec2 = aws.client("ec2")
+    ids = [i["InstanceId"] for r in ec2.describe_instances(Filters=[{"Name": "tag:trial", "Values": [trial]}])["Reservations"]
+           for i in r["Instances"] if i["State"]["Name"] != "terminated"]
+    if ids:
+        ec2.terminate_instances(InstanceIds=ids)
+
+
+def moto_rules(bucket: str, trial: str = TRIAL) -> list[dict]:
+    """The mocks' answers with the bucket's name the test's own (moto's server is the worker's, and a bucket
+    another test preserved into would pass the check) and the instances left for moto to make."""
+    return [r for r in answers(trial) if r["type"] not in ("aws:s3/bucket:Bucket", "aws:ec2/instance:Instance")] + [
         {"type": "aws:s3/bucket:Bucket", "id": bucket, "outputs": {"bucket": bucket}}]
-    config = stack_of(live())
-    up = pulumi_run("up", config, answers=rules, calls=CALLS)
+
+
+def up_in_moto(aws, trial: str = TRIAL):
+    """The example stack's `pulumi up` (as trial `trial`): its bucket, the bucket's settings and its four
+    instances made in moto (tagged as the program tags them)."""
+    bucket = f"gate-evidence-{uuid.uuid4().hex[:12]}"
+    rules = moto_rules(bucket, trial)
+    config = stack_of(live(trial=trial))
+    up = pulumi_run("up", config, answers=rules, calls=CALLS, provider="moto")
     assert up.returncode == 0 and up.failed is None, up.errors
-    aws.client("s3").create_bucket(Bucket=bucket)
     return up, config, rules, bucket
 
 
+@pytest.fixture(scope="module")
+def stack(moto_module):
+    """One `up` for the tests that change nothing in the account (a refused destroy deletes nothing); its
+    instances are terminated at the end."""
+    yield up_in_moto(moto_module)
+    terminate_trial(moto_module)
+
+
+OWN = "ltw-own"  # a trial of its own: the check finds hosts by their trial tag, and the shared stack's live on
+
+
+@pytest.fixture
+def own_stack(aws):
+    """An `up` of the test's own, for a test whose destroy goes through."""
+    yield up_in_moto(aws, OWN)
+    terminate_trial(aws, OWN)
+
+
 def destroy(up, config, rules, state=None, **kw):
+    kw.setdefault("provider", "moto")
     return pulumi_run("destroy", config, state=up.state if state is None else state, answers=rules, calls=CALLS,
                       env=TEARDOWN, **kw)
+
+
+def live_instances(aws, trial: str = TRIAL) -> int:
+    return sum(i["State"]["Name"] != "terminated" for r in aws.client("ec2").describe_instances(
+        Filters=[{"Name": "tag:trial", "Values": [trial]}])["Reservations"] for i in r["Instances"])
 
 
 def test_the_gate_depends_on_every_resource_of_the_stack(stack):
@@ -73,7 +111,7 @@ def test_the_gate_depends_on_every_resource_of_the_stack(stack):
     assert {n.urn for n in nodes if id(n) in graph.transitive_dependencies_of(g)} == {s["urn"] for s in up.state} - {gate.urn}
 
 
-def test_a_refused_destroy_deletes_nothing(stack):
+def test_a_refused_destroy_deletes_nothing(stack, aws):
     up, config, rules, bucket = stack
     n = len(cloud(up.state))
     d = destroy(up, config, rules)
@@ -83,7 +121,7 @@ def test_a_refused_destroy_deletes_nothing(stack):
     deleted = [s for s in cloud(d.steps) if s["outcome"] not in ("failed", "not started")]
     print(f"\nrefused destroy: {len(deleted)} of N = {n} resources deleted; "
           f"{len(d.record['waves'])} waves, the first: {[u.split('::')[-1] for u in d.record['waves'][0]]}")
-    assert deleted == [] and n == 38
+    assert deleted == [] and n == 41 and live_instances(aws) == 4
     assert {s["outcome"] for s in d.steps if s["name"] != GATE} == {"not started"}
     assert len(cloud(d.state)) == n  # the stack still holds every resource
     # --continue-on-error does not get past it either: every later step depends on nothing that failed but
@@ -92,33 +130,35 @@ def test_a_refused_destroy_deletes_nothing(stack):
     assert [s for s in cloud(c.steps) if s["outcome"] not in ("failed", "not started")] == []
 
 
-def test_a_preserved_trial_is_destroyed_gate_first_and_its_evidence_kept(stack, aws, tmp_path):
-    up, config, rules, bucket = stack
+def test_a_preserved_trial_is_destroyed_gate_first_and_its_evidence_kept(own_stack, aws, tmp_path):
+    up, config, rules, bucket = own_stack
     home = tmp_path / "local-training-windows-gpu"
     (home / "runs").mkdir(parents=True)
     (home / "commitments.jsonl").write_text('{"entry": 0}\n')
     (home / "runs" / "result.json").write_text('{"loss": 1.5}\n')
-    preserve(home, f"s3://{bucket}/trials/{TRIAL}/", trial=home.name, session=aws)
+    preserve(home, f"s3://{bucket}/trials/{OWN}/", trial=home.name, session=aws)
     d = destroy(up, config, rules)
     assert d.returncode == 0 and d.failed is None, d.failed or d.errors
-    assert d.steps[0]["name"] == GATE and d.record["waves"][0] == [up.named(GATE).urn]
-    assert [c["hook"] for c in d.record["hook_calls"]][0] == GATE and not any(c["error"] for c in d.record["hook_calls"])
+    assert d.steps[0]["name"] == f"{OWN}-destroy-gate" and d.record["waves"][0] == [up.named(f"{OWN}-destroy-gate").urn]
+    assert [c["hook"] for c in d.record["hook_calls"]][0] == f"{OWN}-destroy-gate" and not any(c["error"] for c in d.record["hook_calls"])
     outcomes = {(s["type"], s["name"]): s["outcome"] for s in cloud(d.steps)}
     kept = {k for k, v in outcomes.items() if v == "retained"}
     assert {t for t, _ in kept} == KEPT and len(kept) == len(KEPT)
-    assert {v for k, v in outcomes.items() if k not in kept} == {"deleted (mocks only)"}
+    assert {v for k, v in outcomes.items() if k not in kept} == {"deleted (mocks only)", "deleted"}
+    assert {k[1] for k, v in outcomes.items() if v == "deleted"} == {f"{OWN}-rank-{r}" for r in range(4)}
+    assert live_instances(aws, OWN) == 0  # terminated in moto by the destroy
     print(f"\npreserved destroy: {len(outcomes) - len(kept)} of N = {len(outcomes)} deleted, {len(kept)} kept "
           f"({', '.join(sorted(n for _, n in kept))}); gate first, alone")
     # what reads the bucket is gone before it: the hosts' role policy, the instances tagged with it
     wave = {s["name"]: s["wave"] for s in d.steps}
-    assert wave[f"{TRIAL}-host-evidence"] < wave[f"{TRIAL}-evidence"] and wave[f"{TRIAL}-rank-0"] < wave[f"{TRIAL}-evidence"]
+    assert wave[f"{OWN}-host-evidence"] < wave[f"{OWN}-evidence"] and wave[f"{OWN}-rank-0"] < wave[f"{OWN}-evidence"]
     assert d.state == []  # the stack is empty; the kept resources are the account's, no longer the stack's
     s3 = aws.client("s3")
-    assert s3.list_objects_v2(Bucket=bucket, Prefix=f"trials/{TRIAL}/indexes/")["KeyCount"] == 1
+    assert s3.list_objects_v2(Bucket=bucket, Prefix=f"trials/{OWN}/indexes/")["KeyCount"] == 1
     # deleting the kept evidence later, on purpose, as docs/evidence.md says (its block, run as written)
     s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
-    s3.put_object(Bucket=bucket, Key=f"trials/{TRIAL}/indexes/again.json", Body=b"{}")
-    s3.put_object(Bucket=bucket, Key=f"trials/{TRIAL}/indexes/again.json", Body=b"{ }")  # a second version
+    s3.put_object(Bucket=bucket, Key=f"trials/{OWN}/indexes/again.json", Body=b"{}")
+    s3.put_object(Bucket=bucket, Key=f"trials/{OWN}/indexes/again.json", Body=b"{ }")  # a second version
     with pytest.raises(s3.exceptions.ClientError, match="BucketNotEmpty"):
         s3.delete_bucket(Bucket=bucket)
     block = re.search(r"```bash\n(# delete-evidence.*?)```", (ROOT / "docs" / "evidence.md").read_text(), re.S)[1]
@@ -139,37 +179,11 @@ def test_a_stack_from_before_the_gate_is_gated_by_its_first_destroy(stack):
     assert [s for s in cloud(d.steps) if s["outcome"] not in ("failed", "not started")] == []
 
 
-def test_hooks_on_the_instances_alone_let_the_guards_go_first(stack):
-    """The same engine rules on the same state without the gate — hooks on the instances only, as before
-    #31: the wave before the instances' runs first (the deadline schedule, the budget's spend stop, the
-    transfer alarms, their roles' policies, the route-table associations), and the security group's rules
-    and the route table are dispatched in the instances' own wave, so all of them are gone by the time an
-    instance's hook refuses: the hosts can no longer be reached, and nothing stops them any more."""
-    up, *_ = stack
-    state = [s for s in up.state if s["name"] != GATE]
-    plan = plan_deletes("destroy", state, state)
-
-    def apply(n: Node) -> str:
-        if n.state.get("hooks", {}).get("before_delete"):  # the instances: refuse, as unpreserved
-            raise StepError("before hook refused")
-        return "deleted"
-
-    steps, error = execute(plan, apply, continue_on_error=False)
-    deleted = {(s["type"].split(":")[-1], s["name"]) for s in cloud(steps) if s["outcome"] == "deleted"}
-    print(f"\nwithout the gate: {len(deleted)} of {len(cloud(state))} deleted before an instance's hook refused: "
-          f"{sorted(n for _, n in deleted)}")
-    assert error and "rank" in error
-    assert {("Schedule", f"{TRIAL}-deadline"), ("RolePolicy", f"{TRIAL}-deadline-stop"),
-            ("BudgetAction", f"{TRIAL}-spend-stop"), ("RolePolicy", f"{TRIAL}-spend-stop"),
-            ("MetricAlarm", f"{TRIAL}-transfer-3-in"), ("MetricAlarm", f"{TRIAL}-transfer-3-out"),
-            ("SecurityGroupIngressRule", f"{TRIAL}-ssh-in"), ("SecurityGroupIngressRule", f"{TRIAL}-members-in"),
-            ("RouteTableAssociation", f"{TRIAL}-routes-us-east-1c")} <= deleted
-
-
 def test_a_teardown_looks_nothing_up(stack):
     """`get_ami` runs at `pulumi up` (unless pinned), never in a teardown: the hosts' image is in the state."""
     up, config, rules, _ = stack
-    assert [c["token"] for c in up.calls] == ["aws:ec2/getAmi:getAmi"]
+    assert [c["token"] for c in up.calls] == ["aws:ec2/getInstances:getInstances", "aws:ec2/getSubnets:getSubnets",
+                                              "aws:ec2/getAmi:getAmi"]  # what exists of the trial (none yet), the AMI
     d = destroy(up, config, rules)
     assert d.returncode == 0 and d.calls == [] and d.resources
     assert {r.inputs["ami"] for r in d.of("aws:ec2/instance:Instance")} == {"ami-teardown-never-launched"}
@@ -190,17 +204,22 @@ def test_a_resource_new_to_the_program_does_not_ungate_a_gated_stack(stack):
     assert [s for s in cloud(d.steps) if s["outcome"] not in ("failed", "not started")] == []
 
 
-def test_an_up_that_drops_a_host_runs_that_hosts_hook(stack):
-    """Why the instances keep a hook of their own: `pulumi up` with a host fewer deletes that host (and what
-    hangs on it) without touching the gate, and the host's hook refuses while the trial is unpreserved."""
+def test_a_plain_destroy_is_refused_by_the_engine(stack):
+    """`pulumi destroy` without `--run-program`: the engine (>= 3.182) refuses before anything runs, preview
+    included, since resources of the state carry delete hooks — none of the program's hooks could run."""
     up, config, rules, _ = stack
-    cluster = dict(config["trials:cluster"])
-    cluster["hosts"] = [h for h in cluster["hosts"] if h["rank"] != 3]
-    del cluster["experiment"]  # its four-rank arms need the fourth host: three hosts plan the single arm alone
-    cluster["arms"] = [{"name": "single", "kind": "single", "world_size": 1, "updates": 128}]
-    again = pulumi_run("up", {**config, "trials:cluster": cluster}, state=up.state, answers=rules, calls=CALLS)
-    assert again.returncode == 0 and again.failed, again.errors
-    (host,) = [s for s in again.steps if s["name"] == f"{TRIAL}-rank-3"]
-    assert host["outcome"] == "failed" and f"refusing to delete {TRIAL}-rank-3" in host["error"], host
-    assert GATE not in {s["name"] for s in again.steps}  # the gate is not deleted by an up
-    assert GATE in {s["name"] for s in again.state}
+    for op in ("destroy", "destroy-preview"):
+        d = pulumi_run(op, config, state=up.state, run_program=False)
+        assert d.returncode != 0 and not d.record["program_ran"] and d.steps == [] and d.state == up.state
+        assert "You must run with the `--run-program` flag to use delete hooks during destroy." in d.failed
+        assert d.failed.count("Resource has delete hooks registered") == 36  # 35 resources and the gate
+
+
+def test_a_destroy_preview_refuses_before_it_asks(stack, aws):
+    """`pulumi destroy --run-program` previews first and asks "yes?"; the hooks run in the preview too
+    (`on_dry_run`), so the refusal comes before the question, and a preview deletes nothing either way."""
+    up, config, rules, _ = stack
+    d = pulumi_run("destroy-preview", config, state=up.state, answers=rules, calls=CALLS, env=TEARDOWN,
+                   provider="moto")
+    assert d.failed and "holds no preservation index" in d.failed and d.steps[0]["name"] == GATE
+    assert {s["outcome"] for s in cloud(d.steps)} == {"not started"} and live_instances(aws) == 4

@@ -158,23 +158,37 @@ def test_ssh_from_anywhere_refused_unless_forced():
                mocks.of("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule") if r.inputs["ipProtocol"] == "-1")
 
 
-def test_deadline_schedule_stops_every_instance(program):
+def test_deadline_schedule_stops_every_instance_by_its_tag(program):
+    """One schedule at the deadline starts SSM's stop document on every instance tagged with the trial
+    (Scheduler's universal target, Automation's targets by tag): it names no instance id, so it exists before
+    any host and covers every host created after it; its role may stop only instances carrying the tag."""
     mocks = program
-    ids = sorted(f"i-{n:017x}" for n in range(1, 5))
     (sched,) = mocks.of("aws:scheduler/schedule:Schedule")
     s = sched.inputs
     assert s["scheduleExpression"] == f"at({deadline_of(program):%Y-%m-%dT%H:%M:%S})"
     assert s["scheduleExpressionTimezone"] == "UTC"
     assert s["flexibleTimeWindow"]["mode"] == "OFF"
-    assert s["target"]["arn"] == "arn:aws:scheduler:::aws-sdk:ec2:stopInstances"
-    assert sorted(json.loads(s["target"]["input"])["InstanceIds"]) == ids
+    assert s["target"]["arn"] == "arn:aws:scheduler:::aws-sdk:ssm:startAutomationExecution"
+    assert json.loads(s["target"]["input"]) == {
+        "DocumentName": "AWS-StopEC2Instance", "TargetParameterName": "InstanceId",
+        "Targets": [{"Key": "tag:trial", "Values": ["ltw-four"]}], "MaxConcurrency": "100%", "MaxErrors": "100%"}
     roles = {r.name: r for r in mocks.of("aws:iam/role:Role")}
     assert s["target"]["roleArn"] == "arn:aws:mock:::ltw-four-deadline"
     assert "scheduler.amazonaws.com" in roles["ltw-four-deadline"].inputs["assumeRolePolicy"]
     pol = next(json.loads(r.inputs["policy"]) for r in mocks.of("aws:iam/rolePolicy:RolePolicy")
                if r.name == "ltw-four-deadline-stop")
-    assert pol["Statement"] == [{"Effect": "Allow", "Action": "ec2:StopInstances",
-                                 "Resource": [f"arn:aws:ec2:us-east-1:123456789012:instance/{i}" for i in ids]}]
+    st = {x["Sid"]: x for x in pol["Statement"]}
+    assert st["StopOnlyTheTrialsHosts"] == {
+        "Sid": "StopOnlyTheTrialsHosts", "Effect": "Allow", "Action": "ec2:StopInstances",
+        "Resource": "arn:aws:ec2:us-east-1:*:instance/*", "Condition": {"StringEquals": {"aws:ResourceTag/trial": "ltw-four"}}}
+    assert st["StartTheStopDocument"]["Action"] == "ssm:StartAutomationExecution"
+    assert all(r.endswith("automation-definition/AWS-StopEC2Instance:*") for r in st["StartTheStopDocument"]["Resource"])
+    assert all(x["Effect"] == "Allow" and "Write" not in str(x["Action"]) for x in pol["Statement"])
+    # every instance is tagged so at launch (its tags are RunInstances' TagSpecifications) and waits for the stop
+    for inst in mocks.of("aws:ec2/instance:Instance"):
+        assert inst.inputs["tags"]["trial"] == "ltw-four"
+        assert {sched.urn, next(r.urn for r in mocks.resources if r.name == "ltw-four-deadline-stop")} \
+            <= set(inst.dependencies)
 
 
 def test_budget_and_notifications(program):
@@ -208,31 +222,40 @@ def test_the_first_up_needs_no_cost_allocation_tag(program):
         assert [(t.inputs["tagKey"], t.inputs["status"]) for t in tags] == ([("trial", "Active")] if activated else [])
 
 
-def test_the_budget_stops_the_hosts_at_its_limit(program):
+def test_the_budget_stops_each_host_at_its_limit(program):
     """Spending has a stop in the cloud, not only notifications: at 100 % of actual spend, SSM's stop
-    document on every host, approved automatically, by a role that may do only that."""
+    document, approved automatically, by a role that may do only that. Budgets' action takes instance ids,
+    so each host has its own, depending on that host alone: no host waits for the others to be covered."""
     mocks = program
-    (action,) = mocks.of("aws:budgets/budgetAction:BudgetAction")
-    a = action.inputs
-    assert (a["budgetName"], a["actionType"], a["approvalModel"], a["notificationType"]) == \
-        ("ltw-four-budget", "RUN_SSM_DOCUMENTS", "AUTOMATIC", "ACTUAL")
-    assert a["actionThreshold"] == {"actionThresholdType": "PERCENTAGE", "actionThresholdValue": 100}
-    ssm = a["definition"]["ssmActionDefinition"]
-    ids = sorted(f"i-{n:017x}" for n in range(1, 5))  # every host (the mocks' instance ids)
-    assert (ssm["actionSubType"], sorted(ssm["instanceIds"]), ssm["region"]) == ("STOP_EC2_INSTANCES", ids, "us-east-1")
+    actions = sorted(mocks.of("aws:budgets/budgetAction:BudgetAction"), key=lambda r: r.name)
+    assert [a.name for a in actions] == [f"ltw-four-spend-stop-{r}" for r in range(4)]
+    insts = {r.name: r for r in mocks.of("aws:ec2/instance:Instance")}
     (topic,) = mocks.of("aws:sns/topic:Topic")
-    assert a["subscribers"] == [{"address": f"arn:aws:mock:::{topic.name}", "subscriptionType": "SNS"}]
     (role,) = [r for r in mocks.of("aws:iam/role:Role") if r.name == "ltw-four-spend-stop"]
-    assert a["executionRoleArn"] == f"arn:aws:mock:::{role.name}"
+    for rank, action in enumerate(actions):
+        a = action.inputs
+        assert (a["budgetName"], a["actionType"], a["approvalModel"], a["notificationType"]) == \
+            ("ltw-four-budget", "RUN_SSM_DOCUMENTS", "AUTOMATIC", "ACTUAL")
+        assert a["actionThreshold"] == {"actionThresholdType": "PERCENTAGE", "actionThresholdValue": 100}
+        ssm = a["definition"]["ssmActionDefinition"]
+        assert (ssm["actionSubType"], ssm["instanceIds"], ssm["region"]) == \
+            ("STOP_EC2_INSTANCES", [f"i-{rank + 1:017x}"], "us-east-1")
+        assert a["subscribers"] == [{"address": f"arn:aws:mock:::{topic.name}", "subscriptionType": "SNS"}]
+        assert a["executionRoleArn"] == f"arn:aws:mock:::{role.name}"
+        other_hosts = {i.urn for n, i in insts.items() if n != f"ltw-four-rank-{rank}"}
+        assert insts[f"ltw-four-rank-{rank}"].urn in action.dependencies or \
+            insts[f"ltw-four-rank-{rank}"].urn in {u for us in action.property_dependencies.values() for u in us}
+        assert not other_hosts & (set(action.dependencies) | {u for us in action.property_dependencies.values() for u in us})
     trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"]
     assert [s["Principal"] for s in trust] == [{"Service": "budgets.amazonaws.com"}]
     (policy,) = [r for r in mocks.of("aws:iam/rolePolicy:RolePolicy") if r.name == "ltw-four-spend-stop"]
     st = {s["Sid"]: s for s in json.loads(policy.inputs["policy"])["Statement"]}
     assert st["StopDocument"]["Action"] == "ssm:StartAutomationExecution"
     assert st["StopDocument"]["Resource"] == "arn:aws:ssm:us-east-1:*:automation-definition/AWS-StopEC2Instance:*"
-    assert st["StopTheseHostsThroughSsm"]["Action"] == "ec2:StopInstances"
-    assert sorted(st["StopTheseHostsThroughSsm"]["Resource"]) == \
-        sorted(f"arn:aws:ec2:us-east-1:123456789012:instance/{i}" for i in ids)
+    stop = st["StopTheTrialsHostsThroughSsm"]
+    assert (stop["Action"], stop["Resource"]) == ("ec2:StopInstances", "arn:aws:ec2:us-east-1:*:instance/*")
+    assert stop["Condition"] == {"StringEquals": {"aws:ResourceTag/trial": "ltw-four"},
+                                 "ForAnyValue:StringEquals": {"aws:CalledVia": ["ssm.amazonaws.com"]}}
     assert {s["Action"] for s in st.values()} == {"ssm:StartAutomationExecution", "ec2:StopInstances",
                                                   "ec2:DescribeInstanceStatus"}  # nothing else
 
@@ -554,16 +577,26 @@ def test_the_shipped_stack_asks_for_what_is_the_users(tmp_path):
     assert r.exit_code == 0, r.output
 
 
-def test_destroy_is_refused_by_the_gate_and_a_hook_on_every_host(program):
-    """The destroy gate and each instance register the `before_delete` hooks that refuse an unpreserved trial
-    (infra/teardown.py; what the check does is tested against moto's S3 in tests/infra/test_teardown.py, the
-    order the engine runs them in by tests/infra/test_destroy.py), each with the bucket it reads."""
+def test_every_delete_that_costs_something_is_checked(program):
+    """Every resource whose delete would delete something in the account carries the refusing hook, and the
+    destroy gate its own (the same check: infra/teardown.py; what it does, against moto, in
+    tests/infra/test_teardown.py; the order the engine runs them in, from every state, in
+    tests/infra/test_destroy.py and test_failures.py). Only the retained evidence carries none. Both hooks
+    run in previews too, so a destroy refuses before it asks."""
     assert set(program.hooks) == {"ltw-four-refuse-unpreserved", "ltw-four-destroy-gate"}
-    assert {r.name: r.hooks.get("before_delete") for r in program.resources if r.hooks} == \
-        {**{f"ltw-four-rank-{r}": ["ltw-four-refuse-unpreserved"] for r in range(4)},
-         "ltw-four-destroy-gate": ["ltw-four-destroy-gate"]}
+    assert all(h["on_dry_run"] and not h["ignore_errors"] for h in program.hooks.values())
+    for r in program.resources:
+        if r.typ == STACK_TYPE or (not r.custom and r.typ != "trials:infra:DestroyGate"):
+            assert not r.hooks, r.name  # the stack and the concerns: their delete deletes nothing
+        elif r.typ == "trials:infra:DestroyGate":
+            assert r.hooks == {"before_delete": ["ltw-four-destroy-gate"]}
+        elif r.retain_on_delete:
+            assert not r.hooks and r.typ.startswith("aws:s3/"), r.name  # the evidence and what keeps it safe
+        else:
+            assert r.hooks == {"before_delete": ["ltw-four-refuse-unpreserved"]}, r.name
+    assert len([r for r in program.resources if r.hooks.get("before_delete") == ["ltw-four-refuse-unpreserved"]]) == 35
     for inst in program.of("aws:ec2/instance:Instance"):
-        assert inst.inputs["tags"]["evidence-bucket"] == "ltw-four-evidence-0001"
+        assert inst.inputs["tags"]["evidence-bucket"] == "ltw-four-evidence-0001"  # what the check verifies
     assert program.named("ltw-four-destroy-gate").inputs["bucket"] == "ltw-four-evidence-0001"
 
 

@@ -13,7 +13,7 @@ from test_infra import live, run_program
 
 T = "ltw-four"
 # What the flat program registered for the example stack (read from it at 4eec3dd: build() before the
-# split), by the concern that now holds each: (type, logical name).
+# split), by the concern that now holds each: (type, logical name) — the spend stop since split per host.
 BY_CONCERN: dict[str, set[tuple[str, str]]] = {
     "Network": {("aws:ec2/vpc:Vpc", f"{T}-vpc"), ("aws:ec2/internetGateway:InternetGateway", f"{T}-igw"),
                 ("aws:ec2/routeTable:RouteTable", f"{T}-routes"),
@@ -39,7 +39,8 @@ BY_CONCERN: dict[str, set[tuple[str, str]]] = {
                ("aws:iam/role:Role", f"{T}-deadline"), ("aws:iam/rolePolicy:RolePolicy", f"{T}-deadline-stop"),
                ("aws:scheduler/schedule:Schedule", f"{T}-deadline"), ("aws:budgets/budget:Budget", f"{T}-budget"),
                ("aws:iam/role:Role", f"{T}-spend-stop"), ("aws:iam/rolePolicy:RolePolicy", f"{T}-spend-stop"),
-               ("aws:budgets/budgetAction:BudgetAction", f"{T}-spend-stop"),
+               # one budget action for every host became one per host (#54: each host's stop depends on it alone)
+               *{("aws:budgets/budgetAction:BudgetAction", f"{T}-spend-stop-{r}") for r in range(4)},
                ("aws:cloudwatch/metricAlarm:MetricAlarm", f"{T}-transfer-3"),
                ("aws:cloudwatch/metricAlarm:MetricAlarm", f"{T}-transfer-3-in"),
                ("aws:cloudwatch/metricAlarm:MetricAlarm", f"{T}-transfer-3-out")},
@@ -104,6 +105,6 @@ def test_each_concern_registers_its_outputs(registered):
 
 def test_the_same_resources_and_outputs_as_the_flat_program(registered):
     aws = [(r.typ, r.name) for r in registered.resources if r.custom]
-    assert len(aws) == len(set(aws)) == 38
-    assert set(aws) == set().union(*BY_CONCERN.values())  # every logical name as before: no URN but the parent's changes
+    assert len(aws) == len(set(aws)) == 41
+    assert set(aws) == set().union(*BY_CONCERN.values())  # every other logical name as before
     assert set(registered.exports) == HEAD_OUTPUTS
