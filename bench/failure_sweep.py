@@ -1,0 +1,122 @@
+"""Every failure point of the four-host program through the whole engine harness (#54), against moto:
+
+    python bench/failure_sweep.py [cancel|drain ...]    # both by default; about 4 s a harness run
+
+For each of the program's creates in turn: `pulumi up` with that create refused by the provider
+(InsufficientInstanceCapacity's words), the engine stopping at once ("cancel") or letting every independent
+step finish ("drain"); what it left (resources, hosts) and which stops cover each host; then
+`TRIALS_TEARDOWN=1 pulumi destroy --run-program` of that state before preservation (its hooks over gRPC
+against moto's EC2 and S3), and after it. Each answer is compared with the in-process walk of
+tests/infra/test_failures.py (`destroy_here`) on the same state; a difference is printed and counted.
+Prints one row per point, then the totals. Uses a moto server on loopback of its own; touches nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+for sub in ("tests", "tests/infra"):
+    sys.path.insert(0, str(ROOT / sub))
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> None:
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from orchestrate.launch.command import free_port
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+    for k in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
+        os.environ.pop(k, None)
+    os.environ.update({"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"})
+    try:
+        from infra.teardown import DeleteCheck
+        from pulumi_engine import is_provider, pulumi_run
+        from test_destroy import TEARDOWN, live_instances, moto_rules, terminate_trial
+        from test_failures import CAPACITY, HOST, KEPT, TRIAL, coverage, destroy_here, in_account, preserve_into
+        from test_infra import CALLS, answers, live, stack_of
+
+        from infra.plan import TrialConfig
+
+        aws = boto3.Session(region_name="us-east-1")
+        cluster = live()
+        config, cfg = stack_of(cluster), TrialConfig.model_validate(cluster)
+        teardown = pulumi_run("destroy", config, state=[], answers=answers(TRIAL), calls=CALLS,
+                              env=TEARDOWN).record["engine_states"]
+        baseline = pulumi_run("up", config, answers=answers(TRIAL), calls=CALLS)
+        points = [(s["name"], s["type"]) for s in in_account(baseline.record["engine_states"])]
+        modes = sys.argv[1:] or ["cancel", "drain"]
+        mismatches = 0
+        for mode in modes:
+            print(f"\n{mode}: create fails at | exist (hosts) | deadline stop | transfer alarms (isolated) | "
+                  "spend stops | destroy before preservation: deleted | after: deleted, kept | s")
+            totals = {"points": 0, "with_hosts": 0, "deleted_before_with_hosts": 0, "uncovered": 0}
+            for name, typ in points:
+                t0 = time.perf_counter()
+                bucket = f"sweep-{uuid.uuid4().hex[:10]}"
+                rules = moto_rules(bucket)
+                up = pulumi_run("up", config, answers=rules, calls=CALLS, provider="moto",
+                                faults=[{"name": name, "type": typ, "op": "create", "error": CAPACITY}],
+                                after_failure=mode)
+                state = up.state
+                cov = coverage(state, cfg)
+                hosts = sum(s["type"] == HOST for s in state)
+                n = len(in_account(state))
+                kept = sum(s["type"] in KEPT for s in in_account(state))
+                row, notes = [], []
+                for when in ("before", "after"):
+                    if when == "after" and hosts:
+                        with tempfile.TemporaryDirectory() as tmp:
+                            preserve_into(aws, bucket, TRIAL, Path(tmp))
+                    d = pulumi_run("destroy", config, state=state, answers=rules, calls=CALLS, env=TEARDOWN,
+                                   provider="moto")
+                    done = {st["urn"] for st in d.steps if st["custom"] and not is_provider(st["type"])
+                            and st["outcome"] not in ("failed", "not started", "retained")}
+                    kept_now = sum(st["outcome"] == "retained" for st in in_account(d.steps))
+                    if d.failed is not None and when == "before" and hosts:
+                        # the in-process walk on the same state, the hosts as they are (live, unpreserved)
+                        here = destroy_here(state, teardown, DeleteCheck(TRIAL, False, lambda: aws, dry_run=False))
+                        if {st["urn"] for st in here[0] if st["outcome"] == "deleted"} != done or here[1] is None:
+                            notes.append("walk differs")
+                    row.append(f"{len(done):2}{' refused' if d.failed else ''}" if when == "before"
+                               else f"{len(done)}, {kept_now}{' FAILED' if d.failed else ''}")
+                    if when == "before":
+                        totals["deleted_before_with_hosts"] += len(done) if hosts else 0
+                        if hosts:  # the refused destroy left the hosts; the next destroy runs after preservation
+                            continue
+                        break  # no host: the destroy went through; nothing left for "after"
+                if len(row) == 1:
+                    row.append("-")
+                terminate_trial(aws)
+                iso = [c for c in cov if c["transfer"] is not None]
+                uncovered = sum(not c["deadline"] for c in cov)
+                totals["points"] += 1
+                totals["with_hosts"] += bool(hosts)
+                totals["uncovered"] += uncovered
+                mismatches += len(notes)
+                print(f"  {typ.split(':')[-1] + ' ' + name:52} {n:3} ({hosts}) | {len(cov) - uncovered}/{len(cov)} | "
+                      f"{sum(bool(c['transfer']) for c in iso)}/{len(iso)} | {sum(c['spend'] for c in cov)}/{len(cov)} | "
+                      f"{row[0]} | {row[1]} | {time.perf_counter() - t0:4.1f}{'  ' + ', '.join(notes) if notes else ''}",
+                      flush=True)
+                assert live_instances(aws) == 0
+            print(f"{mode}: {totals['points']} failure points, {totals['with_hosts']} leaving a host; hosts without "
+                  f"the deadline stop: {totals['uncovered']}; resources a destroy deleted before preservation where "
+                  f"a host existed: {totals['deleted_before_with_hosts']}")
+        print(f"in-process walk vs the harness: {mismatches} difference(s)")
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
