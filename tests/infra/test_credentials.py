@@ -169,11 +169,4 @@ def test_the_check_speaks_as_the_stack_does_when_only_its_config_holds_credentia
     assert d.failed is None, d.failed
     assert {s["outcome"] for s in d.steps if s["custom"] and s["type"].startswith("aws:")} == \
         {"deleted (mocks only)", "retained"}
-    # and from a profile in the stack's shared credentials file instead of keys
-    creds = tmp_path / "credentials"
-    creds.write_text(f"[trial-operator]\naws_access_key_id = {enforced['key']}\n"
-                     f"aws_secret_access_key = {enforced['secret']}\n")
-    d = destroy(profile="trial-operator", sharedCredentialsFiles=json.dumps([str(creds)]), endpoints=endpoints,
-                assumeRoles=roles)
-    assert d.failed is None, d.failed
     admin.client("ec2").terminate_instances(InstanceIds=[iid])

@@ -244,7 +244,7 @@ def test_a_first_up_that_fails_at_each_resource(program, aws, tmp_path, mode):
           f"{sum(len(r[1]['before']['deleted']) for r in with_hosts)} resources at them")
 
 
-@pytest.mark.parametrize("name, mode", [(f"{TRIAL}-rank-3", "cancel"), (f"{TRIAL}-rank-3", "drain")])
+@pytest.mark.parametrize("name, mode", [(f"{TRIAL}-rank-3", "drain")])  # every point: bench/failure_sweep.py
 def test_the_walk_is_what_the_engine_does(program, aws, tmp_path, name, mode):
     """The whole harness at chosen points: the program started as the engine starts it, the provider refusing
     that create, the engine stopping (cancel) or letting in-flight steps finish (drain); then `TRIALS_TEARDOWN=1
@@ -431,66 +431,58 @@ def test_a_destroy_run_without_teardown_set_refuses_all_the_same(standing, aws):
     assert live_instances(aws, standing.trial) == 4
 
 
-def test_a_preserved_trial_may_drop_a_host_and_no_other_host_s_stop_is_touched(running, aws, tmp_path):
-    """After preservation the same `up` goes on, in the engine's order: no update at all (the deadline stop
-    selects by tag, each spend stop and alarm names one host), then the dropped host's stops, the host, and
-    its zone's network, dependents first. Every remaining host keeps every stop it had."""
+def test_a_preserved_trial_moves_a_host_through_a_capacity_refusal_then_drops_it(running, aws, tmp_path):
+    """A preserved trial, command after command. (1) Rank 3 is moved to us-east-1a and the replacement's create
+    fails (no capacity there): the engine stops; the old host and every stop of it are as they were — their
+    updates to the new id never ran — and nothing is deleted. (2) Moved again, it is replaced, create before
+    delete: the new host is created during the program and is covered by the deadline stop at once (it selects
+    by tag), its own stops are updated in place to the new id, the old host is deleted after the program.
+    (3) Dropped: the `up` goes on with no update at all (the deadline stop selects by tag, each spend stop and
+    alarm names one host); rank 3's stops go, then rank 3, dependents first; every other host keeps every stop,
+    and no zone's subnet is deleted while the account holds it."""
     up, T = running.up, running.trial
     preserve_into(aws, running.bucket, T, tmp_path)
-    cluster = changed(running.cluster, drop=3)
-    again = pulumi_run("up", stack_of(cluster), state=up.state, answers=running.rules, calls=CALLS, provider="moto")
-    assert again.returncode == 0 and again.failed is None, again.failed or again.errors
-    assert [o for o in again.ops if o["op"] not in ("same", "create")] == []  # no update, no replacement
-    assert "which is preserved" in " ".join(m["message"] for m in again.logs)
-    gone = [st["name"] for st in again.steps if st["outcome"] not in ("failed", "not started")]
-    assert set(gone) == {f"{T}-rank-3", f"{T}-spend-stop-3", f"{T}-transfer-3", f"{T}-transfer-3-in",
-                         f"{T}-transfer-3-out"}  # the zone's subnet stays while the account holds it
-    wave = {st["name"]: st["wave"] for st in again.steps}
-    assert max(wave[f"{T}-transfer-3-in"], wave[f"{T}-spend-stop-3"]) < wave[f"{T}-rank-3"]
-    cov = coverage(again.state, TrialConfig.model_validate(cluster), T)
-    assert len(cov) == 3 and all(c["deadline"] and c["spend"] for c in cov) and live_instances(aws, T) == 3
-
-
-def test_a_preserved_trial_may_replace_a_host_and_both_stay_stopped_by_the_deadline(running, aws, tmp_path):
-    """A zone change replaces the host (create before delete): the new host is created during the program,
-    covered by the deadline stop at once (it selects by tag); the host's own stops are updated in place to
-    the new id; the old host is deleted after the program, with its old zone's network."""
-    up, T = running.up, running.trial
-    preserve_into(aws, running.bucket, T, tmp_path)
+    moved = changed(running.cluster, zone={3: "us-east-1a"})
     old3 = next(s["id"] for s in up.state if s["name"] == f"{T}-rank-3")
-    again = pulumi_run("up", stack_of(changed(running.cluster, zone={3: "us-east-1a"})), state=up.state,
-                       answers=running.rules, calls=CALLS, provider="moto")
-    assert again.returncode == 0 and again.failed is None, again.failed or again.errors
-    ops = {(o["name"], o["op"]) for o in again.ops if o["op"] != "same"}
-    (rep,) = [o for o in again.ops if o["op"] == "replace"]
-    assert rep["name"] == f"{T}-rank-3" and rep["old_id"] == old3 and "subnetId" in rep["changed"]
-    assert {(f"{T}-transfer-3-in", "update"), (f"{T}-transfer-3-out", "update"), (f"{T}-spend-stop-3", "update"),
-            (f"{T}-subnet-us-east-1a", "create")} <= ops
-    assert not {n for n, o in ops if o == "update"} & {f"{T}-deadline", f"{T}-deadline-stop"}
-    assert {st["name"]: st["outcome"] for st in again.steps}[f"{T}-rank-3"] == "deleted (replaced)"
-    new3 = next(s for s in again.state if s["name"] == f"{T}-rank-3")
-    assert new3["id"] == rep["new_id"] != old3 and live_instances(aws, T) == 4
-
-
-def test_a_replacement_refused_by_capacity_leaves_the_old_host_with_every_stop(running, aws, tmp_path):
-    """The replacement's create fails (no capacity in the new zone): the engine stops; the old host is as it
-    was, and so are its stops — their updates to the new id never ran — and nothing is deleted."""
-    up, T = running.up, running.trial
-    preserve_into(aws, running.bucket, T, tmp_path)
-    again = pulumi_run("up", stack_of(changed(running.cluster, zone={3: "us-east-1a"})), state=up.state,
-                       answers=running.rules, calls=CALLS, provider="moto",
-                       faults=[{"name": f"{T}-rank-3", "op": "replace", "error": CAPACITY}])
-    assert again.failed and "InsufficientInstanceCapacity" in again.failed and again.steps == []
-    assert [o["op"] for o in again.ops if o["name"] == f"{T}-rank-3"] == ["failed"]
+    # (1) no capacity in the new zone
+    refused = pulumi_run("up", stack_of(moved), state=up.state, answers=running.rules, calls=CALLS, provider="moto",
+                         faults=[{"name": f"{T}-rank-3", "op": "replace", "error": CAPACITY}])
+    assert refused.failed and "InsufficientInstanceCapacity" in refused.failed and refused.steps == []
+    assert [o["op"] for o in refused.ops if o["name"] == f"{T}-rank-3"] == ["failed"]
     before = {s["urn"]: s for s in up.state}
-    for st in again.state:
+    for st in refused.state:
         if st["type"] in ("aws:ec2/instance:Instance", "aws:cloudwatch/metricAlarm:MetricAlarm",
                           "aws:budgets/budgetAction:BudgetAction", "aws:scheduler/schedule:Schedule"):
             was = before[st["urn"]]  # the host and every stop as they were (the SDK's dependency order may vary)
             assert (st["id"], st["inputs"], st["outputs"]) == (was["id"], was["inputs"], was["outputs"]), st["name"]
-    cov = coverage(again.state, TrialConfig.model_validate(running.cluster), T)
+    cov = coverage(refused.state, TrialConfig.model_validate(running.cluster), T)
     assert len(cov) == 4 and all(c["deadline"] and c["spend"] and c["transfer"] is not False for c in cov)
     assert live_instances(aws, T) == 4
+    # (2) moved again: replaced
+    again = pulumi_run("up", stack_of(moved), state=refused.state, answers=running.rules, calls=CALLS,
+                       provider="moto")
+    assert again.returncode == 0 and again.failed is None, again.failed or again.errors
+    ops = {(o["name"], o["op"]) for o in again.ops if o["op"] != "same"}
+    (rep,) = [o for o in again.ops if o["op"] == "replace"]
+    assert rep["name"] == f"{T}-rank-3" and rep["old_id"] == old3 and "subnetId" in rep["changed"]
+    assert {(f"{T}-transfer-3-in", "update"), (f"{T}-transfer-3-out", "update"), (f"{T}-spend-stop-3", "update")} <= ops
+    assert not {n for n, o in ops if o == "update"} & {f"{T}-deadline", f"{T}-deadline-stop"}
+    assert {st["name"]: st["outcome"] for st in again.steps}[f"{T}-rank-3"] == "deleted (replaced)"
+    new3 = next(s for s in again.state if s["name"] == f"{T}-rank-3")
+    assert new3["id"] == rep["new_id"] != old3 and live_instances(aws, T) == 4
+    # (3) dropped
+    dropped = changed(running.cluster, drop=3)
+    gone = pulumi_run("up", stack_of(dropped), state=again.state, answers=running.rules, calls=CALLS, provider="moto")
+    assert gone.returncode == 0 and gone.failed is None, gone.failed or gone.errors
+    assert [o for o in gone.ops if o["op"] not in ("same", "create")] == []  # no update, no replacement
+    assert "which is preserved" in " ".join(m["message"] for m in gone.logs)
+    deleted = {st["name"] for st in gone.steps if st["outcome"] not in ("failed", "not started")}
+    assert deleted == {f"{T}-rank-3", f"{T}-spend-stop-3", f"{T}-transfer-3", f"{T}-transfer-3-in",
+                       f"{T}-transfer-3-out"}  # the zones' subnets stay while the account holds them
+    wave = {st["name"]: st["wave"] for st in gone.steps}
+    assert max(wave[f"{T}-transfer-3-in"], wave[f"{T}-spend-stop-3"]) < wave[f"{T}-rank-3"]
+    cov = coverage(gone.state, TrialConfig.model_validate(dropped), T)
+    assert len(cov) == 3 and all(c["deadline"] and c["spend"] for c in cov) and live_instances(aws, T) == 3
 
 
 def test_a_replaced_host_left_pending_is_deleted_only_after_preservation(running, aws, tmp_path):
@@ -521,31 +513,24 @@ def test_a_replaced_host_left_pending_is_deleted_only_after_preservation(running
     assert live_instances(aws, T) == 0 and d.state == []
 
 
-def test_the_capacity_recovery_moves_a_host_and_deletes_nothing(aws):
+def test_the_capacity_recovery_moves_a_host_and_deletes_nothing(program):
     """The study's own story: the first `up` runs out of capacity for rank 3 in us-east-1d (hosts 0-2 are up);
-    rank 3 goes to us-east-1e and `pulumi up` again. No host changes, so nothing is refused; rank 3 is created
-    in the new zone; the subnet of us-east-1d, which no host uses now, stays (its delete during a live trial
-    would be refused); every host has every stop."""
-    T = "ltw-own"
-    bucket = f"recover-{uuid.uuid4().hex[:10]}"
-    rules = moto_rules(bucket, T)
-    cluster = live(trial=T)
-    try:
-        first = pulumi_run("up", stack_of(cluster), answers=rules, calls=CALLS, provider="moto",
-                           faults=[{"name": f"{T}-rank-3", "error": CAPACITY}], after_failure="drain")
-        assert first.failed and live_instances(aws, T) == 3
-        moved = changed(cluster, zone={3: "us-east-1e"})
-        again = pulumi_run("up", stack_of(moved), state=first.state, answers=rules, calls=CALLS, provider="moto")
-        assert again.returncode == 0 and again.failed is None, again.failed or again.errors
-        assert again.steps == [] and [o for o in again.ops if o["op"] in ("replace", "update")] == []
-        assert {o["name"] for o in again.ops if o["op"] == "create"} >= {f"{T}-rank-3", f"{T}-subnet-us-east-1e",
-                                                                         f"{T}-transfer-3-in", f"{T}-spend-stop-3"}
-        assert f"{T}-subnet-us-east-1d" in {s["name"] for s in again.state}
-        cov = coverage(again.state, TrialConfig.model_validate(moved), T)
-        assert len(cov) == 4 and all(c["deadline"] and c["spend"] and c["transfer"] is not False for c in cov)
-        assert live_instances(aws, T) == 4
-    finally:
-        terminate_trial(aws, T)
+    rank 3 goes to us-east-1e and `pulumi up` again. No host changes, so nothing is asked of the store; rank 3
+    is created in the new zone; the subnet of us-east-1d, which no host uses now, stays (its delete during a
+    live trial would be refused); every host has every stop. (The account is the mocks' state: nothing here
+    reads it but the program's lookups.)"""
+    first = pulumi_run("up", program.config, answers=answers(TRIAL), calls=CALLS,
+                       faults=[{"name": f"{TRIAL}-rank-3", "error": CAPACITY}], after_failure="drain")
+    assert first.failed and sum(s["type"] == HOST for s in first.state) == 3
+    moved = changed(program.config["trials:cluster"] | {"region": "us-east-1"}, zone={3: "us-east-1e"})
+    again = pulumi_run("up", stack_of(moved), state=first.state, answers=answers(TRIAL), calls=CALLS)
+    assert again.returncode == 0 and again.failed is None, again.failed or again.errors
+    assert again.steps == [] and [o for o in again.ops if o["op"] in ("replace", "update")] == []
+    assert {o["name"] for o in again.ops if o["op"] == "create"} >= {f"{TRIAL}-rank-3", f"{TRIAL}-subnet-us-east-1e",
+                                                                     f"{TRIAL}-transfer-3-in", f"{TRIAL}-spend-stop-3"}
+    assert f"{TRIAL}-subnet-us-east-1d" in {s["name"] for s in again.state}
+    cov = coverage(again.state, TrialConfig.model_validate(moved))
+    assert len(cov) == 4 and all(c["deadline"] and c["spend"] and c["transfer"] is not False for c in cov)
 
 
 def test_abandoning_lets_the_up_go_on_and_says_so_in_the_bucket(running, aws):
@@ -558,14 +543,14 @@ def test_abandoning_lets_the_up_go_on_and_says_so_in_the_bucket(running, aws):
     assert found["KeyCount"] >= 1 and live_instances(aws, T) == 3
 
 
-def test_a_zone_added_later_renumbers_no_subnet(running):
+def test_a_zone_added_later_renumbers_no_subnet(program):
     """A subnet's CIDR is ForceNew and replacing a subnet replaces its hosts: a fifth host in a zone that
     sorts first (us-east-1a) takes a free CIDR, and every existing subnet, host and stop is the same."""
-    up, T = running.up, running.trial
-    cluster = copy.deepcopy(running.cluster)
+    up, T = program.up, TRIAL
+    cluster = program.config["trials:cluster"] | {"region": "us-east-1"}
     cluster["hosts"] = cluster["hosts"] + [{"rank": 4, "instance_type": "g6e.xlarge", "zone": "us-east-1a"}]
     cluster["budget"] = {**cluster["budget"], "compute_usd": 34, "total_usd": 110}
-    again = pulumi_run("up", stack_of(cluster), state=up.state, answers=running.rules, calls=CALLS, provider="moto")
+    again = pulumi_run("up", stack_of(cluster), state=up.state, answers=answers(TRIAL), calls=CALLS)
     assert again.returncode == 0 and again.failed is None, again.failed or again.errors
     assert [o for o in again.ops if o["op"] == "replace"] == [] and again.steps == []
     assert [o["name"] for o in again.ops if o["op"] == "update"] == [f"{T}-budget"]  # its limit, raised here
