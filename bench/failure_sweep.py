@@ -73,31 +73,29 @@ def main() -> None:
                 cov = coverage(state, cfg)
                 hosts = sum(s["type"] == HOST for s in state)
                 n = len(in_account(state))
-                kept = sum(s["type"] in KEPT for s in in_account(state))
-                row, notes = [], []
-                for when in ("before", "after"):
-                    if when == "after" and hosts:
-                        with tempfile.TemporaryDirectory() as tmp:
-                            preserve_into(aws, bucket, TRIAL, Path(tmp))
+
+                def destroy() -> tuple[set[str], int, str | None]:
+                    """TRIALS_TEARDOWN=1 pulumi destroy --run-program of `state`: deleted urns, kept, error."""
                     d = pulumi_run("destroy", config, state=state, answers=rules, calls=CALLS, env=TEARDOWN,
                                    provider="moto")
-                    done = {st["urn"] for st in d.steps if st["custom"] and not is_provider(st["type"])
-                            and st["outcome"] not in ("failed", "not started", "retained")}
-                    kept_now = sum(st["outcome"] == "retained" for st in in_account(d.steps))
-                    if d.failed is not None and when == "before" and hosts:
-                        # the in-process walk on the same state, the hosts as they are (live, unpreserved)
+                    done = {st["urn"] for st in in_account(d.steps)
+                            if st["outcome"] not in ("failed", "not started", "retained")}
+                    return done, sum(st["outcome"] == "retained" for st in in_account(d.steps)), d.failed
+
+                notes = []
+                done, _, error = destroy()
+                before = f"{len(done):2}{' refused' if error else ''}"
+                after = "-"  # no host: the destroy went through; nothing is left for an "after"
+                if hosts:
+                    totals["deleted_before_with_hosts"] += len(done)
+                    if error is not None:  # the in-process walk on the same state, the hosts live and unpreserved
                         here = destroy_here(state, teardown, DeleteCheck(TRIAL, False, lambda: aws, dry_run=False))
                         if {st["urn"] for st in here[0] if st["outcome"] == "deleted"} != done or here[1] is None:
                             notes.append("walk differs")
-                    row.append(f"{len(done):2}{' refused' if d.failed else ''}" if when == "before"
-                               else f"{len(done)}, {kept_now}{' FAILED' if d.failed else ''}")
-                    if when == "before":
-                        totals["deleted_before_with_hosts"] += len(done) if hosts else 0
-                        if hosts:  # the refused destroy left the hosts; the next destroy runs after preservation
-                            continue
-                        break  # no host: the destroy went through; nothing left for "after"
-                if len(row) == 1:
-                    row.append("-")
+                    with tempfile.TemporaryDirectory() as tmp:
+                        preserve_into(aws, bucket, TRIAL, Path(tmp))
+                    done, kept, error = destroy()
+                    after = f"{len(done)}, {kept}{' FAILED' if error else ''}"
                 terminate_trial(aws)
                 iso = [c for c in cov if c["transfer"] is not None]
                 uncovered = sum(not c["deadline"] for c in cov)
@@ -107,7 +105,7 @@ def main() -> None:
                 mismatches += len(notes)
                 print(f"  {typ.split(':')[-1] + ' ' + name:52} {n:3} ({hosts}) | {len(cov) - uncovered}/{len(cov)} | "
                       f"{sum(bool(c['transfer']) for c in iso)}/{len(iso)} | {sum(c['spend'] for c in cov)}/{len(cov)} | "
-                      f"{row[0]} | {row[1]} | {time.perf_counter() - t0:4.1f}{'  ' + ', '.join(notes) if notes else ''}",
+                      f"{before} | {after} | {time.perf_counter() - t0:4.1f}{'  ' + ', '.join(notes) if notes else ''}",
                       flush=True)
                 assert live_instances(aws) == 0
             print(f"{mode}: {totals['points']} failure points, {totals['with_hosts']} leaving a host; hosts without "

@@ -158,11 +158,6 @@ class StackSession:
             kw["endpoint_url"] = self.endpoints[service]
         return self.session.client(service, **kw)
 
-    def resource(self, service: str, **kw: Any) -> Any:
-        if service in self.endpoints and "endpoint_url" not in kw:
-            kw["endpoint_url"] = self.endpoints[service]
-        return self.session.resource(service, **kw)
-
 
 def open_session(stack: StackAws) -> StackSession:
     """The session `stack` describes, its assumed roles already assumed (each with the previous one)."""

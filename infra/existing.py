@@ -33,7 +33,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from infra.plan import TrialConfig
-from infra.teardown import BUCKET_TAG, LIVE_STATES
+from infra.teardown import BUCKET_TAG, NOT_TERMINATED
 
 VPC_CIDR = "10.42.0.0/16"
 
@@ -82,7 +82,7 @@ def look_up(cfg: TrialConfig) -> Existing:
 
     tags = {"trial": cfg.trial}
     hosts = []
-    for iid in aws.ec2.get_instances(instance_tags=tags, instance_state_names=LIVE_STATES).ids:
+    for iid in aws.ec2.get_instances(instance_tags=tags, instance_state_names=NOT_TERMINATED).ids:
         i = aws.ec2.get_instance(instance_id=iid)
         t = dict(i.tags or {})
         rank = t.get("rank")
@@ -140,9 +140,10 @@ def subnet_cidrs(cfg: TrialConfig, seen: Existing | None) -> dict[str, str]:
     return out
 
 
-def refuse_host_changes(cfg: TrialConfig, seen: Existing, *, session_for: Any, dry_run: bool) -> str | None:
+def refuse_host_changes(cfg: TrialConfig, seen: Existing, *, session_for: Any,
+                        dry_run: bool) -> tuple[str, list[tuple[SeenHost, str]]] | None:
     """Raises ValueError (the program's refusal) when this `up` would delete, replace or restart a host of
-    an unpreserved trial; returns what allowed it otherwise (None: no host changes)."""
+    an unpreserved trial; returns what allowed it and the changes otherwise (None: no host changes)."""
     from infra.teardown import ADVICE, NotPreserved, judge
 
     changes = host_changes(cfg, seen)
@@ -152,7 +153,7 @@ def refuse_host_changes(cfg: TrialConfig, seen: Existing, *, session_for: Any, d
     lines = "\n".join(f"  rank {h.rank} ({h.instance_id}): {what}" for h, what in changes)
     try:
         return judge(cfg.trial, touched, abandon_unpreserved=cfg.abandon_unpreserved, session=session_for(),
-                     dry_run=dry_run, who="pulumi-up")
+                     dry_run=dry_run, who="pulumi-up"), changes
     except Exception as e:  # noqa: BLE001 — NotPreserved, or a check that could not run: either way, refused
         why = str(e) if isinstance(e, NotPreserved) else f"the check could not run: {type(e).__name__}: {e}"
         raise ValueError(f"refusing this `pulumi up`: it would change host(s) of trial {cfg.trial} whose evidence "

@@ -27,7 +27,7 @@ import pulumi
 
 from infra.bucket import Evidence
 from infra.credentials import session_factory
-from infra.existing import host_changes, look_up, refuse_host_changes, subnet_cidrs
+from infra.existing import look_up, refuse_host_changes, subnet_cidrs
 from infra.gate import DestroyGate
 from infra.guards import Guards
 from infra.hosts import Hosts
@@ -58,9 +58,10 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = 
     if seen is not None:
         allowed = refuse_host_changes(cfg, seen, session_for=session_for, dry_run=dry_run)  # raises: nothing registered
         if allowed:
-            check.settle(allowed)  # one decision per run: the hooks give the same answer
-            pulumi.log.warn(f"this up deletes, replaces or restarts hosts of trial {cfg.trial}, which is {allowed}: "
-                            + "; ".join(f"rank {h.rank} {what}" for h, what in host_changes(cfg, seen)))
+            answer, changes = allowed
+            check.settle(answer)  # one decision per run: the hooks give the same answer
+            pulumi.log.warn(f"this up deletes, replaces or restarts hosts of trial {cfg.trial}, which is {answer}: "
+                            + "; ".join(f"rank {h.rank} {what}" for h, what in changes))
 
     network = Network(cfg, refuse, subnet_cidrs(cfg, seen))
     evidence = Evidence(cfg, refuse)

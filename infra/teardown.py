@@ -131,25 +131,30 @@ def abandon(bucket: str, trial: str, instance: str, found: str, *, session: Any 
 
 
 INSTANCE = "aws:ec2/instance:Instance"
-LIVE_STATES = ["pending", "running", "shutting-down", "stopping", "stopped"]
+NOT_TERMINATED = ["pending", "running", "shutting-down", "stopping", "stopped"]
 
 
-def trial_hosts(trial: str, session: Any, ids: set[str] = frozenset()) -> dict[str, str | None]:
-    """Every instance of the trial in the account that is not terminated — tagged with the trial, or one of
-    `ids` (the stack's own) — id -> its evidence bucket (tag)."""
+def trial_instances(session: Any, trial: str, ids: set[str] = frozenset()) -> list[dict[str, Any]]:
+    """EC2's record of every instance that is not terminated and is tagged with the trial or is one of `ids`,
+    each once. (orchestrate/cloud.py reads the trial's hosts through this too.)"""
     ec2 = session.client("ec2")
-    found: dict[str, str | None] = {}
+    found: dict[str, dict[str, Any]] = {}
     queries = [[{"Name": "tag:trial", "Values": [trial]}]]
     if ids:
         queries.append([{"Name": "instance-id", "Values": sorted(ids)}])
     for filters in queries:
         for page in ec2.get_paginator("describe_instances").paginate(
-                Filters=filters + [{"Name": "instance-state-name", "Values": LIVE_STATES}]):
+                Filters=filters + [{"Name": "instance-state-name", "Values": NOT_TERMINATED}]):
             for r in page["Reservations"]:
                 for i in r["Instances"]:
-                    tags = {t["Key"]: t["Value"] for t in i.get("Tags", [])}
-                    found[i["InstanceId"]] = tags.get(BUCKET_TAG)
-    return found
+                    found[i["InstanceId"]] = i
+    return list(found.values())
+
+
+def trial_hosts(trial: str, session: Any, ids: set[str] = frozenset()) -> dict[str, str | None]:
+    """The trial's live hosts (tagged, or the stack's own `ids`): id -> its evidence bucket (tag)."""
+    return {i["InstanceId"]: next((t["Value"] for t in i.get("Tags", []) if t["Key"] == BUCKET_TAG), None)
+            for i in trial_instances(session, trial, ids)}
 
 
 def arn_place(arn: str) -> tuple[str, str] | None:

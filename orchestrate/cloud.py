@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from infra.teardown import trial_instances as described_instances
+
 LIVE_STATES = ("pending", "running", "stopping", "shutting-down")
 
 
@@ -27,18 +29,13 @@ def _tag(tags: list[dict[str, str]] | None, key: str) -> str | None:
 
 def trial_instances(session: Any, trial: str) -> list[dict[str, Any]]:
     """Every instance tagged trial=<trial> that is not terminated, ordered by its rank tag."""
-    ec2 = session.client("ec2")
     out = []
-    for page in ec2.get_paginator("describe_instances").paginate(
-            Filters=[{"Name": "tag:trial", "Values": [trial]},
-                     {"Name": "instance-state-name", "Values": [*LIVE_STATES, "stopped"]}]):
-        for res in page["Reservations"]:
-            for i in res["Instances"]:
-                rank = _tag(i.get("Tags"), "rank")
-                out.append({"instance_id": i["InstanceId"], "state": i["State"]["Name"],
-                            "instance_type": i["InstanceType"], "zone": i["Placement"]["AvailabilityZone"],
-                            "rank": int(rank) if rank is not None and rank.isdigit() else None,
-                            "private_ip": i.get("PrivateIpAddress"), "public_ip": i.get("PublicIpAddress")})
+    for i in described_instances(session, trial):  # the one query for them, the destroy check's too
+        rank = _tag(i.get("Tags"), "rank")
+        out.append({"instance_id": i["InstanceId"], "state": i["State"]["Name"],
+                    "instance_type": i["InstanceType"], "zone": i["Placement"]["AvailabilityZone"],
+                    "rank": int(rank) if rank is not None and rank.isdigit() else None,
+                    "private_ip": i.get("PrivateIpAddress"), "public_ip": i.get("PublicIpAddress")})
     return sorted(out, key=lambda x: (x["rank"] is None, x["rank"], x["instance_id"]))
 
 

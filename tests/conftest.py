@@ -397,17 +397,22 @@ def moto_url():
     server.stop()
 
 
+def point_at_moto(mp: pytest.MonkeyPatch, moto_url: str) -> None:
+    """This process's and every subprocess's AWS calls go to moto, with its test credentials."""
+    for k in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
+        mp.delenv(k, raising=False)
+    for k, v in (("AWS_ENDPOINT_URL", moto_url), ("AWS_ACCESS_KEY_ID", "testing"),
+                 ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_DEFAULT_REGION", "us-east-1")):
+        mp.setenv(k, v)
+
+
 @pytest.fixture
 def aws(moto_url, monkeypatch):
     """A boto3 session whose every client — and every subprocess the test starts — talks to moto;
     at teardown, asserts that every request this session sent went there."""
     import boto3
 
-    for k in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
-        monkeypatch.delenv(k, raising=False)
-    for k, v in (("AWS_ENDPOINT_URL", moto_url), ("AWS_ACCESS_KEY_ID", "testing"),
-                 ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_DEFAULT_REGION", "us-east-1")):
-        monkeypatch.setenv(k, v)
+    point_at_moto(monkeypatch, moto_url)
     s = boto3.Session(region_name="us-east-1")
     urls: list[str] = []
     s.events.register("before-send", lambda request, **_: urls.append(request.url))
@@ -422,11 +427,7 @@ def moto_module(moto_url):
     import boto3
 
     with pytest.MonkeyPatch.context() as mp:
-        for k in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
-            mp.delenv(k, raising=False)
-        for k, v in (("AWS_ENDPOINT_URL", moto_url), ("AWS_ACCESS_KEY_ID", "testing"),
-                     ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_DEFAULT_REGION", "us-east-1")):
-            mp.setenv(k, v)
+        point_at_moto(mp, moto_url)
         yield boto3.Session(region_name="us-east-1")
 
 

@@ -20,6 +20,7 @@ from evidence.stores import preserve
 from infra.credentials import CredentialsError, StackAws, go_duration_s, open_session
 from pulumi_engine import pulumi_run
 from test_infra import CALLS, answers, live, stack_of
+from test_teardown import a_home
 
 TEARDOWN = {"TRIALS_TEARDOWN": "1"}
 
@@ -160,10 +161,7 @@ def test_the_check_speaks_as_the_stack_does_when_only_its_config_holds_credentia
     d = destroy(**with_keys)
     assert d.failed and "cannot be listed" in d.failed and ("Unauthorized" in d.failed or "denied" in d.failed.lower())
     # preserved (by the admin): the same stack's identity verifies it, and the destroy goes through
-    home = tmp_path / "local-training-windows-gpu"
-    (home / "runs").mkdir(parents=True)
-    (home / "commitments.jsonl").write_text('{"entry": 0}\n')
-    (home / "runs" / "result.json").write_text('{"loss": 1.5}\n')
+    home = a_home(tmp_path, "local-training-windows-gpu")
     preserve(home, f"s3://{bucket}/trials/{trial}/", trial=home.name, session=admin)
     d = destroy(**with_keys, assumeRoles=roles)
     assert d.failed is None, d.failed

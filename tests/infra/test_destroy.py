@@ -24,6 +24,7 @@ import pytest
 from evidence.stores import preserve
 from pulumi_engine import STACK_TYPE, DependencyGraph, Node, is_provider, pulumi_run
 from test_infra import CALLS, answers, live, stack_of
+from test_teardown import a_home
 
 ROOT = Path(__file__).resolve().parents[2]
 TRIAL = "ltw-four"
@@ -132,10 +133,7 @@ def test_a_refused_destroy_deletes_nothing(stack, aws):
 
 def test_a_preserved_trial_is_destroyed_gate_first_and_its_evidence_kept(own_stack, aws, tmp_path):
     up, config, rules, bucket = own_stack
-    home = tmp_path / "local-training-windows-gpu"
-    (home / "runs").mkdir(parents=True)
-    (home / "commitments.jsonl").write_text('{"entry": 0}\n')
-    (home / "runs" / "result.json").write_text('{"loss": 1.5}\n')
+    home = a_home(tmp_path, "local-training-windows-gpu")
     preserve(home, f"s3://{bucket}/trials/{OWN}/", trial=home.name, session=aws)
     d = destroy(up, config, rules)
     assert d.returncode == 0 and d.failed is None, d.failed or d.errors

@@ -31,6 +31,7 @@ from infra.teardown import DeleteCheck, NotPreserved
 from pulumi_engine import (DependencyGraph, Node, StepError, execute, is_provider, plan_deletes, pulumi_run)
 from test_destroy import TEARDOWN, live_instances, moto_rules, terminate_trial
 from test_infra import CALLS, answers, live, stack_of
+from test_teardown import a_home
 
 TRIAL = "ltw-four"
 HOST = "aws:ec2/instance:Instance"
@@ -62,7 +63,6 @@ def failed_at(order: list[dict], urn: str, mode: str) -> list[dict]:
 
 def coverage(state: list[dict], cfg: TrialConfig, trial: str = TRIAL) -> list[dict]:
     """For each host the state holds: which of its cloud-side stops exist."""
-    TRIAL = trial  # noqa: N806 — the names below are the trial's
     names = {s["name"] for s in in_account(state)}
     isolated = set(cfg.isolated_ranks())
     rows = []
@@ -70,10 +70,10 @@ def coverage(state: list[dict], cfg: TrialConfig, trial: str = TRIAL) -> list[di
         if s["type"] != HOST:
             continue
         rank = int(s["name"].rsplit("-", 1)[1])
-        rows.append({"rank": rank, "deadline": {f"{TRIAL}-deadline", f"{TRIAL}-deadline-stop"} <= names,
+        rows.append({"rank": rank, "deadline": {f"{trial}-deadline", f"{trial}-deadline-stop"} <= names,
                      "transfer": None if rank not in isolated else
-                     {f"{TRIAL}-transfer-{rank}-in", f"{TRIAL}-transfer-{rank}-out"} <= names,
-                     "spend": f"{TRIAL}-spend-stop-{rank}" in names})
+                     {f"{trial}-transfer-{rank}-in", f"{trial}-transfer-{rank}-out"} <= names,
+                     "spend": f"{trial}-spend-stop-{rank}" in names})
     return rows
 
 
@@ -122,11 +122,7 @@ class Account:
 def a_preserved_bucket(aws, tmp_path) -> str:
     bucket = f"sweep-preserved-{uuid.uuid4().hex[:10]}"
     aws.client("s3").create_bucket(Bucket=bucket)
-    home = tmp_path / "local-training-windows-gpu"
-    (home / "runs").mkdir(parents=True)
-    (home / "commitments.jsonl").write_text('{"entry": 0}\n')
-    (home / "runs" / "result.json").write_text('{"loss": 1.5}\n')
-    preserve(home, f"s3://{bucket}/trials/{TRIAL}/", trial=home.name, session=aws)
+    preserve_into(aws, bucket, TRIAL, tmp_path)
     return bucket
 
 
@@ -283,11 +279,7 @@ def test_the_walk_is_what_the_engine_does(program, aws, tmp_path, name, mode):
             assert done == set() and "is not preserved" in d.failed
             assert {h["hook"] for h in d.record["hook_calls"] if h["error"]} <= {f"{TRIAL}-refuse-unpreserved",
                                                                                   f"{TRIAL}-destroy-gate"}
-            home = tmp_path / "local-training-windows-gpu"
-            (home / "runs").mkdir(parents=True)
-            (home / "commitments.jsonl").write_text('{"entry": 0}\n')
-            (home / "runs" / "result.json").write_text('{"loss": 1.5}\n')
-            preserve(home, f"s3://{bucket}/trials/{TRIAL}/", trial=home.name, session=aws)
+            preserve_into(aws, bucket, TRIAL, tmp_path)
             d = pulumi_run("destroy", program.config, state=state, answers=rules, calls=CALLS, env=TEARDOWN,
                            provider="moto")
         assert d.failed is None, d.failed
@@ -366,10 +358,8 @@ def changed(cluster: dict, **edit) -> dict:
 
 
 def preserve_into(aws, bucket: str, trial: str, root) -> None:
-    home = root / "local-training-windows-gpu"
-    (home / "runs").mkdir(parents=True, exist_ok=True)
-    (home / "commitments.jsonl").write_text('{"entry": 0}\n')
-    (home / "runs" / "result.json").write_text('{"loss": 1.5}\n')
+    """A trial home (a commitment, a result) preserved into the trial's prefix of `bucket`."""
+    home = a_home(root, "local-training-windows-gpu")
     preserve(home, f"s3://{bucket}/trials/{trial}/", trial=home.name, session=aws)
 
 

@@ -57,8 +57,9 @@ def check(aws, trial: str, *, abandon: bool = False, dry_run: bool = False) -> D
 
 
 def a_home(root, name: str = "cooperative-learning-gpu"):
+    """A trial home with a commitment and a result: what a preservation index lists."""
     home = root / name
-    (home / "runs").mkdir(parents=True)
+    (home / "runs").mkdir(parents=True, exist_ok=True)
     (home / "commitments.jsonl").write_text('{"entry": 0}\n')
     (home / "runs" / "result.json").write_text('{"loss": 1.5}\n')
     return home
