@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from orchestrate.progress import ConsoleProgress, stderr_console  # noqa: E402
 from orchestrate.recovery import IO_BASELINE  # noqa: E402
 from orchestrate.stages.train import train_arms  # noqa: E402
-from orchestrate.trial import LocalPlacement  # noqa: E402
+from orchestrate.backends.local import LocalBackend  # noqa: E402
 from training.config import lineage  # noqa: E402
 from training.prepare import prepare_chain  # noqa: E402
 from training.errors import TrainError  # noqa: E402
@@ -158,7 +158,7 @@ def main() -> int:
                 continue
             one = cfg.model_copy(update={"experiment": cfg.experiment.model_copy(update={"arms": [arm]})})
             try:  # one arm at a time: an arm that fails loses only itself, the others' figures stay
-                [s] = train_arms(one, home, LocalPlacement(md), progress)
+                [s] = train_arms(one, home, LocalBackend(md), progress)
             except TrainError as e:
                 failed.append({"experiment": cfg.experiment.name, "arm": arm.name, "error": str(e)})
                 print(f"{cfg.experiment.name}:{arm.name} FAILED, the benchmark goes on: {e}")

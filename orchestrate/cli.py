@@ -6,23 +6,24 @@ from __future__ import annotations
 
 import shlex
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import typer
 
 from evidence.stores import FileStore, known_forms
+from orchestrate.backends import make_backend
+from orchestrate.launch.supervise import LeftRunning
+from orchestrate.placement import NO_SERVE
 from orchestrate.progress import ConsoleProgress, stderr_console
-from orchestrate.stages import Stage
-from orchestrate.stages.clock import StageClock
-from orchestrate.stages.cluster import alarm_check, load_cluster, write_cluster
-from orchestrate.stages.evaluate import select_evaluate_report, serve_probe
+from orchestrate.stages.cluster import load_cluster, write_cluster
+from orchestrate.stages.evaluate import serve_probe
 from orchestrate.stages.plan import PlanError, plan_arm
-from orchestrate.stages.prepare import materialize_seed, prepare, seed_from_model_dir
-from orchestrate.stages.preserve import anchor_home, guard_stop, preserve_home
-from orchestrate.stages.train import GuardStopped, make_placement, place_arms, train_arms
+from orchestrate.stages.prepare import seed_from_model_dir
+from orchestrate.stages.preserve import preserve_home
+from orchestrate.trial import OptionError, TrialOptions, run_trial
+from training.config import Resolved
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Run budget-bounded training trials end to end.")
@@ -68,106 +69,45 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
     """Run ARM's experiment: seed → prepare → commit → place → train every arm the cluster can place →
     select → score → serve → report → preserve, on the embedded local cluster or a cluster's SSH hosts.
     An arm whose ranks cannot each get their own GPU (or host) is reported as not run, never launched."""
-    from contextlib import ExitStack
-
-    from evidence.placement import SERVING_PROBE
-    from orchestrate.cluster import ClusterError
-    from orchestrate.remote import StagingError
-    from orchestrate.transport import TransportError
-    from training.config import address, lineage, resolve
-    from training.errors import USER_ERRORS
-    from training.hold import hold
-
-    started = time.monotonic()
-    placement = None
-    held = ExitStack()
-    clock = StageClock()
-    home: Optional[Path] = None  # the last experiment's: the one trained here
+    options = TrialOptions(arm=arm, profile=profile, trials=trials, seeds=seeds, model_dir=model_dir, store=store,
+                           cluster=cluster, wheelhouse=wheelhouse, record=record, share_gpus=share_gpus,
+                           replay=replay, no_serve=no_serve)
     try:
-        desc = load_cluster(cluster, progress)
-        store_url = store or (desc.store if desc else FileStore.url_for(trials.resolve() / 'store'))
-        name, arm = address(arm)
-        cfg = resolve(name, profile)
-        if replay is not None and not replay.is_file():
-            raise typer.BadParameter(f"--replay {replay} is not a file")
-        if model_dir is not None and cfg.profile.seed != "local":  # it would not be trained: refused, not ignored
-            raise typer.BadParameter(f"--model-dir {model_dir} is not used by profile {profile}, whose seed is "
-                                     f"'{cfg.profile.seed}' (materialized under --seeds): a directory of your "
-                                     f"own is trained only by a profile with seed = \"local\" (e.g. gpu)")
-        cfg.arm(arm)
-        clock.about = {"experiment": name, "profile": profile, "arm": arm}
-        chain = lineage(name, profile)
-        home_of = lambda s: trials / f"{s.experiment.name}-{profile}"  # noqa: E731
-        for step in chain:  # every home this run writes in, held until it ends: one run per home
-            held.enter_context(hold(home_of(step), f"trial home {home_of(step)}"))
-        if cfg.profile.seed == "local":
-            if model_dir is None:
-                raise typer.BadParameter(f"profile {profile} trains a local seed: pass --model-dir")
-            with clock(Stage.SEED):
-                md = seed_from_model_dir(model_dir, seeds, progress)
-        else:
-            with clock(Stage.SEED):
-                md = materialize_seed(cfg, seeds, progress)
-        with clock(Stage.PREPARE):
-            for home in prepare(cfg, chain, home_of, md, store_url, progress, replay_file=replay):
-                pass  # home: the last one reached, which the run's record names however the run ends
-        clock.about["home"] = str(home)
-        placement = make_placement(desc, home, md, trials, wheelhouse, progress, share_gpus=share_gpus)
-        with clock(Stage.PLACEMENT):
-            skipped = place_arms(cfg, home, placement, progress, no_serve=no_serve)
-        clock.about["not_run"] = skipped
-        with clock(Stage.TRAIN):
-            summaries = train_arms(cfg, home, placement, progress, not_run=skipped,
-                                   stop_check=alarm_check(desc, progress))
-        anchor_home(home, store_url, progress)  # the numerical profiles the ranks committed
-        show_summaries(cfg, summaries)
-        rep, report = select_evaluate_report(cfg, home, md, placement, clock, progress, store_url=store_url)
-        show_report(rep)
-        with clock(Stage.PRESERVE):
-            rec = preserve_home(home, store_url, progress, placement)
-        clock.about |= {"report": str(report), "preserved": f"{rec['store']}{rec['index']}"}
-    except GuardStopped as stop:  # the deadline or the transfer guard is near: keep what there is, then stop
-        clock.exit = guard_stop(home, stop, cfg, store_url, progress, placement)
-        raise typer.Exit(clock.exit)
-    except (*USER_ERRORS, ClusterError, StagingError, TransportError, ValueError, OSError) as e:
-        # ValueError: data from a host that is not what it should be (JSON, numbers); OSError: the disk
-        clock.exit, clock.about["error"] = 2, str(e)
-        say("error:", str(e), style="bold red")
-        raise typer.Exit(2)
-    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (`main`): ranks are stopped below, the record says so
-        clock.exit, clock.about["error"] = 130, str(e) or "interrupted"
-        from orchestrate.launch.supervise import LeftRunning
-
-        if isinstance(e, LeftRunning):  # ranks detached on SSH hosts: they were left running, on purpose
-            say("interrupted:", f"{len(e.where)} rank(s) keep running on their hosts, detached:", style="bold yellow")
-            for w in e.where:
-                con.print(f"  {w}", highlight=False)
-            again = " ".join(shlex.quote(a) for a in ["orchestrate", *sys.argv[1:]])
-            con.print(f"to follow them again and finish the trial: {again}\n"
-                      f"to see them: orchestrate status --cluster {cluster}\n"
-                      f"to stop them: orchestrate stop --cluster {cluster}", highlight=False)
+        out = run_trial(options, CliView(con))
+    except OptionError as e:
+        raise typer.BadParameter(str(e))
+    except LeftRunning as e:  # ranks detached on SSH hosts: they were left running, on purpose
+        say("interrupted:", f"{len(e.where)} rank(s) keep running on their hosts, detached:", style="bold yellow")
+        for w in e.where:
+            con.print(f"  {w}", highlight=False)
+        again = " ".join(shlex.quote(a) for a in ["orchestrate", *sys.argv[1:]])
+        con.print(f"to follow them again and finish the trial: {again}\n"
+                  f"to see them: orchestrate status --cluster {cluster}\n"
+                  f"to stop them: orchestrate stop --cluster {cluster}", highlight=False)
         raise
-    except Exception as e:  # a bad option (typer's own message and exit), or a bug: recorded as it ends
-        clock.exit, clock.about["error"] = None, repr(e)
-        raise
-    finally:
-        if placement is not None:
-            placement.close()
-        clock.write(record, trials, home, started, progress)
-        held.close()
-
-    say(f"{arm}:", f"prepared, trained, selected, scored, {'' if SERVING_PROBE in skipped else 'served, '}"
-        f"reported and preserved in {time.monotonic() - started:.1f} s → {report}; evidence "
-        f"{rec['store']}{rec['index']}")
-    if skipped:
-        from orchestrate.placement import NO_SERVE
-
-        placed = any(why != NO_SERVE for why in skipped.values())  # not the operator's own choice
-        con.print("not run: " + "; ".join(f"{a} ({why.removeprefix('not run: ')})" for a, why in skipped.items())
+    if out.error is not None:
+        say("error:", out.error, style="bold red")
+    if out.exit:
+        raise typer.Exit(out.exit)
+    say(f"{out.arm}:", f"prepared, trained, selected, scored, {'served, ' if out.served else ''}"
+        f"reported and preserved in {out.total_seconds:.1f} s → {out.report}; evidence {out.preserved}")
+    if out.not_run:
+        placed = any(why != NO_SERVE for why in out.not_run.values())  # not the operator's own choice
+        con.print("not run: " + "; ".join(f"{a} ({why.removeprefix('not run: ')})" for a, why in out.not_run.items())
                   + (" — see the README's \"Placement\" for running them where the GPUs are" if placed else ""),
                   highlight=False)
-    con.print("stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in clock.seconds.items())
-              + f"; record {clock.path}", highlight=False)
+    con.print("stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in out.stages_seconds.items())
+              + f"; record {out.record}", highlight=False)
+
+
+class CliView(ConsoleProgress):
+    """Progress on the console, and the training and report tables as the trial reaches them."""
+
+    def trained(self, cfg: Resolved, summaries: list[dict[str, Any]]) -> None:
+        show_summaries(cfg, summaries)
+
+    def reported(self, report: dict[str, Any]) -> None:
+        show_report(report)
 
 
 def show_summaries(cfg, summaries: list[dict]) -> None:
@@ -284,7 +224,7 @@ def probe(home: Path = typer.Option(..., help="a trial home with a committed sel
     from training.prepare import require_prepared
     from training.train import resolved_from_prepared
 
-    placement = None
+    backend = None
     try:
         with hold(home, f"trial home {home}"):
             cfg = resolved_from_prepared(require_prepared(home))
@@ -294,14 +234,14 @@ def probe(home: Path = typer.Option(..., help="a trial home with a committed sel
                                          "(it stages their seed); replicas on this machine serve the trained model")
             if desc is not None and desc.source != "local":  # the hosts are staged (again) from the seed
                 md = seed_from_model_dir(model_dir, seeds, progress) if model_dir else seeds / cfg.profile.seed
-                placement = make_placement(desc, home, md, home.parent, wheelhouse, progress)
-            serve_probe(cfg, home, progress, retry=retry, placement=placement)
+                backend = make_backend(desc, home, md, home.parent, wheelhouse, progress)
+            serve_probe(cfg, home, progress, retry=retry, backend=backend)
     except (*USER_ERRORS, ClusterError, StagingError, TransportError) as e:
         say("error:", str(e), style="bold red")
         raise typer.Exit(2)
     finally:
-        if placement is not None:
-            placement.close()
+        if backend is not None:
+            backend.close()
 
 
 @app.command()
@@ -568,7 +508,7 @@ def preserve(home: Path = typer.Option(..., help="the trial home"),
     from training.errors import USER_ERRORS
     from training.hold import hold
 
-    class Hosts:  # the one thing preserve_home asks of a placement
+    class Hosts:  # the one thing preserve_home asks of a backend
         def __init__(self, desc):
             self.desc, self.ts = desc, [desc.transport(h) for h in desc.by_rank]
 

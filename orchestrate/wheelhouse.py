@@ -18,8 +18,10 @@ uploaded."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Iterable
 
@@ -129,3 +131,42 @@ def download(dest: Path, python: str, platform: str, requirements: list[str], **
     if bad:  # e.g. wheels left in `dest` from an earlier download for another Python
         raise WheelhouseError(f"{dest}: " + describe_unfit(bad, python, platform))
     return wheels
+
+
+PACKAGES = ("training", "evidence", "orchestrate", "infra")
+"""What the project's wheel holds (pyproject.toml's `packages.find`)."""
+
+
+def build_wheelhouse(out: Path, extra: Path | None = None) -> Path:
+    """The project's own wheel, plus every wheel in `extra` (a host without this project's
+    dependencies needs them all: torch, transformers, … — `pip download` them for the hosts' Python)."""
+    root = Path(__file__).resolve().parent.parent
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    # built from a copy of the sources as they are now: setuptools builds in place and never clears
+    # its build/lib, so a module since removed or renamed would otherwise ship to every host
+    with tempfile.TemporaryDirectory(prefix="trials-wheel-") as tmp:
+        src = Path(tmp)
+        for name in ("pyproject.toml", "README.md"):
+            shutil.copy2(root / name, src / name)
+        for pkg in PACKAGES:
+            shutil.copytree(root / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        p = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                            "-w", str(out), str(src)], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise WheelhouseError(f"building the project wheel failed: {p.stderr.strip()[-800:]}")
+    if extra is not None:
+        if not extra.is_dir():
+            raise WheelhouseError(f"--wheelhouse {extra} is not a directory")
+        others = [p.name for p in extra.iterdir() if p.is_file() and not p.name.endswith(".whl")]
+        if others:
+            raise WheelhouseError(f"{extra} holds files that are not wheels ({', '.join(sorted(others)[:5])}): hosts "
+                               "install offline from wheels only — `pip wheel` them, or `pip download "
+                               "--only-binary=:all:`")
+        wheels = sorted(extra.glob("*.whl"))
+        if not wheels:
+            raise WheelhouseError(f"--wheelhouse {extra} holds no wheels")
+        for w in wheels:
+            shutil.copyfile(w, out / w.name)
+    return out

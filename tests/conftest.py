@@ -123,18 +123,18 @@ def gpus(n: int, share: bool = False):
 def train_as_placed(home: Path, arms: Iterable[str], seed: Path, placed_gpus: int, share: bool,
                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Commit the placement `orchestrate run` would on `placed_gpus` GPUs, then train every arm
-    through the controller's LocalPlacement, which launches as that placement says (a process per rank,
+    through the controller's LocalBackend, which launches as that placement says (a process per rank,
     `python -m training train`, its threads as the controller gives them)."""
     from evidence.canonical import read_json
     from orchestrate.placement import commit_placement
-    from orchestrate.trial import LocalPlacement
+    from orchestrate.backends.local import LocalBackend
     from training.config import resolve
 
     cfg = resolve(read_json(home / "prepared.json")["experiment"]["experiment"]["name"], "smoke")
     with monkeypatch.context() as m:
         m.setattr("orchestrate.placement.trial_device", lambda c: "cuda")  # decided as for a GPU profile
         commit_placement(cfg, home, gpus(placed_gpus, share))
-    lp = LocalPlacement(seed, share_gpus=share)
+    lp = LocalBackend(seed, share_gpus=share)
     for arm in arms:
         attempts = lp.train(home, cfg.arm(arm), max_restarts=0, echo=lambda line: None)
         assert attempts[-1].ok, attempts[-1].failure_text()
@@ -143,7 +143,7 @@ def train_as_placed(home: Path, arms: Iterable[str], seed: Path, placed_gpus: in
 @pytest.fixture(scope="session")
 def powersgd_trained(tmp_path_factory, batched_home, tiny_seed) -> Path:
     """batched-learning/smoke with powersgd-pair trained on the ordinary path: placed on two GPUs, one rank
-    each, and launched by the controller's LocalPlacement; read only: copy before altering."""
+    each, and launched by the controller's LocalBackend; read only: copy before altering."""
     def build(d: Path) -> None:
         shutil.copytree(batched_home, d / "home")
         with pytest.MonkeyPatch.context() as mp:
@@ -287,7 +287,7 @@ class QuietProgress:
 
 def score(home: Path, arms: Iterable[str], seed: Path, retry: str | None = None) -> None:
     """Each arm scored on the test tasks in this process, as a trial on this machine scores them
-    (orchestrate/trial.py, `LocalPlacement.evaluate`), for a fixture that needs a scored home: a
+    (orchestrate/backends/local.py, `LocalBackend.evaluate`), for a fixture that needs a scored home: a
     `training evaluate` process spends most of its time importing the libraries (#34). Tests of the CLI's
     own refusals and retries run the CLI."""
     from training.evaluate import evaluate

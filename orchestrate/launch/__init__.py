@@ -1,5 +1,5 @@
-"""Starting `training` processes and watching them as a group: the one layer between a placement
-(orchestrate/trial.py, orchestrate/serving.py) and a process on this machine or on an SSH host.
+"""Starting `training` processes and watching them as a group: the one layer between a backend
+(orchestrate/backends/) and a process on this machine or on an SSH host.
 
     command.py    a process's `training` arguments and environment, the same for every spawner
     supervise.py  a group's result and why it failed (`Reason`), the supervision loop, the restart rule

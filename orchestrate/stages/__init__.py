@@ -7,15 +7,15 @@ The CLI parses options, calls stages and prints; the benchmarks call stages too,
     plan                 stages/plan.py       plan_arm (`plan`), staging_upload
     cluster              stages/cluster.py    write_cluster (`up`), kept_host_keys, load_cluster, alarm_check
     seed, prepare        stages/prepare.py    materialize_seed, prepare
-    stage, place, train  stages/train.py      make_placement, place_arms (the placement and the gates'
+    stage, place, train  stages/train.py      place_arms (the placement and the gates'
                                               attainability committed), train_arms (GuardStopped)
     select → report      stages/evaluate.py   select_evaluate_report: select_primary, evaluate_test,
                                               serve_once (serve_probe, also `probe`), write_trial_report
     preserve             stages/preserve.py   anchor_home, preserve_home (also `preserve`), guard_stop
     (every stage)        stages/clock.py      StageClock: seconds per stage and the run's record
 
-Launch, supervision, restart and collection happen inside `train_arms`, through the placement
-(orchestrate/trial.py); teardown is `orchestrate down` (orchestrate/cloud.py).
+Launch, supervision, restart and collection happen inside `train_arms`, through the backend
+(orchestrate/backends/); the whole sequence is `run_trial` (orchestrate/trial.py); teardown is `orchestrate down` (orchestrate/cloud.py).
 """
 
 from __future__ import annotations

@@ -8,17 +8,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrate.backends.local import local_probe
+from orchestrate.backends.ssh import SshBackend
+from orchestrate.launch.command import threads_per_rank
 from orchestrate.progress import Progress
+from orchestrate.serving import replicas_probe
 from orchestrate.stages import Stage
 from orchestrate.stages.clock import StageClock
 from orchestrate.stages.preserve import anchor_home
 
 if TYPE_CHECKING:
-    from orchestrate.trial import Placement
+    from orchestrate.backends import Backend
     from training.config import Resolved
 
 
-def select_evaluate_report(cfg: Resolved, home: Path, seed_dir: Path, placement: Placement, clock: StageClock,
+def select_evaluate_report(cfg: Resolved, home: Path, seed_dir: Path, backend: Backend, clock: StageClock,
                            progress: Progress, store_url: str | None = None) -> tuple[dict, Path]:
     """select (once) → test scoring of the seed and every candidate (once each) → the serving probe
     (once) → the report, each stage timed on `clock`. With `store_url`, the log is anchored there
@@ -29,9 +33,9 @@ def select_evaluate_report(cfg: Resolved, home: Path, seed_dir: Path, placement:
     with clock(Stage.SELECT):
         select_primary(cfg, home, progress)
     with clock(Stage.SCORE):
-        evaluate_test(cfg, home, seed_dir, placement, skipped, progress, clock.scoring)
+        evaluate_test(cfg, home, seed_dir, backend, skipped, progress, clock.scoring)
     with clock(Stage.SERVE):
-        serve_once(cfg, home, placement, skipped, progress)
+        serve_once(cfg, home, backend, skipped, progress)
     with clock(Stage.REPORT):
         return write_trial_report(home, store_url, progress)
 
@@ -48,7 +52,7 @@ def select_primary(cfg: Resolved, home: Path, progress: Progress) -> None:
                      + (f"; not run: {', '.join(a for a in sel['not_run'])}" if sel.get("not_run") else ""))
 
 
-def evaluate_test(cfg: Resolved, home: Path, seed_dir: Path, placement: Placement, skipped: dict[str, str],
+def evaluate_test(cfg: Resolved, home: Path, seed_dir: Path, backend: Backend, skipped: dict[str, str],
                   progress: Progress, scoring: dict[str, dict]) -> None:
     """Every arm that ran scored on the test cases once; an arm scored before (an attempt committed)
     is not scored again, and an attempt that did not finish is named as the retry's reason. Each arm's
@@ -68,7 +72,7 @@ def evaluate_test(cfg: Resolved, home: Path, seed_dir: Path, placement: Placemen
             continue
         retry = f"attempt(s) {', '.join(d.name for d in tried)} did not finish" if tried else None
         with progress.status(f"scoring {a.name} on the test cases…"):
-            res = placement.evaluate(home, a.name, "test", seed_dir, retry=retry)
+            res = backend.evaluate(home, a.name, "test", seed_dir, retry=retry)
         sc = res.get("scoring") or {}
         scoring[a.name] = {k: res[k] for k in ("cases", "correct", "accuracy", "probe_mean_loss", "seconds",
                                                "max_new_tokens")} | {"scoring": sc}
@@ -80,7 +84,7 @@ def evaluate_test(cfg: Resolved, home: Path, seed_dir: Path, placement: Placemen
                         else "") + ")")
 
 
-def serve_once(cfg: Resolved, home: Path, placement: Placement, skipped: dict[str, str], progress: Progress) -> None:
+def serve_once(cfg: Resolved, home: Path, backend: Backend, skipped: dict[str, str], progress: Progress) -> None:
     """The serving probe, unless the placement left it out or a probe is already committed."""
     from evidence.commitments import CommitmentLog
     from evidence.placement import SERVING_PROBE
@@ -88,29 +92,26 @@ def serve_once(cfg: Resolved, home: Path, placement: Placement, skipped: dict[st
     if SERVING_PROBE in skipped:
         progress.line(f"serve {cfg.experiment.serving_arm}: {skipped[SERVING_PROBE]}")
     elif CommitmentLog(home).latest("serving") is None:
-        serve_probe(cfg, home, progress, placement=placement)
+        serve_probe(cfg, home, progress, backend=backend)
     else:
         progress.say("serve", "already probed, attempts kept")
 
 
 def serve_probe(cfg: Resolved, home: Path, progress: Progress, retry: str | None = None,
-                placement: Placement | None = None) -> dict:
+                backend: Backend | None = None) -> dict:
     """The serving probe: one replica per rank of the serving arm (at least two), where the trial's
-    ranks run — processes on this machine for the embedded local cluster (no placement, or a
-    LocalPlacement), one per host for SSH hosts (a RemotePlacement), reached over SSH forwards."""
-    from orchestrate.launch.command import threads_per_rank
-    from orchestrate.serving import local_probe, replicas_probe
-    from orchestrate.trial import RemotePlacement
+    ranks run — processes on this machine for the embedded local cluster (no backend, or the local
+    one), one per host for SSH hosts (the SSH backend), reached over SSH forwards."""
 
     arm = cfg.arm(cfg.experiment.serving_arm)
     n = max(2, arm.world_size)  # one replica per rank, and at least two: the last phase stops one
     line = lambda m: progress.line(f"  {m}")  # noqa: E731
-    if isinstance(placement, RemotePlacement):
-        hosts = ", ".join(h.name for h in placement.hosts[:n])
+    if isinstance(backend, SshBackend):
+        hosts = ", ".join(h.name for h in backend.hosts[:n])
         progress.say("serve", f"{arm.name}: {n} replicas on the hosts ({hosts}, where its ranks ran), reached over "
                      f"SSH forwards, 1 → {n} → {n} with one stopped")
         with progress.status("serving probe…"):
-            res = replicas_probe(home, arm.name, n, lambda: placement.replicas(home, arm.name, n), retry=retry,
+            res = replicas_probe(home, arm.name, n, lambda: backend.replicas(home, arm.name, n), retry=retry,
                                  say=line)
     else:
         progress.say("serve", f"{arm.name}: {n} replicas on this machine, 1 → {n} → {n} with one stopped")

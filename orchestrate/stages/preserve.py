@@ -5,13 +5,22 @@ also when the controller's guard stops a trial midway."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from orchestrate.progress import Progress
 
 if TYPE_CHECKING:
     from orchestrate.stages.train import GuardStopped
     from training.config import Resolved
+
+
+
+class HostParts(Protocol):
+    """What preservation asks of the backend the ranks ran on: the checkpoint payloads each host
+    preserves from where they are (None: every payload is in the home)."""
+
+    def host_parts(self, url: str) -> dict[str, dict[str, dict[str, Any]]] | None: ...
+
 
 GUARD_STOP_EXIT = 3
 """`orchestrate run`'s exit status when the controller's guard stopped training (deadline or transfer
@@ -30,9 +39,9 @@ def anchor_home(home: Path, url: str, progress: Progress) -> dict | None:
     return got
 
 
-def preserve_home(home: Path, url: str, progress: Progress, placement: Any = None,
+def preserve_home(home: Path, url: str, progress: Progress, backend: HostParts | None = None,
                   leave_host_payloads: str | None = None) -> dict:
-    """Every file of the home into the evidence store, each object read back, and — with the placement
+    """Every file of the home into the evidence store, each object read back, and — with the backend
     the ranks ran on (anything with `host_parts`) — every host's checkpoint payloads from that host;
     raises TrainError."""
     from evidence.stores import PreservationError, preserve as run_preserve
@@ -42,7 +51,7 @@ def preserve_home(home: Path, url: str, progress: Progress, placement: Any = Non
     anchors = anchor_home(home, url, progress)
     try:
         with progress.status(f"preserving {home} → {url}…"):
-            parts = placement.host_parts(url) if placement is not None else None
+            parts = backend.host_parts(url) if backend is not None else None
             rec = run_preserve(home, url, trial=home.resolve().name, host_parts=parts,
                                leave_host_payloads=leave_host_payloads,
                                anchors=anchors and {k: anchors[k] for k in ("prefix", "count")})
@@ -54,7 +63,7 @@ def preserve_home(home: Path, url: str, progress: Progress, placement: Any = Non
 
 
 def guard_stop(home: Path, stop: GuardStopped, cfg: Resolved, url: str, progress: Progress,
-               placement: Any = None) -> int:
+               backend: HostParts | None = None) -> int:
     """Record what the guard stopped in the home (`stops/<time>.json`) and preserve every file the
     controller holds, so the hosts can be taken down without losing the trial: the finished arms, the
     stopped arm's rank logs, the commitments. The stopped arm's checkpoints stay where its ranks wrote
@@ -75,7 +84,7 @@ def guard_stop(home: Path, stop: GuardStopped, cfg: Resolved, url: str, progress
                                        "rank_logs": f"logs/{stop.arm}"})
         progress.say("stopped", f"{stop.arm} by the controller's guard: {stop.said}", style="bold yellow")
         progress.line(f"  finished before it: {', '.join(done) or 'none'}; recorded in {home / rel}")
-        rec = preserve_home(home, url, progress, placement)
+        rec = preserve_home(home, url, progress, backend)
     except (*USER_ERRORS, OSError, ValueError) as e:  # the stop stands; what is on disk stays where it is
         progress.say("error:", f"stopped by the guard ({stop.said}), and then: {e}", style="bold red")
         return 2

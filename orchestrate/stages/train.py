@@ -1,6 +1,6 @@
 """stage → place → launch → supervise → collect: the hosts get the pinned environment, the cluster's
 room decides which arms run, and every arm that runs is trained, restarted and collected through its
-placement (orchestrate/trial.py)."""
+backend (orchestrate/backends/)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from orchestrate.progress import Progress
 
 if TYPE_CHECKING:
     from orchestrate.cluster import Cluster
-    from orchestrate.trial import Placement
+    from orchestrate.backends import Backend
     from training.config import Resolved
 
 
@@ -24,27 +24,7 @@ class GuardStopped(Exception):
         self.arm, self.said = arm, said
 
 
-def make_placement(desc: Cluster | None, home: Path, model_dir: Path, trials: Path, wheelhouse: Optional[Path],
-                   progress: Progress, *, share_gpus: bool = False) -> Placement:
-    """Where the ranks run: this machine for the embedded local cluster, else the cluster's SSH hosts,
-    staged from a wheelhouse built here (the hosts install offline, so every wheel comes from us).
-    `share_gpus`: the operator lets ranks share this machine's GPUs (the local cluster only)."""
-    from orchestrate.cluster import ClusterError
-    from orchestrate.guard import Guard
-    from orchestrate.trial import LocalPlacement, RemotePlacement, build_wheelhouse
-
-    if desc is None or desc.source == "local":
-        return LocalPlacement(model_dir, guard=Guard(deadline=desc.deadline) if desc else None,
-                              hosts=len(desc.hosts) if desc else None, share_gpus=share_gpus)
-    if share_gpus:
-        raise ClusterError(f"--share-gpus shares this machine's GPUs between the embedded local cluster's ranks; "
-                           f"the {desc.source} cluster runs one rank per host, on its own GPU: drop the option")
-    with progress.status("building the wheelhouse…"):
-        wheels = build_wheelhouse(trials / ".wheelhouse", wheelhouse)
-    return RemotePlacement(desc, home, model_dir, wheel_dir=wheels, say=lambda m: progress.line(f"  {m}"))
-
-
-def place_arms(cfg: Resolved, home: Path, placement: Placement, progress: Progress, *,
+def place_arms(cfg: Resolved, home: Path, backend: Backend, progress: Progress, *,
                no_serve: bool = False) -> dict[str, str]:
     """Where this cluster can run the experiment's arms, decided before anything launches and
     committed (or, on a later run, the home's committed placement); prints what is not run.
@@ -56,7 +36,7 @@ def place_arms(cfg: Resolved, home: Path, placement: Placement, progress: Progre
     from orchestrate.cluster import ClusterError
     from training.results import finished
 
-    d = dataclasses.replace(placement.devices(pl.trial_device(cfg)), no_serve=no_serve)
+    d = dataclasses.replace(backend.devices(pl.trial_device(cfg)), no_serve=no_serve)
     done = {a.name for a in cfg.experiment.arms if a.trains and finished(home, a.name, a.world_size)}
     probed = CommitmentLog(home).latest("serving") is not None
     rec, now = pl.commit_placement(cfg, home, d, finished=done, probed=probed)
@@ -121,10 +101,10 @@ def say_attainability(rec: dict | None, now: bool, progress: Progress) -> None:
                       + g["attainability"])
 
 
-def train_arms(cfg: Resolved, home: Path, placement: Placement, progress: Progress,
+def train_arms(cfg: Resolved, home: Path, backend: Backend, progress: Progress,
                not_run: dict[str, str] | None = None,
                stop_check: Callable[[], str | None] | None = None) -> list[dict]:
-    """Train every arm of the experiment the placement runs, one after another (never two jobs on
+    """Train every arm of the experiment the committed placement runs on the backend, one after another (never two jobs on
     one device); an arm in `not_run` is never launched. Before each arm it would launch,
     `stop_check` may name a reason to stop (a raised cloud alarm): the trial then stops as when the
     controller's guard stops it (GuardStopped). Returns each trained arm's summary."""
@@ -147,7 +127,7 @@ def train_arms(cfg: Resolved, home: Path, placement: Placement, progress: Progre
             progress.say("train", f"{a.name} ({a.kind}, {a.world_size} rank"
                          f"{'s' if a.world_size > 1 else ''}) → {home / 'runs' / a.name}")
             # with group checkpoints, a failed group is restarted once from the common manifest
-            attempts = placement.train(home, a, max_restarts=1 if cfg.profile.checkpoint_every else 0,
+            attempts = backend.train(home, a, max_restarts=1 if cfg.profile.checkpoint_every else 0,
                                        echo=lambda line: progress.line(f"  {line}"))
             if attempts and not attempts[-1].ok:  # none: it had finished on the hosts and was collected
                 if attempts[-1].reason == "guard":

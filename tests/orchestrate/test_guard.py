@@ -71,13 +71,13 @@ def test_latest_common_needs_identical_manifests():
 @pytest.fixture()
 def pulled(smoke_home, tmp_path):
     """A controller home and a 'host' copy of it, reached through the local transport."""
-    from orchestrate.trial import RemotePlacement
+    from orchestrate.backends.ssh import SshBackend
 
     home, host_root = tmp_path / "controller", tmp_path / "host"
     shutil.copytree(smoke_home, home)
     shutil.copytree(smoke_home, host_root / "home")
     cluster = local_cluster(1, host_root, "file:///unused")
-    return home, host_root / "home", RemotePlacement(cluster, home, home, wheel_dir=tmp_path)
+    return home, host_root / "home", SshBackend(cluster, home, home, wheel_dir=tmp_path)
 
 
 def host_commits_a_note(remote, commit: bool = True) -> None:
@@ -181,13 +181,13 @@ def test_a_polled_counter_never_blocks_its_caller():
 
 
 def test_a_guarded_placement_polls_its_hosts_counters(tmp_path):
-    """RemotePlacement's guard reads each guarded host's counters in a thread of its own (here through
+    """SshBackend's guard reads each guarded host's counters in a thread of its own (here through
     the local transport: this machine's own counters), and closing the placement ends those threads."""
-    from orchestrate.trial import RemotePlacement
+    from orchestrate.backends.ssh import SshBackend
 
     c = local_cluster(2, tmp_path, "file:///unused")
     c = c.model_copy(update={"guarded_ranks": [1], "transfer_guard_bytes": 1e18})
-    pl = RemotePlacement(c, tmp_path, tmp_path, wheel_dir=tmp_path)
+    pl = SshBackend(c, tmp_path, tmp_path, wheel_dir=tmp_path)
     try:
         assert list(pl.guard.counters) == ["local-1"] and len(pl.polled) == 1
         deadline = time.monotonic() + 10

@@ -22,8 +22,10 @@ from evidence.commitments import CommitmentLog
 from evidence.serving import PHASES, check_probe
 from orchestrate.cluster import netns_cluster
 from orchestrate.netns import NetnsHosts
-from orchestrate.serving import ProbeError, RemoteReplicas, replicas_probe
-from orchestrate.trial import RemotePlacement, build_wheelhouse
+from orchestrate.backends.ssh import SshReplicas
+from orchestrate.serving import ProbeError, replicas_probe
+from orchestrate.backends.ssh import SshBackend
+from orchestrate.wheelhouse import build_wheelhouse
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("/usr/sbin/sshd") is None,
                                 reason="needs root and openssh-server (CI installs both)")
@@ -57,7 +59,7 @@ def staged(hosts, selected_home, tiny_seed, wheels, tmp_path_factory) -> tuple[s
     wheels), and staging itself is tests/orchestrate/test_remote.py's. Its digest and host reports."""
     home = tmp_path_factory.mktemp("staged") / "home"
     shutil.copytree(selected_home, home)
-    pl = RemotePlacement(netns_cluster(hosts, "file:///unused", python=sys.executable), home, tiny_seed,
+    pl = SshBackend(netns_cluster(hosts, "file:///unused", python=sys.executable), home, tiny_seed,
                          wheel_dir=wheels)
     try:
         pl.devices("cpu")  # stages every host and reads its report
@@ -72,7 +74,7 @@ def placement(hosts, selected_home, tiny_seed, wheels, staged, tmp_path):
     home = tmp_path / "home"
     shutil.copytree(selected_home, home)
     desc = netns_cluster(hosts, "file:///unused", python=sys.executable)
-    pl = RemotePlacement(desc, home, tiny_seed, wheel_dir=wheels)
+    pl = SshBackend(desc, home, tiny_seed, wheel_dir=wheels)
     pl.digest, pl.reports = staged  # what its own staging would have found: the same bytes are there
     try:
         yield home, pl
@@ -113,10 +115,10 @@ def gone(pid: int) -> bool:
 
 def test_replicas_on_the_hosts_serve_the_three_phases(hosts, placement):
     home, pl = placement
-    made: list[RemoteReplicas] = []
+    made: list[SshReplicas] = []
     seen: dict[str, object] = {}
 
-    def make() -> RemoteReplicas:
+    def make() -> SshReplicas:
         made.append(pl.replicas(home, "clean-pair", 2))
         return made[0]
 
@@ -173,10 +175,10 @@ def test_an_interrupted_probe_leaves_nothing_on_the_hosts(hosts, placement, wher
     """Ctrl-C halfway (from the progress callback after the first phase), or an error from stopping a
     replica: the probe ends, and every replica's pid is gone from the hosts."""
     home, pl = placement
-    made: list[RemoteReplicas] = []
+    made: list[SshReplicas] = []
     pids: dict[str, int] = {}
 
-    def make() -> RemoteReplicas:
+    def make() -> SshReplicas:
         reps = pl.replicas(home, "clean-pair", 2)
         if where == "stop":
             def kill(k: int) -> dict:
@@ -213,8 +215,8 @@ SERVING_CONTROLLER = """
 import sys, time
 from pathlib import Path
 from orchestrate.cluster import load
-from orchestrate.trial import RemotePlacement
-pl = RemotePlacement(load(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), wheel_dir=Path(sys.argv[4]))
+from orchestrate.backends.ssh import SshBackend
+pl = SshBackend(load(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), wheel_dir=Path(sys.argv[4]))
 with pl.replicas(Path(sys.argv[2]), "clean-pair", 2) as reps:
     print("serving", *[r.pid for r in reps.replicas], flush=True)
     time.sleep(600)

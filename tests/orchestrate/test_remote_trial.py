@@ -44,7 +44,7 @@ def test_transfer_guard_stops_a_group_from_host_counters(hosts, tiny_seed, smoke
     from orchestrate.guard import Guard, Polled, host_bytes
     from orchestrate.launch.ssh import launch_remote_group
     from orchestrate.remote import stage
-    from orchestrate.trial import build_wheelhouse
+    from orchestrate.wheelhouse import build_wheelhouse
 
     desc = netns_cluster(hosts, "file:///unused", python=sys.executable)
     ts = [desc.transport(h) for h in desc.by_rank]
@@ -80,11 +80,11 @@ CONTROLLER = """
 import sys
 from pathlib import Path
 from orchestrate.cluster import load
-from orchestrate.trial import RemotePlacement
+from orchestrate.backends.ssh import SshBackend
 from training.prepare import require_prepared
 from training.train import resolved_from_prepared
 cluster, home, seed, wheels = load(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])
-pl = RemotePlacement(cluster, home, seed, wheel_dir=wheels, say=print)
+pl = SshBackend(cluster, home, seed, wheel_dir=wheels, say=print)
 try:
     arm = resolved_from_prepared(require_prepared(home)).arm("clean-pair")
     pl.devices("cpu")  # the hosts staged first, as `orchestrate run` places the arms before it trains
@@ -126,7 +126,8 @@ def test_an_arm_outlives_its_controller(hosts, tiny_seed, smoke_home, tmp_path):
     out they stop at their next group checkpoint, and the next controller resumes from it. Every arm ends
     with the reference's final parameters, and no rank process is left. (Ctrl-C and the next run attaching
     to the arm still running: tests/orchestrate/test_aws_loop.py.)"""
-    from orchestrate.trial import RemotePlacement, build_wheelhouse
+    from orchestrate.backends.ssh import SshBackend
+from orchestrate.wheelhouse import build_wheelhouse
     from training.prepare import require_prepared
     from training.train import resolved_from_prepared
 
@@ -141,7 +142,7 @@ def test_an_arm_outlives_its_controller(hosts, tiny_seed, smoke_home, tmp_path):
         for root in roots:
             shutil.rmtree(root / "home" / "runs", ignore_errors=True)
 
-    def train(pl: RemotePlacement, home: Path) -> tuple[list, list[str]]:
+    def train(pl: SshBackend, home: Path) -> tuple[list, list[str]]:
         said: list[str] = []
         pl.say = said.append
         return pl.train(home, arm, max_restarts=0, echo=said.append), said
@@ -163,7 +164,7 @@ def test_an_arm_outlives_its_controller(hosts, tiny_seed, smoke_home, tmp_path):
 
     clear_hosts()
     home = Path(shutil.copytree(smoke_home, tmp_path / "home"))
-    pl = RemotePlacement(desc, home, tiny_seed, wheel_dir=wheels)
+    pl = SshBackend(desc, home, tiny_seed, wheel_dir=wheels)
     try:
         before = (home / LOG_NAME).read_bytes()
         # the reference arm, its controller (a process of its own) starved of CPU for the whole arm: 1 % of a
@@ -270,7 +271,7 @@ def test_an_arm_outlives_its_controller(hosts, tiny_seed, smoke_home, tmp_path):
         assert "stopped after group checkpoint step 8, which every rank holds" in " ".join(
             (root / f"rank-{r}.err").read_text().split())
         assert not (root / f"home/runs/clean-pair/rank-{r}/result.json").exists()
-    pl = RemotePlacement(desc, home, tiny_seed, wheel_dir=wheels)
+    pl = SshBackend(desc, home, tiny_seed, wheel_dir=wheels)
     try:
         attempts, said = train(pl, home)  # the next controller resumes from checkpoint 8
     finally:

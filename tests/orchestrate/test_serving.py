@@ -14,7 +14,8 @@ from conftest import run_cli
 from evidence.canonical import read_json, write_json_atomic
 from evidence.receipts import make_receipt
 from evidence.serving import PHASES, ServingEvidenceError, check_probe, gates, phase_figures, requests_of
-from orchestrate.serving import Endpoint, LocalReplicas, ProbeError, Timeouts, local_probe, run_phase
+from orchestrate.backends.local import LocalReplicas, local_probe
+from orchestrate.serving import Endpoint, ProbeError, Timeouts, run_phase
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,7 @@ launched by the controller as one job through gloo, trained exactly as the ordin
 and reported with every learning gate evaluated and every timing gate marked not comparable.
 
 On this machine (no GPU) the co-located path is the controller's real one — the committed placement
-read by LocalPlacement, TRIAL_SHARED_GPUS and the job's name in every rank's environment, gloo, the
+read by LocalBackend, TRIAL_SHARED_GPUS and the job's name in every rank's environment, gloo, the
 rank's own record of it — with the tensors on the CPU; the GPU machine runs the same equivalence with
 the ranks on one GPU (tests/training/test_arms.py under TRIAL_TEST_DEVICE=cuda, tests/dist_worker.py).
 """
@@ -62,13 +62,13 @@ def test_a_shared_placement_is_committed_and_a_later_run_must_share_too(ltw_home
 
 
 def test_share_gpus_is_refused_on_ssh_hosts(tmp_path):
-    from orchestrate.stages.train import make_placement
+    from orchestrate.backends import make_backend
 
     class Desc:
         source, deadline = "netns", None
 
     with pytest.raises(ClusterError, match="--share-gpus shares this machine's GPUs.*one rank per host"):
-        make_placement(Desc(), tmp_path, tmp_path, tmp_path, None, None, share_gpus=True)
+        make_backend(Desc(), tmp_path, tmp_path, tmp_path, None, None, share_gpus=True)
 
 
 def final(home: Path, arm: str) -> dict[str, torch.Tensor]:

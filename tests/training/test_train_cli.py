@@ -135,7 +135,7 @@ def test_ddp_four_and_diloco_four(finished_trial):
 
 def test_powersgd_pair(powersgd_trained):
     """powersgd-pair as `python -m training train` ran it, a process per rank: the session's
-    `powersgd_trained` (conftest.py) was trained so by the controller's LocalPlacement (with the threads it
+    `powersgd_trained` (conftest.py) was trained so by the controller's LocalBackend (with the threads it
     gives a rank), and is read here; test_share_gpus.py compares it with the co-located path."""
     home = powersgd_trained
     pair = results(home, "powersgd-pair", 2)
