@@ -94,7 +94,7 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
     if out.not_run:
         placed = any(why != NO_SERVE for why in out.not_run.values())  # not the operator's own choice
         con.print("not run: " + "; ".join(f"{a} ({why.removeprefix('not run: ')})" for a, why in out.not_run.items())
-                  + (" — see the README's \"Placement\" for running them where the GPUs are" if placed else ""),
+                  + (" — see docs/clusters.md, \"Placement\", for running them where the GPUs are" if placed else ""),
                   highlight=False)
     con.print("stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in out.stages_seconds.items())
               + f"; record {out.record}", highlight=False)

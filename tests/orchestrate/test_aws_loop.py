@@ -1,4 +1,4 @@
-"""The AWS path as one piece, in emulation (root only), walking the README's commands in order: the
+"""The AWS path as one piece, in emulation (root only), walking docs/aws.md's commands in order: the
 Pulumi program run as Pulumi's engine runs it (tests/pulumi_engine.py) for `pulumi up` and for
 `TRIALS_TEARDOWN=1 pulumi destroy --run-program`, its instances answered by four network-namespace hosts
 (real sshd) and its key pair carrying the test's key; AWS itself is moto's server on the hosts' bridge, so
