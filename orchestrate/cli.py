@@ -12,6 +12,7 @@ from typing import Any, Iterator, Optional
 
 import typer
 
+from evidence.errors import UserError
 from evidence.stores import FileStore, known_forms
 from orchestrate.backends import make_backend
 from orchestrate.launch.supervise import LeftRunning
@@ -22,6 +23,7 @@ from orchestrate.stages.evaluate import serve_probe
 from orchestrate.stages.plan import PlanError, plan_arm
 from orchestrate.stages.prepare import seed_from_model_dir
 from orchestrate.stages.preserve import preserve_home
+from orchestrate.recovery import RecoveryOptions, run_recovery
 from orchestrate.trial import OptionError, TrialOptions, run_trial
 from training.config import Resolved
 
@@ -728,31 +730,13 @@ def recovery_trial_cmd(
         share_gpus: bool = typer.Option(False, "--share-gpus", help="CUDA profile with fewer GPUs than ranks: the "
                                         "ranks share them (gloo between them); the comparison stays exact")) -> None:
     """Kill a rank mid-run, restart from the common checkpoint, compare with an uninterrupted run."""
-    import json
-
-    from orchestrate.recovery import recovery_trial
-    from training.config import address, lineage
-    from training.errors import USER_ERRORS
-    from training.seed import materialize
-
+    options = RecoveryOptions(arm=arm, profile=profile, from_step=from_step, kill_rank=kill_rank,
+                              kill_after=kill_after, out=out, seeds=seeds, model_dir=model_dir, share_gpus=share_gpus)
     try:
-        name, arm = address(arm)
-        chain = lineage(name, profile)
-        if out.exists():
-            raise typer.BadParameter(f"{out} exists; give a fresh --out")
-        kind = chain[-1].profile.seed
-        if (model_dir is None) != (kind != "local"):  # neither ignored nor missing
-            raise typer.BadParameter(f"profile {profile}'s seed is '{kind}': " + (
-                "pass --model-dir" if model_dir is None else f"--model-dir {model_dir} would not be used"))
-        if model_dir is not None:
-            md = seed_from_model_dir(model_dir, seeds, progress)
-        else:
-            md = seeds / kind
-            materialize(kind, md)
-        rep = recovery_trial(out, experiment_chain=chain, arm=arm, model_dir=md, from_step=from_step,
-                             kill_rank=kill_rank, kill_after=kill_after, share_gpus=share_gpus,
-                             say=lambda m: con.print(m, highlight=False))
-    except (*USER_ERRORS, ValueError, RuntimeError) as e:
+        rep = run_recovery(options, progress)
+    except OptionError as e:
+        raise typer.BadParameter(str(e))
+    except (UserError, ValueError, RuntimeError) as e:
         say("error:", str(e), style="bold red")
         raise typer.Exit(2)
     f, c = rep["failure"], rep["comparison"]

@@ -15,9 +15,16 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
+
+from pydantic import BaseModel, ConfigDict
 
 from evidence.canonical import canonical_sha256, read_json, write_json_atomic
+from orchestrate.progress import Progress
+from orchestrate.stages.prepare import seed_from_model_dir
+from orchestrate.trial import OptionError
+from training.config import address, lineage
+from training.seed import materialize
 
 COPY_HOME = ("inputs", "prepared.json", "prepare-record.json", "commitments.jsonl")
 
@@ -170,3 +177,41 @@ def recovery_trial(base: Path, *, experiment_chain: list, arm: str, model_dir: P
     report["digest"] = canonical_sha256({k: v for k, v in report.items() if k != "digest"})
     write_json_atomic(base / "recovery-comparison.json", report)
     return report
+
+
+class RecoveryOptions(BaseModel):
+    """What one `orchestrate recovery-trial` asks for; every field is its option of the same name."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    arm: str = "diloco-four"
+    profile: str = "recovery"
+    from_step: int = 64
+    kill_rank: int = 1
+    kill_after: int = 75
+    out: Path = Path("trials/recovery")
+    seeds: Path = Path(".seeds")
+    model_dir: Optional[Path] = None
+    share_gpus: bool = False
+
+
+def run_recovery(o: RecoveryOptions, progress: Progress) -> dict[str, Any]:
+    """The recovery trial as one call: the arm's lineage resolved, its seed materialized (or your
+    model imported), then `recovery_trial` in a fresh `out`. It trains one arm twice on this machine,
+    not the experiment's stages, so it does not go through `run_trial`; its refusals are the same
+    kinds (`OptionError`, `UserError`). Returns the comparison written to recovery-comparison.json."""
+    name, arm = address(o.arm)
+    chain = lineage(name, o.profile)
+    if o.out.exists():
+        raise OptionError("--out", f"{o.out} exists; give a fresh --out")
+    kind = chain[-1].profile.seed
+    if (o.model_dir is None) != (kind != "local"):  # neither ignored nor missing
+        raise OptionError("--model-dir", f"profile {o.profile}'s seed is '{kind}': " + (
+            "pass --model-dir" if o.model_dir is None else f"--model-dir {o.model_dir} would not be used"))
+    if o.model_dir is not None:
+        md = seed_from_model_dir(o.model_dir, o.seeds, progress)
+    else:
+        md = o.seeds / kind
+        materialize(kind, md)
+    return recovery_trial(o.out, experiment_chain=chain, arm=arm, model_dir=md, from_step=o.from_step,
+                          kill_rank=o.kill_rank, kill_after=o.kill_after, share_gpus=o.share_gpus, say=progress.line)
