@@ -13,6 +13,7 @@ from typing import Iterator, Optional
 
 import typer
 
+from evidence.errors import UserError
 from evidence.stores import FileStore, known_forms
 from orchestrate.progress import ConsoleProgress, stderr_console
 from orchestrate.stages import Stage
@@ -71,11 +72,7 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
     from contextlib import ExitStack
 
     from evidence.placement import SERVING_PROBE
-    from orchestrate.cluster import ClusterError
-    from orchestrate.remote import StagingError
-    from orchestrate.transport import TransportError
     from training.config import address, lineage, resolve
-    from training.errors import USER_ERRORS
     from training.hold import hold
 
     started = time.monotonic()
@@ -129,7 +126,7 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
     except GuardStopped as stop:  # the deadline or the transfer guard is near: keep what there is, then stop
         clock.exit = guard_stop(home, stop, cfg, store_url, progress, placement)
         raise typer.Exit(clock.exit)
-    except (*USER_ERRORS, ClusterError, StagingError, TransportError, ValueError, OSError) as e:
+    except (UserError, ValueError, OSError) as e:
         # ValueError: data from a host that is not what it should be (JSON, numbers); OSError: the disk
         clock.exit, clock.about["error"] = 2, str(e)
         say("error:", str(e), style="bold red")
@@ -276,10 +273,6 @@ def probe(home: Path = typer.Option(..., help="a trial home with a committed sel
           wheelhouse: Optional[Path] = typer.Option(None, help="SSH hosts: wheels of every dependency")) -> None:
     """Run the serving probe (one replica per rank of the serving arm, at least two): on this machine,
     or with --cluster one per SSH host, where the trial's ranks ran."""
-    from orchestrate.cluster import ClusterError
-    from orchestrate.remote import StagingError
-    from orchestrate.transport import TransportError
-    from training.errors import USER_ERRORS
     from training.hold import hold
     from training.prepare import require_prepared
     from training.train import resolved_from_prepared
@@ -296,7 +289,7 @@ def probe(home: Path = typer.Option(..., help="a trial home with a committed sel
                 md = seed_from_model_dir(model_dir, seeds, progress) if model_dir else seeds / cfg.profile.seed
                 placement = make_placement(desc, home, md, home.parent, wheelhouse, progress)
             serve_probe(cfg, home, progress, retry=retry, placement=placement)
-    except (*USER_ERRORS, ClusterError, StagingError, TransportError) as e:
+    except UserError as e:
         say("error:", str(e), style="bold red")
         raise typer.Exit(2)
     finally:
@@ -563,9 +556,8 @@ def preserve(home: Path = typer.Option(..., help="the trial home"),
                                                                "that stayed on the hosts (recorded in the index)")) -> None:
     """Upload every file of the home, content-addressed, each object read back and re-hashed; with
     --cluster, every SSH host preserves its own checkpoint payloads from where they are."""
-    from orchestrate.cluster import ClusterError, load
+    from orchestrate.cluster import load
     from orchestrate.remote import host_parts
-    from training.errors import USER_ERRORS
     from training.hold import hold
 
     class Hosts:  # the one thing preserve_home asks of a placement
@@ -586,7 +578,7 @@ def preserve(home: Path = typer.Option(..., help="the trial home"),
         url = store or (desc.store if desc else FileStore.url_for(home.resolve().parent / 'store'))
         with hold(home, f"trial home {home}"):
             rec = preserve_home(home, url, progress, hosts, leave_host_payloads)
-    except (*USER_ERRORS, ClusterError) as e:
+    except UserError as e:
         say("error:", str(e), style="bold red")
         raise typer.Exit(2)
     finally:
@@ -792,7 +784,6 @@ def recovery_trial_cmd(
 
     from orchestrate.recovery import recovery_trial
     from training.config import address, lineage
-    from training.errors import USER_ERRORS
     from training.seed import materialize
 
     try:
@@ -812,7 +803,7 @@ def recovery_trial_cmd(
         rep = recovery_trial(out, experiment_chain=chain, arm=arm, model_dir=md, from_step=from_step,
                              kill_rank=kill_rank, kill_after=kill_after, share_gpus=share_gpus,
                              say=lambda m: con.print(m, highlight=False))
-    except (*USER_ERRORS, ValueError, RuntimeError) as e:
+    except (UserError, ValueError, RuntimeError) as e:
         say("error:", str(e), style="bold red")
         raise typer.Exit(2)
     f, c = rep["failure"], rep["comparison"]
