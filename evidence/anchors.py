@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from evidence.canonical import EvidenceFileError, bytes_sha256, canonical_bytes, parse_json
 from evidence.commitments import CommitmentLog
+from evidence.errors import UserError
 
 if TYPE_CHECKING:  # the stores are opened lazily, where a store is known
     from evidence.stores import Store
@@ -31,7 +32,7 @@ FORMAT = "commitment-anchor-v1"
 FIELDS = ("seq", "kind", "subject", "sha256", "at", "prev", "hash")
 
 
-class AnchorError(RuntimeError):
+class AnchorError(UserError, RuntimeError):
     """The home's log disagrees with the anchors in the store, or the anchors cannot be read."""
 
 

@@ -14,6 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from evidence.errors import UserError
+
 _CHUNK = 1 << 20
 
 
@@ -166,7 +168,7 @@ def write_json_atomic(path: str | os.PathLike[str], obj: Any, *, canonical: bool
     return bytes_sha256(data)
 
 
-class EvidenceFileError(ValueError):
+class EvidenceFileError(UserError, ValueError):
     """A file of evidence that is missing, cut short or not what it must be. The message names the
     file; whoever reads evidence refuses on it rather than guess (a rank exits with the refusal
     status, so it is not restarted into the same damage)."""

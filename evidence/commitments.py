@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from evidence.canonical import EvidenceFileError, canonical_bytes, canonical_sha256, file_sha256, parse_json
+from evidence.errors import UserError
 
 LOG_NAME = "commitments.jsonl"
 GENESIS = "0" * 64
 
 
-class CommitmentError(RuntimeError):
+class CommitmentError(UserError, RuntimeError):
     """The log is broken, or a stage ran out of order."""
 
 

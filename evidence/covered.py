@@ -10,9 +10,10 @@ from pathlib import Path
 
 from evidence.canonical import EvidenceFileError, read_json
 from evidence.commitments import LOG_NAME, CommitmentError, CommitmentLog
+from evidence.errors import UserError
 
 
-class CoveredFileError(RuntimeError):
+class CoveredFileError(UserError, RuntimeError):
     """A write that would replace a file of evidence; nothing was written."""
 
 

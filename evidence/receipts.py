@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from evidence.canonical import canonical_sha256, file_sha256, file_tree_sha256
+from evidence.errors import UserError
 
 RECEIPT_NAME = "receipt.json"
 
 
-class ReceiptError(RuntimeError):
+class ReceiptError(UserError, RuntimeError):
     """A directory does not match its receipt."""
 
 

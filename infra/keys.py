@@ -18,6 +18,8 @@ from pathlib import Path
 
 import paramiko
 
+from evidence.errors import UserError
+
 PUBLIC_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521", "ssh-rsa")
 """Host-key types in the order they are pinned: ed25519 first."""
 
@@ -25,7 +27,7 @@ BEGIN, END = "-----BEGIN SSH HOST KEY KEYS-----", "-----END SSH HOST KEY KEYS---
 _KEY = re.compile(r"(?:^|\s)(" + "|".join(map(re.escape, PUBLIC_TYPES)) + r") ([A-Za-z0-9+/]+={0,3})(?=\s|$)")
 
 
-class SSHKeyError(ValueError):
+class SSHKeyError(UserError, ValueError):
     """A key that cannot be used as given; the message names what it is and what to give instead."""
 
 

@@ -4,6 +4,7 @@ code without going through a command line."""
 
 from __future__ import annotations
 
+import json
 import shlex
 import sys
 from contextlib import contextmanager
@@ -218,10 +219,6 @@ def probe(home: Path = typer.Option(..., help="a trial home with a committed sel
           wheelhouse: Optional[Path] = typer.Option(None, help="SSH hosts: wheels of every dependency")) -> None:
     """Run the serving probe (one replica per rank of the serving arm, at least two): on this machine,
     or with --cluster one per SSH host, where the trial's ranks ran."""
-    from orchestrate.cluster import ClusterError
-    from orchestrate.remote import StagingError
-    from orchestrate.transport import TransportError
-    from training.errors import USER_ERRORS
     from training.hold import hold
     from training.prepare import require_prepared
     from training.train import resolved_from_prepared
@@ -238,7 +235,7 @@ def probe(home: Path = typer.Option(..., help="a trial home with a committed sel
                 md = seed_from_model_dir(model_dir, seeds, progress) if model_dir else seeds / cfg.profile.seed
                 backend = make_backend(desc, home, md, home.parent, wheelhouse, progress)
             serve_probe(cfg, home, progress, retry=retry, backend=backend)
-    except (*USER_ERRORS, ClusterError, StagingError, TransportError) as e:
+    except UserError as e:
         say("error:", str(e), style="bold red")
         raise typer.Exit(2)
     finally:
@@ -505,9 +502,8 @@ def preserve(home: Path = typer.Option(..., help="the trial home"),
                                                                "that stayed on the hosts (recorded in the index)")) -> None:
     """Upload every file of the home, content-addressed, each object read back and re-hashed; with
     --cluster, every SSH host preserves its own checkpoint payloads from where they are."""
-    from orchestrate.cluster import ClusterError, load
+    from orchestrate.cluster import load
     from orchestrate.remote import host_parts
-    from training.errors import USER_ERRORS
     from training.hold import hold
 
     class Hosts:  # the one thing preserve_home asks of a backend
@@ -528,7 +524,7 @@ def preserve(home: Path = typer.Option(..., help="the trial home"),
         url = store or (desc.store if desc else FileStore.url_for(home.resolve().parent / 'store'))
         with hold(home, f"trial home {home}"):
             rec = preserve_home(home, url, progress, hosts, leave_host_payloads)
-    except (*USER_ERRORS, ClusterError) as e:
+    except UserError as e:
         say("error:", str(e), style="bold red")
         raise typer.Exit(2)
     finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from evidence.errors import UserError
 from infra.teardown import trial_instances as described_instances
 
 LIVE_STATES = ("pending", "running", "stopping", "shutting-down")
@@ -126,7 +127,7 @@ def pin_host_keys(instances: dict[int, str], read: Callable[[str], str], *, wait
         time.sleep(min(poll_s, max(left, 0.0)))
 
 
-class HostKeysMissing(RuntimeError):
+class HostKeysMissing(UserError, RuntimeError):
     """An instance printed no host keys within the wait."""
 
 

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from evidence.errors import UserError
 from evidence.schema import explain, require_ranks
 from evidence.stores import STORES, PreservationError, S3Store, store_class
 from orchestrate.transport import LocalTransport, SSHTransport, Transport
@@ -25,7 +26,7 @@ from orchestrate.transport import LocalTransport, SSHTransport, Transport
 CLUSTER_FORMAT = "trial-cluster-v1"
 
 
-class ClusterError(ValueError):
+class ClusterError(UserError, ValueError):
     """A cluster description that cannot be used; the message names the field."""
 
 

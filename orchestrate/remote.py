@@ -22,6 +22,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
 from evidence.canonical import canonical_sha256, file_sha256
+from evidence.errors import UserError
 from evidence.stores import HOST_PAYLOAD
 from orchestrate.cluster import Cluster, Host
 from orchestrate.launch.command import python_command
@@ -104,7 +105,7 @@ def host_python(t: Transport, host: Host, code: str, *args: str, python: str | N
     return t.run(python_command(host, "-c", code, *args, python=python), timeout=timeout)
 
 
-class StagingError(RuntimeError):
+class StagingError(UserError, RuntimeError):
     """A host whose environment or inputs differ from the others'; the message names it."""
 
 

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from evidence.canonical import file_sha256
+from evidence.errors import UserError
 
 
-class TransportError(RuntimeError):
+class TransportError(UserError, RuntimeError):
     """A host that cannot be reached, refuses its key, or fails a copy; the message names the host."""
 
 

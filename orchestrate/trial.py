@@ -29,7 +29,6 @@ from evidence.errors import UserError
 from evidence.placement import SERVING_PROBE
 from evidence.stores import FileStore
 from orchestrate.backends import Backend, make_backend
-from orchestrate.launch.supervise import LeftRunning
 from orchestrate.progress import Progress
 from orchestrate.stages import Stage
 from orchestrate.stages.clock import StageClock

@@ -25,11 +25,13 @@ import tempfile
 from pathlib import Path
 from typing import Iterable
 
+from evidence.errors import UserError
+
 LEGACY_MANYLINUX = (("manylinux2014", 17), ("manylinux2010", 12), ("manylinux1", 5))
 """PEP 600's aliases: manylinux2014 is manylinux_2_17, and so on."""
 
 
-class WheelhouseError(ValueError):
+class WheelhouseError(UserError, ValueError):
     """A target that is not a Python version or a manylinux platform, or a download that failed."""
 
 

@@ -12,8 +12,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from evidence.errors import USER_ERROR_EXIT, UserError
 from training.config import ConfigError
-from training.errors import USER_ERROR_EXIT, USER_ERRORS
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Host-side stages of a training trial.")
@@ -39,7 +39,7 @@ def seed(kind: str = typer.Option(..., help="smollm2-135m | tiny | local"),
         with err.status(f"materializing {kind} seed into {out_dir}…"):
             receipt = materialize(kind, out_dir, source=str(source) if source else None,
                                   expect=expect, say=lambda m: err.print(m, highlight=False))
-    except USER_ERRORS as e:
+    except UserError as e:
         _fail(e)
     out.print_json(json.dumps({"out": str(out_dir), "kind": kind, "receipt_digest": receipt["digest"],
                                "parameters": seed_parameters(receipt),
@@ -65,7 +65,7 @@ def prepare(experiment: str = typer.Option(...), profile: str = typer.Option(...
         with err.status(f"preparing {experiment}/{profile} in {home}…"):
             res = run_prepare(cfg, home, md, replay_file=str(replay) if replay else None,
                               previous_home=str(previous_home) if previous_home else None)
-    except USER_ERRORS as e:
+    except UserError as e:
         _fail(e)
     p, rec = res["prepared"], res["record"]
     c = p["counts"]
@@ -105,7 +105,7 @@ def train(home: Path = typer.Option(..., help="the prepared trial home"),
 
             model_dir = Path(".seeds") / resolved_from_prepared(require_prepared(home)).profile.seed
         res = run_train(home, model_dir, arm, threads=threads, say=main_say(rank), resume=resume)
-    except USER_ERRORS as e:
+    except UserError as e:
         if _in_group():
             err.print(Text.assemble(("error:", "bold red"), f" {e}"), highlight=False)
             _exit_now(getattr(e, "exit_code", USER_ERROR_EXIT))
@@ -130,7 +130,7 @@ def select_cmd(home: Path = typer.Option(..., help="the trial home")) -> None:
 
     try:
         sel = select(home, resolved_from_prepared(require_prepared(home)))
-    except USER_ERRORS as e:
+    except UserError as e:
         _fail(e)
     out.print_json(json.dumps(sel))
 
@@ -148,7 +148,7 @@ def evaluate(home: Path = typer.Option(..., help="the trial home"),
     try:
         res = run_eval(home, arm, role, seed_dir=model_dir, retry_reason=retry,
                        say=lambda m: err.print(m, highlight=False))
-    except USER_ERRORS as e:
+    except UserError as e:
         _fail(e)
     out.print_json(json.dumps(res))
 
@@ -171,7 +171,7 @@ def serve(home: Path = typer.Option(..., help="the trial home (selection committ
         with err.status(f"verifying and loading the model for {name}…"):
             rep = load_replica(home, arm=arm, seed_dir=model_dir, name=name, threads=threads,
                                cache_size=cache_size)
-    except USER_ERRORS as e:
+    except UserError as e:
         _fail(e)
     err.print(f"{name}: {rep.identity['arm']} (receipt {rep.identity['receipt_digest'][:12]}…), "
               f"{len(rep.tasks)} development tasks, max {rep.max_new_tokens} new tokens, on {rep.device}",
@@ -195,7 +195,7 @@ def summary(home: Path = typer.Option(..., help="the trial home"),
         if not finished(home, arm, a.world_size):
             raise ConfigError(f"arm {arm} has not finished in {home}: every one of its "
                               f"{a.world_size} ranks needs runs/{arm}/rank-<r>/result.json")
-    except USER_ERRORS as e:
+    except UserError as e:
         _fail(e)
     out.print_json(json.dumps(summarize(load_results(home, arm, a.world_size))))
 
@@ -212,7 +212,7 @@ def check(home: Path = typer.Option(...), case: str = typer.Option(..., help="ca
         if case not in cases:
             raise PrepareError(f"no case '{case}' in {home}/inputs/tasks.jsonl "
                                f"(ids look like {next(iter(cases))})")
-    except USER_ERRORS as e:
+    except UserError as e:
         _fail(e)
     row = cases[case]
     verdict = check_answer(sys.stdin.read(), row["schema"], row["answer"])

@@ -17,10 +17,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from evidence.canonical import canonical_sha256
+from evidence.errors import UserError
 from training.arms import KINDS, kind as arm_kind
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A bad experiment or profile: the message names the thing and the fix."""
 
 

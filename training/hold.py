@@ -20,12 +20,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
+from evidence.errors import UserError
+
 NEW_HOME = "use a new --home (with `orchestrate run`: a new --trials folder)"
 """The way out of a refusal that a home's evidence cannot change, for both front doors: `python -m
 training` takes --home, `orchestrate run` makes its homes under --trials."""
 
 
-class HeldError(RuntimeError):
+class HeldError(UserError, RuntimeError):
     """What the caller needs is held by another live process; the message names it."""
 
 

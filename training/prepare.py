@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from evidence.canonical import canonical_sha256, file_sha256, read_json, read_jsonl, write_json_atomic
 from evidence.commitments import CommitmentError, CommitmentLog
+from evidence.errors import UserError
 from evidence.inputs import changed_input, load_cases  # noqa: F401 — load_cases: host stages import it here
 from training import corpus as corpus_mod
 from training import replay as replay_mod
@@ -48,7 +49,7 @@ FORMAT = "trial-prepared-v1"
 PREPARED = "prepared.json"
 
 
-class PrepareError(RuntimeError):
+class PrepareError(UserError, RuntimeError):
     """Prepare cannot proceed; the message names the thing and the fix."""
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from evidence.canonical import canonical_sha256
+from evidence.errors import UserError
 
 _WEEK = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 _WORDS = ("apple", "river", "candle", "meadow", "lantern", "orbit", "pepper", "quartz", "saddle",
@@ -173,7 +174,7 @@ def generated_pool(seed: int | str, n: int, steps: tuple[int, int], label: str,
     return out
 
 
-class ReplayFileError(ValueError):
+class ReplayFileError(UserError, ValueError):
     pass
 
 

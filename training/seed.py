@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from evidence.canonical import file_sha256, read_json, write_json_atomic
+from evidence.errors import UserError
 from evidence.receipts import RECEIPT_NAME, ReceiptError, make_receipt, verify_receipt
 from training.heap import paused
 
@@ -48,7 +49,7 @@ TINY_VOCAB = 2048
 WEIGHTS = "model.safetensors"
 
 
-class SeedError(RuntimeError):
+class SeedError(UserError, RuntimeError):
     """A seed cannot be made or trusted; the message names the file and the fix."""
 
 

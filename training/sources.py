@@ -31,12 +31,13 @@ from typing import Any, Protocol
 
 from evidence.canonical import canonical_sha256
 from evidence.checker import FIELD_TYPES, INT, JSON_WS, NUMBER, STR, STR_LIST, TEXT, check_answer, is_number
+from evidence.errors import UserError
 
 SPLITS = ("train", "dev", "test")
 JSONL_KEYS = {"prompt", "answer", "schema", "wrong_answer", "split", "family", "id"}
 
 
-class TaskFileError(ValueError):
+class TaskFileError(UserError, ValueError):
     """The user's task file cannot be used; the message names the file, the line and the fix."""
 
 

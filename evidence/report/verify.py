@@ -15,6 +15,7 @@ from evidence.attempts import attempt_number, attempts
 from evidence.canonical import EvidenceFileError, canonical_sha256, file_sha256, read_json, read_jsonl
 from evidence.checker import check_answer
 from evidence.commitments import CommitmentLog
+from evidence.errors import UserError
 from evidence.inputs import changed_input, load_cases
 from evidence.attainability import ATTAINABILITY, SHARED_CORES, analyse, disagreement
 from evidence.placement import committed_placement, not_run, shared
@@ -25,7 +26,7 @@ from evidence.schedule import due_after as schedule_due
 from evidence.serving import ServingEvidenceError, check_probe, requests_of
 
 
-class EvidenceError(RuntimeError):
+class EvidenceError(UserError, RuntimeError):
     """Inconsistent evidence: the report is not produced; the message names what and where."""
 
 

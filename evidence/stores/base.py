@@ -12,10 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar, Iterator, Protocol
 
+from evidence.errors import UserError
+
 CHUNK = 1 << 20
 
 
-class PreservationError(RuntimeError):
+class PreservationError(UserError, RuntimeError):
     """An object or index that does not read back as written, or a store that cannot be used."""
 
 

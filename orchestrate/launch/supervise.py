@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from evidence.attempts import next_attempt
-from training.errors import PEER_FAILED_EXIT, USER_ERROR_EXIT
+from evidence.errors import USER_ERROR_EXIT
+from training.errors import PEER_FAILED_EXIT
 
 PEER_EXIT_WAIT_S = 5.0
 """How long the supervisor lets the other ranks exit on their own once the first to fail says it

@@ -7,11 +7,13 @@ import datetime as dt
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
+from evidence.errors import UserError
+
 if TYPE_CHECKING:
     from infra.plan import TrialConfig
 
 
-class PlanError(ValueError):
+class PlanError(UserError, ValueError):
     """An option that names something the stack does not plan or this machine does not have."""
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from evidence.errors import UserError
 from orchestrate.progress import Progress
 
 if TYPE_CHECKING:
@@ -72,7 +73,6 @@ def guard_stop(home: Path, stop: GuardStopped, cfg: Resolved, url: str, progress
     import datetime as dt
 
     from evidence.canonical import write_json_atomic
-    from training.errors import USER_ERRORS
     from training.results import finished
 
     try:
@@ -85,7 +85,7 @@ def guard_stop(home: Path, stop: GuardStopped, cfg: Resolved, url: str, progress
         progress.say("stopped", f"{stop.arm} by the controller's guard: {stop.said}", style="bold yellow")
         progress.line(f"  finished before it: {', '.join(done) or 'none'}; recorded in {home / rel}")
         rec = preserve_home(home, url, progress, backend)
-    except (*USER_ERRORS, OSError, ValueError) as e:  # the stop stands; what is on disk stays where it is
+    except (UserError, OSError, ValueError) as e:  # the stop stands; what is on disk stays where it is
         progress.say("error:", f"stopped by the guard ({stop.said}), and then: {e}", style="bold red")
         return 2
     progress.line(f"the trial so far is preserved ({rec['store']}{rec['index']}): `orchestrate down --home {home}` "

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable
 
 from orchestrate.progress import Progress
 
 if TYPE_CHECKING:
-    from orchestrate.cluster import Cluster
     from orchestrate.backends import Backend
     from training.config import Resolved
 

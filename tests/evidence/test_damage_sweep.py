@@ -79,7 +79,7 @@ def resume_check(home: Path, rel: str) -> tuple[int, str, BaseException | None] 
     identical manifest for is chosen (None: the damaged step is not that one), then that rank's
     state for it is verified and loaded."""
     from training.checkpoint.group import load_rank_state
-    from training.errors import USER_ERRORS
+    from evidence.errors import UserError
     from training.runs import latest_common, local_manifests
 
     parts = Path(rel).parts  # runs/<arm>/rank-<r>/(checkpoints/step-<n>/<file> | manifests/step-<n>.json)
@@ -89,7 +89,7 @@ def resume_check(home: Path, rel: str) -> tuple[int, str, BaseException | None] 
         return None
     try:
         load_rank_state(rank_dir, step, rank)
-    except USER_ERRORS as e:
+    except UserError as e:
         return 2, words(str(e)), None
     except Exception as e:  # noqa: BLE001
         return 1, repr(e), e
