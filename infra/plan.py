@@ -23,6 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from evidence.schema import require_ranks
+from infra.estimate import ByReservation, Category, Estimate, Line, Traffic
 from infra.keys import operator_public_key
 from infra.prices import HOURS_PER_MONTH, INSTANCE_TYPES, PRICES, price
 from infra.userdata import GUARD_FRACTION
@@ -275,7 +276,7 @@ class TrialConfig(Strict):
         return [h.rank for h in self.by_rank if h.zone != main]
 
 
-def arm_traffic(cfg: TrialConfig, arm: Arm) -> dict[str, Any]:
+def arm_traffic(cfg: TrialConfig, arm: Arm) -> Traffic:
     """Synchronizations, bytes per host and cross-zone bytes of one arm (see the module docstring)."""
     n = arm.world_size
     if n == 1:
@@ -286,9 +287,8 @@ def arm_traffic(cfg: TrialConfig, arm: Arm) -> dict[str, Any]:
     link = 2 * (n - 1) / n * payload * syncs if n > 1 else 0.0  # bytes over each ring link
     zones = [h.zone for h in cfg.by_rank[:n]]
     crossing = sum(zones[r] != zones[(r + 1) % n] for r in range(n)) if n > 1 else 0
-    return {"arm": arm.name, "kind": arm.kind, "world_size": n, "synchronizations": syncs,
-            "payload_bytes_per_sync": payload, "host_bytes_rx_plus_tx": 2 * link,
-            "cross_zone_links": crossing, "cross_zone_bytes": crossing * link}
+    return Traffic(arm=arm.name, kind=arm.kind, world_size=n, synchronizations=syncs, payload_bytes_per_sync=payload,
+                   host_bytes_rx_plus_tx=2 * link, cross_zone_links=crossing, cross_zone_bytes=crossing * link)
 
 
 def key_problems(cfg: TrialConfig) -> list[str]:
@@ -323,15 +323,15 @@ def staging_bytes_per_host(cfg: TrialConfig, wheelhouse_bytes: int = 0) -> int:
     return 4 * cfg.parameters + wheelhouse_bytes
 
 
-def estimate(cfg: TrialConfig, now: dt.datetime, *, wheelhouse_bytes: int = 0) -> dict[str, Any]:
+def estimate(cfg: TrialConfig, now: dt.datetime, *, wheelhouse_bytes: int = 0) -> Estimate:
     """The table: every line with quantity, unit price and source; totals per reservation; and every
     problem that refuses the plan — the same list for `orchestrate plan`/`estimate` and `pulumi up`."""
-    lines: list[dict[str, Any]] = []
+    lines: list[Line] = []
 
-    def line(category: str, item: str, qty: float, key: str, factor: float = 1.0) -> None:
+    def line(category: Category, item: str, qty: float, key: str, factor: float = 1.0) -> None:
         p = price(key, cfg.prices)
-        lines.append({"category": category, "item": item, "quantity": qty, "unit": p.unit,
-                      "unit_usd": p.usd, "usd": qty * p.usd * factor, "source": f"{p.source} ({p.as_of})"})
+        lines.append(Line(category=category, item=item, quantity=qty, unit=p.unit, unit_usd=p.usd,
+                          usd=qty * p.usd * factor, source=f"{p.source} ({p.as_of})"))
 
     for t, n in sorted(Counter(h.instance_type for h in cfg.hosts).items()):
         line("compute", f"{n} x {t} x {cfg.hours:g} h", n * cfg.hours, f"instance/{t}")
@@ -361,15 +361,17 @@ def estimate(cfg: TrialConfig, now: dt.datetime, *, wheelhouse_bytes: int = 0) -
          "s3/standard-storage")
     traffic = [arm_traffic(cfg, a) for a in cfg.arms]
     for t in traffic:
-        if t["cross_zone_bytes"]:
-            gb = t["cross_zone_bytes"] / GB
-            line("transfer", f"{t['arm']}: {gb:,.1f} GB cross-zone, out", gb, "transfer/cross-zone-out")
-            line("transfer", f"{t['arm']}: {gb:,.1f} GB cross-zone, in", gb, "transfer/cross-zone-in")
-    totals = {c: sum(x["usd"] for x in lines if x["category"] == c) for c in ("compute", "transfer", "storage_other")}
-    reserved = {"compute": cfg.budget.compute_usd, "transfer": cfg.budget.transfer_usd,
-                "storage_other": cfg.budget.storage_other_usd}
+        if t.cross_zone_bytes:
+            gb = t.cross_zone_bytes / GB
+            line("transfer", f"{t.arm}: {gb:,.1f} GB cross-zone, out", gb, "transfer/cross-zone-out")
+            line("transfer", f"{t.arm}: {gb:,.1f} GB cross-zone, in", gb, "transfer/cross-zone-in")
+    totals = ByReservation(**{c: sum(x.usd for x in lines if x.category == c)
+                              for c in ("compute", "transfer", "storage_other")})
+    reserved = ByReservation(compute=cfg.budget.compute_usd, transfer=cfg.budget.transfer_usd,
+                             storage_other=cfg.budget.storage_other_usd)
+    total = sum(usd for _, usd in totals.items())
     isolated = cfg.isolated_ranks()
-    per_host = {r: sum(t["host_bytes_rx_plus_tx"] for t in traffic if r < t["world_size"]) for r in isolated}
+    per_host = {r: sum(t.host_bytes_rx_plus_tx for t in traffic if r < t.world_size) for r in isolated}
     staged = staging_bytes_per_host(cfg, wheelhouse_bytes)
     # what the host's counters will show: the ring's bytes with protocol overhead, plus staging
     planned = {r: b * (1 + cfg.protocol_overhead) + staged for r, b in per_host.items()}
@@ -378,10 +380,10 @@ def estimate(cfg: TrialConfig, now: dt.datetime, *, wheelhouse_bytes: int = 0) -
     if len(cfg.hosts) > MAX_HOSTS:  # a problem of the plan, not of the config: a teardown must still run
         problems.append(f"{len(cfg.hosts)} hosts: at most {MAX_HOSTS}, since each host has its own budget spend stop "
                         f"and AWS Budgets allows {MAX_HOSTS} actions per budget (infra/guards.py)")
-    problems += [f"{c}: ${totals[c]:.2f} estimated > ${reserved[c]:.2f} reserved" for c in totals
-                 if totals[c] > reserved[c] + 1e-9]
-    if sum(totals.values()) > cfg.budget.total_usd + 1e-9:
-        problems.append(f"total: ${sum(totals.values()):.2f} estimated > ${cfg.budget.total_usd:.2f} budget")
+    problems += [f"{c}: ${usd:.2f} estimated > ${getattr(reserved, c):.2f} reserved" for c, usd in totals.items()
+                 if usd > getattr(reserved, c) + 1e-9]
+    if total > cfg.budget.total_usd + 1e-9:
+        problems.append(f"total: ${total:.2f} estimated > ${cfg.budget.total_usd:.2f} budget")
     for r, b in planned.items():
         if b > stop_at:
             problems.append(f"host {r} (isolated zone) would move {b / 1e12:.3f} TB ({per_host[r] / 1e12:.3f} TB of "
@@ -389,38 +391,38 @@ def estimate(cfg: TrialConfig, now: dt.datetime, *, wheelhouse_bytes: int = 0) -
                             f"staging) > {cfg.guard_fraction:.0%} of the {cfg.transfer_guard_bytes / 1e12:.3f} TB "
                             f"transfer guard ({stop_at / 1e12:.3f} TB), where the controller stops the trial: lower "
                             "the traffic, raise transfer_guard_bytes or guard_fraction")
-    return {"lines": lines, "totals_usd": totals, "total_usd": sum(totals.values()), "reserved_usd": reserved,
-            "budget_usd": cfg.budget.total_usd, "traffic": traffic, "isolated_ranks": isolated,
-            "isolated_host_bytes": per_host, "isolated_host_planned_bytes": planned,
-            "staging_bytes_per_host": staged, "protocol_overhead": cfg.protocol_overhead,
-            "transfer_guard_bytes": cfg.transfer_guard_bytes, "guard_fraction": cfg.guard_fraction,
-            "guard_stop_bytes": stop_at, "stopped_days": cfg.stopped_days, "problems": problems}
+    return Estimate(lines=lines, totals_usd=totals, total_usd=total, reserved_usd=reserved,
+                    budget_usd=cfg.budget.total_usd, traffic=traffic, isolated_ranks=isolated,
+                    isolated_host_bytes=per_host, isolated_host_planned_bytes=planned, staging_bytes_per_host=staged,
+                    protocol_overhead=cfg.protocol_overhead, transfer_guard_bytes=cfg.transfer_guard_bytes,
+                    guard_fraction=cfg.guard_fraction, guard_stop_bytes=stop_at, stopped_days=cfg.stopped_days,
+                    problems=problems)
 
 
-def table(est: dict[str, Any]) -> str:
+def table(est: Estimate) -> str:
     """The estimate as plain text (what a refusal and `orchestrate plan` print)."""
     rows = [f"{'category':<14} {'item':<52} {'quantity':>14} {'unit price':>12} {'USD':>10}"]
-    for x in est["lines"]:
-        rows.append(f"{x['category']:<14} {x['item']:<52} {x['quantity']:>14,.3f} {x['unit_usd']:>12.4f} {x['usd']:>10.2f}")
-    for c, v in est["totals_usd"].items():
-        rows.append(f"{'total ' + c:<67} {'reserved':>14} {est['reserved_usd'][c]:>12.2f} {v:>10.2f}")
-    rows.append(f"{'total':<67} {'budget':>14} {est['budget_usd']:>12.2f} {est['total_usd']:>10.2f}")
-    for t in est["traffic"]:
-        rows.append(f"traffic {t['arm']}: {t['synchronizations']} syncs x {t['payload_bytes_per_sync']:,} B; "
-                    f"{t['host_bytes_rx_plus_tx'] / 1e12:.3f} TB rx+tx per host; "
-                    f"{t['cross_zone_bytes'] / 1e12:.3f} TB cross-zone over {t['cross_zone_links']} links")
-    for r, b in est["isolated_host_bytes"].items():
-        p = est["isolated_host_planned_bytes"][r]
-        rows.append(f"isolated host {r}: {b / 1e12:.3f} TB rx+tx; with {est['protocol_overhead']:.0%} protocol overhead "
-                    f"and {est['staging_bytes_per_host'] / 1e9:.2f} GB staging {p / 1e12:.3f} TB, against the controller's "
-                    f"stop at {est['guard_fraction']:.0%} of the {est['transfer_guard_bytes'] / 1e12:.3f} TB guard = "
-                    f"{est['guard_stop_bytes'] / 1e12:.3f} TB ({p / est['guard_stop_bytes']:.1%} of it)")
+    for x in est.lines:
+        rows.append(f"{x.category:<14} {x.item:<52} {x.quantity:>14,.3f} {x.unit_usd:>12.4f} {x.usd:>10.2f}")
+    for c, v in est.totals_usd.items():
+        rows.append(f"{'total ' + c:<67} {'reserved':>14} {getattr(est.reserved_usd, c):>12.2f} {v:>10.2f}")
+    rows.append(f"{'total':<67} {'budget':>14} {est.budget_usd:>12.2f} {est.total_usd:>10.2f}")
+    for t in est.traffic:
+        rows.append(f"traffic {t.arm}: {t.synchronizations} syncs x {t.payload_bytes_per_sync:,} B; "
+                    f"{t.host_bytes_rx_plus_tx / 1e12:.3f} TB rx+tx per host; "
+                    f"{t.cross_zone_bytes / 1e12:.3f} TB cross-zone over {t.cross_zone_links} links")
+    for r, b in est.isolated_host_bytes.items():
+        p = est.isolated_host_planned_bytes[r]
+        rows.append(f"isolated host {r}: {b / 1e12:.3f} TB rx+tx; with {est.protocol_overhead:.0%} protocol overhead "
+                    f"and {est.staging_bytes_per_host / 1e9:.2f} GB staging {p / 1e12:.3f} TB, against the controller's "
+                    f"stop at {est.guard_fraction:.0%} of the {est.transfer_guard_bytes / 1e12:.3f} TB guard = "
+                    f"{est.guard_stop_bytes / 1e12:.3f} TB ({p / est.guard_stop_bytes:.1%} of it)")
     return "\n".join(rows)
 
 
-def require_within_budget(cfg: TrialConfig, now: dt.datetime) -> dict[str, Any]:
+def require_within_budget(cfg: TrialConfig, now: dt.datetime) -> Estimate:
     est = estimate(cfg, now)
-    if est["problems"]:
+    if est.problems:
         raise BudgetError("refusing to create anything — the plan does not fit:\n  "
-                          + "\n  ".join(est["problems"]) + "\n\n" + table(est))
+                          + "\n  ".join(est.problems) + "\n\n" + table(est))
     return est

@@ -80,8 +80,8 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = 
         "transfer_guard_bytes": cfg.transfer_guard_bytes, "guard_fraction": cfg.guard_fraction,
         "isolated_ranks": sorted(cfg.isolated_ranks()), "ami": hosts.ami,
         "budget": cfg.budget.model_dump(exclude={"alert_email"}), "budget_name": guards.budget_name,
-        "estimate": {"total_usd": est["total_usd"], "totals_usd": est["totals_usd"],
-                     "traffic": est["traffic"]},
+        "estimate": {"total_usd": est.total_usd, "totals_usd": est.totals_usd.model_dump(),
+                     "traffic": [t.model_dump() for t in est.traffic]},
         "hosts": [{
             "rank": h.rank, "instance_id": inst.id, "instance_type": h.instance_type, "zone": h.zone,
             "private_ip": inst.private_ip, "public_ip": inst.public_ip,

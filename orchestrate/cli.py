@@ -254,12 +254,12 @@ def estimate(stack: Path = typer.Option(Path("Pulumi.dev.yaml"), help="a Pulumi 
     cfg = _stack_config(stack)
     est = run_estimate(cfg, _now())
     if as_json:
-        print(json.dumps(est, indent=1))
+        print(json.dumps(est.model_dump(mode="json"), indent=1))
     else:
         print(table(est))
-    for p in est["problems"]:
+    for p in est.problems:
         say("does not fit:", p, style="bold red")
-    raise typer.Exit(1 if est["problems"] else 0)
+    raise typer.Exit(1 if est.problems else 0)
 
 
 def _now():
@@ -312,57 +312,57 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
     except (ConfigError, PlanError) as e:
         say("error:", str(e), style="bold red")
         raise typer.Exit(2)
-    problems, placed, staging, vcpu, zones = (est[k] for k in ("problems", "placement", "staging", "vcpu", "zones"))
+    problems, placed, staging, vcpu, zones = est.problems, est.placement, est.staging, est.vcpu, est.zones
     if as_json:
-        print(json.dumps(est, indent=1))
+        print(json.dumps(est.model_dump(mode="json"), indent=1))
         raise typer.Exit(1 if problems else 0)
-    usd = {x["arm"]: sum(ln["usd"] for ln in est["lines"]  # the estimate's own priced lines, per arm
-                         if ln["category"] == "transfer" and ln["item"].startswith(f"{x['arm']}:"))
-           for x in est["traffic"]}
-    t = Table(title=f"{arm} ({est['experiment']}) on {len(cfg.hosts)} host(s) in {cfg.region}, {cfg.hours:g} h, "
+    usd = {x.arm: sum(ln.usd for ln in est.lines  # the estimate's own priced lines, per arm
+                      if ln.category == "transfer" and ln.item.startswith(f"{x.arm}:"))
+           for x in est.traffic}
+    t = Table(title=f"{arm} ({est.experiment}) on {len(cfg.hosts)} host(s) in {cfg.region}, {cfg.hours:g} h, "
                     f"deadline {cfg.deadline.isoformat() if cfg.deadline else 'not set'}")
     for col in ("arm", "ranks", "GPUs", "syncs", "payload/sync", "rx+tx per host", "cross-zone", "transfer USD"):
         t.add_column(col, justify="right")
-    fits = {r["arm"]: r for r in (placed or {}).get("arms", [])}
-    for x in est["traffic"]:
-        r = fits.get(x["arm"])
-        t.add_row(x["arm"], str(x["world_size"]),
-                  "—" if r is None else "not run" if r["reason"] else "fits" if r["gpus_known"] else "unknown",
-                  str(x["synchronizations"]),
-                  f"{x['payload_bytes_per_sync'] / GB:,.2f} GB", f"{x['host_bytes_rx_plus_tx'] / 1e12:,.3f} TB",
-                  f"{x['cross_zone_bytes'] / 1e12:,.3f} TB", f"{usd[x['arm']]:,.2f}")
+    fits = {r.arm: r for r in (placed.arms if placed is not None else [])}
+    for x in est.traffic:
+        r = fits.get(x.arm)
+        t.add_row(x.arm, str(x.world_size),
+                  "—" if r is None else "not run" if r.reason else "fits" if r.gpus_known else "unknown",
+                  str(x.synchronizations),
+                  f"{x.payload_bytes_per_sync / GB:,.2f} GB", f"{x.host_bytes_rx_plus_tx / 1e12:,.3f} TB",
+                  f"{x.cross_zone_bytes / 1e12:,.3f} TB", f"{usd[x.arm]:,.2f}")
     con.print(t)
-    for sc in est["scaled"]:  # the arm's own value does not run: said beside what the plan priced
-        print(f"  {sc['arm']}: {sc['key']} = {sc['profile']} (profile {est['profile']}; the arm's own: {sc['arm_own']})")
+    for sc in est.scaled:  # the arm's own value does not run: said beside what the plan priced
+        print(f"  {sc.arm}: {sc.key} = {sc.profile} (profile {est.profile}; the arm's own: {sc.arm_own})")
     if placed is not None:
-        print(f"GPUs: {placed['cluster']['gpus_per_host']} per host ({placed['cluster']['gpus_from']}), one rank per "
+        print(f"GPUs: {placed.cluster.gpus_per_host} per host ({placed.cluster.gpus_from}), one rank per "
               f"host; an arm that does not fit is not run (`orchestrate run` trains the others)")
-        for r in placed["arms"]:
-            if r["reason"]:
-                print(f"  {r['arm']}: {r['reason']}")
+        for r in placed.arms:
+            if r.reason:
+                print(f"  {r.arm}: {r.reason}")
     print(table(est))
-    show_attainability(est["attainability"])
-    print(f"vCPUs: the hosts need {vcpu['hosts_vcpus']}; G/VT quota "
-          + (f"{vcpu['quota']:g}" if vcpu["quota"] is not None else f"unknown ({vcpu['note'] or 'not asked'})"))
-    per_host = (f"{staging['seed_bytes'] / 1e9:,.2f} GB seed, 4 bytes × {cfg.parameters:,} parameters + "
-                f"{staging['wheelhouse_bytes'] / 1e9:,.2f} GB wheelhouse" + ("" if wheelhouse else " (not given: --wheelhouse)"))
+    show_attainability(est.attainability)
+    print(f"vCPUs: the hosts need {vcpu.hosts_vcpus}; G/VT quota "
+          + (f"{vcpu.quota:g}" if vcpu.quota is not None else f"unknown ({vcpu.note or 'not asked'})"))
+    per_host = (f"{staging.seed_bytes / 1e9:,.2f} GB seed, 4 bytes × {cfg.parameters:,} parameters + "
+                f"{staging.wheelhouse_bytes / 1e9:,.2f} GB wheelhouse" + ("" if wheelhouse else " (not given: --wheelhouse)"))
     print(f"staging through the trial's bucket (what `orchestrate run` does on this stack): ({per_host}) once + the "
-          f"project's wheel to each of {staging['hosts']} host(s) = {staging['bytes'] / 1e9:,.2f} GB leave this machine: "
-          f"{staging['hours']:.2f} h at {uplink_mbps:g} Mbit/s (--uplink-mbps), {staging['hours'] / cfg.hours:.0%} of "
+          f"project's wheel to each of {staging.hosts} host(s) = {staging.bytes / 1e9:,.2f} GB leave this machine: "
+          f"{staging.hours:.2f} h at {uplink_mbps:g} Mbit/s (--uplink-mbps), {staging.hours / cfg.hours:.0%} of "
           f"the {cfg.hours:g} h paid for; the hosts fetch it in region")
-    print(f"staging over SSH alone (no bucket): {staging['hosts']} host(s) × ({per_host}) = "
-          f"{staging['ssh_only_bytes'] / 1e9:,.2f} GB: {staging['ssh_only_hours']:.2f} h at {uplink_mbps:g} Mbit/s")
-    if zones["checked"]:
+    print(f"staging over SSH alone (no bucket): {staging.hosts} host(s) × ({per_host}) = "
+          f"{staging.ssh_only_bytes / 1e9:,.2f} GB: {staging.ssh_only_hours:.2f} h at {uplink_mbps:g} Mbit/s")
+    if zones.checked:
         print("zones: " + "; ".join(
-            f"{z}{'' if zones['by_id'] else ' (' + zones['zone_ids'].get(z, '?') + ' in this account)'} offers "
-            f"{', '.join(t) or 'none of the types'}" for z, t in zones["zones"].items()))
+            f"{z}{'' if zones.by_id else ' (' + zones.zone_ids.get(z, '?') + ' in this account)'} offers "
+            f"{', '.join(t) or 'none of the types'}" for z, t in zones.zones.items()))
     else:
-        print(f"zones: {zones['note']}; `pulumi up` fails at the first host whose zone lacks its type")
+        print(f"zones: {zones.note}; `pulumi up` fails at the first host whose zone lacks its type")
     print(f"transfer guard: the controller stops a group at {cfg.guard_fraction:.0%} (guard_fraction, the same number on "
           f"the hosts) of each isolated host's {cfg.transfer_guard_bytes / 1e12:.3f} TB; the host's own guard and its "
           "NetworkIn/NetworkOut alarms stop it at 100 %")
-    per_day = sum(ln["usd"] for ln in est["lines"] if ln["item"].startswith("stopped:")) / (cfg.stopped_days or 1)
-    left = est["reserved_usd"]["storage_other"] - est["totals_usd"]["storage_other"]
+    per_day = sum(ln.usd for ln in est.lines if ln.item.startswith("stopped:")) / (cfg.stopped_days or 1)
+    left = est.reserved_usd.storage_other - est.totals_usd.storage_other
     if cfg.stopped_days:
         print(f"stopped volumes: ${per_day:.2f} a day after the deadline until `orchestrate down` ({cfg.stopped_days:g} "
               f"d counted, stopped_days); the storage reservation has ${left:.2f} left" +
@@ -450,7 +450,7 @@ def status(cluster: Path = typer.Option(Path("cluster.json"), help="the trial's 
 
     from orchestrate.cluster import ClusterError, load
     from orchestrate.cloud import budget_note
-    from orchestrate.status import trial_status
+    from orchestrate.status import Unknown, trial_status
 
     try:
         desc = load(cluster)
@@ -459,31 +459,31 @@ def status(cluster: Path = typer.Option(Path("cluster.json"), help="the trial's 
         say("error:", str(e), style="bold red")
         raise typer.Exit(2)
     if as_json:
-        print(json.dumps(st, indent=1))
+        print(json.dumps(st.dump(), indent=1))
         return
-    left = st["seconds_to_deadline"]
-    spend = st["spend"]
+    left = st.seconds_to_deadline
+    spend = st.spend
     say(f"{desc.trial or desc.source}:", "deadline "
-        + ("none" if left is None else f"{st['deadline']} ({left / 60:,.1f} min left)" if left > 0
-        else f"{st['deadline']} (PASSED)")
+        + ("none" if left is None else f"{st.deadline} ({left / 60:,.1f} min left)" if left > 0
+        else f"{st.deadline} (PASSED)")
         + "; spend " + ("— (no AWS budget: embedded or test cluster)" if spend is None
-        else f"unknown ({spend['error']})" if "error" in spend
+        else f"unknown ({spend.error})" if isinstance(spend, Unknown)
         else budget_note(spend)))
     tb = Table()
     for col in ("rank", "host", "zone", "state", "arm", "update", "heartbeat age", "rx+tx", "of guard"):
         tb.add_column(col, justify="right")
-    for h in st["hosts"]:
-        age = h.get("heartbeat_age_s")
-        tb.add_row(str(h["rank"]), h["host"], h["zone"] or "—", h["state"], h.get("arm") or "—",
-                   "—" if h.get("update") is None else str(h["update"]), "—" if age is None else f"{age:,.0f} s",
-                   "—" if h.get("bytes_rx_tx") is None else f"{h['bytes_rx_tx'] / 1e9:,.3f} GB",
-                   f"{h['guard_fraction']:.1%}" if "guard_fraction" in h else "—")
+    for h in st.hosts:
+        age = h.heartbeat_age_s
+        tb.add_row(str(h.rank), h.host, h.zone or "—", h.state, h.arm or "—",
+                   "—" if h.update is None else str(h.update), "—" if age is None else f"{age:,.0f} s",
+                   "—" if h.bytes_rx_tx is None else f"{h.bytes_rx_tx / 1e9:,.3f} GB",
+                   "—" if h.guard_fraction is None else f"{h.guard_fraction:.1%}")
     con.print(tb)
-    for w in st.get("addresses") or []:
+    for w in st.addresses or []:
         say("warning:", w, style="bold yellow")
-    alerts = st.get("alerts")
-    if alerts is not None and "error" in alerts:
-        say("alerts:", f"unknown ({alerts['error']})", style="bold yellow")
+    alerts = st.alerts
+    if isinstance(alerts, Unknown):
+        say("alerts:", f"unknown ({alerts.error})", style="bold yellow")
     elif alerts is not None:
         say("alerts:", "transfer alarms " + (", ".join(f"{a['name']} {a['state']}" for a in alerts["alarms"]) or "none")
             + "; topic reaches " + (", ".join(f"{s['endpoint']} ({s['protocol']}, {s['state']})"

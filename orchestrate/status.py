@@ -15,8 +15,79 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
 from orchestrate.cluster import Cluster
 from orchestrate.guard import COUNTERS, parse_counters
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ArmBeat(Model):
+    """What STATE_SCRIPT prints for one arm directory of a rank on its host. In a RankState or a
+    HostStatus a field that was not learned (an idle rank has no arm to describe; a host that did not
+    answer, no state at all) is left unset, and `dump` leaves it out, as `status --json` always has."""
+
+    arm: str | None = None
+    finished: bool | None = None  # the rank's result.json is written
+    alive: bool | None = None  # the pid its heartbeat names is running
+    update: int | None = Field(None, description="the update the heartbeat names; None without a heartbeat")
+    heartbeat_age_s: float | None = Field(None, description="seconds since the heartbeat was written; None without one")
+
+
+class RankState(ArmBeat):
+    """A rank's current arm: the one running, else the one with the latest heartbeat."""
+
+    state: str = Field(description="idle | running | finished | stopped | not started; a host row may also be "
+                                   "unknown (the script failed) or unreachable")
+
+
+class _Host(Model):
+    rank: int
+    host: str
+    zone: str | None
+    guarded: bool  # an isolated-zone host with a transfer guard
+    reachable: bool
+
+
+class HostStatus(RankState, _Host):  # _Host's fields dump first, then the rank's state (`status --json`'s order)
+    """One host's row: its rank's state and its bytes against the transfer guard."""
+
+    error: str | None = None  # the script's stderr or the transport's error, cut short
+    bytes_rx_tx: int | None = Field(None, description="the host's received + transmitted bytes, all interfaces")
+    guard_fraction: float | None = Field(None, description="bytes_rx_tx / the transfer guard (guarded hosts)")
+
+
+class Unknown(Model):
+    """What could not be read, and why: shown as unknown, never guessed."""
+
+    error: str
+
+
+class TrialStatus(Model):
+    """`orchestrate status`: read from the hosts and the cloud when asked."""
+
+    source: str
+    trial: str | None
+    at: str = Field(description="when status looked, ISO 8601 UTC")
+    hosts: list[HostStatus]
+    transfer_guard_bytes: float | None
+    deadline: str | None = Field(description="the cloud stop, ISO 8601 UTC")
+    seconds_to_deadline: float | None
+    spend: dict[str, Any] | Unknown | None = Field(
+        description="the trial's AWS budget (orchestrate.cloud.cluster_budget); None: the cluster has none")
+    addresses: list[str] | None  # where cluster.json no longer reaches a host; None: not a Pulumi stack's cluster
+    alerts: dict[str, Any] | Unknown | None = Field(
+        description="the transfer alarms and the alert topic's subscriptions (orchestrate.cloud.trial_alerts)")
+
+    def dump(self) -> dict[str, Any]:
+        """The record `status --json` prints: what was learned, nothing made up for the rest."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+_BEATS = TypeAdapter(list[ArmBeat])
 
 STATE_SCRIPT = r"""
 import json, os, sys, time, pathlib
@@ -53,16 +124,16 @@ print(json.dumps(out))
 """
 
 
-def rank_state(arms: list[dict[str, Any]]) -> dict[str, Any]:
+def rank_state(arms: list[ArmBeat]) -> RankState:
     """The rank's current arm: the one running, else the latest heartbeat."""
     if not arms:
-        return {"arm": None, "state": "idle"}
-    running = [a for a in arms if a["alive"] and not a["finished"]]
-    pick = running[0] if running else min(arms, key=lambda a: a["heartbeat_age_s"] if a["heartbeat_age_s"]
+        return RankState(arm=None, state="idle")
+    running = [a for a in arms if a.alive and not a.finished]
+    pick = running[0] if running else min(arms, key=lambda a: a.heartbeat_age_s if a.heartbeat_age_s
                                            is not None else float("inf"))
-    state = "running" if running else "finished" if pick["finished"] else \
-        "stopped" if pick["update"] is not None else "not started"
-    return {**pick, "state": state}
+    state = "running" if running else "finished" if pick.finished else \
+        "stopped" if pick.update is not None else "not started"
+    return RankState(**pick.model_dump(exclude_unset=True), state=state)
 
 
 def address_warnings(cluster: Cluster, now: dict[int | None, dict[str, Any]]) -> list[str]:
@@ -83,7 +154,7 @@ def address_warnings(cluster: Cluster, now: dict[int | None, dict[str, Any]]) ->
 
 
 def trial_status(cluster: Cluster, home: Path | None, *, session: Any = None,
-                 now: dt.datetime | None = None) -> dict[str, Any]:
+                 now: dt.datetime | None = None) -> TrialStatus:
     now = now or dt.datetime.now(dt.timezone.utc)
     hosts = []
     for h in cluster.by_rank:
@@ -94,6 +165,7 @@ def trial_status(cluster: Cluster, home: Path | None, *, session: Any = None,
         # no working directory or user site on its path), no staged packages needed
         argv = [sys.executable if local else h.python, "-I", "-c", STATE_SCRIPT,
                 str(home) if local else f"{h.root}/home", str(h.rank)]
+        # what is learned, as it is learned: a HostStatus of exactly these fields (the rest stay unset)
         row: dict[str, Any] = {"rank": h.rank, "host": h.name, "zone": h.zone,
                                "guarded": h.rank in cluster.guarded_ranks}
         t = None
@@ -102,7 +174,7 @@ def trial_status(cluster: Cluster, home: Path | None, *, session: Any = None,
             r = t.run(" ".join(map(shlex.quote, argv)), timeout=15)
             row["reachable"] = True
             if r.status == 0:
-                row |= rank_state(json.loads(r.stdout))
+                row |= rank_state(_BEATS.validate_json(r.stdout)).model_dump(exclude_unset=True)
             else:
                 row |= {"state": "unknown", "error": r.stderr.strip()[-200:]}
             c = t.run(COUNTERS, timeout=10)
@@ -115,20 +187,16 @@ def trial_status(cluster: Cluster, home: Path | None, *, session: Any = None,
                 t.close()
         if row["guarded"] and row.get("bytes_rx_tx") is not None and cluster.transfer_guard_bytes:
             row["guard_fraction"] = row["bytes_rx_tx"] / cluster.transfer_guard_bytes
-        hosts.append(row)
-    out: dict[str, Any] = {"source": cluster.source, "trial": cluster.trial, "at": now.isoformat(),
-                           "hosts": hosts, "transfer_guard_bytes": cluster.transfer_guard_bytes,
-                           "deadline": cluster.deadline.isoformat() if cluster.deadline else None,
-                           "seconds_to_deadline": (cluster.deadline - now).total_seconds() if cluster.deadline else None,
-                           "spend": None}
+        hosts.append(HostStatus(**row))
+    spend: dict[str, Any] | Unknown | None = None
     if cluster.budget_name:
         from orchestrate.cloud import cluster_budget
 
         try:
-            out["spend"] = cluster_budget(cluster, session)
+            spend = cluster_budget(cluster, session)
         except Exception as e:  # noqa: BLE001 — spend is reported as unknown, never guessed
-            out["spend"] = {"error": str(e)[:300]}
-    out["addresses"] = None
+            spend = Unknown(error=str(e)[:300])
+    addresses: list[str] | None = None
     if cluster.source == "pulumi" and cluster.trial:  # a stop/start gives a host a new public address
         from orchestrate.cloud import trial_instances
 
@@ -137,11 +205,10 @@ def trial_status(cluster: Cluster, home: Path | None, *, session: Any = None,
                 import boto3
 
                 session = boto3.Session(region_name=cluster.region)
-            now = {i["rank"]: i for i in trial_instances(session, cluster.trial)}
-            out["addresses"] = address_warnings(cluster, now)
+            addresses = address_warnings(cluster, {i["rank"]: i for i in trial_instances(session, cluster.trial)})
         except Exception as e:  # noqa: BLE001 — unknown, never assumed current
-            out["addresses"] = [f"the hosts' current addresses are unknown ({str(e)[:200]})"]
-    out["alerts"] = None
+            addresses = [f"the hosts' current addresses are unknown ({str(e)[:200]})"]
+    alerts: dict[str, Any] | Unknown | None = None
     if cluster.alert_topic or (cluster.trial and cluster.guarded_ranks):
         from orchestrate.cloud import trial_alerts
 
@@ -150,7 +217,11 @@ def trial_status(cluster: Cluster, home: Path | None, *, session: Any = None,
                 import boto3
 
                 session = boto3.Session(region_name=cluster.region)
-            out["alerts"] = trial_alerts(session, cluster)
+            alerts = trial_alerts(session, cluster)
         except Exception as e:  # noqa: BLE001 — whether anyone hears the alerts is unknown, never assumed
-            out["alerts"] = {"error": str(e)[:300]}
-    return out
+            alerts = Unknown(error=str(e)[:300])
+    return TrialStatus(source=cluster.source, trial=cluster.trial, at=now.isoformat(), hosts=hosts,
+                       transfer_guard_bytes=cluster.transfer_guard_bytes,
+                       deadline=cluster.deadline.isoformat() if cluster.deadline else None,
+                       seconds_to_deadline=(cluster.deadline - now).total_seconds() if cluster.deadline else None,
+                       spend=spend, addresses=addresses, alerts=alerts)

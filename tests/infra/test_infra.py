@@ -360,25 +360,25 @@ def test_deadline_must_fit_the_paid_hours():
 def test_estimate_for_the_four_worker_study():
     cfg = TrialConfig.model_validate(study())
     est = estimate(cfg, NOW)
-    assert est["problems"] == []
-    assert est["totals_usd"]["compute"] == pytest.approx(4 * 3 * 1.861)
+    assert est.problems == []
+    assert est.totals_usd.compute == pytest.approx(4 * 3 * 1.861)
     ring = 2 * 3 / 4  # each link carries 2(N-1)/N of the payload per all-reduce
     ddp = 128 * ring * 4 * PARAMS
     diloco = 8 * ring * 4 * PARAMS  # 128 updates / H = 16
-    traffic = {t["arm"]: t for t in est["traffic"]}
-    assert traffic["single"]["cross_zone_bytes"] == 0
-    assert traffic["ddp-four"]["cross_zone_bytes"] == pytest.approx(2 * ddp)  # links 2→3 and 3→0
-    assert traffic["diloco-four"]["cross_zone_bytes"] == pytest.approx(2 * diloco)
-    assert est["totals_usd"]["transfer"] == pytest.approx((2 * ddp + 2 * diloco) / 1e9 * 0.02)
-    assert est["isolated_host_bytes"] == {3: pytest.approx(2 * ddp + 2 * diloco)}
+    traffic = {t.arm: t for t in est.traffic}
+    assert traffic["single"].cross_zone_bytes == 0
+    assert traffic["ddp-four"].cross_zone_bytes == pytest.approx(2 * ddp)  # links 2→3 and 3→0
+    assert traffic["diloco-four"].cross_zone_bytes == pytest.approx(2 * diloco)
+    assert est.totals_usd.transfer == pytest.approx((2 * ddp + 2 * diloco) / 1e9 * 0.02)
+    assert est.isolated_host_bytes == {3: pytest.approx(2 * ddp + 2 * diloco)}
     # the same hosts in one zone: no cross-zone bytes, no isolated host
     one_zone = TrialConfig.model_validate(study(hosts=[{"rank": r, "instance_type": "g6e.xlarge",
                                                         "zone": "us-east-1c"} for r in range(4)]))
-    assert estimate(one_zone, NOW)["totals_usd"]["transfer"] == 0 and one_zone.isolated_ranks() == []
+    assert estimate(one_zone, NOW).totals_usd.transfer == 0 and one_zone.isolated_ranks() == []
     pair = TrialConfig.model_validate(study(hosts=[{"rank": 0, "instance_type": "g6e.xlarge", "zone": "us-east-1c"},
                                                    {"rank": 1, "instance_type": "g6e.xlarge", "zone": "us-east-1d"}],
                                             arms=[{"name": "p", "kind": "ddp", "world_size": 2, "updates": 10}]))
-    assert arm_traffic(pair, pair.arms[0])["cross_zone_bytes"] == pytest.approx(2 * 10 * 1 * 4 * PARAMS)
+    assert arm_traffic(pair, pair.arms[0]).cross_zone_bytes == pytest.approx(2 * 10 * 1 * 4 * PARAMS)
 
 
 def test_the_stack_names_its_arms_once_through_the_experiment():
@@ -624,12 +624,12 @@ def test_one_guard_fraction_for_plan_controller_and_host(program, tmp_path):
     ring = 2 * 3 / 4 * 4 * PARAMS * (128 + 8)  # ddp-four + diloco-four, per link
     planned = 2 * ring * 1.02 + 4 * PARAMS
     at_default = estimate(TrialConfig.model_validate(study(guard_fraction=GUARD_FRACTION)), NOW)
-    assert at_default["isolated_host_planned_bytes"] == {3: pytest.approx(planned)}
+    assert at_default.isolated_host_planned_bytes == {3: pytest.approx(planned)}
     assert planned > 0.9 * 3.1e12  # the example's traffic does not fit under a 90 % stop ...
-    (p,) = at_default["problems"]
+    (p,) = at_default.problems
     assert "host 3 (isolated zone) would move 2.856 TB" in p and "> 90% of the 3.100 TB transfer guard (2.790 TB)" in p
     shipped = estimate(TrialConfig.model_validate(study()), NOW)  # ... so the example stops at 95 %
-    assert shipped["problems"] == [] and shipped["guard_stop_bytes"] == pytest.approx(0.95 * 3.1e12)
+    assert shipped.problems == [] and shipped.guard_stop_bytes == pytest.approx(0.95 * 3.1e12)
     assert "against the controller's stop at 95% of the 3.100 TB guard = 2.945 TB (97.0% of it)" in \
         __import__("infra.plan", fromlist=["table"]).table(shipped)
     mocks, out = program, program.exports
@@ -646,20 +646,20 @@ def test_estimate_counts_stopped_volumes_and_public_ipv4():
     bill until `down`; every public IPv4 address bills $0.005 an hour while its host runs."""
     days = 2.5
     est = estimate(TrialConfig.model_validate(study(stopped_days=days)), NOW)
-    lines = {x["item"]: x for x in est["lines"]}
+    lines = {x.item: x for x in est.lines}
     gb = 4 * 300 * 2**30 / 1e9
-    assert lines["stopped: 4 x 300 GiB gp3 for 2.5 d until down"]["usd"] == pytest.approx(gb * 0.08 * days * 24 / 730)
-    assert lines["stopped: 4 x 125 MB/s above 125 for 2.5 d"]["usd"] == pytest.approx(4 * 125 * 0.04 * days * 24 / 730)
-    assert lines["4 public IPv4 addresses x 3 h"]["usd"] == pytest.approx(4 * 3 * 0.005)
+    assert lines["stopped: 4 x 300 GiB gp3 for 2.5 d until down"].usd == pytest.approx(gb * 0.08 * days * 24 / 730)
+    assert lines["stopped: 4 x 125 MB/s above 125 for 2.5 d"].usd == pytest.approx(4 * 125 * 0.04 * days * 24 / 730)
+    assert lines["4 public IPv4 addresses x 3 h"].usd == pytest.approx(4 * 3 * 0.005)
     per_day = gb * 0.08 * 24 / 730 + 4 * 125 * 0.04 * 24 / 730
     assert per_day == pytest.approx(4.05, abs=0.01)  # four 300 GiB gp3 volumes at 250 MB/s: ≈ $4.05 a day
     running = gb * 0.08 * 3 / 730 + 4 * 125 * 0.04 * 3 / 730 + 50 * 0.023
-    assert est["totals_usd"]["storage_other"] == pytest.approx(running + days * per_day + 0.06)
+    assert est.totals_usd.storage_other == pytest.approx(running + days * per_day + 0.06)
     shipped = estimate(TrialConfig.model_validate(study()), NOW)  # the default: one day until down
-    assert shipped["stopped_days"] == 1 and shipped["totals_usd"]["storage_other"] == pytest.approx(running + per_day + 0.06)
+    assert shipped.stopped_days == 1 and shipped.totals_usd.storage_other == pytest.approx(running + per_day + 0.06)
     # a week stopped no longer fits the $10 storage reservation: said before anything exists
     week = estimate(TrialConfig.model_validate(study(stopped_days=7)), NOW)
-    assert any(p.startswith("storage_other: $") and "> $10.00 reserved" in p for p in week["problems"])
+    assert any(p.startswith("storage_other: $") and "> $10.00 reserved" in p for p in week.problems)
 
 
 def test_zone_ids_name_the_physical_zone():

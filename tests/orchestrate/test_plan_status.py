@@ -117,14 +117,14 @@ def test_status_of_the_embedded_cluster(trained, aws, tmp_path, zombie):
     finally:
         os.kill(live.pid, signal.SIGKILL)
         live.wait()
-    assert (st_zombie["hosts"][1]["state"], st_zombie["hosts"][1]["update"]) == ("stopped", 4)
+    assert (st_zombie.hosts[1].state, st_zombie.hosts[1].update) == ("stopped", 4)
     assert proc_state(zombie) == "Z"  # still a zombie when status looked
-    h0, h1 = st["hosts"]
-    assert (h0["state"], h0["arm"], h0["update"]) == ("finished", "clean-pair", 16)
-    assert h0["reachable"] and h0["bytes_rx_tx"] is not None
-    assert (h1["state"], h1["arm"], h1["update"]) == ("running", "zz-live", 3)
-    assert 7000 < st["seconds_to_deadline"] <= 7200
-    assert st["spend"]["name"] == "st-budget" and st["spend"]["limit_usd"] == 100.0
+    h0, h1 = st.hosts
+    assert (h0.state, h0.arm, h0.update) == ("finished", "clean-pair", 16)
+    assert h0.reachable and h0.bytes_rx_tx is not None
+    assert (h1.state, h1.arm, h1.update) == ("running", "zz-live", 3)
+    assert 7000 < st.seconds_to_deadline <= 7200
+    assert st.spend["name"] == "st-budget" and st.spend["limit_usd"] == 100.0
     save(c, tmp_path / "cluster.json")
     r = run_cli("-m", "orchestrate", "status", "--cluster", str(tmp_path / "cluster.json"), "--home", str(trained))
     out = " ".join(r.stderr.split())

@@ -170,8 +170,8 @@ def test_two_hosts_train_and_collect(staged, smoke_home, tmp_path):
     assert r0["digests"]["final_parameters"] == r1["digests"]["final_parameters"]
     # `orchestrate status` reads the same hosts over SSH: both ranks finished their last update
     st = trial_status(cluster, None)
-    assert [(h["reachable"], h["state"], h["arm"], h["update"]) for h in st["hosts"]] == \
-        [(True, "finished", "clean-pair", len(r1["updates"]))] * 2, st["hosts"]
+    assert [(h.reachable, h.state, h.arm, h.update) for h in st.hosts] == \
+        [(True, "finished", "clean-pair", len(r1["updates"]))] * 2, st.hosts
     assert r1["rank"] == 1 and r1["world_size"] == 2
     assert (tmp_path / "logs" / "rank-0.out").read_text().strip()  # the rank's JSON summary came back
 
@@ -272,7 +272,7 @@ def test_host_cut_off_mid_run_is_detected(staged, hosts, tmp_path):
     assert 5 - 3.5 < detected < 5 + 3, detected
     assert res.codes[0] != 0  # the reachable survivor was stopped
     st = trial_status(cluster, None)  # the cut-off host shows as such, the other as stopped
-    assert [(h["reachable"], h["state"]) for h in st["hosts"]] == [(True, "stopped"), (False, "unreachable")], st
+    assert [(h.reachable, h.state) for h in st.hosts] == [(True, "stopped"), (False, "unreachable")], st
 
 
 def test_work_on_all_hosts_ends_at_the_first_failure():

@@ -92,16 +92,16 @@ def test_plan_counts_the_wheelhouse_and_refuses_one_for_another_python(tmp_path)
     total = sum(TORCH_CP312.values())
     assert total == 2_740_845_701  # torch and its CUDA libraries: 2.74 GB, not the project's few hundred kB
     est = plan_arm(cfg, stack, "diloco-four", wheelhouse=wheels, uplink_mbps=100, quota=False, now=now)
-    assert est["staging"]["wheelhouse_bytes"] == total
-    assert est["staging"]["bytes"] == 4 * cfg.parameters + total + 4 * 1_000_000  # once, then the project's wheel
-    assert est["staging"]["ssh_only_bytes"] == 4 * (4 * cfg.parameters + total)
+    assert est.staging.wheelhouse_bytes == total
+    assert est.staging.bytes == 4 * cfg.parameters + total + 4 * 1_000_000  # once, then the project's wheel
+    assert est.staging.ssh_only_bytes == 4 * (4 * cfg.parameters + total)
     assert staging_bytes_per_host(cfg, total) == 4 * cfg.parameters + total  # what the isolated host's guard sees
-    assert est["problems"] == []
+    assert est.problems == []
     without = staging_upload(cfg, None, 100)
-    assert est["staging"]["hours"] > without["hours"]
+    assert est.staging.hours > without.hours
     sparse_wheels(wheels, {FOR_THE_CONTROLLER: 1000})
     est = plan_arm(cfg, stack, "diloco-four", wheelhouse=wheels, uplink_mbps=100, quota=False, now=now)
-    (problem,) = est["problems"]
+    (problem,) = est.problems
     assert f"1 wheel(s) of the wheelhouse do not install on the hosts' CPython 3.12 on manylinux_2_39_x86_64 " \
            f"({FOR_THE_CONTROLLER})" in problem and "orchestrate wheelhouse" in problem
 
