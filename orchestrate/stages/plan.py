@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
 
 from pydantic import Field
 
-from infra.estimate import Estimate, Frozen
+from infra.estimate import Estimate, Frozen, Number
 
 from evidence.errors import UserError
 
@@ -28,18 +28,18 @@ class Staging(Frozen):
     hosts: int
     seed_bytes: int = Field(description="the seed, FP32: 4 bytes a parameter")
     wheelhouse_bytes: int = Field(description="every wheel of the wheelhouse (0: none given)")
-    uplink_mbps: float = Field(description="this machine's upload rate, Mbit/s")
+    uplink_mbps: Number = Field(description="this machine's upload rate, Mbit/s")
     bytes: int = Field(description="what leaves this machine through the stack's bucket (the relay)")
-    hours: float = Field(description="`bytes` at uplink_mbps")
+    hours: Number = Field(description="`bytes` at uplink_mbps")
     ssh_only_bytes: int = Field(description="what would leave it over SSH alone: everything once per host")
-    ssh_only_hours: float = Field(description="`ssh_only_bytes` at uplink_mbps")
+    ssh_only_hours: Number = Field(description="`ssh_only_bytes` at uplink_mbps")
 
 
 class Vcpu(Frozen):
     """The hosts' vCPUs against the account's G/VT on-demand quota."""
 
     hosts_vcpus: int
-    quota: float | None  # None: not asked (--no-quota) or not readable (`note` says why)
+    quota: Number | None  # None: not asked (--no-quota) or not readable (`note` says why)
     note: str | None
 
 
@@ -116,7 +116,7 @@ class PlanOutcome(Estimate):
     arm: str
     experiment: str
     profile: str
-    hours: float = Field(description="the compute hours the budget pays for")
+    hours: Number = Field(description="the compute hours the budget pays for")
     deadline: str | None = Field(description="the cloud stop, ISO 8601 UTC; None: not set")
     vcpu: Vcpu
     placement: PlannedPlacement | None  # None: nothing could train or score (said in `problems`)
@@ -164,7 +164,7 @@ def plan_arm(cfg: TrialConfig, stack: Path, arm: str, *, wheelhouse: Optional[Pa
         problems.append(f"staging sends {staging.bytes / 1e9:,.2f} GB from this machine, even through the bucket: "
                         f"{staging.hours:.2f} h at {uplink_mbps:g} Mbit/s, more than the {cfg.hours:g} h paid for")
     need = sum(int(INSTANCE_TYPES.get(h.instance_type, {}).get("vcpus") or 0) for h in cfg.hosts)
-    quota_read: float | None = None
+    quota_read: Number | None = None
     quota_note: str | None = None
     zones: ZonesChecked | ZonesUnchecked = ZonesUnchecked(note="not checked (--no-quota: no AWS reads)")
     if quota:
