@@ -170,7 +170,7 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
               + f"; record {clock.path}", highlight=False)
 
 
-def show_summaries(cfg, summaries: list[dict]) -> None:
+def show_summaries(cfg, summaries: list[ArmSummary]) -> None:
     from rich.table import Table
 
     t = Table(title=f"{cfg.experiment.name}/{cfg.profile_name}: training")
@@ -178,16 +178,16 @@ def show_summaries(cfg, summaries: list[dict]) -> None:
                 "replicas"):
         t.add_column(col, justify="right", no_wrap=True)
     for s in summaries:
-        t.add_row(s["arm"], str(s["world_size"]), str(s["updates"]), f"{s['step_seconds_median']:.3f}",
-                  f"{s['training_loop_seconds']:.1f}", f"{s['payload_bytes_per_update'] / 1e6:.2f}",
-                  f"{s['loss_first']:.4f}", f"{s['loss_last']:.4f}",
-                  "agree" if s["replicas_agree"] else "DIFFER")
+        t.add_row(s.arm, str(s.world_size), str(s.updates), f"{s.step_seconds_median:.3f}",
+                  f"{s.training_loop_seconds:.1f}", f"{s.payload_bytes_per_update / 1e6:.2f}",
+                  f"{s.loss_first:.4f}", f"{s.loss_last:.4f}",
+                  "agree" if s.replicas_agree else "DIFFER")
     con.print(t)
     con.print("step s: median over updates of the slowest rank; MB/update: logical collective payload "
               "per rank; loss: global weighted response loss of the first and last update")
 
 
-def show_report(rep: dict) -> None:
+def show_report(rep: Report) -> None:
     """The trial in one table: test accuracy per arm (and what was not run), payload per update, and the
     gates — each one, failed or not evaluated as well as passed."""
     from rich.table import Table
@@ -195,20 +195,20 @@ def show_report(rep: dict) -> None:
 
     from evidence.report.render import closing, verdict
 
-    for g in rep["gates"]:
+    for g in rep.gates:
         said = verdict(g)
-        if g["passed"] is False and g.get("attainable") is not False:  # what it would have taken
-            said += f" ({'could pass at this profile: ' if g.get('attainable') else ''}{g.get('attainability')})"
-        con.print(f"  gate {g['gate']}: " + (f"not evaluated ({g['reason']})" if g["passed"] is None
-                                             and g.get("comparable", True) else f"{g['value']:.4g} → {said}"),
+        if g.failed and g.attainable is not False:  # what it would have taken
+            said += f" ({'could pass at this profile: ' if g.attainable else ''}{g.attainability})"
+        con.print(f"  gate {g.gate}: " + (f"not evaluated ({g.reason})" if g.not_evaluated
+                                          else f"{g.value:.4g} → {said}"),
                   highlight=False)
-    t = Table(title=f"{rep['experiment']}/{rep['profile']}: result (primary {rep['selection']['primary']})")
+    t = Table(title=f"{rep.experiment}/{rep.profile}: result (primary {rep.selection['primary']})")
     for col in ("arm", "test exact", "accuracy", "MB/update"):
         t.add_column(col, justify="right")
-    for arm, a in rep["accuracy"].items():
-        mb = rep["arms"].get(arm, {}).get("payload_bytes_per_update")
+    for arm, a in rep.accuracy.items():
+        mb = rep.arms.get(arm, {}).get("payload_bytes_per_update")
         t.add_row(arm, f"{a['correct']}/{a['cases']}", f"{a['accuracy']:.1%}", "—" if mb is None else f"{mb / 1e6:,.2f}")
-    for what, why in rep.get("not_run", {}).items():
+    for what, why in rep.not_run.items():
         t.add_row(Text(what), Text(why), "—", "—")
     con.print(t)
     con.print(closing(rep)[0], highlight=False)

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from orchestrate.cluster import Cluster
     from orchestrate.trial import Placement
     from training.config import Resolved
+    from training.results import ArmSummary
 
 
 class GuardStopped(Exception):
@@ -123,7 +124,7 @@ def say_attainability(rec: dict | None, now: bool, progress: Progress) -> None:
 
 def train_arms(cfg: Resolved, home: Path, placement: Placement, progress: Progress,
                not_run: dict[str, str] | None = None,
-               stop_check: Callable[[], str | None] | None = None) -> list[dict]:
+               stop_check: Callable[[], str | None] | None = None) -> list[ArmSummary]:
     """Train every arm of the experiment the placement runs, one after another (never two jobs on
     one device); an arm in `not_run` is never launched. Before each arm it would launch,
     `stop_check` may name a reason to stop (a raised cloud alarm): the trial then stops as when the
