@@ -158,11 +158,12 @@ def main() -> int:
                 continue
             one = cfg.model_copy(update={"experiment": cfg.experiment.model_copy(update={"arms": [arm]})})
             try:  # one arm at a time: an arm that fails loses only itself, the others' figures stay
-                [s] = train_arms(one, home, LocalBackend(md), progress)
+                [summary] = train_arms(one, home, LocalBackend(md), progress)
             except TrainError as e:
                 failed.append({"experiment": cfg.experiment.name, "arm": arm.name, "error": str(e)})
                 print(f"{cfg.experiment.name}:{arm.name} FAILED, the benchmark goes on: {e}")
                 continue
+            s = summary.model_dump(mode="json")  # the row: the arm's summary, and what the benchmark adds below
             s["experiment"] = cfg.experiment.name
             results = load_results(home, arm.name, arm.world_size)
             if arm.kind == "powersgd":

@@ -76,7 +76,7 @@ def report(home: Path = typer.Option(..., help="the trial home"),
         typer.echo(f"error: evidence is inconsistent, no report written: {e}", err=True)
         raise typer.Exit(2)
     print(json.dumps({"report": str(output), "markdown": str(output.with_suffix(".md")),
-                      "failed_gates": rep["failed_gates"]}))
+                      "failed_gates": rep.failed_gates}))
 
 
 @app.command("preserve-part")

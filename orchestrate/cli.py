@@ -9,7 +9,7 @@ import shlex
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Iterator, Optional
 
 import typer
 
@@ -27,6 +27,10 @@ from orchestrate.stages.preserve import preserve_home
 from orchestrate.recovery import RecoveryOptions, run_recovery
 from orchestrate.trial import OptionError, TrialOptions, run_trial
 from training.config import Resolved
+from training.results import ArmSummary
+
+if TYPE_CHECKING:
+    from evidence.report import Report
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Run budget-bounded training trials end to end.")
@@ -106,14 +110,14 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
 class CliView(ConsoleProgress):
     """Progress on the console, and the training and report tables as the trial reaches them."""
 
-    def trained(self, cfg: Resolved, summaries: list[dict[str, Any]]) -> None:
+    def trained(self, cfg: Resolved, summaries: list[ArmSummary]) -> None:
         show_summaries(cfg, summaries)
 
-    def reported(self, report: dict[str, Any]) -> None:
+    def reported(self, report: Report) -> None:
         show_report(report)
 
 
-def show_summaries(cfg, summaries: list[dict]) -> None:
+def show_summaries(cfg, summaries: list[ArmSummary]) -> None:
     from rich.table import Table
 
     t = Table(title=f"{cfg.experiment.name}/{cfg.profile_name}: training")
@@ -121,16 +125,16 @@ def show_summaries(cfg, summaries: list[dict]) -> None:
                 "replicas"):
         t.add_column(col, justify="right", no_wrap=True)
     for s in summaries:
-        t.add_row(s["arm"], str(s["world_size"]), str(s["updates"]), f"{s['step_seconds_median']:.3f}",
-                  f"{s['training_loop_seconds']:.1f}", f"{s['payload_bytes_per_update'] / 1e6:.2f}",
-                  f"{s['loss_first']:.4f}", f"{s['loss_last']:.4f}",
-                  "agree" if s["replicas_agree"] else "DIFFER")
+        t.add_row(s.arm, str(s.world_size), str(s.updates), f"{s.step_seconds_median:.3f}",
+                  f"{s.training_loop_seconds:.1f}", f"{s.payload_bytes_per_update / 1e6:.2f}",
+                  f"{s.loss_first:.4f}", f"{s.loss_last:.4f}",
+                  "agree" if s.replicas_agree else "DIFFER")
     con.print(t)
     con.print("step s: median over updates of the slowest rank; MB/update: logical collective payload "
               "per rank; loss: global weighted response loss of the first and last update")
 
 
-def show_report(rep: dict) -> None:
+def show_report(rep: Report) -> None:
     """The trial in one table: test accuracy per arm (and what was not run), payload per update, and the
     gates — each one, failed or not evaluated as well as passed."""
     from rich.table import Table
@@ -138,20 +142,20 @@ def show_report(rep: dict) -> None:
 
     from evidence.report.render import closing, verdict
 
-    for g in rep["gates"]:
+    for g in rep.gates:
         said = verdict(g)
-        if g["passed"] is False and g.get("attainable") is not False:  # what it would have taken
-            said += f" ({'could pass at this profile: ' if g.get('attainable') else ''}{g.get('attainability')})"
-        con.print(f"  gate {g['gate']}: " + (f"not evaluated ({g['reason']})" if g["passed"] is None
-                                             and g.get("comparable", True) else f"{g['value']:.4g} → {said}"),
+        if g.failed and g.attainable is not False:  # what it would have taken
+            said += f" ({'could pass at this profile: ' if g.attainable else ''}{g.attainability})"
+        con.print(f"  gate {g.gate}: " + (f"not evaluated ({g.reason})" if g.not_evaluated
+                                          else f"{g.value:.4g} → {said}"),
                   highlight=False)
-    t = Table(title=f"{rep['experiment']}/{rep['profile']}: result (primary {rep['selection']['primary']})")
+    t = Table(title=f"{rep.experiment}/{rep.profile}: result (primary {rep.selection['primary']})")
     for col in ("arm", "test exact", "accuracy", "MB/update"):
         t.add_column(col, justify="right")
-    for arm, a in rep["accuracy"].items():
-        mb = rep["arms"].get(arm, {}).get("payload_bytes_per_update")
+    for arm, a in rep.accuracy.items():
+        mb = rep.arms.get(arm, {}).get("payload_bytes_per_update")
         t.add_row(arm, f"{a['correct']}/{a['cases']}", f"{a['accuracy']:.1%}", "—" if mb is None else f"{mb / 1e6:,.2f}")
-    for what, why in rep.get("not_run", {}).items():
+    for what, why in rep.not_run.items():
         t.add_row(Text(what), Text(why), "—", "—")
     con.print(t)
     con.print(closing(rep)[0], highlight=False)

@@ -19,7 +19,7 @@ import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Optional, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -39,6 +39,10 @@ from orchestrate.stages.preserve import anchor_home, guard_stop, preserve_home
 from orchestrate.stages.train import GuardStopped, place_arms, train_arms
 from training.config import Resolved, address, lineage, resolve
 from training.hold import hold
+from training.results import ArmSummary
+
+if TYPE_CHECKING:
+    from evidence.report import Report
 
 RECORD_FORMAT = "trial-run-record-v1"
 
@@ -119,8 +123,8 @@ class TrialView(Progress, Protocol):
     """What the caller sees mid-run besides progress lines: the training table once every arm has
     trained, the report's table once it is written (both before preservation, which can take long)."""
 
-    def trained(self, cfg: Resolved, summaries: list[dict[str, Any]]) -> None: ...
-    def reported(self, report: dict[str, Any]) -> None: ...
+    def trained(self, cfg: Resolved, summaries: list[ArmSummary]) -> None: ...
+    def reported(self, report: Report) -> None: ...
 
 
 def run_trial(options: TrialOptions, view: TrialView) -> TrialOutcome:

@@ -197,7 +197,7 @@ def summary(home: Path = typer.Option(..., help="the trial home"),
                               f"{a.world_size} ranks needs runs/{arm}/rank-<r>/result.json")
     except UserError as e:
         _fail(e)
-    out.print_json(json.dumps(summarize(load_results(home, arm, a.world_size))))
+    out.print_json(json.dumps(summarize(load_results(home, arm, a.world_size)).model_dump(mode="json")))
 
 
 @app.command()

@@ -1,6 +1,7 @@
 """The report, recomputed from raw evidence in a trial home — or refused when the evidence disagrees —
 in three steps with their hand-offs visible: `verify` (evidence/report/verify.py) → `Verified` →
-`compute` (compute.py) → `Report` → `render` (render.py: report.json, report.md; figures.py: the PNGs).
+`compute` (compute.py) → `Report`, its gates `Gate`s (gate.py) → `render` (render.py: report.json,
+report.md; figures.py: the PNGs).
 
 Checks (verify), in order (the first failure stops the report with a message; nothing is changed or removed):
   1. the commitments log's hash chain; the selection committed before every test evaluation; every
@@ -31,11 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from evidence.report.compute import Report, compute
+from evidence.report.gate import Gate
 from evidence.report.render import markdown, plots, write
 from evidence.report.verify import EvidenceError, Verified, verify
 
-__all__ = ["EvidenceError", "Report", "Verified", "build_report", "compute", "markdown", "plots", "report", "verify",
-           "write", "write_report", "write_report_numbered"]
+__all__ = ["EvidenceError", "Gate", "Report", "Verified", "build_report", "compute", "markdown", "plots", "report",
+           "verify", "write", "write_report", "write_report_numbered"]
 
 
 def report(home: str | Path, *, store: str | None = None, trial: str | None = None) -> Report:
@@ -44,20 +46,20 @@ def report(home: str | Path, *, store: str | None = None, trial: str | None = No
 
 
 def build_report(home: str | Path, *, store: str | None = None, trial: str | None = None) -> dict[str, Any]:
-    """The report as report.json holds it (its callers read it as JSON)."""
-    return report(home, store=store, trial=trial).model_dump()
+    """The report as report.json holds it (its callers compare it as JSON)."""
+    return report(home, store=store, trial=trial).model_dump(mode="json")
 
 
 def write_report(home: str | Path, output: str | Path, *, store: str | None = None,
-                 trial: str | None = None) -> dict[str, Any]:
+                 trial: str | None = None) -> Report:
     """Build the report and write it to `output` (with report.md and the figures beside it)."""
     rep = report(home, store=store, trial=trial)
     write(rep, Path(output))
-    return rep.model_dump()
+    return rep
 
 
 def write_report_numbered(home: str | Path, output: str | Path, *, store: str | None = None,
-                          trial: str | None = None) -> tuple[dict[str, Any], Path]:
+                          trial: str | None = None) -> tuple[Report, Path]:
     """As `write_report`, but when `output` is evidence that this report would change (a report.json
     preserved before the evidence grew), to the next free `<stem>-<n>`: built once, written once."""
     from evidence.covered import CoveredFileError
@@ -67,7 +69,7 @@ def write_report_numbered(home: str | Path, output: str | Path, *, store: str | 
         out = output if n == 1 else output.with_name(f"{output.stem}-{n}{output.suffix}")
         try:
             write(rep, out)
-            return rep.model_dump(), out
+            return rep, out
         except CoveredFileError:
             continue
     raise EvidenceError(f"{output}: no free report name beside it")

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from evidence.attainability import by_gate, labelled
 from evidence.inputs import global_losses
 from evidence.placement import SERVING_PROBE, not_comparable, not_evaluated, shared_text, unevaluated_gates
+from evidence.report.gate import Gate
 from evidence.report.verify import EvidenceError, Verified
 from evidence.serving import gate_names as serving_gate_names
 from evidence.serving import gates as serving_gates
@@ -21,9 +22,11 @@ from evidence.stats import mcnemar_exact_greater, paired_bounds
 
 
 class Report(BaseModel):
-    """What `render` draws and report.json holds (`model_dump()`, its keys sorted when written)."""
+    """What `render` draws and report.json holds (`model_dump(mode="json")`, its keys sorted when written)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # an infinite or NaN figure stays one in the dump, so writing it is refused (canonical.json_bytes)
+    # instead of turning into a null
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_inf_nan="constants")
 
     format: Literal["trial-report-v1"] = "trial-report-v1"
     experiment: str
@@ -36,9 +39,7 @@ class Report(BaseModel):
     accuracy: dict[str, dict[str, Any]]  # per scored arm: cases, correct, accuracy, attempts
     comparisons: dict[str, dict[str, Any]]  # "<arm> vs <arm>": paired bounds and McNemar p
     rules: dict[str, Any]  # the experiment's acceptance rules, as committed in prepared.json
-    gates: list[dict[str, Any]]  # {"gate", "value", "passed", "attainable", "attainability"} (passed
-    #                              None: not evaluated, or not comparable ("comparable": False, the
-    #                              value kept), with a reason; attainable: see evidence/attainability.py)
+    gates: list[Gate]
     failed_gates: list[str]  # every failed gate, attainable or not
     unattainable_failed_gates: list[str]  # the failed gates no outcome at this profile could have passed
     not_evaluated_gates: list[str]
@@ -166,18 +167,18 @@ def compute(v: Verified) -> Report:
                for g in serving_gate_names(requests_of(prepared))]
               if v.serving is None and SERVING_PROBE in skipped else serving_gates(v.serving))
     reach = by_gate(v.attainability)
-    gates = [labelled(g, reach) for g in gates]
 
     try:  # evidence that passed its checks yet holds a value of the wrong type is still refused as evidence
+        judged = [Gate.model_validate(labelled(g, reach)) for g in gates]
         return Report(
             experiment=exp["name"], profile=prepared["experiment"]["profile_name"],
             commitments_head=v.entries[-1]["hash"], anchors=v.anchors, selection=selection,
             selection_committed_at_seq=v.selection_entry["seq"],
             arms=arms, accuracy=accuracy, comparisons=comparisons,
-            rules=acc, gates=gates, failed_gates=[g["gate"] for g in gates if g["passed"] is False],
-            unattainable_failed_gates=[g["gate"] for g in gates if g["passed"] is False and g["attainable"] is False],
-            not_evaluated_gates=[g["gate"] for g in gates if g["passed"] is None and g.get("comparable", True)],
-            not_comparable_gates=[g["gate"] for g in gates if g.get("comparable", True) is False], not_run=skipped,
+            rules=acc, gates=judged, failed_gates=[g.gate for g in judged if g.failed],
+            unattainable_failed_gates=[g.gate for g in judged if g.unattainable_failure],
+            not_evaluated_gates=[g.gate for g in judged if g.not_evaluated],
+            not_comparable_gates=[g.gate for g in judged if g.comparable is False], not_run=skipped,
             shared={k: shared_text(k, s).split(": ", 1)[1] for k, s in on_shared.items()},
             evaluation_attempts={role: {arm: [a["attempt"] for a in att] for arm, att in d.items()}
                                  for role, d in evaluations.items()},

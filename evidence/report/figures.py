@@ -10,32 +10,33 @@ from pathlib import Path
 from typing import Any
 
 from evidence.report.compute import Report
+from evidence.report.gate import Gate
 
 PASS, FAIL, CANNOT, UNDECIDED = "#2e7d32", "#c62828", "#ef6c00", "#757575"  # CANNOT: failed, unattainable
 STYLES = ("-", "--", "-.", ":")
 
 
-def _gate(rep: Report, prefix: str) -> dict[str, Any] | None:
-    return next((g for g in rep.gates if g["gate"].startswith(prefix)), None)
+def _gate(rep: Report, prefix: str) -> Gate | None:
+    return next((g for g in rep.gates if g.gate.startswith(prefix)), None)
 
 
-def _colour(g: dict[str, Any] | None) -> str:
-    if g is None or g["passed"] is None:
+def _colour(g: Gate | None) -> str:
+    if g is None or g.passed is None:
         return UNDECIDED
-    return PASS if g["passed"] else CANNOT if g.get("attainable") is False else FAIL
+    return PASS if g.passed else CANNOT if g.attainable is False else FAIL
 
 
-def _said(g: dict[str, Any] | None) -> str:
+def _said(g: Gate | None) -> str:
     """A gate's verdict in a few words for a figure's title."""
     if g is None:
         return "not evaluated"
-    if g.get("comparable") is False:
+    if g.comparable is False:
         return "not comparable (GPUs shared)"
-    if g["passed"] is None:
+    if g.passed is None:
         return "not evaluated"
-    if g["passed"]:
+    if g.passed:
         return "passed"
-    return "FAILED, unattainable at this profile" if g.get("attainable") is False else "FAILED"
+    return "FAILED, unattainable at this profile" if g.attainable is False else "FAILED"
 
 
 def plots(rep: Report, out_dir: Path, stem: str) -> list[str]:
@@ -132,7 +133,7 @@ def _accuracy(plt: Any, rep: Report) -> Any:
     bars = left.bar(arms, accs, color=["#90a4ae" if a != primary else _colour(gain) for a in arms])
     left.bar_label(bars, labels=[f"{rep.accuracy[a]['correct']}/{rep.accuracy[a]['cases']}" for a in arms], fontsize=8)
     tops = [*accs]
-    least = (rep.attainability["gates"].get(mc["gate"], {}) if mc else {}).get("smallest_passing_gain_pp")
+    least = (rep.attainability["gates"].get(mc.gate, {}) if mc else {}).get("smallest_passing_gain_pp")
     if base in rep.accuracy and primary in arms:
         i, b = arms.index(primary), rep.accuracy[base]["accuracy"] * 100
         left.hlines(b + rules["min_gain_pp"], i - 0.45, i + 0.45, colors="black", linestyles="--",
@@ -186,7 +187,7 @@ def _costs(plt: Any, rep: Report) -> Any:
     """Left: seconds per arm, kept apart. Right (when the rules have timing gates): each timing gate as
     the ratio it judges — the measured value as a bar, the gate's threshold as a line, coloured by the
     verdict (grey: not comparable, or not evaluated)."""
-    timing = [g for g in rep.gates if g["gate"].startswith(("active time", "active speedup", "whole speedup"))]
+    timing = [g for g in rep.gates if g.gate.startswith(("active time", "active speedup", "whole speedup"))]
     fig, axes = plt.subplots(1, 2 if timing else 1, figsize=(11, 3.8) if timing else (8, 3.8),
                              gridspec_kw={"width_ratios": [1.5, 1]} if timing else None)
     ax = axes[0] if timing else axes
@@ -204,13 +205,13 @@ def _costs(plt: Any, rep: Report) -> Any:
         right = axes[1]
         top = 0.0
         for y, g in enumerate(timing):
-            limit = rep.rules["min_speedup"] if "speedup" in g["gate"] else rep.rules["max_active_ratio"]
-            top = max(top, limit, g["value"] or 0)
-            if g["value"] is not None:
-                right.barh(y, g["value"], color=_colour(g), height=0.4)
+            limit = rep.rules["min_speedup"] if "speedup" in g.gate else rep.rules["max_active_ratio"]
+            top = max(top, limit, g.value or 0)
+            if g.value is not None:
+                right.barh(y, g.value, color=_colour(g), height=0.4)
             right.vlines(limit, y - 0.22, y + 0.3, colors="black", linestyles="--")
-            shown = "—" if g["value"] is None else f"{g['value']:.3g}"
-            right.annotate(f"{g['gate']}: {shown} → {_said(g)}", (0, y - 0.25), xytext=(0, 2),
+            shown = "—" if g.value is None else f"{g.value:.3g}"
+            right.annotate(f"{g.gate}: {shown} → {_said(g)}", (0, y - 0.25), xytext=(0, 2),
                            textcoords="offset points", fontsize=7, va="bottom")
         right.set_yticks([])
         right.set_xlim(0, top * 1.35)

@@ -14,6 +14,7 @@ from evidence.covered import guard_writes
 from evidence.placement import SERVING_PROBE
 from evidence.report.compute import Report
 from evidence.report.figures import plots
+from evidence.report.gate import Gate
 
 
 def markdown(rep: Report) -> str:
@@ -26,8 +27,8 @@ def markdown(rep: Report) -> str:
              "no outcome at this scale could pass is marked unattainable — still failed, never hidden.", "",
              "| gate | value | result | what this profile can detect |", "|---|---|---|---|"]
     for g in rep.gates:
-        lines.append(f"| {g['gate']} | {_value(g)} | {verdict(g, md=True)} | "
-                     f"{'—' if _unattainable_failure(g) else g.get('attainability', '')} |")
+        lines.append(f"| {g.gate} | {_value(g)} | {verdict(g, md=True)} | "
+                     f"{'—' if g.unattainable_failure else g.attainability} |")
     lines += ["", *closing(rep, md=True), "", f"Attainability: {rep.attainability['source']}."]
     if rep.shared:
         lines += ["", "## GPUs shared on purpose", "", "Placed so at the operator's request (`--share-gpus`, committed in "
@@ -64,37 +65,32 @@ def markdown(rep: Report) -> str:
     return "\n".join(lines)
 
 
-def _value(g: dict[str, Any]) -> str:
-    return "—" if g["value"] is None else f"{g['value']:.4g}"
+def _value(g: Gate) -> str:
+    return "—" if g.value is None else f"{g.value:.4g}"
 
 
-def _unattainable_failure(g: dict[str, Any]) -> bool:
-    return g["passed"] is False and g.get("attainable") is False
-
-
-def verdict(g: dict[str, Any], md: bool = False) -> str:
+def verdict(g: Gate, md: bool = False) -> str:
     """A gate's result in words, as the console and report.md say it: passed, failed — with "(unattainable
     at this profile: why)" when no outcome at this scale could pass it — not evaluated or not comparable."""
     failed = "**FAILED**" if md else "FAILED"
-    cannot = f"{UNATTAINABLE}: {g.get('attainability')}"
-    if g.get("comparable") is False:
-        return g["reason"] + (f"; {cannot}" if g.get("attainable") is False else "")
-    if g["passed"] is None:
-        return f"not evaluated: {g['reason']}"
-    if g["passed"]:
+    cannot = f"{UNATTAINABLE}: {g.attainability}"
+    if g.comparable is False:
+        return f"{g.reason}" + (f"; {cannot}" if g.attainable is False else "")
+    if g.passed is None:
+        return f"not evaluated: {g.reason}"
+    if g.passed:
         return "passed"
-    return f"{failed} ({cannot})" if g.get("attainable") is False else failed
+    return f"{failed} ({cannot})" if g.attainable is False else failed
 
 
-def closing(rep: Report | dict[str, Any], md: bool = False) -> list[str]:
+def closing(rep: Report, md: bool = False) -> list[str]:
     """The gates in one line (the console's closing line; report.md's summary): the passed count, then
     the failures that could have passed at this profile apart from those that could not, then what was
     not evaluated or not comparable."""
-    r = rep if isinstance(rep, dict) else rep.model_dump()
-    failed, cannot = r.get("failed_gates", []), r.get("unattainable_failed_gates", [])
-    unevaluated, incomparable = r.get("not_evaluated_gates", []), r.get("not_comparable_gates", [])
+    failed, cannot = rep.failed_gates, rep.unattainable_failed_gates
+    unevaluated, incomparable = rep.not_evaluated_gates, rep.not_comparable_gates
     could = [g for g in failed if g not in cannot]
-    n = len(r["gates"])
+    n = len(rep.gates)
     head = f"gates: {n - len(failed) - len(unevaluated) - len(incomparable)} of {n} passed"
     parts = ([f"failed: {'; '.join(could)}"] if could else []) + \
         ([f"failed, {UNATTAINABLE} (could not have passed): {'; '.join(cannot)}"] if cannot else []) + \
@@ -149,6 +145,6 @@ def write(rep: Report, output: Path) -> None:
         figures = plots(rep, Path(tmp), output.stem)
         writes = {output.parent / n: (Path(tmp) / n).read_bytes() for n in figures}
     md = markdown(rep) + "\n## Figures\n\n" + "".join(f"![{n}]({n})\n\n" for n in figures)
-    writes = {output: json_bytes(rep.model_dump()), **writes, output.with_suffix(".md"): md.encode("utf-8")}
+    writes = {output: json_bytes(rep.model_dump(mode="json")), **writes, output.with_suffix(".md"): md.encode("utf-8")}
     for path, data in guard_writes(writes).items():
         write_bytes_atomic(path, data)

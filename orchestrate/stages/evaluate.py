@@ -18,12 +18,13 @@ from orchestrate.stages.clock import StageClock
 from orchestrate.stages.preserve import anchor_home
 
 if TYPE_CHECKING:
+    from evidence.report import Report
     from orchestrate.backends import Backend
     from training.config import Resolved
 
 
 def select_evaluate_report(cfg: Resolved, home: Path, seed_dir: Path, backend: Backend, clock: StageClock,
-                           progress: Progress, store_url: str | None = None) -> tuple[dict, Path]:
+                           progress: Progress, store_url: str | None = None) -> tuple[Report, Path]:
     """select (once) → test scoring of the seed and every candidate (once each) → the serving probe
     (once) → the report, each stage timed on `clock`. With `store_url`, the log is anchored there
     before the report checks it. Returns the report and the file it was written to."""
@@ -124,7 +125,7 @@ def serve_probe(cfg: Resolved, home: Path, progress: Progress, retry: str | None
     return res
 
 
-def write_trial_report(home: Path, store_url: str | None, progress: Progress) -> tuple[dict, Path]:
+def write_trial_report(home: Path, store_url: str | None, progress: Progress) -> tuple[Report, Path]:
     """The report, recomputed from the home's evidence (anchored in `store_url` first, when given).
     A preserved report that the grown evidence changes is kept: this one takes the next name.
     Raises TrainError when the evidence is inconsistent; no report is written then."""

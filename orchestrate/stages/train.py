@@ -13,6 +13,7 @@ from orchestrate.progress import Progress
 if TYPE_CHECKING:
     from orchestrate.backends import Backend
     from training.config import Resolved
+    from training.results import ArmSummary
 
 
 class GuardStopped(Exception):
@@ -102,7 +103,7 @@ def say_attainability(rec: dict | None, now: bool, progress: Progress) -> None:
 
 def train_arms(cfg: Resolved, home: Path, backend: Backend, progress: Progress,
                not_run: dict[str, str] | None = None,
-               stop_check: Callable[[], str | None] | None = None) -> list[dict]:
+               stop_check: Callable[[], str | None] | None = None) -> list[ArmSummary]:
     """Train every arm of the experiment the committed placement runs on the backend, one after another (never two jobs on
     one device); an arm in `not_run` is never launched. Before each arm it would launch,
     `stop_check` may name a reason to stop (a raised cloud alarm): the trial then stops as when the

@@ -166,18 +166,20 @@ def test_disagreement_names_the_gate():
 
 
 def test_a_verdict_says_unattainable_beside_failed_and_never_turns_it_into_a_pass():
+    from evidence.report import Gate, Report
     from evidence.report.render import closing, verdict
 
     cannot = {"gate": BYTES_GATE, "value": 0.25, "passed": False, "attainable": False, "attainability": "H = 4: 0.25"}
-    assert verdict(cannot) == f"FAILED ({at.UNATTAINABLE}: H = 4: 0.25)"
-    assert verdict({**cannot, "attainable": True}) == "FAILED"
-    assert verdict({**cannot, "passed": True}) == "passed"  # a pass stays a pass, whatever the analysis
+    assert verdict(Gate(**cannot)) == f"FAILED ({at.UNATTAINABLE}: H = 4: 0.25)"
+    assert verdict(Gate(**{**cannot, "attainable": True})) == "FAILED"
+    assert verdict(Gate(**{**cannot, "passed": True})) == "passed"  # a pass stays a pass, whatever the analysis
     both = {**cannot, "gate": "active time ≤ 0.5 × ddp-four", "passed": None, "comparable": False,
             "reason": "not comparable: diloco-four: 4 ranks shared 1 GPU"}
-    assert verdict(both) == f"not comparable: diloco-four: 4 ranks shared 1 GPU; {at.UNATTAINABLE}: H = 4: 0.25"
-    rep = {"gates": [cannot, {"gate": "gain", "passed": False}, {"gate": "p", "passed": True}, both],
-           "failed_gates": [BYTES_GATE, "gain"], "unattainable_failed_gates": [BYTES_GATE],
-           "not_evaluated_gates": [], "not_comparable_gates": [both["gate"]]}
+    assert verdict(Gate(**both)) == f"not comparable: diloco-four: 4 ranks shared 1 GPU; {at.UNATTAINABLE}: H = 4: 0.25"
+    rep = Report.model_construct(  # closing reads the gate lists only
+        gates=[cannot, {"gate": "gain", "passed": False}, {"gate": "p", "passed": True}, both],
+        failed_gates=[BYTES_GATE, "gain"], unattainable_failed_gates=[BYTES_GATE],
+        not_evaluated_gates=[], not_comparable_gates=[both["gate"]])
     assert closing(rep) == [f"gates: 1 of 4 passed; failed: gain; failed, {at.UNATTAINABLE} (could not have passed): "
                             f"{BYTES_GATE}; not comparable (GPUs shared on purpose): {both['gate']}"]
     assert closing(rep, md=True)[:3] == ["**Gates: 1 of 4 passed.**", "- Failed: gain",
