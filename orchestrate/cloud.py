@@ -6,10 +6,15 @@ profile; nothing here creates infrastructure.
 
 from __future__ import annotations
 
+import base64
+import datetime as dt
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from evidence.errors import UserError
+from infra.keys import pinned_host_key
+from infra.outputs import transfer_alarm_prefix
 from infra.teardown import trial_instances as described_instances
 
 LIVE_STATES = ("pending", "running", "stopping", "shutting-down")
@@ -86,7 +91,6 @@ def stop_trial(session: Any, trial: str, *, wait: bool = True, delay_s: int = 5,
 def console_output(session: Any, instance_id: str) -> str:
     """What the instance has printed on its serial console (the newest buffer), as text; empty while
     it has printed nothing. The API returns it base64-encoded."""
-    import base64
 
     out = session.client("ec2").get_console_output(InstanceId=instance_id, Latest=True).get("Output") or ""
     try:
@@ -100,9 +104,7 @@ def pin_host_keys(instances: dict[int, str], read: Callable[[str], str], *, wait
     """Each rank's host key, from what its instance printed at first boot (`infra.keys`), reading the
     consoles again while any instance is still booting, at most `wait_s`; then refuses naming every
     instance that has printed none. A console that shows two different keys is refused at once."""
-    import time
 
-    from infra.keys import pinned_host_key
 
     keys: dict[int, str] = {}
     deadline = time.monotonic() + wait_s
@@ -151,7 +153,6 @@ BUDGET_LAG = ("AWS Budgets' figure, which lags the spend by hours (its data is r
 def budget_note(b: dict[str, Any], now: Any = None) -> str:
     """The budget's spend as a sentence that says how old it may be: a trial of a few hours can be over
     before AWS Budgets sees any of its cost, so `run` and `status` never present it as current."""
-    import datetime as dt
 
     now = now or dt.datetime.now(dt.timezone.utc)
     age = ""
@@ -202,7 +203,6 @@ def read_subscriptions(session: Any, topic_arn: str) -> list[dict[str, Any]]:
 def trial_alerts(session: Any, cluster: Any) -> dict[str, Any]:
     """The trial's transfer alarms and the alert topic's subscriptions, with a warning for each way an
     alert would go unheard or a raised alarm would go unseen."""
-    from infra.outputs import transfer_alarm_prefix
 
     alarms = read_alarms(session, transfer_alarm_prefix(cluster.trial)) if cluster.trial else []
     subs = read_subscriptions(session, cluster.alert_topic) if cluster.alert_topic else []
@@ -226,7 +226,6 @@ def trial_alerts(session: Any, cluster: Any) -> dict[str, Any]:
 def raised_alarm(session: Any, trial: str) -> str | None:
     """What `run` checks between arms: a transfer alarm in ALARM stops the trial as the controller's
     guard does (its host is being stopped by the alarm's own action)."""
-    from infra.outputs import transfer_alarm_prefix
 
     up = [a["name"] for a in read_alarms(session, transfer_alarm_prefix(trial)) if a["state"] == "ALARM"]
     return f"transfer alarm {', '.join(up)} in ALARM" if up else None

@@ -20,10 +20,17 @@ from typing import Any, Callable, Optional
 from pydantic import BaseModel, ConfigDict
 
 from evidence.canonical import canonical_sha256, read_json, write_json_atomic
+from orchestrate.launch.command import Site, local_argv, threads_per_rank, train_argv
+from orchestrate.launch.local import local_launch
+from orchestrate.launch.supervise import supervise
+from orchestrate.placement import visible_gpus
 from orchestrate.progress import Progress
 from orchestrate.stages.prepare import seed_from_model_dir
 from orchestrate.trial import OptionError
 from training.config import address, lineage
+from training.prepare import prepare_chain
+from training.results import load_results
+from training.runs import checkpoint_dir, manifest_path
 from training.seed import materialize
 
 COPY_HOME = ("inputs", "prepared.json", "prepare-record.json", "commitments.jsonl")
@@ -31,7 +38,6 @@ COPY_HOME = ("inputs", "prepared.json", "prepare-record.json", "commitments.json
 
 def seed_recovered_home(src: Path, dst: Path, arm: str, world: int, step: int) -> None:
     """Copy the prepared inputs and each rank's step-`step` checkpoint + manifest into `dst`."""
-    from training.runs import checkpoint_dir, manifest_path
 
     if dst.exists():
         raise FileExistsError(f"{dst} exists; a recovery trial starts from a fresh directory")
@@ -53,6 +59,7 @@ def compare_homes(a: Path, b: Path, arm: str, step: int, ra: list[dict[str, Any]
                   rb: list[dict[str, Any]]) -> dict[str, Any]:
     """Every rank's checkpointed state at `step` in home a against home b, tensor by tensor; `ra`,
     `rb` are the two runs' result files, already read by the caller."""
+    # start-up: these import torch (~3.5 s), which no other command of the CLI that imports this module needs
     from training.checkpoint.compare import compare_states
     from training.checkpoint.group import load_rank_state
 
@@ -74,7 +81,6 @@ def compare_homes(a: Path, b: Path, arm: str, step: int, ra: list[dict[str, Any]
 def _shared(world: int, device: str, share_gpus: bool, say: Callable[[str], None]) -> int | None:
     """How many GPUs the ranks share (None: one each, or the CPU); refuses, before anything is
     prepared, a CUDA arm with more ranks than GPUs unless the operator shares them on purpose."""
-    from orchestrate.placement import visible_gpus
 
     if device != "cuda":
         if share_gpus:
@@ -99,12 +105,6 @@ IO_BASELINE = {"TRIAL_IO_BASELINE": "1"}  # checkpoint write/restore next to a p
 def recovery_trial(base: Path, *, experiment_chain: list, arm: str, model_dir: Path, from_step: int,
                    kill_rank: int, kill_after: int, say: Callable[[str], None],
                    share_gpus: bool = False) -> dict[str, Any]:
-    from orchestrate.launch.command import Site, local_argv, threads_per_rank, train_argv
-    from orchestrate.launch.local import local_launch
-    from orchestrate.launch.supervise import supervise
-    from training.prepare import prepare_chain
-    from training.results import load_results
-
     cfg = experiment_chain[-1]
     a = cfg.arm(arm)
     world, updates, every = a.world_size, cfg.profile.updates, cfg.profile.checkpoint_every

@@ -17,13 +17,18 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import tempfile
 import time
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable
 
+from packaging.version import InvalidVersion, Version
+
 from evidence.canonical import canonical_sha256, file_sha256
 from evidence.errors import UserError
-from evidence.stores import HOST_PAYLOAD
+from evidence.relay import upload_once
+from evidence.stores import HOST_PAYLOAD, open_store
 from orchestrate.cluster import Cluster, Host
 from orchestrate.launch.command import python_command
 from orchestrate.transport import Transport, TransportError
@@ -56,7 +61,6 @@ def run_on_hosts(fn: Callable[[Any], Any], items: list[Any], transports: list[Tr
     """`fn` on every item at once (one per host), results in order. The first failure, or Ctrl-C/SIGTERM,
     ends the rest at once rather than after their transfers: every transport is closed, which aborts
     what runs on it, and the failure is raised."""
-    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
     pool = ThreadPoolExecutor(max_workers=workers or len(items) or 1, thread_name_prefix="hosts")
     futures = [pool.submit(fn, it) for it in items]
@@ -153,7 +157,6 @@ def wheels_lacking(lock: dict[str, str], have: dict[str, str]) -> list[str]:
     libraries, and keeping the AMI's torch while sending the PyPI build's own `nvidia-*` wheels (first
     on the path) would mix the two. A wheelhouse built from the AMI's own index (`+cu130` wheels)
     matches it and sends neither."""
-    from packaging.version import InvalidVersion, Version
 
     def same(a: str, b: str) -> bool:
         try:
@@ -193,8 +196,6 @@ def stage_host(t: Transport, host: Host, *, python: str, wheel_dir: Path, lock: 
     install(over_ssh, fresh=True)
     fetched = None
     if relay is not None:
-        import tempfile
-
         with tempfile.TemporaryDirectory() as d:  # the manifest: small, over SSH; the bytes: from the bucket
             m = Path(d) / "staging-manifest.json"
             m.write_text(json.dumps(manifest or {}, sort_keys=True))
@@ -280,9 +281,6 @@ def stage_reports(cluster: Cluster, transports: list[Transport], *, wheel_dir: P
     manifests: list[dict[str, dict[str, Any]] | None] = [None] * len(hosts)
     relay_bytes = stored = 0
     if relay is not None:
-        from evidence.relay import upload_once
-        from evidence.stores import open_store
-
         for h, hv, need in zip(hosts, have, needs):
             if "boto3" not in hv and not any(wheel_dist(n)[0] == "boto3" for n in need):
                 raise StagingError(f"{h.name}: the relay's fetcher needs boto3, which {h.python} lacks and the "

@@ -35,8 +35,16 @@ from evidence.attempts import next_attempt
 from evidence.canonical import write_json_atomic
 from evidence.commitments import CommitmentLog
 from evidence.receipts import make_receipt
-from evidence.serving import (CONCURRENCY, MAX_ATTEMPTS, PHASES, comparisons, phase_figures, requests_of,
-                              warmup_workload, workload)
+from evidence.serving import (
+    CONCURRENCY,
+    MAX_ATTEMPTS,
+    PHASES,
+    comparisons,
+    phase_figures,
+    requests_of,
+    warmup_workload,
+    workload,
+)
 from training.errors import TrainError
 from training.prepare import load_cases, require_prepared
 

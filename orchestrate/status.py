@@ -9,7 +9,6 @@ the rank's process is alive and whether it has finished; plus the host's rx + tx
 from __future__ import annotations
 
 import datetime as dt
-import json
 import shlex
 import sys
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from orchestrate.cloud import cluster_budget, trial_alerts, trial_instances
 from orchestrate.cluster import Cluster
 from orchestrate.guard import COUNTERS, parse_counters
 
@@ -190,15 +190,12 @@ def trial_status(cluster: Cluster, home: Path | None, *, session: Any = None,
         hosts.append(HostStatus(**row))
     spend: dict[str, Any] | Unknown | None = None
     if cluster.budget_name:
-        from orchestrate.cloud import cluster_budget
-
         try:
             spend = cluster_budget(cluster, session)
         except Exception as e:  # noqa: BLE001 — spend is reported as unknown, never guessed
             spend = Unknown(error=str(e)[:300])
     addresses: list[str] | None = None
     if cluster.source == "pulumi" and cluster.trial:  # a stop/start gives a host a new public address
-        from orchestrate.cloud import trial_instances
 
         try:
             if session is None:
@@ -210,8 +207,6 @@ def trial_status(cluster: Cluster, home: Path | None, *, session: Any = None,
             addresses = [f"the hosts' current addresses are unknown ({str(e)[:200]})"]
     alerts: dict[str, Any] | Unknown | None = None
     if cluster.alert_topic or (cluster.trial and cluster.guarded_ranks):
-        from orchestrate.cloud import trial_alerts
-
         try:
             if session is None:
                 import boto3

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import shlex
+import shutil
 import subprocess
 import threading
 import time
@@ -87,8 +88,6 @@ class LocalTransport:
         return Result(p.returncode, p.stdout, p.stderr, time.perf_counter() - t0)
 
     def put(self, local: Path, remote: str) -> str:
-        import shutil
-
         Path(remote).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(local, remote)
         return self._verified(local, Path(remote))
@@ -97,8 +96,6 @@ class LocalTransport:
         return [self.put(local, remote) for local, remote in pairs]
 
     def get(self, remote: str, local: Path) -> str:
-        import shutil
-
         local.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(remote, local)
         return self._verified(Path(remote), local)

@@ -22,8 +22,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 from pathlib import Path
 from typing import Iterable
+
+from packaging.tags import compatible_tags, cpython_tags
+from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from evidence.errors import UserError
 
@@ -59,7 +63,6 @@ def platforms(platform: str) -> list[str]:
 def host_tags(python: str, platform: str | None) -> set:
     """The tags pip on a CPython `python` host of `platform` accepts. Without a platform, every tag of
     that Python on a placeholder platform: `unfit` then compares only interpreter and ABI."""
-    from packaging.tags import compatible_tags, cpython_tags
 
     v = python_version(python)
     plats = platforms(platform) if platform else ["-"]
@@ -69,7 +72,6 @@ def host_tags(python: str, platform: str | None) -> set:
 def unfit(names: Iterable[str], python: str, platform: str | None = None) -> list[str]:
     """The wheel file names among `names` that a CPython `python` host (of `platform`, when given) would
     not install: none of their tags is among the host's. Sorted."""
-    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
     ok = host_tags(python, platform)
     pairs = {(t.interpreter, t.abi) for t in ok}
@@ -98,7 +100,6 @@ def describe_unfit(bad: list[str], python: str, platform: str | None) -> str:
 
 def project_requirements(root: Path) -> list[str]:
     """The project's own dependencies (pyproject.toml), pinned there: what every host needs."""
-    import tomllib
 
     return list(tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"])
 

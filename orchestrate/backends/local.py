@@ -18,8 +18,15 @@ from typing import Any, Callable
 
 from evidence.canonical import read_json
 from orchestrate.guard import Guard
-from orchestrate.launch.command import (Site, device_share, local_argv, process_env, serve_argv, threads_per_rank,
-                                        train_argv)
+from orchestrate.launch.command import (
+    Site,
+    device_share,
+    local_argv,
+    process_env,
+    serve_argv,
+    threads_per_rank,
+    train_argv,
+)
 from orchestrate.launch.local import local_launch
 from orchestrate.launch.supervise import GroupResult, supervise
 from orchestrate.placement import Devices, committed_share, local_devices

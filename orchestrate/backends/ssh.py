@@ -43,12 +43,31 @@ from evidence.canonical import file_sha256, read_json
 from evidence.commitments import LOG_NAME, CommitmentLog
 from orchestrate.cluster import Cluster, Host
 from orchestrate.guard import Guard, Polled, host_bytes
-from orchestrate.launch.command import Site, cluster_env, evaluate_argv, host_command, process_env, serve_argv, \
-    threads_per_rank, train_argv
-from orchestrate.launch.ssh import launch_remote_group, liveness_probe, running_ranks, stop_ranks
+from orchestrate.launch.command import (
+    Site,
+    cluster_env,
+    evaluate_argv,
+    host_command,
+    process_env,
+    serve_argv,
+    threads_per_rank,
+    train_argv,
+)
+from orchestrate.launch.ssh import (
+    launch_remote_group,
+    liveness_probe,
+    running_ranks,
+    stop_ranks,
+)
 from orchestrate.launch.supervise import GroupResult, supervise
 from orchestrate.placement import Devices, hosts_devices
-from orchestrate.remote import collect, host_parts, host_python, reports_as_staged, stage_reports
+from orchestrate.remote import (
+    collect,
+    host_parts,
+    host_python,
+    reports_as_staged,
+    stage_reports,
+)
 from orchestrate.serving import Endpoint, ProbeError
 from orchestrate.transport import SSHTransport, Transport, TransportError
 from training.config import Arm

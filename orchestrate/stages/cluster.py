@@ -4,9 +4,25 @@ cluster whose deadline or budget leaves nothing to run in."""
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
+from evidence.covered import guard_writes
+from evidence.stores import FileStore
+from infra.outputs import OutputsError, parse_outputs, read_stack_outputs
+from orchestrate.cloud import (
+    budget_note,
+    cluster_budget,
+    console_output,
+    current_addresses,
+    pin_host_keys,
+    raised_alarm,
+    with_current_addresses,
+)
+from orchestrate.cluster import ClusterError, load, local_cluster, pulumi_cluster, save
+from orchestrate.guard import Guard
 from orchestrate.progress import Progress
 
 if TYPE_CHECKING:
@@ -21,19 +37,13 @@ def write_cluster(out: Path, progress: Progress, *, local: bool, hosts: int, sta
     each instance's console), because an unknown host key is never accepted later. Raises
     ClusterError, HostKeysMissing, CoveredFileError, ValueError, OSError, or botocore's errors
     when EC2 cannot be read."""
-    import json
 
-    from evidence.covered import guard_writes
-    from evidence.stores import FileStore
-    from orchestrate.cluster import ClusterError, local_cluster, pulumi_cluster, save
 
     if [local, pulumi_outputs is not None, stack is not None].count(True) != 1:
         raise ClusterError("pass exactly one of --local, --stack and --pulumi-outputs")
     if local:
         desc = local_cluster(hosts, Path.cwd(), store or FileStore.url_for((Path('trials') / 'store').resolve()))
     else:
-        from infra.outputs import OutputsError, parse_outputs, read_stack_outputs
-
         if key_file is None:
             raise ClusterError("--stack/--pulumi-outputs need --key-file (the private half of the stack's "
                                "ssh_public_key)")
@@ -49,7 +59,6 @@ def write_cluster(out: Path, progress: Progress, *, local: bool, hosts: int, sta
         if addresses == "cloud":  # the outputs' addresses are those of `pulumi up`, gone after a stop
             import boto3
 
-            from orchestrate.cloud import current_addresses, with_current_addresses
 
             try:
                 parsed = parse_outputs(text)
@@ -62,7 +71,6 @@ def write_cluster(out: Path, progress: Progress, *, local: bool, hosts: int, sta
         if keys is None:  # from the consoles, where cloud-init printed them at first boot
             import boto3
 
-            from orchestrate.cloud import console_output, pin_host_keys
 
             try:
                 parsed = parse_outputs(text)
@@ -94,7 +102,6 @@ def kept_host_keys(path: Path, instances: dict[int, str]) -> dict[int, str]:
     """{rank: host key} pinned in an earlier cluster.json at `path` for the same instance at the same
     rank; nothing from a file that is absent or unreadable, or for a rank whose instance changed (a
     replaced host has new keys, read from its console)."""
-    from orchestrate.cluster import ClusterError, load
 
     if not path.is_file():
         return {}
@@ -109,10 +116,7 @@ def kept_host_keys(path: Path, instances: dict[int, str]) -> dict[int, str]:
 def load_cluster(path: Optional[Path], progress: Progress) -> Cluster | None:
     """The cluster description, or None for the embedded local cluster. A deadline within the
     controller's margin or a spent budget refuses it here, before anything starts, rather than midway."""
-    import datetime as dt
 
-    from orchestrate.cluster import ClusterError, load
-    from orchestrate.guard import Guard
 
     if path is None:
         return None
@@ -125,7 +129,6 @@ def load_cluster(path: Optional[Path], progress: Progress) -> Cluster | None:
     if desc.budget_name:  # the cloud's own account of the spend: a spent budget starts nothing
         from botocore.exceptions import BotoCoreError, ClientError
 
-        from orchestrate.cloud import budget_note, cluster_budget
 
         try:
             b = cluster_budget(desc)
@@ -149,7 +152,6 @@ def alarm_check(desc: Cluster | None, progress: Progress) -> Callable[[], str | 
     import boto3
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from orchestrate.cloud import raised_alarm
 
     session = boto3.Session(region_name=desc.region)
 

@@ -8,6 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from evidence.attempts import attempts
+from evidence.commitments import CommitmentLog
+from evidence.placement import SERVING_PROBE, committed_placement, not_run
+from evidence.report import EvidenceError, write_report_numbered
 from orchestrate.backends.local import local_probe
 from orchestrate.backends.ssh import SshBackend
 from orchestrate.launch.command import threads_per_rank
@@ -16,6 +20,9 @@ from orchestrate.serving import replicas_probe
 from orchestrate.stages import Stage
 from orchestrate.stages.clock import StageClock
 from orchestrate.stages.preserve import anchor_home
+from training.errors import TrainError
+from training.evaluate import attempts_dir
+from training.select import select
 
 if TYPE_CHECKING:
     from evidence.report import Report
@@ -28,7 +35,6 @@ def select_evaluate_report(cfg: Resolved, home: Path, seed_dir: Path, backend: B
     """select (once) → test scoring of the seed and every candidate (once each) → the serving probe
     (once) → the report, each stage timed on `clock`. With `store_url`, the log is anchored there
     before the report checks it. Returns the report and the file it was written to."""
-    from evidence.placement import committed_placement, not_run
 
     skipped = not_run(committed_placement(home))
     with clock(Stage.SELECT):
@@ -43,8 +49,6 @@ def select_evaluate_report(cfg: Resolved, home: Path, seed_dir: Path, backend: B
 
 def select_primary(cfg: Resolved, home: Path, progress: Progress) -> None:
     """The selection, committed once: a later run of the same home keeps the first one."""
-    from evidence.commitments import CommitmentLog
-    from training.select import select
 
     if CommitmentLog(home).latest("selection") is None:
         sel = select(home, cfg)
@@ -58,9 +62,6 @@ def evaluate_test(cfg: Resolved, home: Path, seed_dir: Path, backend: Backend, s
     """Every arm that ran scored on the test cases once; an arm scored before (an attempt committed)
     is not scored again, and an attempt that did not finish is named as the retry's reason. Each arm's
     figures go into `scoring` as soon as it is scored, so a failure at a later arm keeps them."""
-    from evidence.attempts import attempts
-    from evidence.commitments import CommitmentLog
-    from training.evaluate import attempts_dir
 
     for a in cfg.experiment.arms:
         if a.name in skipped:
@@ -87,8 +88,6 @@ def evaluate_test(cfg: Resolved, home: Path, seed_dir: Path, backend: Backend, s
 
 def serve_once(cfg: Resolved, home: Path, backend: Backend, skipped: dict[str, str], progress: Progress) -> None:
     """The serving probe, unless the placement left it out or a probe is already committed."""
-    from evidence.commitments import CommitmentLog
-    from evidence.placement import SERVING_PROBE
 
     if SERVING_PROBE in skipped:
         progress.line(f"serve {cfg.experiment.serving_arm}: {skipped[SERVING_PROBE]}")
@@ -129,8 +128,6 @@ def write_trial_report(home: Path, store_url: str | None, progress: Progress) ->
     """The report, recomputed from the home's evidence (anchored in `store_url` first, when given).
     A preserved report that the grown evidence changes is kept: this one takes the next name.
     Raises TrainError when the evidence is inconsistent; no report is written then."""
-    from evidence.report import EvidenceError, write_report_numbered
-    from training.errors import TrainError
 
     if store_url:
         anchor_home(home, store_url, progress)

@@ -9,9 +9,16 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
 
 from pydantic import Field
 
-from infra.estimate import Estimate, Frozen, Number
-
+from evidence.attainability import analyse
 from evidence.errors import UserError
+from infra.estimate import Estimate, Frozen, Number
+from infra.plan import estimate as run_estimate
+from infra.prices import INSTANCE_TYPES
+from orchestrate.cloud import G_VT_VCPU_QUOTA, read_vcpu_quota, zone_offerings
+from orchestrate.cluster import ClusterError
+from orchestrate.placement import hosts_devices, place
+from orchestrate.wheelhouse import describe_unfit, unfit
+from training.config import address, resolve
 
 if TYPE_CHECKING:
     from infra.plan import TrialConfig
@@ -133,10 +140,6 @@ def plan_arm(cfg: TrialConfig, stack: Path, arm: str, *, wheelhouse: Optional[Pa
     reads), the zones' offerings, the placement and what staging sends from this machine — all before
     `pulumi up` spends anything. `problems` lists what does not fit; its dump is what `orchestrate
     plan --json` prints. Raises ConfigError or PlanError."""
-    from evidence.attainability import analyse
-    from infra.plan import estimate as run_estimate
-    from infra.prices import INSTANCE_TYPES
-    from training.config import address, resolve
 
     name, arm = address(arm)  # EXPERIMENT/ARM, an experiment (its primary), or an arm one experiment has
     resolved = resolve(name, profile)
@@ -155,7 +158,6 @@ def plan_arm(cfg: TrialConfig, stack: Path, arm: str, *, wheelhouse: Optional[Pa
     est = run_estimate(cfg.model_copy(update={"arms": arms}), now, wheelhouse_bytes=staging.wheelhouse_bytes)
     problems = list(est.problems)
     if wheelhouse is not None:  # a wheelhouse for the controller's Python installs nowhere on the hosts
-        from orchestrate.wheelhouse import describe_unfit, unfit
 
         bad = unfit([p.name for p in wheelhouse.glob("*.whl")], cfg.host_python_version, cfg.host_platform)
         if bad:
@@ -171,7 +173,6 @@ def plan_arm(cfg: TrialConfig, stack: Path, arm: str, *, wheelhouse: Optional[Pa
         import boto3
         from botocore.exceptions import BotoCoreError, ClientError
 
-        from orchestrate.cloud import G_VT_VCPU_QUOTA, read_vcpu_quota, zone_offerings
 
         session = boto3.Session(region_name=cfg.region)
         try:
@@ -235,9 +236,6 @@ def _plan_placement(exp: Experiment, cfg: TrialConfig, planned: set[str],
     instance type from infra/prices.py, None where unknown: the arm is then listed as "unknown"). A host 0
     without a GPU is a problem: nothing could train or score; an arm that does not fit is listed as not
     run, as `run` would."""
-    from infra.prices import INSTANCE_TYPES
-    from orchestrate.cluster import ClusterError
-    from orchestrate.placement import hosts_devices, place
 
     gpus = [INSTANCE_TYPES.get(h.instance_type, {}).get("gpus") for h in cfg.by_rank]
     d = hosts_devices("stack", gpus, None, "infra/prices.py, per instance type")

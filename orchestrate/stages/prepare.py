@@ -6,8 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator
 
+from evidence.canonical import canonical_sha256, file_sha256
+from evidence.receipts import RECEIPT_NAME
 from orchestrate.progress import Progress
 from orchestrate.stages.preserve import anchor_home
+from training.prepare import prepare_chain
+from training.seed import SeedError, import_files, materialize, verify_seed
 
 if TYPE_CHECKING:
     from training.config import Resolved
@@ -15,7 +19,6 @@ if TYPE_CHECKING:
 
 def materialize_seed(cfg: Resolved, seeds: Path, progress: Progress) -> Path:
     """The profile's seed under `seeds`, materialized once and verified on every later run."""
-    from training.seed import materialize
 
     md = seeds / cfg.profile.seed
     progress.say("seed", f"{cfg.profile.seed} → {md}")
@@ -29,9 +32,6 @@ def seed_from_model_dir(model_dir: Path, seeds: Path, progress: Progress) -> Pat
     receipt) is verified and used where it is; any other Hugging Face directory is imported once, with
     a receipt, under `seeds/local-<its content digest>`: a directory whose files change later is
     another seed, never the copy of the old one."""
-    from evidence.canonical import canonical_sha256, file_sha256
-    from evidence.receipts import RECEIPT_NAME
-    from training.seed import SeedError, import_files, materialize, verify_seed
 
     if not model_dir.is_dir():
         raise SeedError(f"--model-dir {model_dir} is not a directory")
@@ -55,7 +55,6 @@ def prepare(cfg: Resolved, chain: list[Resolved], home_of: Callable[[Resolved], 
     """Each experiment of `chain` (earlier experiments first: none of their tasks may recur) prepared
     in its home and anchored in the store. Yields each home as it is prepared, so a run that fails at
     a later experiment still knows — and records — the last home it reached."""
-    from training.prepare import prepare_chain
 
     name, profile = cfg.experiment.name, cfg.profile_name
     doing = f"preparing {name}" + (" and the experiments before it…" if cfg.experiment.previous else "…")

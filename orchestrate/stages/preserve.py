@@ -4,11 +4,19 @@ also when the controller's guard stops a trial midway."""
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from evidence.anchors import anchor_log
+from evidence.canonical import write_json_atomic
 from evidence.errors import UserError
+from evidence.stores import PreservationError, open_store
+from evidence.stores import preserve as run_preserve
 from orchestrate.progress import Progress
+from orchestrate.transport import TransportError
+from training.errors import TrainError
+from training.results import finished
 
 if TYPE_CHECKING:
     from orchestrate.stages.train import GuardStopped
@@ -31,8 +39,6 @@ guard near) and what the trial had so far was preserved."""
 def anchor_home(home: Path, url: str, progress: Progress) -> dict | None:
     """Every commitment of the home's log not yet in the store, anchored there (`evidence.anchors`);
     returns the log's anchors in the store (what preservation records)."""
-    from evidence.anchors import anchor_log
-    from evidence.stores import open_store
 
     got = anchor_log(home, open_store(url))
     if got and got["added"]:
@@ -45,9 +51,6 @@ def preserve_home(home: Path, url: str, progress: Progress, backend: HostParts |
     """Every file of the home into the evidence store, each object read back, and — with the backend
     the ranks ran on (anything with `host_parts`) — every host's checkpoint payloads from that host;
     raises TrainError."""
-    from evidence.stores import PreservationError, preserve as run_preserve
-    from orchestrate.transport import TransportError
-    from training.errors import TrainError
 
     anchors = anchor_home(home, url, progress)
     try:
@@ -70,10 +73,7 @@ def guard_stop(home: Path, stop: GuardStopped, cfg: Resolved, url: str, progress
     stopped arm's rank logs, the commitments. The stopped arm's checkpoints stay where its ranks wrote
     them (on SSH hosts, their volumes, which the cloud's deadline stops rather than deletes); `run`
     again, with a later deadline, resumes from them. Returns the run's exit status."""
-    import datetime as dt
 
-    from evidence.canonical import write_json_atomic
-    from training.results import finished
 
     try:
         at = dt.datetime.now(dt.timezone.utc)

@@ -127,7 +127,7 @@ def test_an_arm_outlives_its_controller(hosts, tiny_seed, smoke_home, tmp_path):
     with the reference's final parameters, and no rank process is left. (Ctrl-C and the next run attaching
     to the arm still running: tests/orchestrate/test_aws_loop.py.)"""
     from orchestrate.backends.ssh import SshBackend
-from orchestrate.wheelhouse import build_wheelhouse
+    from orchestrate.wheelhouse import build_wheelhouse
     from training.prepare import require_prepared
     from training.train import resolved_from_prepared
 
