@@ -99,7 +99,10 @@ def place_arms(cfg: Resolved, home: Path, placement: Placement, progress: Progre
                       + (f"; the primary arm {acc.primary} is not run: its gates are not evaluated"
                          if acc.primary in skipped else "")
                       + ("; no serving probe" if SERVING_PROBE in skipped else ""))
-    say_attainability(*commit_attainability(home, rec), progress)
+    # the local cluster's ranks are processes on this machine; SSH hosts share its cores only where their
+    # cluster says so (`Cluster.shared_cores`, which a RemotePlacement carries)
+    shared_cores = not d.one_rank_per_host or getattr(placement, "shared_cores", False)
+    say_attainability(*commit_attainability(home, rec, shared_cores=shared_cores), progress)
     return skipped
 
 

@@ -20,8 +20,7 @@ from conftest import proc_state, run_cli, serving_processes
 from evidence.canonical import read_json
 from evidence.commitments import CommitmentLog
 from evidence.serving import PHASES, check_probe
-from orchestrate.cluster import netns_cluster
-from orchestrate.netns import NetnsHosts
+from machinery.netns import NetnsHosts, netns_cluster
 from orchestrate.serving import ProbeError, RemoteReplicas, replicas_probe
 from orchestrate.trial import RemotePlacement, build_wheelhouse
 

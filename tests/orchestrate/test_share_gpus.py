@@ -65,7 +65,7 @@ def test_share_gpus_is_refused_on_ssh_hosts(tmp_path):
     from orchestrate.stages.train import make_placement
 
     class Desc:
-        source, deadline = "netns", None
+        source, deadline = "hosts", None
 
     with pytest.raises(ClusterError, match="--share-gpus shares this machine's GPUs.*one rank per host"):
         make_placement(Desc(), tmp_path, tmp_path, tmp_path, None, None, share_gpus=True)
