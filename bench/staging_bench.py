@@ -29,10 +29,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # the namespace hosts: tests/machinery/
 
-from orchestrate.cluster import netns_cluster  # noqa: E402
+from machinery.netns import NetnsHosts, netns_cluster  # noqa: E402
 from orchestrate.launch.command import free_port  # noqa: E402
-from orchestrate.netns import NetnsHosts  # noqa: E402
 from orchestrate.remote import stage_reports, wheelhouse_lock  # noqa: E402
 
 logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server: one line per request otherwise

@@ -37,7 +37,6 @@ from evidence.stats import mcnemar_exact_greater, paired_bounds
 FORMAT = "trial-attainability-v1"
 ATTAINABILITY = "attainability.json"
 UNATTAINABLE = "unattainable at this profile"
-SHARED_CORES = ("local", "netns")  # cluster sources whose ranks all run on the controller's machine
 
 
 # ------------------------------------------------------------------ the statistics, searched
@@ -220,8 +219,8 @@ def _bytes(name: str, arms: dict[str, dict], primary: str, control: str, ratio: 
 
 def _cores(cluster: dict[str, Any] | None) -> tuple[str, int | None] | None:
     """Where the ranks' CPU cores are, when every rank computes on them: a CPU profile (`cluster`'s
-    "device") whose ranks all run on the controller's machine."""
-    if not cluster or cluster.get("source") not in SHARED_CORES or cluster.get("device", "cpu") != "cpu":
+    "device") whose ranks all run on the controller's machine (its "shared")."""
+    if not cluster or not cluster.get("shared") or cluster.get("device", "cpu") != "cpu":
         return None
     c = cluster.get("cores")
     return (f"this machine's {c} CPU core{'s' if c != 1 else ''}" if c else "this machine's CPU cores"), c
@@ -260,18 +259,23 @@ def _speedup(name: str, arms: dict[str, dict], primary: str, control: str, speed
     return _gate(name, None, text, speedup=speedup, ranks_ratio=w)
 
 
-def analyse(experiment: dict[str, Any], cluster: dict[str, Any] | None = None) -> dict[str, Any]:
+def analyse(experiment: dict[str, Any], cluster: dict[str, Any] | None = None, *,
+            shared_cores: bool | None = None) -> dict[str, Any]:
     """Every acceptance gate of `experiment` (prepared.json's "experiment": the rules, the profile's
     name and the profile) at its profile; the serving gates need no size (`SERVING`). `cluster`:
-    {"source", "cores"} of the cluster the ranks run on (cores: the CPU cores the ranks share on the
-    embedded local cluster, or None where unknown), or None; it only words the timing gates, which
-    are never decided here."""
+    {"source", "cores"} of the cluster the ranks run on, recorded as given (source: its name, only
+    quoted; cores: the CPU cores the ranks share on the controller's machine, None where they run on
+    hosts of their own or the count is unknown), or None; it only words the timing gates, which are
+    never decided here. `shared_cores`: whether the ranks share the controller's machine's cores —
+    by default where `cores` is given; the caller says so where they did but the count is unknown."""
     exp, prof = experiment["experiment"], experiment["profile"]
     acc, arms = exp["acceptance"], {a["name"]: a for a in exp["arms"]}
     primary = acc["primary"]
     baseline = next(a["name"] for a in exp["arms"] if a["kind"] == "seed")
     n, conf = prof["test"], acc.get("confidence", 0.99)
-    where = cluster and {**cluster, "device": prof.get("device", "cpu")}  # the cores matter on a CPU profile
+    shared = cluster is not None and (cluster.get("cores") is not None if shared_cores is None else shared_cores)
+    # the cores matter where the ranks share them, on a CPU profile
+    where = cluster and {**cluster, "shared": shared, "device": prof.get("device", "cpu")}
     out = []
     for gate, _ in rule_gates(acc, primary, baseline):
         if gate.startswith("gain ≥"):

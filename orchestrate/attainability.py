@@ -13,25 +13,26 @@ import os
 from pathlib import Path
 from typing import Any
 
-from evidence.attainability import ATTAINABILITY, SHARED_CORES, analyse
+from evidence.attainability import ATTAINABILITY, analyse
 from evidence.canonical import read_json, write_json_atomic
 from evidence.commitments import CommitmentLog
 
 
-def cluster_basis(placement: dict[str, Any] | None) -> dict[str, Any] | None:
-    """{"source", "cores"} of the placement's cluster: the embedded local cluster's and netns hosts'
-    ranks all run on this machine, so its CPU cores (os.cpu_count(), what each rank records too) are
-    theirs to share; SSH hosts have their own (None)."""
+def cluster_basis(placement: dict[str, Any] | None, *, shared_cores: bool) -> dict[str, Any] | None:
+    """{"source", "cores"} of the placement's cluster. `shared_cores`: its ranks all run on this
+    machine (the embedded local cluster's, and hosts whose cluster says `shared_cores`), so its CPU
+    cores (os.cpu_count(), what each rank records too) are theirs to share; hosts of their own: None."""
     if placement is None:
         return None
-    source = placement["cluster"]["source"]
-    return {"source": source, "cores": os.cpu_count() if source in SHARED_CORES else None}
+    return {"source": placement["cluster"]["source"], "cores": os.cpu_count() if shared_cores else None}
 
 
-def commit_attainability(home: Path, placement: dict[str, Any] | None) -> tuple[dict[str, Any] | None, bool]:
+def commit_attainability(home: Path, placement: dict[str, Any] | None, *,
+                         shared_cores: bool) -> tuple[dict[str, Any] | None, bool]:
     """The home's committed analysis, made and committed now when it has none and nothing has been a
-    candidate yet. Returns (the record in force, whether it was committed now); None for a home whose
-    candidates were committed first (the report then computes it from prepared.json)."""
+    candidate yet (`shared_cores`: as `cluster_basis`). Returns (the record in force, whether it was
+    committed now); None for a home whose candidates were committed first (the report then computes it
+    from prepared.json)."""
     log = CommitmentLog(home)
     entry = log.latest("attainability")
     if entry is not None:
@@ -41,7 +42,7 @@ def commit_attainability(home: Path, placement: dict[str, Any] | None) -> tuple[
         return None, False
     log.require("prepare", "prepared.json")  # the rules and profile analysed are the committed ones
     prepared = read_json(home / "prepared.json")
-    rec = analyse(prepared["experiment"], cluster_basis(placement))
+    rec = analyse(prepared["experiment"], cluster_basis(placement, shared_cores=shared_cores))
     write_json_atomic(home / ATTAINABILITY, rec)
     log.append("attainability", ATTAINABILITY,
                {"unattainable": [g["gate"] for g in rec["gates"] if g["attainable"] is False]})

@@ -2,8 +2,11 @@
 evidence goes, the deadline and the budget — from three sources:
 
   local    the embedded local cluster: N ranks on this machine over loopback (the default)
-  netns    network-namespace test hosts with real sshd on 198.18.0.0/24 (orchestrate/netns.py)
+  hosts    SSH hosts described by hand (the test suite's namespace hosts are such a cluster)
   pulumi   a stack's outputs (`pulumi stack output --json`, shape in infra/outputs.py)
+
+What a cluster is made of is said by its fields, never read off its source: hosts that share the
+controller's cores say so (`shared_cores`).
 
 Every description is validated the same way; a hostile or incomplete one is refused naming the field.
 """
@@ -16,7 +19,8 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer,
+                      model_validator)
 
 from evidence.errors import UserError
 from evidence.schema import explain, require_ranks
@@ -56,7 +60,7 @@ class Host(BaseModel):
 class Cluster(BaseModel):
     model_config = ConfigDict(extra="forbid")
     format: Literal["trial-cluster-v1"] = CLUSTER_FORMAT
-    source: Literal["local", "netns", "pulumi"]
+    source: Literal["local", "hosts", "pulumi"]
     hosts: list[Host] = Field(min_length=1)
     key_file: str | None = None  # the controller's SSH key for every ssh host
     store: str  # a URL of a registered store (evidence.stores.registry)
@@ -78,6 +82,19 @@ class Cluster(BaseModel):
     # resume: a controller gone for good (a laptop closed for the night) leaves nothing running for hours,
     # a blink or a reconnect costs nothing; well under a stack's deadline, the last resort
     controller_lease_s: float = Field(1800.0, ge=5)
+    shared_cores: bool = Field(False, description=(
+        "SSH hosts that run on the controller's own machine (network namespaces, containers) and so share its "
+        "CPU cores: the controller splits the cores between the ranks (OMP_NUM_THREADS) and the gates' "
+        "attainability counts them as shared. Real hosts use cores of their own (false, the default); the "
+        "embedded local cluster's ranks always share this machine's. Written to cluster.json only when true."))
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        """Every cluster.json written before `shared_cores` existed stays the same, key for key."""
+        out = handler(self)
+        if not self.shared_cores:
+            out.pop("shared_cores", None)
+        return out
 
     @field_validator("store")
     @classmethod
@@ -146,15 +163,6 @@ def local_cluster(n: int, root: Path, store: str) -> Cluster:
     return Cluster(source="local", store=store, hosts=[
         Host(rank=r, name=f"local-{r}", transport="local", address="127.0.0.1", private_address="127.0.0.1",
              root=str(root)) for r in range(n)])
-
-
-def netns_cluster(hosts: Any, store: str, python: str) -> Cluster:
-    """From live `NetnsHosts`: one rank per namespace host, its sshd's key pinned. The namespaces
-    share this machine's filesystem, so `python` (with the project's dependencies) is theirs too."""
-    return Cluster(source="netns", store=store, key_file=str(hosts.client_key), hosts=[
-        Host(rank=h.index, name=f"ns-{h.index}", transport="ssh", address=h.address, private_address=h.address,
-             user=hosts.user, host_key=h.host_key, root=str(h.root), interface="eth0", python=python)
-        for h in hosts.hosts])
 
 
 def pulumi_cluster(outputs: str | dict, *, key_file: str, host_keys: dict[int, str] | None = None,

@@ -44,7 +44,7 @@ GPUS_ENV = "TRIAL_GPUS"
 class Devices:
     """What a cluster offers ranks."""
 
-    source: str  # local | netns | pulumi | stack (a planned stack)
+    source: str  # the cluster's (orchestrate/cluster.py: local | hosts | pulumi), or stack (a planned stack)
     hosts: int | None  # host slots; None: the embedded cluster without a description (any number of ranks)
     gpus_per_host: tuple[int | None, ...]  # by rank; the local cluster: one entry, this machine's (None: unknown)
     controller_gpus: int | None  # this machine's, where the local cluster's serving probe runs (None: unknown,

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from machinery.netns import shared_cores_env
 from orchestrate.launch.command import free_port
-from orchestrate.netns import shared_cores_env
 from training.heap import long_lived
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -594,9 +594,9 @@ def group_of(marks: set[str], names: set[str], module: str = "", nodeid: str = "
 
 
 def pytest_configure(config):
-    """Each xdist worker's namespace hosts in a slot of its own (orchestrate/netns.py's /26 quarters: gw0
+    """Each xdist worker's namespace hosts in a slot of its own (tests/machinery/netns.py's /26 quarters: gw0
     the first, gw1 the second, …); one process, or a fifth worker, shares a slot and waits on its lock."""
-    from orchestrate.netns import SLOT_ENV, SLOTS
+    from machinery.netns import SLOT_ENV, SLOTS
 
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if worker.startswith("gw") and worker[2:].isdigit():

@@ -66,6 +66,8 @@ def device_lock(device: torch.device, share: DeviceShare | None = None) -> Any:
     """
     if device.type != "cuda":
         return None
+    # TRIAL_LOCK_DIR: an operator's, where jobs that share the GPUs do not share /tmp (containers, systemd's
+    # PrivateTmp): a lock guards only against the processes that see the same file
     path = Path(os.environ.get("TRIAL_LOCK_DIR", "/tmp")) / f"trials-{os.getuid()}-cuda{device.index}.lock"
     return hold_device(path, share.job if share else None, f"GPU {device.index}")
 

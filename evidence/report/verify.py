@@ -17,7 +17,7 @@ from evidence.checker import check_answer
 from evidence.commitments import CommitmentLog
 from evidence.errors import UserError
 from evidence.inputs import changed_input, load_cases
-from evidence.attainability import ATTAINABILITY, SHARED_CORES, analyse, disagreement
+from evidence.attainability import ATTAINABILITY, analyse, disagreement
 from evidence.placement import committed_placement, not_run, shared
 
 SHARED_GPUS_ENV = "TRIAL_SHARED_GPUS"  # what a rank records of its placement (training/sharing.py)
@@ -240,7 +240,7 @@ def _attainability(home: Path, entries: list[dict], prepared: dict[str, Any],
     committed = [e for e in entries if e["kind"] == "attainability"]
     if not committed:
         cluster = None if placement is None else {"source": placement["cluster"]["source"], "cores": None}
-        return (analyse(prepared["experiment"], cluster),
+        return (analyse(prepared["experiment"], cluster, shared_cores=_on_one_machine(placement)),
                 "computed from prepared.json: this home committed no attainability record before training")
     entry = committed[0]
     where = f"{ATTAINABILITY} (log entry {entry['seq']})"
@@ -257,7 +257,7 @@ def _attainability(home: Path, entries: list[dict], prepared: dict[str, Any],
     if why:
         raise EvidenceError(f"attainability: {where} disagrees with what the committed prepared.json gives: {why}")
     cores = (cluster or {}).get("cores")
-    if (cluster or {}).get("source") in SHARED_CORES and cores is not None:
+    if cores is not None:  # recorded only where the ranks shared the controller's machine's cores
         for arm, ranks in results.items():
             for r in ranks:
                 got = (r.get("runtime") or {}).get("cpu_count")
@@ -265,6 +265,13 @@ def _attainability(home: Path, entries: list[dict], prepared: dict[str, Any],
                     raise EvidenceError(f"attainability: {where} says the ranks shared {cores} CPU cores; "
                                         f"{arm} rank {r['rank']} recorded {got}")
     return fresh, f"committed before training in {where}, recomputed from prepared.json and equal"
+
+
+def _on_one_machine(placement: dict[str, Any] | None) -> bool:
+    """Whether a home's ranks all ran on the controller's machine, for a home whose committed record
+    does not say (trained before attainability was recorded): its placement's cluster is the embedded
+    local one, "local" being placement.json's own word for it (orchestrate/placement.py writes it)."""
+    return placement is not None and placement["cluster"]["source"] == "local"
 
 
 def _not_run(home: Path, exp: dict[str, Any], cands: dict[str, Any]) -> dict[str, str]:

@@ -40,6 +40,8 @@ from training.runs import latest_common, local_manifests, set_aside_unfinished
 class LocalBackend:
     """The embedded local cluster: every rank a process on this machine, gloo over loopback."""
 
+    shared_cores = True  # every rank, replica and scoring job runs on this machine's cores
+
     def __init__(self, model_dir: Path, guard: Guard | None = None, hosts: int | None = None,
                  share_gpus: bool = False):
         self.model_dir, self.guard, self.hosts, self.share_gpus = model_dir, guard, hosts, share_gpus

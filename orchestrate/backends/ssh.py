@@ -90,8 +90,7 @@ class SshBackend:
         self.hosts = cluster.by_rank
         self.ts: list[Transport] = [cluster.transport(h) for h in self.hosts]
         self.env = cluster_env(cluster.source)
-        # hosts sharing this machine's cores (network namespaces) split them; real hosts use their own
-        self.shared_cores = cluster.source == "netns"
+        self.shared_cores = cluster.shared_cores  # hosts on this machine's cores split them
         self.guard_ts: list[Transport] = []
         self.polled: list[Polled] = []
         self.guard = guard if guard is not None else self._guard()

@@ -79,7 +79,10 @@ def place_arms(cfg: Resolved, home: Path, backend: Backend, progress: Progress, 
                       + (f"; the primary arm {acc.primary} is not run: its gates are not evaluated"
                          if acc.primary in skipped else "")
                       + ("; no serving probe" if SERVING_PROBE in skipped else ""))
-    say_attainability(*commit_attainability(home, rec), progress)
+    # the local cluster's ranks are processes on this machine; SSH hosts share its cores only where their
+    # cluster says so (`Cluster.shared_cores`, which the SSH backend carries)
+    shared_cores = backend.shared_cores
+    say_attainability(*commit_attainability(home, rec, shared_cores=shared_cores), progress)
     return skipped
 
 

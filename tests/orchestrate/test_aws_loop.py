@@ -89,7 +89,7 @@ def cloud(monkeypatch):
     from moto.server import ThreadedMotoServer
 
     from orchestrate.launch.command import free_port
-    from orchestrate.netns import operator_address
+    from machinery.netns import operator_address
 
     port, bridge = free_port(), operator_address()
     env = {"AWS_ENDPOINT_URL": f"http://{bridge}:{port}", "AWS_ACCESS_KEY_ID": "testing",
@@ -116,7 +116,7 @@ def test_the_aws_loop_in_emulation(cloud, tiny_seed, tmp_path):
     from orchestrate.cloud import reconcile
     from orchestrate.cluster import load
     from orchestrate.launch.ssh import rank_pidfile, running_ranks
-    from orchestrate.netns import NetnsHosts
+    from machinery.netns import NetnsHosts
 
     trials, seeds = tmp_path / "trials", tmp_path / "seeds"
     shutil.copytree(tiny_seed, seeds / "tiny")

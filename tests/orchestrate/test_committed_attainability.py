@@ -28,20 +28,20 @@ def test_committed_once_before_the_candidates(ltw_home, tmp_path):
 
     home = tmp_path / "home"
     shutil.copytree(ltw_home, home)
-    placement = {"cluster": {"source": "local"}}
-    rec, now = commit_attainability(home, placement)
+    placement, shared = {"cluster": {"source": "local"}}, {"shared_cores": True}
+    rec, now = commit_attainability(home, placement, **shared)
     assert now and read_json(home / ATTAINABILITY) == rec
     assert [e["kind"] for e in CommitmentLog(home).entries()][-1] == "attainability"
     assert CommitmentLog(home).latest("attainability")["data"] == {"unattainable": [BYTES]}
     assert rec["basis"]["cluster"]["source"] == "local" and rec["basis"]["cluster"]["cores"] >= 1
-    assert commit_attainability(home, placement) == (rec, False)  # a later run keeps the home's record
+    assert commit_attainability(home, placement, **shared) == (rec, False)  # a later run keeps the home's record
     assert len([e for e in CommitmentLog(home).entries() if e["kind"] == "attainability"]) == 1
     # a home whose candidates were committed first (trained before records were kept) gets none now
     other = tmp_path / "other"
     shutil.copytree(ltw_home, other)
     (other / "candidates.json").write_text("{}")
     CommitmentLog(other).append("candidates", "candidates.json")
-    assert commit_attainability(other, placement) == (None, False) and not (other / ATTAINABILITY).exists()
+    assert commit_attainability(other, placement, **shared) == (None, False) and not (other / ATTAINABILITY).exists()
 
 
 def test_an_unattainable_gate_is_labelled_from_the_committed_record(finished_trial):

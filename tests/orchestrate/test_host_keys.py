@@ -188,7 +188,7 @@ def test_up_reads_the_consoles_through_boto3_and_refuses_a_silent_one(aws, tmp_p
                     reason="needs root and openssh-server (CI installs both)")
 def test_a_cluster_pinned_from_the_consoles_logs_in_and_refuses_another_key(tmp_path):
     from orchestrate.cluster import pulumi_cluster
-    from orchestrate.netns import PREFIX, NetnsHosts
+    from machinery.netns import PREFIX, NetnsHosts
     from orchestrate.transport import TransportError
 
     with NetnsHosts(2, tmp_path / "netns") as hs:

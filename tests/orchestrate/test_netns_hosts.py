@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.netns import (MAX_HOSTS, PREFIX, SLOT_ENV, SLOT_SIZE, SLOTS, NetnsError, NetnsHosts, default_slot,
-                              lock_path, operator_address, slot_base)
+from machinery.netns import (MAX_HOSTS, PREFIX, SLOT_ENV, SLOT_SIZE, SLOTS, NetnsError, NetnsHosts, default_slot,
+                            lock_path, operator_address, slot_base)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("/usr/sbin/sshd") is None,
                                 reason="needs root and openssh-server (CI installs both)")
@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[2]
 HOLDER = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from orchestrate.netns import NetnsHosts
+    sys.path.insert(0, "tests")  # where machinery/ is (the child runs in the checkout's root)
+    from machinery.netns import NetnsHosts
     with NetnsHosts(1, Path(sys.argv[1])) as hs:
         print(hs.bridge, hs.hosts[0].namespace, hs.hosts[0].sshd.pid, flush=True)
         sys.stdin.readline()

@@ -229,6 +229,7 @@ def test_no_serve_on_a_home_older_than_committed_placements_is_refused(home_copy
     from orchestrate.stages.train import place_arms
 
     class Here:
+        shared_cores = True
         devices = staticmethod(lambda device: local_devices(None, "cpu"))
 
     cfg = resolve("cooperative-learning", "smoke")

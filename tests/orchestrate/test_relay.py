@@ -117,9 +117,8 @@ def test_four_hosts_staged_through_the_bucket(smoke_home, tiny_seed, tmp_path, m
     import boto3
     from moto.server import ThreadedMotoServer
 
-    from orchestrate.cluster import netns_cluster
+    from machinery.netns import NetnsHosts, netns_cluster, operator_address
     from orchestrate.launch.command import free_port
-    from orchestrate.netns import NetnsHosts, operator_address
     from orchestrate.remote import stage_reports
 
     wheels = tmp_path / "wheels"
@@ -179,16 +178,16 @@ def test_four_hosts_staged_through_the_bucket(smoke_home, tiny_seed, tmp_path, m
 
 
 def test_the_relay_is_chosen_for_a_stack_and_asked_for_elsewhere(tmp_path):
-    """A stack's hosts have the instance role: staging relays there by default; elsewhere (a netns or
-    hand-written cluster whose hosts may have no AWS credentials) it goes over SSH unless asked."""
+    """A stack's hosts have the instance role: staging relays there by default; elsewhere (hosts described by
+    hand, the namespace test hosts among them, which may have no AWS credentials) it goes over SSH unless asked."""
     from orchestrate.cluster import Cluster
 
     hosts = [{"name": "h0", "rank": 0, "transport": "ssh", "address": "198.18.0.10", "private_address": "198.18.0.10",
               "host_key": "ssh-ed25519 AAAA", "root": "/opt/trial"}]
     base = {"hosts": hosts, "key_file": str(tmp_path / "k"), "store": "s3://b/trials/t/"}
     assert Cluster(source="pulumi", **base).relay == "s3://b/trials/t/"
-    assert Cluster(source="netns", **base).relay is None
-    assert Cluster(source="netns", staging="relay", **base).relay == "s3://b/trials/t/"
+    assert Cluster(source="hosts", **base).relay is None
+    assert Cluster(source="hosts", staging="relay", **base).relay == "s3://b/trials/t/"
     assert Cluster(source="pulumi", staging="ssh", **base).relay is None
     with pytest.raises(ValueError, match="needs the trial's bucket"):
-        Cluster(source="netns", staging="relay", **{**base, "store": f"file://{tmp_path}/store"})
+        Cluster(source="hosts", staging="relay", **{**base, "store": f"file://{tmp_path}/store"})

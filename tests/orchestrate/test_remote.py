@@ -19,11 +19,10 @@ import pytest
 
 from conftest import ROOT, proc_state
 from evidence.canonical import read_json
-from orchestrate.cluster import netns_cluster
+from machinery.netns import NetnsHosts, netns_cluster
 from orchestrate.launch.command import local_argv
 from orchestrate.launch.local import launch_group
 from orchestrate.launch.ssh import launch_remote_group
-from orchestrate.netns import NetnsHosts
 from orchestrate.remote import StagingError, collect, stage
 from orchestrate.status import trial_status
 from orchestrate.transport import TransportError

@@ -20,11 +20,9 @@ from conftest import proc_state, run_cli, serving_processes
 from evidence.canonical import read_json
 from evidence.commitments import CommitmentLog
 from evidence.serving import PHASES, check_probe
-from orchestrate.cluster import netns_cluster
-from orchestrate.netns import NetnsHosts
-from orchestrate.backends.ssh import SshReplicas
+from machinery.netns import NetnsHosts, netns_cluster
+from orchestrate.backends.ssh import SshBackend, SshReplicas
 from orchestrate.serving import ProbeError, replicas_probe
-from orchestrate.backends.ssh import SshBackend
 from orchestrate.wheelhouse import build_wheelhouse
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("/usr/sbin/sshd") is None,

@@ -21,9 +21,9 @@ import pytest
 from conftest import ROOT, cpu_seconds, proc_state
 from evidence.canonical import read_json
 from evidence.commitments import LOG_NAME
-from orchestrate.cluster import netns_cluster, save
+from machinery.netns import NetnsHosts, netns_cluster
+from orchestrate.cluster import save
 from orchestrate.launch.ssh import running_ranks
-from orchestrate.netns import NetnsHosts
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("/usr/sbin/sshd") is None,
                                 reason="needs root and openssh-server (CI installs both)")

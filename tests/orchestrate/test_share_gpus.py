@@ -65,7 +65,7 @@ def test_share_gpus_is_refused_on_ssh_hosts(tmp_path):
     from orchestrate.backends import make_backend
 
     class Desc:
-        source, deadline = "netns", None
+        source, deadline = "hosts", None
 
     with pytest.raises(ClusterError, match="--share-gpus shares this machine's GPUs.*one rank per host"):
         make_backend(Desc(), tmp_path, tmp_path, tmp_path, None, None, share_gpus=True)

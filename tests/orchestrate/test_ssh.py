@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
+from machinery.netns import MAX_HOSTS, PREFIX, NetnsHosts
 from orchestrate.launch.ssh import Hearing, RemoteRank, liveness_probe
-from orchestrate.netns import MAX_HOSTS, PREFIX, NetnsHosts
 from orchestrate.transport import SSHTransport, TransportError
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("/usr/sbin/sshd") is None,
@@ -83,7 +83,7 @@ def test_a_session_logs_in_to_its_hosts_own_home(hosts):
 def test_a_sessions_idle_openmp_threads_sleep(hosts):
     """The hosts share this machine's cores, so a session's torch does not keep idle OpenMP threads spinning
     on them (`shared_cores_env`: the operator's own OMP_WAIT_POLICY where set, else PASSIVE)."""
-    from orchestrate.netns import shared_cores_env
+    from machinery.netns import shared_cores_env
 
     t = ssh(hosts, 0)
     try:

@@ -46,6 +46,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from orchestrate.cluster import Cluster, Host
+
 SUBNET = "198.18.0"
 SLOTS = 4  # the /24's /26 quarters: one per test worker, up to four
 SLOT_SIZE = 256 // SLOTS  # addresses in a slot
@@ -395,3 +397,14 @@ class NetnsHosts:
             lock.close()  # the flock goes with the descriptor
             self._lock = None
             _OPEN_HERE -= 1
+
+
+def netns_cluster(hosts: NetnsHosts, store: str, python: str) -> Cluster:
+    """From live `NetnsHosts`: one rank per namespace host, its sshd's key pinned — SSH hosts described
+    by hand, as an operator would describe machines of their own, except that these share this machine's
+    cores (`shared_cores`: the controller splits them between the ranks). The namespaces share this
+    machine's filesystem, so `python` (with the project's dependencies) is theirs too."""
+    return Cluster(source="hosts", shared_cores=True, store=store, key_file=str(hosts.client_key), hosts=[
+        Host(rank=h.index, name=f"ns-{h.index}", transport="ssh", address=h.address, private_address=h.address,
+             user=hosts.user, host_key=h.host_key, root=str(h.root), interface="eth0", python=python)
+        for h in hosts.hosts])
