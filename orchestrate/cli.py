@@ -4,30 +4,72 @@ code without going through a command line."""
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import shlex
+import shutil
+import signal
 import sys
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Optional
 
 import typer
+import yaml
+from pydantic import ValidationError
+from rich.table import Table
+from rich.text import Text
 
+from evidence.attainability import UNATTAINABLE, analyse
+from evidence.canonical import EvidenceFileError, file_sha256
+from evidence.covered import CoveredFileError
 from evidence.errors import UserError
-from evidence.stores import FileStore, known_forms
+from evidence.report.render import closing, verdict
+from evidence.stores import (
+    PRESERVED,
+    FileStore,
+    PreservationError,
+    known_forms,
+    read_preserved,
+    verify_index,
+)
+from infra.plan import GB, TrialConfig, table
+from infra.plan import estimate as run_estimate
+from orchestrate.attainability import cluster_basis
 from orchestrate.backends import make_backend
+from orchestrate.cloud import HostKeysMissing, budget_note, reconcile, stop_trial
+from orchestrate.cluster import ClusterError, load
+from orchestrate.launch.ssh import stop_ranks
 from orchestrate.launch.supervise import LeftRunning
 from orchestrate.placement import NO_SERVE
 from orchestrate.progress import ConsoleProgress, stderr_console
+from orchestrate.recovery import RecoveryOptions, run_recovery
+from orchestrate.remote import host_parts
 from orchestrate.stages.cluster import load_cluster, write_cluster
 from orchestrate.stages.evaluate import serve_probe
 from orchestrate.stages.plan import PlanError, plan_arm
 from orchestrate.stages.prepare import seed_from_model_dir
 from orchestrate.stages.preserve import preserve_home
-from orchestrate.recovery import RecoveryOptions, run_recovery
+from orchestrate.status import Unknown, trial_status
+from orchestrate.transport import TransportError
 from orchestrate.trial import OptionError, TrialOptions, run_trial
-from training.config import Resolved
+from orchestrate.wheelhouse import WheelhouseError, download, project_requirements
+from training.config import (
+    ConfigError,
+    Resolved,
+    address,
+    config_dir,
+    experiment_names,
+    lineage,
+    load_experiment,
+    origins,
+    resolve,
+)
+from training.hold import HeldError, hold, lock_path
+from training.prepare import PrepareError, require_prepared, task_source
 from training.results import ArmSummary
+from training.sources import TaskFileError
+from training.train import resolved_from_prepared
 
 if TYPE_CHECKING:
     from evidence.report import Report
@@ -118,8 +160,6 @@ class CliView(ConsoleProgress):
 
 
 def show_summaries(cfg, summaries: list[ArmSummary]) -> None:
-    from rich.table import Table
-
     t = Table(title=f"{cfg.experiment.name}/{cfg.profile_name}: training")
     for col in ("arm", "ranks", "updates", "step s", "loop s", "MB/update", "loss first", "loss last",
                 "replicas"):
@@ -137,10 +177,7 @@ def show_summaries(cfg, summaries: list[ArmSummary]) -> None:
 def show_report(rep: Report) -> None:
     """The trial in one table: test accuracy per arm (and what was not run), payload per update, and the
     gates — each one, failed or not evaluated as well as passed."""
-    from rich.table import Table
-    from rich.text import Text
 
-    from evidence.report.render import closing, verdict
 
     for g in rep.gates:
         said = verdict(g)
@@ -163,7 +200,6 @@ def show_report(rep: Report) -> None:
 
 def show_attainability(rec: dict) -> None:
     """What each gate of the plan's experiment can reach at its profile (evidence/attainability.py)."""
-    from evidence.attainability import UNATTAINABLE
 
     gates = [g for g in rec["gates"] if not g["gate"].startswith("serving")]
     print(f"{rec['experiment']}: gates at profile {rec['profile']} ({rec['basis']['test_cases']} test cases): "
@@ -194,11 +230,9 @@ def up(local: bool = typer.Option(False, "--local", help="the embedded local clu
        out: Path = typer.Option(Path("cluster.json"), help="where to write the description")) -> None:
     """Write cluster.json: the embedded local cluster, or a Pulumi stack's hosts from its outputs
     (`pulumi up` creates them; this only describes them, and checks every field)."""
+    # start-up: boto3/botocore take ~0.9 s to import (-X importtime, 2026-12-06); only AWS calls pay it
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from evidence.covered import CoveredFileError
-    from orchestrate.cloud import HostKeysMissing
-    from orchestrate.cluster import ClusterError
 
     try:
         desc = write_cluster(out, progress, local=local, hosts=hosts, stack=stack, pulumi_outputs=pulumi_outputs,
@@ -223,9 +257,6 @@ def probe(home: Path = typer.Option(..., help="a trial home with a committed sel
           wheelhouse: Optional[Path] = typer.Option(None, help="SSH hosts: wheels of every dependency")) -> None:
     """Run the serving probe (one replica per rank of the serving arm, at least two): on this machine,
     or with --cluster one per SSH host, where the trial's ranks ran."""
-    from training.hold import hold
-    from training.prepare import require_prepared
-    from training.train import resolved_from_prepared
 
     backend = None
     try:
@@ -251,9 +282,7 @@ def probe(home: Path = typer.Option(..., help="a trial home with a committed sel
 def estimate(stack: Path = typer.Option(Path("Pulumi.dev.yaml"), help="a Pulumi stack config file"),
              as_json: bool = typer.Option(False, "--json", help="print the estimate as JSON")) -> None:
     """The cost and traffic estimate of a stack's plan against its budget (what `pulumi up` checks)."""
-    import json
 
-    from infra.plan import estimate as run_estimate, table
 
     cfg = _stack_config(stack)
     est = run_estimate(cfg, _now())
@@ -267,17 +296,10 @@ def estimate(stack: Path = typer.Option(Path("Pulumi.dev.yaml"), help="a Pulumi 
 
 
 def _now():
-    import datetime as dt
-
     return dt.datetime.now(dt.timezone.utc)
 
 
 def _stack_config(stack: Path):
-    import yaml
-    from pydantic import ValidationError
-
-    from infra.plan import TrialConfig
-
     try:
         conf = yaml.safe_load(stack.read_text())["config"]
         return TrialConfig.model_validate({**conf["trials:cluster"], "region": conf["aws:region"]})
@@ -302,12 +324,8 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
     """Cost, hours and bytes of ARM's experiment (the arm and its controls) against the budget split,
     the hosts' vCPUs against the account's G-instance quota, and what staging sends from this machine.
     Exit 1 when anything does not fit."""
-    import json
 
-    from rich.table import Table
 
-    from infra.plan import GB, table
-    from training.config import ConfigError
 
     cfg = _stack_config(stack)
     try:
@@ -391,11 +409,7 @@ def gates(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-
     """What each gate of ARM's experiment can reach at PROFILE on the embedded local cluster — the
     analysis `run` commits as attainability.json before training (evidence/attainability.py): whether
     it can pass at all, and the smallest effect it can detect. Nothing is prepared or trained."""
-    import json
 
-    from evidence.attainability import analyse
-    from orchestrate.attainability import cluster_basis
-    from training.config import ConfigError, address, resolve
 
     try:
         cfg = resolve(address(arm)[0], profile)
@@ -423,7 +437,6 @@ def wheelhouse(dest: Path = typer.Argument(..., help="the directory to fill; giv
     """Download every dependency as wheels for the hosts' Python and platform (not this machine's): torch
     and its CUDA libraries included, since the hosts' AMI has another torch. Refuses a directory holding a
     wheel the hosts could not install."""
-    from orchestrate.wheelhouse import WheelhouseError, download, project_requirements
 
     root = Path(__file__).resolve().parent.parent
     if python_version is None or platform is None:
@@ -448,13 +461,8 @@ def status(cluster: Path = typer.Option(Path("cluster.json"), help="the trial's 
            home: Optional[Path] = typer.Option(None, help="the trial home (the embedded local cluster's ranks write there)"),
            as_json: bool = typer.Option(False, "--json")) -> None:
     """A running trial: spend so far, bytes against the transfer guard, time to the deadline, each rank's state."""
-    import json
 
-    from rich.table import Table
 
-    from orchestrate.cluster import ClusterError, load
-    from orchestrate.cloud import budget_note
-    from orchestrate.status import Unknown, trial_status
 
     try:
         desc = load(cluster)
@@ -506,9 +514,6 @@ def preserve(home: Path = typer.Option(..., help="the trial home"),
                                                                "that stayed on the hosts (recorded in the index)")) -> None:
     """Upload every file of the home, content-addressed, each object read back and re-hashed; with
     --cluster, every SSH host preserves its own checkpoint payloads from where they are."""
-    from orchestrate.cluster import load
-    from orchestrate.remote import host_parts
-    from training.hold import hold
 
     class Hosts:  # the one thing preserve_home asks of a backend
         def __init__(self, desc):
@@ -542,11 +547,7 @@ def verified_home(home: Path, not_preserved: str) -> Iterator[tuple[dict, dict]]
     """Hold `home` (not while a run writes in it) with its preservation record read and its evidence index
     verified in the store, object by object: (record, verification). Refused (exit 2), by name, when the
     home was never preserved (`not_preserved`: what to do), is held, or its evidence does not verify."""
-    from contextlib import ExitStack
 
-    from evidence.canonical import EvidenceFileError
-    from evidence.stores import PRESERVED, PreservationError, read_preserved, verify_index
-    from training.hold import HeldError, hold
 
     rec_path = home / PRESERVED
     if not rec_path.is_file():
@@ -582,7 +583,6 @@ def down(home: Path = typer.Option(..., help="the trial home"),
         return
     import boto3
 
-    from orchestrate.cloud import reconcile, stop_trial
 
     session = boto3.Session(region_name=region)
     stopped = stop_trial(session, aws_trial)
@@ -599,9 +599,6 @@ def down(home: Path = typer.Option(..., help="the trial home"),
 def stop(cluster: Path = typer.Option(Path("cluster.json"), help="the trial's cluster.json")) -> None:
     """Stop the ranks left running on the cluster's hosts (an interrupted `orchestrate run` leaves them
     detached there): SIGTERM by pid, SIGKILL 10 s later. Their checkpoints stay for a resume."""
-    from orchestrate.cluster import ClusterError, load
-    from orchestrate.launch.ssh import stop_ranks
-    from orchestrate.transport import TransportError
 
     try:
         c = load(cluster)
@@ -619,11 +616,7 @@ def remove(home: Path = typer.Option(..., help="the trial home to delete from th
     trials leave the disk. A home never preserved, whose store does not verify, or holding anything the
     index does not hold as it is now (a later run's report, a changed file) is refused, naming it, and
     left as it is. The store is not touched."""
-    import shutil
 
-    from evidence.canonical import file_sha256
-    from evidence.stores import PRESERVED
-    from training.hold import lock_path
 
     try:
         with verified_home(home, f"run `orchestrate preserve --home {home}` first — nothing of it would survive "
@@ -655,7 +648,6 @@ def remove(home: Path = typer.Option(..., help="the trial home to delete from th
 def list_cmd() -> None:
     """The experiments this checkout defines (config/experiments/, or $TRIAL_CONFIG_DIR): each one's arms
     (kind, ranks; the primary and the serving arm marked), the experiment before it, and its profiles."""
-    from training.config import ConfigError, config_dir, experiment_names, load_experiment
 
     try:
         d = config_dir()
@@ -680,11 +672,7 @@ def validate(experiment: str = typer.Argument(..., help="an experiment's name (o
     """The study `orchestrate run` would run, resolved without running anything: every value with where it
     comes from (the experiment, an arm, the profile or its base, a default), and every experiment before
     it. Exit 2, naming the value, when it would be refused."""
-    import json
 
-    from training.config import ConfigError, address, lineage, origins
-    from training.prepare import PrepareError, task_source
-    from training.sources import TaskFileError
 
     try:
         name = address(experiment)[0]
@@ -753,8 +741,6 @@ def recovery_trial_cmd(
 
 
 def main() -> None:
-    import signal
-
     def terminated(signum: int, frame) -> None:
         raise KeyboardInterrupt("terminated (SIGTERM)")
 

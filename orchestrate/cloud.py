@@ -171,6 +171,7 @@ def cluster_budget(cluster: Any, session: Any = None) -> dict[str, Any]:
     """The trial's AWS budget (`read_budget`) as the cloud accounts for it, read with a session in the
     cluster's region unless one is given: what `run` checks before anything starts and `status` shows."""
     if session is None:
+        # start-up: boto3/botocore take ~0.9 s to import (-X importtime, 2026-12-06); only AWS calls pay it
         import boto3
 
         session = boto3.Session(region_name=cluster.region)

@@ -19,12 +19,21 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator, model_serializer,
-                      model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
+from evidence.canonical import write_json_atomic
 from evidence.errors import UserError
 from evidence.schema import explain, require_ranks
 from evidence.stores import STORES, PreservationError, S3Store, store_class
+from infra.outputs import OutputsError, parse_outputs
 from orchestrate.transport import LocalTransport, SSHTransport, Transport
 
 CLUSTER_FORMAT = "trial-cluster-v1"
@@ -153,8 +162,6 @@ def load(path: str | Path) -> Cluster:
 
 
 def save(cluster: Cluster, path: str | Path) -> Path:
-    from evidence.canonical import write_json_atomic
-
     write_json_atomic(path, json.loads(cluster.model_dump_json()))
     return Path(path)
 
@@ -169,7 +176,6 @@ def pulumi_cluster(outputs: str | dict, *, key_file: str, host_keys: dict[int, s
                    root: str = "/opt/trial") -> Cluster:
     """From `pulumi stack output --json`. Host keys are not in the outputs (the cloud cannot vouch
     for them): pass them per rank, read from each instance's console output."""
-    from infra.outputs import OutputsError, parse_outputs
 
     try:
         out = parse_outputs(outputs)

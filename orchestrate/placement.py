@@ -73,6 +73,7 @@ def visible_gpus(env: Mapping[str, str] | None = None) -> tuple[int, str]:
         if not raw.strip().isdigit():
             raise ClusterError(f"{GPUS_ENV}={raw!r} is not a whole number of GPUs (unset it to count them)")
         return int(raw), GPUS_ENV
+    # start-up: torch takes seconds to import; only a CUDA profile's GPU count needs it
     import torch
 
     return torch.cuda.device_count(), "torch.cuda.device_count()"

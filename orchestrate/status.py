@@ -199,6 +199,7 @@ def trial_status(cluster: Cluster, home: Path | None, *, session: Any = None,
 
         try:
             if session is None:
+                # start-up: boto3/botocore take ~0.9 s to import (-X importtime, 2026-12-06); only AWS calls pay it
                 import boto3
 
                 session = boto3.Session(region_name=cluster.region)

@@ -170,6 +170,7 @@ def plan_arm(cfg: TrialConfig, stack: Path, arm: str, *, wheelhouse: Optional[Pa
     quota_note: str | None = None
     zones: ZonesChecked | ZonesUnchecked = ZonesUnchecked(note="not checked (--no-quota: no AWS reads)")
     if quota:
+        # start-up: boto3/botocore take ~0.9 s to import (-X importtime, 2026-12-06); only AWS calls pay it
         import boto3
         from botocore.exceptions import BotoCoreError, ClientError
 

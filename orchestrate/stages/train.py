@@ -8,7 +8,15 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
+from evidence.attainability import ATTAINABILITY, UNATTAINABLE
+from evidence.commitments import CommitmentLog
+from evidence.placement import SERVING_PROBE, not_run
+from orchestrate import placement as pl
+from orchestrate.attainability import commit_attainability
+from orchestrate.cluster import ClusterError
 from orchestrate.progress import Progress
+from training.errors import TrainError
+from training.results import finished, load_results, summarize
 
 if TYPE_CHECKING:
     from orchestrate.backends import Backend
@@ -29,12 +37,6 @@ def place_arms(cfg: Resolved, home: Path, backend: Backend, progress: Progress, 
     """Where this cluster can run the experiment's arms, decided before anything launches and
     committed (or, on a later run, the home's committed placement); prints what is not run.
     Returns what is not run: arm (or the serving probe) → reason."""
-    from evidence.commitments import CommitmentLog
-    from evidence.placement import SERVING_PROBE, not_run
-    from orchestrate import placement as pl
-    from orchestrate.attainability import commit_attainability
-    from orchestrate.cluster import ClusterError
-    from training.results import finished
 
     d = dataclasses.replace(backend.devices(pl.trial_device(cfg)), no_serve=no_serve)
     done = {a.name for a in cfg.experiment.arms if a.trains and finished(home, a.name, a.world_size)}
@@ -89,7 +91,6 @@ def place_arms(cfg: Resolved, home: Path, backend: Backend, progress: Progress, 
 def say_attainability(rec: dict | None, now: bool, progress: Progress) -> None:
     """What each gate can reach at this profile, said before anything trains: the unattainable ones
     first, then the smallest effect each other gate can detect (the serving gates need no size)."""
-    from evidence.attainability import ATTAINABILITY, UNATTAINABLE
 
     if rec is None:
         return
@@ -111,8 +112,6 @@ def train_arms(cfg: Resolved, home: Path, backend: Backend, progress: Progress,
     one device); an arm in `not_run` is never launched. Before each arm it would launch,
     `stop_check` may name a reason to stop (a raised cloud alarm): the trial then stops as when the
     controller's guard stops it (GuardStopped). Returns each trained arm's summary."""
-    from training.errors import TrainError
-    from training.results import finished, load_results, summarize
 
     out = []
     for a in cfg.experiment.arms:
