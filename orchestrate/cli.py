@@ -177,8 +177,6 @@ def show_summaries(cfg, summaries: list[ArmSummary]) -> None:
 def show_report(rep: Report) -> None:
     """The trial in one table: test accuracy per arm (and what was not run), payload per update, and the
     gates — each one, failed or not evaluated as well as passed."""
-
-
     for g in rep.gates:
         said = verdict(g)
         if g.failed and g.attainable is not False:  # what it would have taken
@@ -233,7 +231,6 @@ def up(local: bool = typer.Option(False, "--local", help="the embedded local clu
     # start-up: boto3/botocore take ~0.9 s to import (-X importtime, 2026-12-06); only AWS calls pay it
     from botocore.exceptions import BotoCoreError, ClientError
 
-
     try:
         desc = write_cluster(out, progress, local=local, hosts=hosts, stack=stack, pulumi_outputs=pulumi_outputs,
                              key_file=key_file, host_keys=host_keys, boot_wait=boot_wait, addresses=addresses,
@@ -282,8 +279,6 @@ def probe(home: Path = typer.Option(..., help="a trial home with a committed sel
 def estimate(stack: Path = typer.Option(Path("Pulumi.dev.yaml"), help="a Pulumi stack config file"),
              as_json: bool = typer.Option(False, "--json", help="print the estimate as JSON")) -> None:
     """The cost and traffic estimate of a stack's plan against its budget (what `pulumi up` checks)."""
-
-
     cfg = _stack_config(stack)
     est = run_estimate(cfg, _now())
     if as_json:
@@ -324,9 +319,6 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
     """Cost, hours and bytes of ARM's experiment (the arm and its controls) against the budget split,
     the hosts' vCPUs against the account's G-instance quota, and what staging sends from this machine.
     Exit 1 when anything does not fit."""
-
-
-
     cfg = _stack_config(stack)
     try:
         est = plan_arm(cfg, stack, arm, wheelhouse=wheelhouse, uplink_mbps=uplink_mbps, quota=quota, now=_now(),
@@ -409,8 +401,6 @@ def gates(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-
     """What each gate of ARM's experiment can reach at PROFILE on the embedded local cluster — the
     analysis `run` commits as attainability.json before training (evidence/attainability.py): whether
     it can pass at all, and the smallest effect it can detect. Nothing is prepared or trained."""
-
-
     try:
         cfg = resolve(address(arm)[0], profile)
     except ConfigError as e:
@@ -461,9 +451,6 @@ def status(cluster: Path = typer.Option(Path("cluster.json"), help="the trial's 
            home: Optional[Path] = typer.Option(None, help="the trial home (the embedded local cluster's ranks write there)"),
            as_json: bool = typer.Option(False, "--json")) -> None:
     """A running trial: spend so far, bytes against the transfer guard, time to the deadline, each rank's state."""
-
-
-
     try:
         desc = load(cluster)
         st = trial_status(desc, home)
@@ -547,8 +534,6 @@ def verified_home(home: Path, not_preserved: str) -> Iterator[tuple[dict, dict]]
     """Hold `home` (not while a run writes in it) with its preservation record read and its evidence index
     verified in the store, object by object: (record, verification). Refused (exit 2), by name, when the
     home was never preserved (`not_preserved`: what to do), is held, or its evidence does not verify."""
-
-
     rec_path = home / PRESERVED
     if not rec_path.is_file():
         say("refused:", f"{home} has not been preserved (no {PRESERVED}); {not_preserved}", style="bold red")
@@ -583,7 +568,6 @@ def down(home: Path = typer.Option(..., help="the trial home"),
         return
     import boto3
 
-
     session = boto3.Session(region_name=region)
     stopped = stop_trial(session, aws_trial)
     con.print(f"stopped {len(stopped)} instance(s): {', '.join(stopped) or '—'}", highlight=False)
@@ -616,8 +600,6 @@ def remove(home: Path = typer.Option(..., help="the trial home to delete from th
     trials leave the disk. A home never preserved, whose store does not verify, or holding anything the
     index does not hold as it is now (a later run's report, a changed file) is refused, naming it, and
     left as it is. The store is not touched."""
-
-
     try:
         with verified_home(home, f"run `orchestrate preserve --home {home}` first — nothing of it would survive "
                                  "its removal") as (rec, v):
@@ -672,8 +654,6 @@ def validate(experiment: str = typer.Argument(..., help="an experiment's name (o
     """The study `orchestrate run` would run, resolved without running anything: every value with where it
     comes from (the experiment, an arm, the profile or its base, a default), and every experiment before
     it. Exit 2, naming the value, when it would be refused."""
-
-
     try:
         name = address(experiment)[0]
         chain = lineage(name, profile)

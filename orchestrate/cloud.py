@@ -104,8 +104,6 @@ def pin_host_keys(instances: dict[int, str], read: Callable[[str], str], *, wait
     """Each rank's host key, from what its instance printed at first boot (`infra.keys`), reading the
     consoles again while any instance is still booting, at most `wait_s`; then refuses naming every
     instance that has printed none. A console that shows two different keys is refused at once."""
-
-
     keys: dict[int, str] = {}
     deadline = time.monotonic() + wait_s
     while True:

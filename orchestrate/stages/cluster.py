@@ -37,8 +37,6 @@ def write_cluster(out: Path, progress: Progress, *, local: bool, hosts: int, sta
     each instance's console), because an unknown host key is never accepted later. Raises
     ClusterError, HostKeysMissing, CoveredFileError, ValueError, OSError, or botocore's errors
     when EC2 cannot be read."""
-
-
     if [local, pulumi_outputs is not None, stack is not None].count(True) != 1:
         raise ClusterError("pass exactly one of --local, --stack and --pulumi-outputs")
     if local:
@@ -60,7 +58,6 @@ def write_cluster(out: Path, progress: Progress, *, local: bool, hosts: int, sta
             # start-up: boto3/botocore take ~0.9 s to import (-X importtime, 2026-12-06); only AWS calls pay it
             import boto3
 
-
             try:
                 parsed = parse_outputs(text)
             except OutputsError as e:
@@ -71,7 +68,6 @@ def write_cluster(out: Path, progress: Progress, *, local: bool, hosts: int, sta
                 f"rank {h.rank} {now[h.instance_id]['public_ip']}" for h in parsed.hosts))
         if keys is None:  # from the consoles, where cloud-init printed them at first boot
             import boto3
-
 
             try:
                 parsed = parse_outputs(text)
@@ -117,8 +113,6 @@ def kept_host_keys(path: Path, instances: dict[int, str]) -> dict[int, str]:
 def load_cluster(path: Optional[Path], progress: Progress) -> Cluster | None:
     """The cluster description, or None for the embedded local cluster. A deadline within the
     controller's margin or a spent budget refuses it here, before anything starts, rather than midway."""
-
-
     if path is None:
         return None
     desc = load(path)
@@ -129,7 +123,6 @@ def load_cluster(path: Optional[Path], progress: Progress) -> Cluster | None:
                            + f"; the controller stops {Guard().margin_s / 60:.0f} min before it, so nothing starts")
     if desc.budget_name:  # the cloud's own account of the spend: a spent budget starts nothing
         from botocore.exceptions import BotoCoreError, ClientError
-
 
         try:
             b = cluster_budget(desc)
@@ -152,7 +145,6 @@ def alarm_check(desc: Cluster | None, progress: Progress) -> Callable[[], str | 
         return None
     import boto3
     from botocore.exceptions import BotoCoreError, ClientError
-
 
     session = boto3.Session(region_name=desc.region)
 

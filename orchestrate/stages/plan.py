@@ -174,7 +174,6 @@ def plan_arm(cfg: TrialConfig, stack: Path, arm: str, *, wheelhouse: Optional[Pa
         import boto3
         from botocore.exceptions import BotoCoreError, ClientError
 
-
         session = boto3.Session(region_name=cfg.region)
         try:
             quota_read = read_vcpu_quota(session)

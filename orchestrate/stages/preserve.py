@@ -73,8 +73,6 @@ def guard_stop(home: Path, stop: GuardStopped, cfg: Resolved, url: str, progress
     stopped arm's rank logs, the commitments. The stopped arm's checkpoints stay where its ranks wrote
     them (on SSH hosts, their volumes, which the cloud's deadline stops rather than deletes); `run`
     again, with a later deadline, resumes from them. Returns the run's exit status."""
-
-
     try:
         at = dt.datetime.now(dt.timezone.utc)
         done = [a.name for a in cfg.experiment.arms if a.trains and finished(home, a.name, a.world_size)]
