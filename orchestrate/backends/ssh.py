@@ -53,21 +53,10 @@ from orchestrate.launch.command import (
     threads_per_rank,
     train_argv,
 )
-from orchestrate.launch.ssh import (
-    launch_remote_group,
-    liveness_probe,
-    running_ranks,
-    stop_ranks,
-)
+from orchestrate.launch.ssh import launch_remote_group, liveness_probe, running_ranks, stop_ranks
 from orchestrate.launch.supervise import GroupResult, supervise
 from orchestrate.placement import Devices, hosts_devices
-from orchestrate.remote import (
-    collect,
-    host_parts,
-    host_python,
-    reports_as_staged,
-    stage_reports,
-)
+from orchestrate.remote import collect, host_parts, host_python, reports_as_staged, stage_reports
 from orchestrate.serving import Endpoint, ProbeError
 from orchestrate.transport import SSHTransport, Transport, TransportError
 from training.config import Arm

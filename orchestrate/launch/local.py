@@ -12,13 +12,7 @@ import subprocess
 from pathlib import Path
 from typing import Callable, Sequence
 
-from orchestrate.launch.command import (
-    Rendezvous,
-    device_share,
-    free_port,
-    process_env,
-    threads_per_rank,
-)
+from orchestrate.launch.command import Rendezvous, device_share, free_port, process_env, threads_per_rank
 from orchestrate.launch.supervise import GroupResult, Launch, run_group
 
 

@@ -9,7 +9,7 @@ import datetime as dt
 import json
 
 from conftest import example_stack
-from orchestrate.cli import _stack_config
+from orchestrate.cli.plan import _stack_config
 from orchestrate.cluster import Cluster, local_cluster
 from orchestrate.stages.plan import plan_arm
 from orchestrate.status import trial_status

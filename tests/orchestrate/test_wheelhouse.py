@@ -80,7 +80,7 @@ def test_the_hosts_tags_are_the_ones_pip_chose_for_them():
 
 def test_plan_counts_the_wheelhouse_and_refuses_one_for_another_python(tmp_path):
     from infra.plan import staging_bytes_per_host
-    from orchestrate.cli import _stack_config
+    from orchestrate.cli.plan import _stack_config
     from orchestrate.stages.plan import plan_arm, staging_upload
 
     stack = example_stack(tmp_path)

@@ -1,0 +1,142 @@
+"""`up`, `status`, `stop` and `down`: the cluster's description, a running trial's state, its ranks
+stopped, and teardown once the evidence verifies."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from evidence.covered import CoveredFileError
+from orchestrate.cli.console import con, progress, say
+from orchestrate.cloud import HostKeysMissing, budget_note, reconcile, stop_trial
+from orchestrate.cluster import ClusterError, load
+from orchestrate.homes import Refused, verified_home
+from orchestrate.launch.ssh import stop_ranks
+from orchestrate.stages.cluster import write_cluster
+from orchestrate.status import Unknown, trial_status
+from orchestrate.transport import TransportError
+
+
+def up(local: bool = typer.Option(False, "--local", help="the embedded local cluster on this machine"),
+       hosts: int = typer.Option(4, help="--local: how many ranks"),
+       stack: Optional[str] = typer.Option(None, help="a Pulumi stack's name: its outputs read through Pulumi's "
+                                                      "Automation API (needs the pulumi CLI)"),
+       pulumi_outputs: Optional[Path] = typer.Option(None, help="a stack's `pulumi stack output --json`, saved"),
+       key_file: Optional[Path] = typer.Option(None, help="--stack/--pulumi-outputs: the private half of the "
+                                                          "stack's ssh_public_key"),
+       host_keys: Optional[Path] = typer.Option(None, help="--stack/--pulumi-outputs: JSON {rank: 'ssh-ed25519 AAAA…'} you "
+                                                           "checked yourself (default: read from each instance's "
+                                                           "console output)"),
+       boot_wait: float = typer.Option(900, help="--stack/--pulumi-outputs: seconds to wait for booting instances to "
+                                                 "print their host keys"),
+       addresses: str = typer.Option("cloud", help="--stack/--pulumi-outputs: 'cloud' reads each host's current "
+                                                   "addresses from EC2 (a stop/start gives new public ones); "
+                                                   "'outputs' takes the stack outputs' as they are"),
+       store: Optional[str] = typer.Option(None, help="--local: evidence store (default file://trials/store)"),
+       out: Path = typer.Option(Path("cluster.json"), help="where to write the description")) -> None:
+    """Write cluster.json: the embedded local cluster, or a Pulumi stack's hosts from its outputs
+    (`pulumi up` creates them; this only describes them, and checks every field)."""
+    # start-up: boto3/botocore take ~0.9 s to import (-X importtime, 2026-12-06); only AWS calls pay it
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        desc = write_cluster(out, progress, local=local, hosts=hosts, stack=stack, pulumi_outputs=pulumi_outputs,
+                             key_file=key_file, host_keys=host_keys, boot_wait=boot_wait, addresses=addresses,
+                             store=store)
+    except (ClusterError, CoveredFileError, ValueError, OSError, HostKeysMissing) as e:  # ValueError: pydantic's
+        say("error:", str(e), style="bold red")                                           # or a key's refusal
+        raise typer.Exit(2)
+    except (BotoCoreError, ClientError) as e:
+        say("error:", f"reading the instances (addresses, consoles) failed: {e}", style="bold red")
+        raise typer.Exit(1)
+    say("cluster", f"{desc.source}: {len(desc.hosts)} host(s), store {desc.store} → {out}")
+
+
+def status(cluster: Path = typer.Option(Path("cluster.json"), help="the trial's cluster.json"),
+           home: Optional[Path] = typer.Option(None, help="the trial home (the embedded local cluster's ranks write there)"),
+           as_json: bool = typer.Option(False, "--json")) -> None:
+    """A running trial: spend so far, bytes against the transfer guard, time to the deadline, each rank's state."""
+    try:
+        desc = load(cluster)
+        st = trial_status(desc, home)
+    except (ClusterError, ValueError) as e:
+        say("error:", str(e), style="bold red")
+        raise typer.Exit(2)
+    if as_json:
+        print(json.dumps(st.dump(), indent=1))
+        return
+    left = st.seconds_to_deadline
+    spend = st.spend
+    say(f"{desc.trial or desc.source}:", "deadline "
+        + ("none" if left is None else f"{st.deadline} ({left / 60:,.1f} min left)" if left > 0
+        else f"{st.deadline} (PASSED)")
+        + "; spend " + ("— (no AWS budget: embedded or test cluster)" if spend is None
+        else f"unknown ({spend.error})" if isinstance(spend, Unknown)
+        else budget_note(spend)))
+    tb = Table()
+    for col in ("rank", "host", "zone", "state", "arm", "update", "heartbeat age", "rx+tx", "of guard"):
+        tb.add_column(col, justify="right")
+    for h in st.hosts:
+        age = h.heartbeat_age_s
+        tb.add_row(str(h.rank), h.host, h.zone or "—", h.state, h.arm or "—",
+                   "—" if h.update is None else str(h.update), "—" if age is None else f"{age:,.0f} s",
+                   "—" if h.bytes_rx_tx is None else f"{h.bytes_rx_tx / 1e9:,.3f} GB",
+                   "—" if h.guard_fraction is None else f"{h.guard_fraction:.1%}")
+    con.print(tb)
+    for w in st.addresses or []:
+        say("warning:", w, style="bold yellow")
+    alerts = st.alerts
+    if isinstance(alerts, Unknown):
+        say("alerts:", f"unknown ({alerts.error})", style="bold yellow")
+    elif alerts is not None:
+        say("alerts:", "transfer alarms " + (", ".join(f"{a['name']} {a['state']}" for a in alerts["alarms"]) or "none")
+            + "; topic reaches " + (", ".join(f"{s['endpoint']} ({s['protocol']}, {s['state']})"
+                                              for s in alerts["subscriptions"]) or "no one"))
+        for w in alerts["warnings"]:
+            say("warning:", w, style="bold yellow")
+
+
+def stop(cluster: Path = typer.Option(Path("cluster.json"), help="the trial's cluster.json")) -> None:
+    """Stop the ranks left running on the cluster's hosts (an interrupted `orchestrate run` leaves them
+    detached there): SIGTERM by pid, SIGKILL 10 s later. Their checkpoints stay for a resume."""
+
+    try:
+        c = load(cluster)
+        stopped = stop_ranks(c, len(c.hosts), None)
+    except (ClusterError, TransportError) as e:
+        say("error:", str(e), style="bold red")
+        raise typer.Exit(2)
+    con.print(f"stopped a rank on {len(stopped)} host(s){': ' + ', '.join(stopped) if stopped else ''}",
+              highlight=False)
+
+
+def down(home: Path = typer.Option(..., help="the trial home"),
+         aws_trial: Optional[str] = typer.Option(None, help="stop and reconcile this trial's AWS hosts by tag"),
+         region: Optional[str] = typer.Option(None, help="AWS region of --aws-trial")) -> None:
+    """Tear down — only once the home's evidence index verifies in its store, object by object."""
+    try:
+        with verified_home(home, f"run `orchestrate preserve --home {home}` first — hosts stay up until the evidence "
+                                 "is safe", progress) as (rec, v):
+            pass
+    except Refused as e:
+        say("refused:", str(e), style="bold red")
+        raise typer.Exit(2)
+    say("verified", f"{v['files']} objects, {v['bytes'] / 1e6:,.1f} MB in {rec['store']}")
+    if aws_trial is None:
+        con.print("embedded local cluster: no hosts to stop", highlight=False)
+        return
+    import boto3
+
+    session = boto3.Session(region_name=region)
+    stopped = stop_trial(session, aws_trial)
+    con.print(f"stopped {len(stopped)} instance(s): {', '.join(stopped) or '—'}", highlight=False)
+    left = reconcile(session, aws_trial)
+    for f in left:
+        con.print(f"  {f.kind} {f.id}: {f.state}{' — still billing' if f.billing else ''} {f.detail}",
+                  highlight=False)
+    if any(f.billing and f.kind == "instance" for f in left):
+        raise typer.Exit(1)

@@ -1,0 +1,71 @@
+"""`preserve` and `remove`: a home's evidence into its store, and a preserved home off this machine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from evidence.errors import UserError
+from evidence.stores import FileStore, known_forms
+from orchestrate.cli.console import con, progress, say
+from orchestrate.cluster import load
+from orchestrate.homes import Refused, remove_home
+from orchestrate.remote import host_parts
+from orchestrate.stages.preserve import preserve_home
+from training.hold import hold
+
+
+def preserve(home: Path = typer.Option(..., help="the trial home"),
+             store: Optional[str] = typer.Option(None, help=f"one of {known_forms()} "
+                                                            "(default: the cluster's, else file://<home's parent>/store)"),
+             cluster: Optional[Path] = typer.Option(None, help="the cluster the ranks ran on: each SSH host "
+                                                               "preserves the checkpoint payloads that stayed on it"),
+             leave_host_payloads: Optional[str] = typer.Option(None, help="REASON: preserve without the payloads "
+                                                               "that stayed on the hosts (recorded in the index)")) -> None:
+    """Upload every file of the home, content-addressed, each object read back and re-hashed; with
+    --cluster, every SSH host preserves its own checkpoint payloads from where they are."""
+
+    class Hosts:  # the one thing preserve_home asks of a backend
+        def __init__(self, desc):
+            self.desc, self.ts = desc, [desc.transport(h) for h in desc.by_rank]
+
+        def host_parts(self, url: str):
+            return host_parts(self.desc, self.ts, url, say=lambda m: say("preserve", m))
+
+        def close(self) -> None:
+            for t in self.ts:
+                t.close()
+
+    hosts = None
+    try:
+        desc = load(cluster) if cluster else None
+        hosts = Hosts(desc) if desc is not None and any(h.transport == "ssh" for h in desc.hosts) else None
+        url = store or (desc.store if desc else FileStore.url_for(home.resolve().parent / 'store'))
+        with hold(home, f"trial home {home}"):
+            rec = preserve_home(home, url, progress, hosts, leave_host_payloads)
+    except UserError as e:
+        say("error:", str(e), style="bold red")
+        raise typer.Exit(2)
+    finally:
+        if hosts is not None:
+            hosts.close()
+    con.print(f"  → {rec['store']}{rec['index']}", highlight=False)
+
+
+def remove(home: Path = typer.Option(..., help="the trial home to delete from this machine")) -> None:
+    """Delete a trial home once every file in it is in its preserved, verified evidence index: how old
+    trials leave the disk. A home never preserved, whose store does not verify, or holding anything the
+    index does not hold as it is now (a later run's report, a changed file) is refused, naming it, and
+    left as it is. The store is not touched."""
+    try:
+        r = remove_home(home, progress)
+    except Refused as e:
+        say("refused:", str(e), style="bold red")
+        raise typer.Exit(2)
+    except OSError as e:
+        say("error:", str(e), style="bold red")
+        raise typer.Exit(2)
+    say("removed", f"{home}: {r.files} files, {r.bytes / 1e6:,.1f} MB; every one is in {r.index} "
+        f"({r.objects} objects verified)")

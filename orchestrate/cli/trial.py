@@ -1,0 +1,155 @@
+"""`run`, `probe` and `recovery-trial`: a trial, its serving probe again, and the recovery trial —
+parsed into the typed calls of orchestrate/trial.py and orchestrate/recovery.py, rendered here."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from evidence.errors import UserError
+from evidence.stores import known_forms
+from orchestrate.backends import make_backend
+from orchestrate.cli.console import con, progress, say
+from orchestrate.cli.render import CliView
+from orchestrate.launch.supervise import LeftRunning
+from orchestrate.placement import NO_SERVE
+from orchestrate.recovery import RecoveryOptions, run_recovery
+from orchestrate.stages.cluster import load_cluster
+from orchestrate.stages.evaluate import serve_probe
+from orchestrate.stages.prepare import seed_from_model_dir
+from orchestrate.trial import OptionError, TrialOptions, run_trial
+from training.hold import hold
+from training.prepare import require_prepared
+from training.train import resolved_from_prepared
+
+
+def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-four, or an experiment's name "
+                                             "(its primary arm)"),
+        profile: str = typer.Option("cpu", help="smoke | cpu | gpu"),
+        trials: Path = typer.Option(Path("trials"), help="where trial homes are created"),
+        seeds: Path = typer.Option(Path(".seeds"), help="where seed models are materialized"),
+        model_dir: Optional[Path] = typer.Option(None, help="a profile with seed = \"local\": your model, a Hugging "
+                                                 "Face causal-LM directory (imported under --seeds with a receipt) "
+                                                 "or a seed directory `python -m training seed` made"),
+        store: Optional[str] = typer.Option(None, help=f"evidence store, one of {known_forms()} "
+                                                       "(default: the cluster's, else file://<trials>/store)"),
+        cluster: Optional[Path] = typer.Option(None, help="cluster.json from `orchestrate up` (default: the "
+                                                         "embedded local cluster)"),
+        wheelhouse: Optional[Path] = typer.Option(None, help="SSH hosts: wheels of every dependency for the "
+                                                            "hosts' Python (the project's own wheel is built)"),
+        record: Optional[Path] = typer.Option(None, help="the run's record (stage seconds, arms not run, scoring "
+                                                        "speed) as JSON; default "
+                                                        "<trials>/run-records/<home>-<time>.json"),
+        share_gpus: bool = typer.Option(False, "--share-gpus", help="embedded local cluster, CUDA profile: run an "
+                                        "arm of N ranks (and the probe's replicas) on fewer GPUs, rank r on GPU r mod "
+                                        "M, reducing through gloo; committed in placement.json. Learning verdicts are "
+                                        "real, timing gates are marked not comparable"),
+        replay: Optional[Path] = typer.Option(None, help="your own replay conversations (JSONL, as `python -m "
+                                              "training prepare --replay`) for the experiment run here, in place "
+                                              "of the generated ones; committed with its sha256"),
+        no_serve: bool = typer.Option(False, "--no-serve", help="do not run the serving probe (committed in "
+                                      "placement.json at the home's first run; the report shows the serving "
+                                      "gates not evaluated, with this reason)")
+        ) -> None:
+    """Run ARM's experiment: seed → prepare → commit → place → train every arm the cluster can place →
+    select → score → serve → report → preserve, on the embedded local cluster or a cluster's SSH hosts.
+    An arm whose ranks cannot each get their own GPU (or host) is reported as not run, never launched."""
+    options = TrialOptions(arm=arm, profile=profile, trials=trials, seeds=seeds, model_dir=model_dir, store=store,
+                           cluster=cluster, wheelhouse=wheelhouse, record=record, share_gpus=share_gpus,
+                           replay=replay, no_serve=no_serve)
+    try:
+        out = run_trial(options, CliView(con))
+    except OptionError as e:
+        raise typer.BadParameter(str(e))
+    except LeftRunning as e:  # ranks detached on SSH hosts: they were left running, on purpose
+        say("interrupted:", f"{len(e.where)} rank(s) keep running on their hosts, detached:", style="bold yellow")
+        for w in e.where:
+            con.print(f"  {w}", highlight=False)
+        again = " ".join(shlex.quote(a) for a in ["orchestrate", *sys.argv[1:]])
+        con.print(f"to follow them again and finish the trial: {again}\n"
+                  f"to see them: orchestrate status --cluster {cluster}\n"
+                  f"to stop them: orchestrate stop --cluster {cluster}", highlight=False)
+        raise
+    if out.error is not None:
+        say("error:", out.error, style="bold red")
+    if out.exit:
+        raise typer.Exit(out.exit)
+    say(f"{out.arm}:", f"prepared, trained, selected, scored, {'served, ' if out.served else ''}"
+        f"reported and preserved in {out.total_seconds:.1f} s → {out.report}; evidence {out.preserved}")
+    if out.not_run:
+        placed = any(why != NO_SERVE for why in out.not_run.values())  # not the operator's own choice
+        con.print("not run: " + "; ".join(f"{a} ({why.removeprefix('not run: ')})" for a, why in out.not_run.items())
+                  + (" — see docs/clusters.md, \"Placement\", for running them where the GPUs are" if placed else ""),
+                  highlight=False)
+    con.print("stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in out.stages_seconds.items())
+              + f"; record {out.record}", highlight=False)
+
+
+def probe(home: Path = typer.Option(..., help="a trial home with a committed selection"),
+          retry: Optional[str] = typer.Option(None, help="run another probe; the reason is recorded"),
+          cluster: Optional[Path] = typer.Option(None, help="cluster.json the trial ran on: its SSH hosts serve "
+                                                           "(default: replicas on this machine)"),
+          seeds: Path = typer.Option(Path(".seeds"), help="SSH hosts: where the profile's seed is materialized"),
+          model_dir: Optional[Path] = typer.Option(None, help="SSH hosts: the seed directory (a 'local' seed)"),
+          wheelhouse: Optional[Path] = typer.Option(None, help="SSH hosts: wheels of every dependency")) -> None:
+    """Run the serving probe (one replica per rank of the serving arm, at least two): on this machine,
+    or with --cluster one per SSH host, where the trial's ranks ran."""
+
+    backend = None
+    try:
+        with hold(home, f"trial home {home}"):
+            cfg = resolved_from_prepared(require_prepared(home))
+            desc = load_cluster(cluster, progress)
+            if model_dir is not None and (desc is None or desc.source == "local"):  # replicas here read the home's model
+                raise typer.BadParameter(f"--model-dir {model_dir} is used only with --cluster of SSH hosts "
+                                         "(it stages their seed); replicas on this machine serve the trained model")
+            if desc is not None and desc.source != "local":  # the hosts are staged (again) from the seed
+                md = seed_from_model_dir(model_dir, seeds, progress) if model_dir else seeds / cfg.profile.seed
+                backend = make_backend(desc, home, md, home.parent, wheelhouse, progress)
+            serve_probe(cfg, home, progress, retry=retry, backend=backend)
+    except UserError as e:
+        say("error:", str(e), style="bold red")
+        raise typer.Exit(2)
+    finally:
+        if backend is not None:
+            backend.close()
+
+
+def recovery_trial_cmd(
+        arm: str = typer.Option("diloco-four", help="the arm to interrupt"),
+        profile: str = typer.Option("recovery", help="a profile with checkpoint_every set"),
+        from_step: int = typer.Option(64, help="the uninterrupted run's checkpoint to start from"),
+        kill_rank: int = typer.Option(1, help="the rank to kill"),
+        kill_after: int = typer.Option(75, help="kill it after this many updates"),
+        out: Path = typer.Option(Path("trials/recovery"), help="a fresh directory for the trial"),
+        seeds: Path = typer.Option(Path(".seeds"), help="where seed models are materialized"),
+        model_dir: Optional[Path] = typer.Option(None, help="a profile with seed = \"local\": your model (as `run "
+                                                 "--model-dir`)"),
+        share_gpus: bool = typer.Option(False, "--share-gpus", help="CUDA profile with fewer GPUs than ranks: the "
+                                        "ranks share them (gloo between them); the comparison stays exact")) -> None:
+    """Kill a rank mid-run, restart from the common checkpoint, compare with an uninterrupted run."""
+    options = RecoveryOptions(arm=arm, profile=profile, from_step=from_step, kill_rank=kill_rank,
+                              kill_after=kill_after, out=out, seeds=seeds, model_dir=model_dir, share_gpus=share_gpus)
+    try:
+        rep = run_recovery(options, progress)
+    except OptionError as e:
+        raise typer.BadParameter(str(e))
+    except (UserError, ValueError, RuntimeError) as e:
+        say("error:", str(e), style="bold red")
+        raise typer.Exit(2)
+    f, c = rep["failure"], rep["comparison"]
+    con.print(f"kill → failure observed {f['kill_to_observed_seconds']:.3f} s, → survivors stopped "
+              f"{f['kill_to_survivors_stopped_seconds']:.3f} s; resumed from {sorted(set(rep['resumed_from']))}")
+    con.print(f"final state of every rank vs the uninterrupted run: max |Δ| = {c['max_abs_diff']!r} "
+              f"over {sum(p['tensors'] for r in c['ranks'] for k, p in r.items() if isinstance(p, dict))} "
+              f"tensors; {'IDENTICAL' if c['identical'] else 'DIFFERENT'}")
+    print(json.dumps({"comparison": str(out / "recovery-comparison.json"), "digest": rep["digest"],
+                      "max_abs_diff": c["max_abs_diff"], "identical": c["identical"],
+                      "kill_to_survivors_stopped_seconds": f["kill_to_survivors_stopped_seconds"]}))
+    if not c["identical"]:
+        raise typer.Exit(1)
