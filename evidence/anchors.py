@@ -19,14 +19,12 @@ reported as not anchored (visible, not refused: anchoring follows the trial's st
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from evidence.canonical import EvidenceFileError, bytes_sha256, canonical_bytes, parse_json
 from evidence.commitments import CommitmentLog
 from evidence.errors import UserError
-
-if TYPE_CHECKING:  # the stores are opened lazily, where a store is known
-    from evidence.stores import Store
+from evidence.stores import PRESERVED, FileStore, PreservationError, Store, open_store, parse_index, read_preserved
 
 FORMAT = "commitment-anchor-v1"
 FIELDS = ("seq", "kind", "subject", "sha256", "at", "prev", "hash")
@@ -152,8 +150,6 @@ def _preserved_counts(store: Store, trial: str, first: str) -> int:
     """The most anchors any preservation index of `trial` in the store recorded for this log (the
     indexes are never overwritten, so a home's own record cannot lower it); an index that records
     another log's anchors is refused."""
-    from evidence.stores import PreservationError, parse_index
-
     most = 0
     for key in store.list(f"indexes/{trial}/"):
         try:
@@ -173,8 +169,6 @@ def verify_anchors(home: str | Path, entries: list[dict[str, Any]], url: str | N
     its preservation record names, else `file://<home's folder's parent>/store` when that holds
     anchors of the trial (None when no store is known). The trial's name: given, else the one its
     preservation recorded, else the home's folder name."""
-    from evidence.stores import PRESERVED, FileStore, open_store, read_preserved
-
     home = Path(home)
     rec = read_preserved(home) if (home / PRESERVED).is_file() else {}
     prefix = (rec.get("anchors") or {}).get("prefix", "")

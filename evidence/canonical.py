@@ -12,9 +12,12 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from evidence.errors import UserError
+
+if TYPE_CHECKING:  # the pool's module loads where a tree is hashed (`_pool`)
+    from concurrent.futures import ThreadPoolExecutor
 
 _CHUNK = 1 << 20
 
@@ -48,6 +51,13 @@ def _hash_threads() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
+def _pool(workers: int, **options: Any) -> ThreadPoolExecutor:
+    # start-up: concurrent.futures (and logging) ~10 ms of `python -m evidence`, paid only where a tree is hashed
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(workers, **options)
+
+
 class TreeSha256:
     """sha256 over the concatenated sha256 digests of each `piece`-byte piece of a byte stream.
 
@@ -60,11 +70,9 @@ class TreeSha256:
     unchanged until they are done. `hexdigest` waits for every queued piece."""
 
     def __init__(self, piece: int = TREE_PIECE, threads: int | None = None):
-        from concurrent.futures import ThreadPoolExecutor
-
         self.piece = piece
         # one single-threaded queue per lane: a piece's updates stay in order on its lane
-        self._lanes = [ThreadPoolExecutor(1, thread_name_prefix="sha256") for _ in range(threads or _hash_threads())]
+        self._lanes = [_pool(1, thread_name_prefix="sha256") for _ in range(threads or _hash_threads())]
         self._leaves: list[Any] = []
         self._pending: list[Any] = []
         self._pos = 0
@@ -98,8 +106,6 @@ class TreeSha256:
 
 def file_tree_sha256(path: str | os.PathLike[str], piece: int = TREE_PIECE, threads: int | None = None) -> str:
     """`TreeSha256` of a file, its pieces read and hashed on several threads."""
-    from concurrent.futures import ThreadPoolExecutor
-
     fd = os.open(path, os.O_RDONLY)
     try:
         n = os.fstat(fd).st_size
@@ -114,7 +120,7 @@ def file_tree_sha256(path: str | os.PathLike[str], piece: int = TREE_PIECE, thre
                 at += len(block)
             return h.digest()
 
-        with ThreadPoolExecutor(threads or _hash_threads()) as pool:
+        with _pool(threads or _hash_threads()) as pool:
             leaves = list(pool.map(leaf, range(-(-n // piece))))
     finally:
         os.close(fd)

@@ -11,6 +11,7 @@ from pathlib import Path
 from evidence.canonical import EvidenceFileError, read_json
 from evidence.commitments import LOG_NAME, CommitmentError, CommitmentLog
 from evidence.errors import UserError
+from evidence.stores import PRESERVED, read_preserved
 
 
 class CoveredFileError(UserError, RuntimeError):
@@ -47,8 +48,6 @@ def covered(home: str | Path) -> dict[Path, str]:
         for rel in files:
             out.setdefault(receipt.parent / rel, f"the receipt {receipt.relative_to(home)}")
     try:
-        from evidence.stores import read_preserved
-
         rec = read_preserved(home)
         for rel in rec.get("paths", []):
             out.setdefault(home / rel, f"the preservation index {rec.get('index')}")
@@ -60,8 +59,6 @@ def covered(home: str | Path) -> dict[Path, str]:
 def home_of(path: str | Path) -> Path | None:
     """The trial home `path` is in (the nearest folder above it holding a commitments log or a
     preservation record), if any."""
-    from evidence.stores import PRESERVED
-
     for d in Path(path).resolve().parents:
         if (d / LOG_NAME).is_file() or (d / PRESERVED).is_file():
             return d
@@ -72,8 +69,6 @@ def guard_writes(writes: dict[Path, bytes]) -> dict[Path, bytes]:
     """The writes that would change something (identical rewrites dropped); raises, writing nothing,
     when any would replace, in whichever trial home it lies, a covered file, the preservation record,
     or any other file that is not an earlier output of the same kind (`report*`)."""
-    from evidence.stores import PRESERVED
-
     covers: dict[Path, dict[Path, str]] = {}
     todo = {}
     for path, data in writes.items():

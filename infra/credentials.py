@@ -28,6 +28,9 @@ import os
 import re
 from typing import Any, Callable, Mapping
 
+import boto3
+import botocore.session
+from pulumi.runtime.config import get_config
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 KEYS = ("region", "profile", "accessKey", "secretKey", "token", "sharedCredentialsFiles", "sharedConfigFiles",
@@ -161,9 +164,6 @@ class StackSession:
 
 def open_session(stack: StackAws) -> StackSession:
     """The session `stack` describes, its assumed roles already assumed (each with the previous one)."""
-    import boto3
-    import botocore.session
-
     core = botocore.session.Session()
     if stack.shared_credentials_files:
         core.set_config_variable("credentials_file", os.path.expanduser(stack.shared_credentials_files[0]))
@@ -190,8 +190,6 @@ def open_session(stack: StackAws) -> StackSession:
 def stack_config() -> dict[str, str | None]:
     """The running program's `aws:` config values (read raw: a secret key's value is a secret here too, and the
     program only hands it to boto3)."""
-    from pulumi.runtime.config import get_config
-
     return {k: get_config(f"aws:{k}") for k in (*KEYS, *UNSUPPORTED)}
 
 

@@ -30,10 +30,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pulumi_aws as aws
 from pydantic import BaseModel
 
 from infra.plan import TrialConfig
-from infra.teardown import BUCKET_TAG, NOT_TERMINATED
+from infra.teardown import ADVICE, BUCKET_TAG, NOT_TERMINATED, NotPreserved, judge
 
 VPC_CIDR = "10.42.0.0/16"
 
@@ -78,8 +79,6 @@ class Existing(BaseModel):
 
 def look_up(cfg: TrialConfig) -> Existing:
     """The trial's live instances and its subnets, through the provider's invokes."""
-    import pulumi_aws as aws
-
     tags = {"trial": cfg.trial}
     hosts = []
     for iid in aws.ec2.get_instances(instance_tags=tags, instance_state_names=NOT_TERMINATED).ids:
@@ -144,8 +143,6 @@ def refuse_host_changes(cfg: TrialConfig, seen: Existing, *, session_for: Any,
                         dry_run: bool) -> tuple[str, list[tuple[SeenHost, str]]] | None:
     """Raises ValueError (the program's refusal) when this `up` would delete, replace or restart a host of
     an unpreserved trial; returns what allowed it and the changes otherwise (None: no host changes)."""
-    from infra.teardown import ADVICE, NotPreserved, judge
-
     changes = host_changes(cfg, seen)
     if not changes:
         return None

@@ -16,6 +16,7 @@ import datetime as dt
 import ipaddress
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +108,7 @@ PASSPHRASE_VARS = ("PULUMI_CONFIG_PASSPHRASE", "PULUMI_CONFIG_PASSPHRASE_FILE")
 def stack_file(stack: str, work_dir: str | Path = ".") -> Path:
     """`Pulumi.<stack>.yaml` of a stack (`org/project/name` → its name), in the project's `stackConfigDir`
     when Pulumi.yaml sets one."""
-    import yaml
+    import yaml  # start-up: ~30 ms, paid only where a stack file is read (orchestrate parses outputs without it)
 
     root = Path(work_dir)
     project = root / "Pulumi.yaml"
@@ -121,7 +122,7 @@ def passphrase_problem(stack: str, work_dir: str | Path = ".", environ: dict[str
     `encryptionsalt` in its stack file (pulumi/pulumi `sdk/go/common/workspace/project.go`, ProjectStack), and
     the CLI run by the Automation API — `pulumi stack output --json --show-secrets` — cannot prompt for it:
     it reads PULUMI_CONFIG_PASSPHRASE or PULUMI_CONFIG_PASSPHRASE_FILE (`pkg/secrets/passphrase/manager.go`)."""
-    import yaml
+    import yaml  # start-up: ~30 ms, paid only where a stack file is read (orchestrate parses outputs without it)
 
     env = os.environ if environ is None else environ
     path = stack_file(stack, work_dir)
@@ -148,8 +149,6 @@ def read_stack_outputs(stack: str, work_dir: str | Path = ".") -> dict[str, Any]
     """A stack's outputs through Pulumi's Automation API, which drives the `pulumi` CLI: without the
     CLI on PATH, say how to save them where it is, for `--pulumi-outputs`; on a passphrase-kept stack
     without the passphrase in the environment, name the variable before the CLI fails on it."""
-    import shutil
-
     if shutil.which("pulumi") is None:
         raise OutputsError(f"reading stack {stack!r} needs the pulumi CLI on PATH (Pulumi's Automation API drives "
                            f"it); without it, save the outputs where the CLI is — `pulumi stack output --json "
@@ -157,7 +156,7 @@ def read_stack_outputs(stack: str, work_dir: str | Path = ".") -> dict[str, Any]
     problem = passphrase_problem(stack, work_dir)
     if problem:
         raise OutputsError(problem)
-    from pulumi import automation as auto
+    from pulumi import automation as auto  # optional: pulumi (the `infra` extra, ~0.3 s) only where the CLI is
 
     try:
         return {k: v.value for k, v in auto.select_stack(stack_name=stack, work_dir=str(work_dir)).outputs().items()}

@@ -28,6 +28,7 @@ from infra.keys import operator_public_key
 from infra.prices import HOURS_PER_MONTH, INSTANCE_TYPES, PRICES, price
 from infra.userdata import GUARD_FRACTION
 from training.arms import kind as arm_kind
+from training.config import ConfigError, resolve
 
 GB = 1e9
 
@@ -113,8 +114,6 @@ def experiment_arms(experiment: str, profile: str, measured: dict[str, dict[str,
     `orchestrate run` trains from): every arm that trains, its kind and ranks, the profile's updates and the
     settings its kind runs with (`Resolved.arm_settings`: DiLoCo's H as the profile scales it); what only a
     measurement gives (PowerSGD's payload per update) from `measured`, keyed by arm name."""
-    from training.config import ConfigError, resolve
-
     try:
         r = resolve(experiment, profile)
     except ConfigError as e:

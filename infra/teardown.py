@@ -53,6 +53,7 @@ import threading
 from typing import Any, Callable
 
 from evidence.canonical import bytes_sha256
+from evidence.stores import PreservationError, S3Store, open_store, parse_index, verify_index
 
 BUCKET_TAG = "evidence-bucket"
 
@@ -72,8 +73,6 @@ def verify_preserved(bucket: str, trial: str, *, session: Any = None,
     `orchestrate run` prepares does) but has no index, or made commitments after its newest one; when
     an index lists nothing; or when one does not verify. Indexes and anchors are written by the
     operator alone (the hosts' role may write only content-addressed objects)."""
-    from evidence.stores import PreservationError, S3Store, open_store, parse_index, verify_index
-
     url = S3Store.url_for(bucket, trial_prefix(trial))
     store = open_store(url, session)
     try:
@@ -120,8 +119,6 @@ def verify_preserved(bucket: str, trial: str, *, session: Any = None,
 
 def abandon(bucket: str, trial: str, instance: str, found: str, *, session: Any = None) -> str:
     """Write the operator's choice to give the trial up, beside its evidence; returns the key."""
-    from evidence.stores import S3Store, open_store
-
     at = dt.datetime.now(dt.timezone.utc)
     key = f"abandoned/{at.strftime('%Y%m%dT%H%M%S%fZ')}-{instance}.json"
     body = json.dumps({"format": "trial-abandoned-v1", "trial": trial, "instance": instance, "at": at.isoformat(),

@@ -31,6 +31,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from evidence.covered import CoveredFileError
 from evidence.report.compute import Report, compute
 from evidence.report.gate import Gate
 from evidence.report.render import markdown, plots, write
@@ -62,8 +63,6 @@ def write_report_numbered(home: str | Path, output: str | Path, *, store: str | 
                           trial: str | None = None) -> tuple[Report, Path]:
     """As `write_report`, but when `output` is evidence that this report would change (a report.json
     preserved before the evidence grew), to the next free `<stem>-<n>`: built once, written once."""
-    from evidence.covered import CoveredFileError
-
     rep, output = report(home, store=store, trial=trial), Path(output)
     for n in range(1, 1000):
         out = output if n == 1 else output.with_name(f"{output.stem}-{n}{output.suffix}")

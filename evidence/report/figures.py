@@ -41,6 +41,7 @@ def _said(g: Gate | None) -> str:
 
 def plots(rep: Report, out_dir: Path, stem: str) -> list[str]:
     """loss, bytes, accuracy, costs (and serving, when probed): `<stem>-<name>.png` in `out_dir`."""
+    # start-up: matplotlib ~0.7 s, paid only where figures are drawn, not by every command that imports the report
     import matplotlib
 
     matplotlib.use("Agg")

@@ -5,6 +5,7 @@ own numbers; nothing else is read.
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -139,8 +140,6 @@ def _serving_markdown(sv: dict[str, Any] | None, attempts: list[str], shared: st
 def write(rep: Report, output: Path) -> None:
     """Render every file the report makes, then write them — unless any would replace a file of
     evidence (`evidence.covered`): then nothing is written."""
-    import tempfile
-
     with tempfile.TemporaryDirectory() as tmp:
         figures = plots(rep, Path(tmp), output.stem)
         writes = {output.parent / n: (Path(tmp) / n).read_bytes() for n in figures}

@@ -27,9 +27,14 @@ class S3Store:
     staging_relay: ClassVar[bool] = True
 
     def __init__(self, bucket: str, prefix: str, session: Any = None, multipart_mb: int = 64):
+        # start-up: boto3 ~0.2 s, paid only where an s3:// store is opened (see the module's note)
         import boto3
+        from boto3.exceptions import S3UploadFailedError
         from boto3.s3.transfer import TransferConfig
+        from botocore.exceptions import ClientError
 
+        self._refused = (ClientError, S3UploadFailedError)  # an upload's refusal, from s3transfer or S3 itself
+        self._client_error = ClientError
         self.bucket, self.prefix = bucket, prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.url = self.url_for(bucket, self.prefix)
         self.s3 = (session or boto3.Session()).client("s3")
@@ -52,32 +57,25 @@ class S3Store:
         return self.prefix + key
 
     def put_file(self, key: str, path: Path, sha256: str) -> None:
-        from boto3.exceptions import S3UploadFailedError
-        from botocore.exceptions import ClientError
-
         try:
             self.s3.upload_file(str(path), self.bucket, self._key(key), Config=self.transfer,
                                 ExtraArgs={"ChecksumAlgorithm": "SHA256", "Metadata": {"sha256": sha256}})
-        except (ClientError, S3UploadFailedError) as e:  # AccessDenied above all: never taken for success
+        except self._refused as e:  # AccessDenied above all: never taken for success
             raise PreservationError(f"{self.url}{key}: the store refused the upload of {path}: {e}") from e
 
     def put_bytes(self, key: str, data: bytes) -> None:
-        from botocore.exceptions import ClientError
-
         digest = base64.b64encode(hashlib.sha256(data).digest()).decode()
         try:
             self.s3.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, ChecksumSHA256=digest)
-        except ClientError as e:
+        except self._client_error as e:
             raise PreservationError(f"{self.url}{key}: the store refused the upload: {e}") from e
 
     def size(self, key: str) -> int | None:
         """The object's size, None when S3 does not hold it. A 403 to HeadObject may mean either "missing"
         or "not yours" (see the module's note): the listing under the key decides; a 403 there too raises."""
-        from botocore.exceptions import ClientError
-
         try:
             return int(self.s3.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"])
-        except ClientError as e:
+        except self._client_error as e:
             code = _code(e)
             if code in ("404", "NoSuchKey", "NotFound"):
                 return None
@@ -86,7 +84,7 @@ class S3Store:
             head = e
         try:  # the exact key sorts first among the keys it prefixes: one key answers
             listed = self.s3.list_objects_v2(Bucket=self.bucket, Prefix=self._key(key), MaxKeys=1)
-        except ClientError as e:
+        except self._client_error as e:
             raise PreservationError(
                 f"{self.url}{key}: S3 refused both HeadObject ({_code(head)}) and a listing under the key "
                 f"({_code(e)}): these credentials cannot tell whether the object exists; they need s3:GetObject "
