@@ -54,10 +54,8 @@ def test_plan_says_when_the_quota_cannot_be_read(aws, tmp_path):
 
 
 def test_plan_refuses_over_the_quota(monkeypatch, tmp_path):
-    import orchestrate.cloud
-
     stack = str(example_stack(tmp_path))
-    monkeypatch.setattr(orchestrate.cloud, "read_vcpu_quota", lambda session: 8.0)
+    monkeypatch.setattr("orchestrate.stages.plan.read_vcpu_quota", lambda session: 8.0)  # where plan calls it
     r = CliRunner().invoke(app, ["plan", "diloco-four", "--stack", stack])
     assert r.exit_code == 1
     out = " ".join(r.output.split())
