@@ -16,8 +16,6 @@ import re
 import struct
 from pathlib import Path
 
-import paramiko
-
 from evidence.errors import UserError
 
 PUBLIC_TYPES = ("ssh-ed25519", "ecdsa-sha2-nistp256", "ecdsa-sha2-nistp384", "ecdsa-sha2-nistp521", "ssh-rsa")
@@ -51,6 +49,10 @@ def check_public_key(line: str) -> str:
         raise SSHKeyError(f"the {kind} key's base64 part is damaged ({e})") from None
     if inner != kind:
         raise SSHKeyError(f"the key says {kind} but its data is a {inner!r} key")
+    # start-up: paramiko (with cryptography) takes ~0.1 s to import; every `orchestrate` command imports this
+    # module (through the plan and the cloud reads), and only a key being checked needs it
+    import paramiko
+
     try:
         key = paramiko.PKey.from_type_string(kind, raw)
     except Exception as e:  # paramiko raises several types for a malformed blob

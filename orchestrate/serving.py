@@ -27,9 +27,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Protocol
-
-import httpx
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Protocol
 
 from evidence.attempts import next_attempt
 from evidence.canonical import write_json_atomic
@@ -47,6 +45,9 @@ from evidence.serving import (
 )
 from training.errors import TrainError
 from training.prepare import load_cases, require_prepared
+
+if TYPE_CHECKING:
+    import httpx
 
 
 class ProbeError(TrainError):
@@ -69,6 +70,8 @@ class Timeouts:
 
 async def _one(client: httpx.AsyncClient, i: int, req: dict[str, str], endpoints: list[Endpoint],
                max_attempts: int, t: Timeouts, t0: float) -> dict[str, Any]:
+    import httpx  # start-up: ~50 ms that only a probe needs (see `_phase`)
+
     rec: dict[str, Any] = {"index": i, **req, "attempts": [], "outcome": "failed"}
     start = time.perf_counter()
     for a in range(max_attempts):
@@ -105,6 +108,9 @@ async def _one(client: httpx.AsyncClient, i: int, req: dict[str, str], endpoints
 async def _phase(requests: list[dict[str, str]], endpoints: list[Endpoint], concurrency: int,
                  max_attempts: int, t: Timeouts) -> tuple[list[dict[str, Any]], float]:
     """`concurrency` workers take the requests in order; records come back in request order."""
+    # start-up: httpx takes ~50 ms to import, and every `orchestrate` command imports this module
+    import httpx
+
     queue: asyncio.Queue = asyncio.Queue()
     for i, r in enumerate(requests):
         queue.put_nowait((i, r))
