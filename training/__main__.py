@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -12,8 +13,15 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from evidence.checker import check_answer
 from evidence.errors import USER_ERROR_EXIT, UserError
-from training.config import ConfigError
+from training.config import ConfigError, Resolved, resolve
+from training.results import finished, load_results, summarize
+from training.seed import materialize, seed_parameters
+from training.select import select
+
+# start-up: training.prepare, and train and evaluate through it, load numpy (~0.15 s), training.serve FastAPI
+# (~0.4 s): they are imported in the commands that use them ("start-up" below), not by --help or seed.
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Host-side stages of a training trial.")
@@ -33,8 +41,6 @@ def seed(kind: str = typer.Option(..., help="smollm2-135m | tiny | local"),
          source: Optional[Path] = typer.Option(None, help="for --kind local: a Hugging Face dir"),
          expect: Optional[str] = typer.Option(None, help="required receipt digest")) -> None:
     """Materialize a seed model directory (safetensors + tokenizer + receipt.json), offline."""
-    from training.seed import materialize, seed_parameters
-
     try:
         with err.status(f"materializing {kind} seed into {out_dir}…"):
             receipt = materialize(kind, out_dir, source=str(source) if source else None,
@@ -56,8 +62,7 @@ def prepare(experiment: str = typer.Option(...), profile: str = typer.Option(...
             replay: Optional[Path] = typer.Option(
                 None, help="user-supplied replay JSONL (default: generated conversations)")) -> None:
     """Generate, check, tokenize and commit the experiment's inputs."""
-    from training.config import resolve
-    from training.prepare import prepare as run_prepare
+    from training.prepare import prepare as run_prepare  # start-up
 
     try:
         cfg = resolve(experiment, profile)
@@ -93,17 +98,12 @@ def train(home: Path = typer.Option(..., help="the prepared trial home"),
           resume: bool = typer.Option(False, help="continue from the latest group checkpoint whose "
                                                   "manifest every rank holds")) -> None:
     """Train one rank of ARM (rank identity from WORLD_SIZE, RANK, MASTER_ADDR, MASTER_PORT)."""
-    import os
-
-    from training.train import main_say, train as run_train
+    from training.train import main_say, train as run_train  # start-up
 
     rank = int(os.environ.get("RANK", "0"))
     try:
         if model_dir is None:
-            from training.prepare import require_prepared
-            from training.train import resolved_from_prepared
-
-            model_dir = Path(".seeds") / resolved_from_prepared(require_prepared(home)).profile.seed
+            model_dir = Path(".seeds") / _committed(home).profile.seed
         res = run_train(home, model_dir, arm, threads=threads, say=main_say(rank), resume=resume)
     except UserError as e:
         if _in_group():
@@ -124,12 +124,8 @@ def train(home: Path = typer.Option(..., help="the prepared trial home"),
 @app.command("select")
 def select_cmd(home: Path = typer.Option(..., help="the trial home")) -> None:
     """Verify and commit every candidate's acknowledgments, then commit the selection."""
-    from training.prepare import require_prepared
-    from training.select import select
-    from training.train import resolved_from_prepared
-
     try:
-        sel = select(home, resolved_from_prepared(require_prepared(home)))
+        sel = select(home, _committed(home))
     except UserError as e:
         _fail(e)
     out.print_json(json.dumps(sel))
@@ -143,7 +139,7 @@ def evaluate(home: Path = typer.Option(..., help="the trial home"),
              retry: Optional[str] = typer.Option(None, help="run another attempt; the reason is recorded")
              ) -> None:
     """Greedy answers to every case of ROLE, strictly checked; retention probe losses."""
-    from training.evaluate import evaluate as run_eval
+    from training.evaluate import evaluate as run_eval  # start-up
 
     try:
         res = run_eval(home, arm, role, seed_dir=model_dir, retry_reason=retry,
@@ -165,7 +161,7 @@ def serve(home: Path = typer.Option(..., help="the trial home (selection committ
           threads: Optional[int] = typer.Option(None, help="torch CPU threads"),
           cache_size: int = typer.Option(1024, help="retry cache entries (request IDs)")) -> None:
     """Serve the selected model's greedy answers to committed development task IDs over HTTP."""
-    from training.serve import load_replica, serve as run_serve
+    from training.serve import load_replica, serve as run_serve  # start-up
 
     try:
         with err.status(f"verifying and loading the model for {name}…"):
@@ -186,12 +182,8 @@ def serve(home: Path = typer.Option(..., help="the trial home (selection committ
 def summary(home: Path = typer.Option(..., help="the trial home"),
             arm: str = typer.Option(..., help="a trained arm")) -> None:
     """Summarize a finished arm from its ranks' result.json files (one JSON object)."""
-    from training.prepare import require_prepared
-    from training.results import finished, load_results, summarize
-    from training.train import resolved_from_prepared
-
     try:
-        a = resolved_from_prepared(require_prepared(home)).arm(arm)
+        a = _committed(home).arm(arm)
         if not finished(home, arm, a.world_size):
             raise ConfigError(f"arm {arm} has not finished in {home}: every one of its "
                               f"{a.world_size} ranks needs runs/{arm}/rank-<r>/result.json")
@@ -203,8 +195,7 @@ def summary(home: Path = typer.Option(..., help="the trial home"),
 @app.command()
 def check(home: Path = typer.Option(...), case: str = typer.Option(..., help="case id, e.g. test-00003")) -> None:
     """Strictly check the answer text on stdin against CASE; print one JSON line."""
-    from evidence.checker import check_answer
-    from training.prepare import PrepareError, load_cases, require_prepared
+    from training.prepare import PrepareError, load_cases, require_prepared  # start-up
 
     try:
         require_prepared(home)
@@ -217,6 +208,14 @@ def check(home: Path = typer.Option(...), case: str = typer.Option(..., help="ca
     row = cases[case]
     verdict = check_answer(sys.stdin.read(), row["schema"], row["answer"])
     print(json.dumps({"case": case, **verdict.as_dict()}))
+
+
+def _committed(home: Path) -> Resolved:
+    """The experiment as `prepare` committed it in HOME."""
+    from training.prepare import require_prepared  # start-up
+    from training.train import resolved_from_prepared
+
+    return resolved_from_prepared(require_prepared(home))
 
 
 def _in_group() -> bool:
@@ -234,8 +233,6 @@ def _exit_now(code: int = 0) -> None:
     read SIGABRT instead of the rank's own exit code. On success result.json and the model are
     fsynced before this point; on a refusal nothing was written that finalization would flush.
     """
-    import os
-
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -12,11 +12,13 @@ that update's documents — computed here once, from the committed schedule, for
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+from safetensors.numpy import load_file, save_file
 
 
 @dataclass
@@ -47,16 +49,12 @@ class Corpus:
         return self.targets * self.weights
 
     def save(self, path: str | Path) -> None:
-        from safetensors.numpy import save_file
-
         save_file({"tokens": self.tokens, "offsets": self.offsets,
                    "prompt_lens": self.prompt_lens, "weights": self.weights}, str(path),
                   metadata={"format": "trial-corpus-v1"})
 
     @classmethod
     def load(cls, path: str | Path) -> "Corpus":
-        from safetensors.numpy import load_file
-
         t = load_file(str(path))
         return cls(t["tokens"], t["offsets"], t["prompt_lens"], t["weights"])
 
@@ -89,8 +87,6 @@ def token_lengths(tok: Any, conversations: Sequence[list[dict[str, str]]]) -> li
 
 def schedule(n_docs: int, updates: int, global_batch: int, seed: int | str) -> list[list[int]]:
     """The fixed global document order: whole shuffled passes, chunked into updates."""
-    import random
-
     total = updates * global_batch
     if total % n_docs:
         raise ValueError(f"{updates} × {global_batch} is not a whole number of passes over {n_docs}")

@@ -15,6 +15,7 @@ receipt prepare used) before it is loaded.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -26,8 +27,11 @@ from evidence.canonical import read_json, write_json_atomic
 from evidence.checker import check_answer
 from evidence.commitments import CommitmentLog
 from evidence.receipts import make_receipt
+from training.corpus import Corpus
 from training.errors import TrainError
 from training.heap import long_lived
+from training.prepare import load_cases, require_prepared
+from training.seed import load_tokenizer, quiet_libraries, verify_seed
 
 
 def attempts_dir(home: Path, role: str, arm: str) -> Path:
@@ -36,8 +40,6 @@ def attempts_dir(home: Path, role: str, arm: str) -> Path:
 
 def model_dir_for(home: Path, arm: str, selection: dict[str, Any], seed_dir: Path | None,
                prepared: dict[str, Any]) -> tuple[Path, str]:
-    from training.seed import verify_seed
-
     if arm == selection["baseline"]:
         if seed_dir is None:
             raise TrainError(f"evaluating the seed arm '{arm}' needs --model-dir (the seed prepare used)")
@@ -98,9 +100,7 @@ def generate_answers(model: Any, tok: Any, cases: list[dict[str, Any]], *, batch
     generation on CPU in FP32, and bench/scoring_bench.py measures it on the GPU for each dtype.
     `autocast_dtype` (CUDA only) runs generation's matmuls in that dtype. `after(done)` is called
     after each batch with the number of cases answered."""
-    import contextlib
-
-    import torch
+    import torch  # start-up: ~1.5 s; orchestrate reads this module on every command
 
     tok.padding_side = "left"
     if tok.pad_token_id is None:  # a tokenizer saved without one (transformers 5.17 drops it): pad with
@@ -137,12 +137,11 @@ def evaluate(home: str | os.PathLike[str], arm: str, role: str, *, seed_dir: Pat
              say=lambda m: None) -> dict[str, Any]:
     """Score `arm` on every case of `role`; `batch` overrides the profile's `score_batch` (benchmarks)."""
     with long_lived():  # loaded once, kept to the end: out of the collector's sight (training/heap.py)
+        # torch here, not at the top: orchestrate reads this module on every command, and here it loads
+        # with no collector passes
         import torch
 
-        from training.corpus import Corpus
         from training.objective import WeightedResponseLoss, collate
-        from training.prepare import load_cases, require_prepared
-        from training.seed import load_tokenizer, quiet_libraries
 
     home = Path(home)
     if role not in ("dev", "test"):
@@ -152,7 +151,7 @@ def evaluate(home: str | os.PathLike[str], arm: str, role: str, *, seed_dir: Pat
     log.require("selection", "selection.json")  # raises, naming the missing stage
     selection = read_json(home / "selection.json")
     model_dir, receipt_digest = model_dir_for(home, arm, selection, seed_dir, prepared)
-    from training.runtime import device_lock, pick_device
+    from training.runtime import device_lock, pick_device  # torch's (see above)
 
     wants_cuda = prepared["experiment"]["profile"]["device"] == "cuda" and torch.cuda.is_available()
     device = pick_device("cuda" if wants_cuda else "cpu", int(os.environ.get("LOCAL_RANK", "0")))
@@ -171,7 +170,7 @@ def evaluate(home: str | os.PathLike[str], arm: str, role: str, *, seed_dir: Pat
     t0 = time.perf_counter()
     quiet_libraries()
     with long_lived():
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM  # ~1 s, likewise
 
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()

@@ -13,6 +13,7 @@ mid-arm (a guard tripping, a controller killed while its ranks run on).
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -52,8 +53,6 @@ class FaultPlan:
 
 def die(rank_dir: Path, msg: str) -> None:
     """SIGKILL this process (no cleanup, like a crash), after noting when in `fault.json`."""
-    import signal
-
     write_json_atomic(rank_dir / "fault.json", {"at": time.time(), "pid": os.getpid(), "what": msg})
     print(msg, file=sys.stderr, flush=True)
     os.kill(os.getpid(), signal.SIGKILL)

@@ -55,11 +55,11 @@ def stop_if_gone(step: int, device: Any) -> None:
     path, length = lease
     mine = age(path)
     expired = mine > length
+    # start-up: torch ~1.5 s; the controller imports this module (env) and a replica (held, age)
+    import torch
     import torch.distributed as dist
 
     if dist.is_available() and dist.is_initialized():
-        import torch
-
         flag = torch.tensor([1 if expired else 0], dtype=torch.int32, device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         anyone = bool(int(flag.item()))

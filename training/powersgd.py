@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_hook
 
 Orthogonalize = Callable[[torch.Tensor, float], None]
 
@@ -66,8 +67,6 @@ ORTHOGONALIZATIONS: dict[str, Orthogonalize] = {"cholesky-qr2": cholesky_qr2,
 def powersgd_hook(state: Any, bucket: Any, orthogonalize: Orthogonalize) -> torch.futures.Future:
     """One bucket's reduction: torch's dense all-reduce for the first `start_powerSGD_iter`
     updates, then the compressed reduction below, with `orthogonalize` for Q (warm start) and P."""
-    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_hook
-
     if state.iter < state.start_powerSGD_iter:
         return torch_hook.powerSGD_hook(state, bucket)  # all-reduce, and it counts the update
     group = state.process_group if state.process_group is not None else dist.group.WORLD

@@ -27,6 +27,7 @@ class UpdateProfiler:
         if not self.out or update not in self.window:
             yield
             return
+        # start-up: torch; training.train (this module's reader) is read by CLIs that never load it
         import torch
         from torch.profiler import ProfilerActivity, profile
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from evidence.attempts import next_attempt
 from evidence.canonical import canonical_sha256, read_json
+from training.errors import TrainError
 from training.results import finished
 
 STATE = "state.bin"
@@ -67,8 +68,6 @@ def set_aside_unfinished(home: Path, arm: str, world: int) -> bool:
     for d in dirs:
         pid = live_rank(d)
         if pid is not None:
-            from training.errors import TrainError
-
             raise TrainError(f"{d} belongs to a rank that is still running (pid {pid}): a live attempt is "
                              "never set aside — wait for it to end or stop it")
     moved = False

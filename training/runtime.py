@@ -135,7 +135,7 @@ def configure_numerics(device: torch.device) -> None:
 
 def numerical_profile(device: torch.device, *, dtype: str, arm: dict[str, Any],
                       attention: str, backend: str | None = None) -> dict[str, Any]:
-    import transformers
+    import transformers  # start-up: ~1 s, loaded where the model is (a rank's model_load_seconds)
 
     prof: dict[str, Any] = {
         "torch": torch.__version__,

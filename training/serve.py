@@ -23,7 +23,6 @@ survive a restart and it is not billing or exactly-once delivery.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import socket
 import sys
@@ -34,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -41,9 +41,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from evidence.canonical import read_json, write_json_atomic
+from evidence.commitments import CommitmentLog
 from evidence.schema import explain
+from training import lease
 from training.errors import TrainError
+from training.evaluate import answer_tokens, eos_ids, generation_budget, model_dir_for, prompt_text
 from training.heap import long_lived
+from training.prepare import load_cases, require_prepared
+from training.seed import load_tokenizer, quiet_libraries
+from training.train import resolved_from_prepared
 
 MAX_BODY_BYTES = 4096
 REQUEST_ID_PATTERN = r"^[A-Za-z0-9._:-]{1,128}$"
@@ -98,9 +104,7 @@ class Replica:
         return 200, {**out, "cached": False}
 
     def _generate(self, case: dict[str, Any]) -> list[int]:
-        import torch
-
-        from training.evaluate import answer_tokens, eos_ids, prompt_text
+        import torch  # loaded by load_replica, under long_lived (see there)
 
         enc = self.tokenizer(prompt_text(self.tokenizer, case), add_special_tokens=False,
                              return_tensors="pt").to(self.device)
@@ -119,14 +123,9 @@ class Replica:
 def load_replica(home: str | os.PathLike[str], *, arm: str | None = None, seed_dir: Path | None = None,
                  name: str = "replica", threads: int | None = None, cache_size: int = 1024) -> Replica:
     with long_lived():  # loaded once, kept to the end: out of the collector's sight (training/heap.py)
-        import torch
+        import torch  # here, not at the top: no collector passes while it loads
 
-        from evidence.commitments import CommitmentLog
-        from training.evaluate import generation_budget, model_dir_for
-        from training.prepare import load_cases, require_prepared
         from training.runtime import DeviceShare, device_lock, pick_device
-        from training.seed import load_tokenizer, quiet_libraries
-        from training.train import resolved_from_prepared
         from training.trainer import parameter_digest
 
     home = Path(home)
@@ -146,7 +145,7 @@ def load_replica(home: str | os.PathLike[str], *, arm: str | None = None, seed_d
         torch.set_num_threads(threads)
     quiet_libraries()
     with long_lived():
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM  # likewise, under long_lived
 
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     loaded = parameter_digest(model)
@@ -198,8 +197,6 @@ async def leased(name: str, server: Any) -> None:
     """A replica started over SSH holds a lease on its controller (training/lease.py), renewed while the
     probe runs: once it has gone unrenewed for its length, the replica stops as on SIGTERM, so a
     controller that died (SIGKILL, a lost laptop) leaves no replica serving until the hosts go."""
-    from training import lease
-
     held = lease.held()
     if held is None:
         return
@@ -215,8 +212,6 @@ async def leased(name: str, server: Any) -> None:
 def serve(replica: Replica, host: str, port: int, ready_file: Path | None = None) -> None:
     """Listen until SIGINT/SIGTERM. The ready file (port, pid, model) is written only once the socket
     accepts connections, so whoever started the replica can wait for it without guessing."""
-    import uvicorn
-
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from evidence.canonical import canonical_sha256
 from evidence.checker import FIELD_TYPES, INT, JSON_WS, NUMBER, STR, STR_LIST, TEXT, check_answer, is_number
 from evidence.errors import UserError
+from training.tasks import FAMILIES, HELDOUT_VARIANTS, TRAIN_VARIANTS, damage, generate_task
 
 SPLITS = ("train", "dev", "test")
 JSONL_KEYS = {"prompt", "answer", "schema", "wrong_answer", "split", "family", "id"}
@@ -73,8 +74,6 @@ class Generated:
         return None
 
     def cases(self, counts: dict[str, int]) -> list[dict[str, Any]]:
-        from training.tasks import FAMILIES, HELDOUT_VARIANTS, TRAIN_VARIANTS, generate_task
-
         identities: set[str] = set()
         prompts: set[str] = set()
         self._tasks, self.collisions = [], 0
@@ -113,8 +112,6 @@ class Generated:
         return rows
 
     def damage(self, rows: list[dict[str, Any]], n: int, seed: int, *, required: bool) -> dict[int, Any]:
-        from training.tasks import damage
-
         rng = random.Random(f"damage/{seed}")
         return {i: damage(self._tasks[i], rng) for i in sorted(rng.sample(range(len(self._tasks)), n))}
 

@@ -14,25 +14,33 @@ seed verification, model loading and process-group setup are timed separately.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import sys
 import time
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any, Callable
+
+import numpy as np
 
 from evidence.canonical import canonical_sha256, fsync_dir, fsync_file, read_json, write_json_atomic
 from evidence.commitments import CommitmentLog
 from evidence.receipts import RECEIPT_NAME, make_receipt, verify_receipt
+from training import lease
 from training.arms import KINDS
 from training.checkpoint.disk_baseline import io_baseline
 from training.config import Arm, ConfigError, Experiment, Resolved
+from training.corpus import Corpus
 from training.errors import CheckpointError, TrainError
 from training.hold import NEW_HOME
 from training.faults import FaultPlan
 from training.heap import long_lived
 from training.identity import RankInfo  # who this rank is, read without loading torch
+from training.prepare import require_prepared
 from training.profiling import UpdateProfiler
 from training.runs import _set_aside, run_dir
+from training.seed import load_tokenizer, quiet_libraries, verify_seed
 
 RESULT_FORMAT = "trial-result-v1"
 # what a trained model keeps of its seed besides its own weights and config: every other file
@@ -45,8 +53,6 @@ SEED_KEPT_OVER_SAVED = ("generation_config.json",)
 
 def seed_files_kept(seed_dir: Path, saved: set[str]) -> list[Path]:
     """The seed's files a trained model copies: see SEED_WEIGHTS."""
-    from fnmatch import fnmatch
-
     return [p for p in sorted(seed_dir.iterdir())
             if p.is_file() and not p.name.startswith(".") and p.name != RECEIPT_NAME
             and not any(fnmatch(p.name, w) for w in SEED_WEIGHTS)
@@ -68,10 +74,7 @@ def _seed_everything(base: int, rank: int) -> None:
     """Every generator a rank could draw from starts from (experiment, rank), not from the OS:
     two runs of one arm then begin in the same state, and a checkpoint's RNG state is comparable
     with an uninterrupted run's. (Training itself draws nothing: no dropout, fixed schedule.)"""
-    import random
-
-    import numpy as np
-    import torch
+    import torch  # see RankRun's docstring
 
     seed = (base * 1_000_003 + rank) % 2**32
     random.seed(seed)
@@ -121,7 +124,7 @@ def _write_model(model: Any, seed_dir: Path, out: Path, meta: dict[str, Any]) ->
 def _spec(arm: Arm, cfg: Resolved, plan: list[list[int]], world: int, rank: int, autocast: Any):
     """The arm's TrainSpec; the profile may scale the settings its kind names `profile_scaled` (DiLoCo's
     H, PowerSGD's dense warmup: they scale with the number of updates), never other rules."""
-    from training.trainer import TrainSpec
+    from training.trainer import TrainSpec  # torch: see RankRun's docstring
 
     prof, exp = cfg.profile, cfg.experiment
     settings = cfg.arm_settings(arm)
@@ -152,7 +155,8 @@ class RankRun:
     An object rather than one function because the phases share a dozen values (the rank, its
     directory, device, spec, trainer, ledger): held once here, each phase reads only what it needs.
     Torch and the trainer are imported inside the phases: `training.train` itself is read by CLIs
-    (for `resolved_from_prepared`) that must not import torch.
+    (for `resolved_from_prepared`) that must not import torch (~1.5 s); `run` loads them once, under
+    `long_lived`, before its clock starts.
     """
 
     def __init__(self, home: str | os.PathLike[str], model_dir: str | os.PathLike[str], arm_name: str, *,
@@ -168,7 +172,7 @@ class RankRun:
         with long_lived():  # loaded once, kept to the end: out of the collector's sight (training/heap.py)
             import torch.distributed  # noqa: F401  the libraries load before the clock starts, so that
             import training.checkpoint.group  # noqa: F401  process_seconds_in_train is the train phases' own
-            from training import comm, corpus, prepare, runtime, seed, trainer  # noqa: F401  (imports vary by host)
+            from training import comm, runtime, trainer  # noqa: F401  (imports vary by host)
         self.t_start = time.perf_counter()
         self.join_group()
         model = self.load_model()
@@ -194,8 +198,6 @@ class RankRun:
 
     def check_inputs(self) -> None:
         """The committed inputs, the arm, this rank's directory: everything refusable before a device."""
-        from training.prepare import require_prepared
-
         info = self.info
         self.prepared = require_prepared(self.home)
         self.prepared_digest = canonical_sha256(self.prepared)
@@ -224,10 +226,9 @@ class RankRun:
 
     def join_group(self) -> None:
         """Take the device, verify the seed, join the process group; a local failure reaches the peers."""
-        import torch
+        import torch  # see the class's docstring
 
         from training import runtime
-        from training.seed import verify_seed
         from training.trainer import barrier_ok
 
         info, prepared = self.info, self.prepared
@@ -262,15 +263,12 @@ class RankRun:
 
     def load_model(self) -> Any:
         """The seed's weights and tokenizer (the pad id), then this arm's corpus and schedule."""
-        import torch
-
-        from training.corpus import Corpus
+        import torch  # see the class's docstring
 
         t0 = time.perf_counter()  # the libraries' import counts as loading, as it always has
         with long_lived():
-            from transformers import AutoModelForCausalLM
+            from transformers import AutoModelForCausalLM  # likewise
 
-            from training.seed import load_tokenizer, quiet_libraries
             quiet_libraries()
             model = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=torch.float32)
             tok = load_tokenizer(self.model_dir, verified=True)
@@ -286,7 +284,7 @@ class RankRun:
 
     def fix_numerics(self, model: Any) -> tuple[Any, dict[str, Any], str]:
         """The arm's TrainSpec and the numerical profile every rank must agree on (and its digest)."""
-        import torch
+        import torch  # see the class's docstring
 
         from training import runtime
         from training.trainer import engine_choices
@@ -316,7 +314,7 @@ class RankRun:
 
     def agree(self, ledger: Any, numerics: dict[str, Any], numerics_digest: str) -> None:
         """Every rank holds the same inputs, seed and numerics; rank 0 commits the profile."""
-        from training import comm
+        from training import comm  # torch: see the class's docstring
         from training.trainer import all_or_none
 
         t0 = time.perf_counter()
@@ -333,7 +331,7 @@ class RankRun:
 
     def make_trainer(self, model: Any, spec: Any, ledger: Any) -> Any:
         """The trainer, checked against the committed schedule's weighted target counts."""
-        from training.trainer import Trainer
+        from training.trainer import Trainer  # torch: see the class's docstring
 
         trainer = Trainer(model, self.corpus, spec, self.device, self.pad_id, ledger)
         if [trainer.global_weights[u] for u in range(spec.updates)] != self.committed_w:
@@ -352,14 +350,14 @@ class RankRun:
 
     def restore(self, trainer: Any, spec: Any) -> dict[str, Any]:
         """Resume from the latest step every rank holds (`--resume`); its figures for the result."""
-        from training.checkpoint import group
+        from training.checkpoint import group  # torch: see the class's docstring
 
         return group.restore(trainer, self.rank_dir, self.info.rank, self.cfg.profile.checkpoint_every,
                        spec.updates, self.device, self.say)
 
     def compile(self, trainer: Any, spec: Any) -> None:
         """Under compile, one warm-up pass before the loop, entered by every rank together."""
-        from training.trainer import all_or_none
+        from training.trainer import all_or_none  # torch: see the class's docstring
 
         compile_s = None
         if spec.compile and trainer.update < spec.updates:
@@ -371,8 +369,7 @@ class RankRun:
 
     def loop(self, trainer: Any, spec: Any, ledger: Any, identity: dict[str, Any]) -> list[dict[str, Any]]:
         """The updates, a checkpoint published every `checkpoint_every`; returns their figures."""
-        from training import lease
-        from training.checkpoint import group
+        from training.checkpoint import group  # torch: see the class's docstring
 
         every = self.cfg.profile.checkpoint_every
         heartbeat = self.rank_dir / "heartbeat.json"
@@ -403,7 +400,7 @@ class RankRun:
 
     def finish(self, model: Any, ledger: Any, numerics_digest: str) -> tuple[str, dict[str, Any] | None]:
         """Agree on the final parameters; rank 0 writes the model. Returns their digest and its receipt."""
-        from training import comm
+        from training import comm  # torch: see the class's docstring
         from training.trainer import all_or_none, parameter_digest
 
         t0 = time.perf_counter()
@@ -426,7 +423,7 @@ class RankRun:
                final_digest: str, model_receipt: dict[str, Any] | None, net: dict[str, Any],
                checkpoints: list[dict[str, Any]], restored: dict[str, Any] | None) -> dict[str, Any]:
         """This rank's `result.json` (RESULT_FORMAT): its fields and their order are the format."""
-        from training import runtime
+        from training import runtime  # torch: see the class's docstring
 
         info, device, arm = self.info, self.device, self.arm
         every = self.cfg.profile.checkpoint_every
@@ -461,7 +458,7 @@ class RankRun:
         }
 
     def leave_group(self) -> None:
-        import torch.distributed as dist
+        import torch.distributed as dist  # see the class's docstring
 
         if dist.is_initialized():
             dist.destroy_process_group()

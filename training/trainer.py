@@ -17,10 +17,13 @@ update; clipping and AdamW follow it on every rank.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch.profiler import record_function
 import torch.distributed as dist
@@ -28,7 +31,9 @@ from torch import nn
 
 from training.arms import CHECKPOINT_PARTS, ArmKind, Settings, kind as arm_kind
 from training.comm import CHUNK_BYTES, Ledger
+from training.config import check_pack
 from training.corpus import Corpus
+from training.errors import PeerFailed
 from training.objective import WeightedResponseLoss, make_microbatches, packed_attention, weighted_targets
 
 
@@ -90,8 +95,6 @@ class TrainSpec:
 def engine_choices(spec: "TrainSpec", device: torch.device, model: nn.Module) -> dict[str, Any]:
     """What the trainer decides from its spec and device, in one place: the trainer applies these and
     train.py commits them in the numerical profile, so the record cannot drift from the run."""
-    from training.config import check_pack
-
     check_pack(device.type, spec.pack, spec.compile)
     return {"attention": packed_attention(device) if spec.pack else str(model.config._attn_implementation),
             "fused_optimizer": spec.fused_optimizer and device.type == "cuda",
@@ -105,7 +108,7 @@ PACK_MULTIPLE = 1024  # packed row lengths under torch.compile: under 1024 token
 def _allow_recompiles(widths: int) -> None:
     """Let dynamo compile one graph per possible width (its default stops at 8 and then runs the
     decoder eagerly, silently), and fail loudly if more ever occur."""
-    import torch._dynamo.config as dynamo
+    import torch._dynamo.config as dynamo  # start-up: ~2 s after torch, needed only under compile
 
     dynamo.recompile_limit = max(dynamo.recompile_limit, widths + 2)
     if hasattr(dynamo, "fail_on_recompile_limit_hit"):
@@ -286,18 +289,10 @@ class Trainer:
         self._set_rng_state(state["rng"])  # last: the warm-up pass must not be what moves any generator
 
     def _rng_state(self) -> dict[str, Any]:
-        import random
-
-        import numpy as np
-
         return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
                 "cuda": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else None}
 
     def _set_rng_state(self, rng: dict[str, Any]) -> None:
-        import random
-
-        import numpy as np
-
         random.setstate(rng["python"])
         np.random.set_state(rng["numpy"])
         torch.set_rng_state(rng["torch"])
@@ -355,8 +350,6 @@ class Trainer:
 
 def parameter_digest(model: nn.Module) -> str:
     """sha256 over every parameter's name, dtype, shape and bytes, in a fixed order."""
-    import hashlib
-
     h = hashlib.sha256()
     for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
         t = p.detach().to("cpu").contiguous()
@@ -388,7 +381,5 @@ def barrier_ok(ok: bool, what: str, device: torch.device) -> None:
     flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     if ok and not int(flag.item()):
-        from training.errors import PeerFailed
-
         raise PeerFailed(f"another rank failed at {what}; its log names the cause — this rank "
                          "stops too")

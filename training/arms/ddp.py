@@ -17,6 +17,7 @@ from training.arms.base import ArmKind, Settings
 def passthrough(bucket: Any) -> Any:
     """A DDP communication hook's result that leaves the bucket as it is: no reduction (a resume's
     warm-up pass; the benchmark's baseline)."""
+    # start-up: torch ~1.5 s; arm kinds are read by every orchestrate command (training/arms/base.py)
     import torch
 
     fut: torch.futures.Future = torch.futures.Future()
@@ -33,13 +34,13 @@ class DDPKind(ArmKind):
 
     def reduction(self, settings: Settings, choice: dict[str, Any]) -> tuple[Callable[[Any], Any], Any]:
         """The communication hook, as a function of the bucket, and its state (None: stateless)."""
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # start-up: torch (see passthrough)
 
         return (lambda bucket: default_hooks.allreduce_hook(None, bucket)), None
 
     def engine(self, loss: Any, device: Any, settings: Settings, choice: dict[str, Any],
                warming: Callable[[], bool]) -> tuple[Any, Any]:
-        from torch.nn.parallel import DistributedDataParallel as DDP
+        from torch.nn.parallel import DistributedDataParallel as DDP  # start-up: torch (see passthrough)
 
         # init_sync=False: every rank loaded the same verified seed (digests agreed before), so the
         # setup broadcast of all weights would only move bytes. Buffers (rotary frequencies) are

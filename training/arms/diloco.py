@@ -37,6 +37,7 @@ class DiLoCoKind(ArmKind):
         return 1.0 / w_local
 
     def make_outer(self, params: list, settings: DiLoCoSettings, chunk_bytes: int) -> Any:
+        # start-up: torch ~1.5 s; arm kinds are read by every orchestrate command (training/arms/base.py)
         from training.diloco import OuterNesterov
 
         return OuterNesterov(params, settings.outer_lr, settings.outer_momentum, chunk_bytes=chunk_bytes)

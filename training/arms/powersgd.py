@@ -62,6 +62,7 @@ class PowerSGDKind(DDPKind):
                 "powersgd_orthogonalization": orthogonalization(settings, device)}
 
     def reduction(self, settings: PowerSGDSettings, choice: dict[str, Any]) -> tuple[Callable[[Any], Any], Any]:
+        # start-up: torch ~1.5 s; arm kinds are read by every orchestrate command (training/arms/base.py)
         from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 
         from training.powersgd import ORTHOGONALIZATIONS, powersgd_hook
@@ -85,7 +86,7 @@ class PowerSGDKind(DDPKind):
         return {k: getattr(state, k) for k in state.__slots__ if k != "process_group"}
 
     def load_state_dict(self, state: Any, saved: Any, device: Any) -> None:
-        import torch
+        import torch  # start-up: torch (see reduction)
 
         for k, v in saved.items():
             if isinstance(v, dict):  # error feedback and P/Q memories live on the device

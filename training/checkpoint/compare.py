@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from training.arms import CHECKPOINT_PARTS
@@ -15,8 +16,6 @@ def compare_states(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
     """Tensor-content comparison of two rank states (never file hashes: the pickled skeleton's bytes are not
     canonical). Per part: tensors compared, elements, max |Δ|, and any non-tensor leaf that differs.
     Timing records (journal, ledger) are not numerical state and are left out."""
-    import numpy as np
-
     out: dict[str, Any] = {}
     for part in NUMERICAL_PARTS:
         acc = {"tensors": 0, "elements": 0, "max_abs_diff": 0.0, "mismatches": []}

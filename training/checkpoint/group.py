@@ -31,8 +31,10 @@ import torch
 from evidence.canonical import fsync_dir, read_json, write_json_atomic
 from evidence.receipts import ReceiptError, make_receipt, verify_receipt
 from training.checkpoint.state_file import load_state, save_hashed
+from training.comm import gather_rows
 from training.errors import CheckpointError
 from training.runs import STATE, checkpoint_dir, latest_common, local_manifests, manifest_path, orphan_after
+from training.trainer import all_or_none
 
 FORMAT = "trial-checkpoint-v2"  # v2: state.bin written by save_hashed (v1: a torch.save zip)
 
@@ -75,8 +77,6 @@ def common_step(rank_dir: Path, candidates: list[int], device: torch.device) -> 
 
     One fixed-size all-gather: for each candidate step, 32 bytes (zeros where absent).
     """
-    from training.comm import gather_rows
-
     mine = local_manifests(rank_dir)
     row = b"".join(bytes.fromhex(mine[s]) if s in mine else bytes(32) for s in candidates)
     held = []
@@ -132,13 +132,10 @@ def publish(trainer: Any, rank_dir: Path, step: int, identity: dict[str, Any], d
 
     `before_manifest` runs after the digests are exchanged and before this rank's manifest is
     written: where a fault injection kills a rank mid-publication."""
-    from training import comm
-    from training.trainer import all_or_none
-
     t0 = time.perf_counter()
     with all_or_none(f"writing checkpoint step {step}", device):
         fig = write_rank_state(rank_dir, step, trainer.state(), identity)
-    digests = [r.hex() for r in comm.gather_rows(bytes.fromhex(fig["receipt_digest"]), device)]
+    digests = [r.hex() for r in gather_rows(bytes.fromhex(fig["receipt_digest"]), device)]
     common = {k: identity[k] for k in ("experiment", "profile", "arm", "prepared_digest",
                                        "numerical_profile")}
     if before_manifest is not None:
@@ -152,8 +149,6 @@ def publish(trainer: Any, rank_dir: Path, step: int, identity: dict[str, Any], d
 def restore(trainer: Any, rank_dir: Path, rank: int, every: int | None, updates: int, device: Any,
             say: Callable[[str], None]) -> dict[str, Any]:
     """Resume from the latest step every rank holds an identical manifest for (or stop, naming why)."""
-    from training.trainer import all_or_none
-
     t0 = time.perf_counter()
     candidates = sorted(set(range(every, updates + 1, every)) | {updates}) if every else [updates]
     step = common_step(rank_dir, candidates, device)

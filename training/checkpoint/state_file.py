@@ -4,12 +4,19 @@ skeleton, hashed as a tree digest while written and while read (see `save_hashed
 from __future__ import annotations
 
 import copy
+import io
+import json
+import math
 import os
+import struct
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from evidence.canonical import TREE_PIECE, TreeSha256
+from evidence.receipts import is_tree_entry
 from training.checkpoint import _Ref
 from training.errors import CheckpointError
 
@@ -79,13 +86,6 @@ def save_hashed(obj: Any, path: Path) -> dict[str, Any]:
     pickle); only identical views are shared again; an `nn.Parameter` comes back a plain tensor;
     a small view of a large storage pickles the whole storage.
     """
-    import io
-    import json
-    import struct
-    from concurrent.futures import Future, ThreadPoolExecutor
-
-    from evidence.canonical import TREE_PIECE, TreeSha256
-
     big: list[torch.Tensor] = []
     skel = io.BytesIO()
     torch.save(_strip(obj, big), skel)
@@ -166,12 +166,6 @@ def load_state(path: Path, expect: dict[str, Any] | None = None) -> Any:
     fed to the tree digest, and a mismatch raises before the skeleton — a pickle — is unpickled: a
     restore reads its ~20 GB once instead of hashing it and then reading it again. Without it the
     caller must have verified the file already."""
-    import io
-    import struct
-
-    from evidence.canonical import TreeSha256
-    from evidence.receipts import is_tree_entry
-
     if expect is not None and not is_tree_entry(expect):
         raise CheckpointError(f"{path}: its receipt entry is not a tree digest: {sorted(expect)}")
     tree = TreeSha256(expect["piece_bytes"]) if expect is not None else None
@@ -235,9 +229,6 @@ def _checked_table(raw: bytes, data_start: int, size: int, path: Path) -> list[d
     """The tensor table, checked against the file and save_hashed's layout before anything is
     allocated from it (so padding stays under a page and no entry reaches past the file): when the
     digest is checked during the read, a damaged table is met before the digest can reject it."""
-    import json
-    import math
-
     try:
         table = json.loads(raw)
         at = 0  # where save_hashed put the entry: each at the page boundary after the last
