@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from evidence.schema import require_ranks
 from infra.estimate import ByReservation, Category, Estimate, Line, Traffic
 from infra.keys import operator_public_key
-from infra.prices import HOURS_PER_MONTH, INSTANCE_TYPES, PRICES, price
+from infra.prices import HOURS_PER_MONTH, PRICES, price
 from infra.userdata import GUARD_FRACTION
 from training.arms import kind as arm_kind
 from training.config import ConfigError, resolve
