@@ -132,99 +132,116 @@ def run_trial(options: TrialOptions, view: TrialView) -> TrialOutcome:
     SSH hosts. An arm whose ranks cannot each get their own GPU (or host) is reported as not run,
     never launched. Raises `OptionError` for contradictory options and re-raises KeyboardInterrupt
     (after the record is written); every other ending is in the outcome."""
-    o = options
-    started = time.monotonic()
-    record = RunRecord(format=RECORD_FORMAT, command=list(sys.argv), exit=0)
-    clock = StageClock()
-    backend: Backend | None = None
-    home: Optional[Path] = None  # the last experiment's: the one trained here
-    held = ExitStack()
-    cfg: Resolved | None = None
-    store_url = ""
+    run = _Run(options, view)
+    error: str | None = None
     try:
-        desc = load_cluster(o.cluster, view)
-        store_url = o.store or (desc.store if desc else FileStore.url_for(o.trials.resolve() / "store"))
-        name, arm = address(o.arm)
-        cfg = resolve(name, o.profile)
-        if o.replay is not None and not o.replay.is_file():
-            raise OptionError("--replay", f"--replay {o.replay} is not a file")
-        if o.model_dir is not None and cfg.profile.seed != "local":  # it would not be trained: refused, not ignored
-            raise OptionError("--model-dir", f"--model-dir {o.model_dir} is not used by profile {o.profile}, whose "
-                              f"seed is '{cfg.profile.seed}' (materialized under --seeds): a directory of your own is "
-                              "trained only by a profile with seed = \"local\" (e.g. gpu)")
-        cfg.arm(arm)
-        record.experiment, record.profile, record.arm = name, o.profile, arm
-        chain = lineage(name, o.profile)
-        home_of = lambda s: o.trials / f"{s.experiment.name}-{o.profile}"  # noqa: E731
-        for step in chain:  # every home this run writes in, held until it ends: one run per home
-            held.enter_context(hold(home_of(step), f"trial home {home_of(step)}"))
-        if cfg.profile.seed == "local":
-            if o.model_dir is None:
-                raise OptionError("--model-dir", f"profile {o.profile} trains a local seed: pass --model-dir")
-            with clock(Stage.SEED):
-                md = seed_from_model_dir(o.model_dir, o.seeds, view)
-        else:
-            with clock(Stage.SEED):
-                md = materialize_seed(cfg, o.seeds, view)
-        with clock(Stage.PREPARE):
-            for home in prepare(cfg, chain, home_of, md, store_url, view, replay_file=o.replay):
-                pass  # home: the last one reached, which the run's record names however the run ends
-        record.home = str(home)
-        backend = make_backend(desc, home, md, o.trials, o.wheelhouse, view, share_gpus=o.share_gpus)
-        with clock(Stage.PLACEMENT):
-            skipped = place_arms(cfg, home, backend, view, no_serve=o.no_serve)
-        record.not_run = skipped
-        with clock(Stage.TRAIN):
-            summaries = train_arms(cfg, home, backend, view, not_run=skipped, stop_check=alarm_check(desc, view))
-        anchor_home(home, store_url, view)  # the numerical profiles the ranks committed
-        view.trained(cfg, summaries)
-        rep, report = select_evaluate_report(cfg, home, md, backend, clock, view, store_url=store_url)
-        view.reported(rep)
-        with clock(Stage.PRESERVE):
-            rec = preserve_home(home, store_url, view, backend)
-        record.report, record.preserved = str(report), f"{rec['store']}{rec['index']}"
-        served = SERVING_PROBE not in skipped
+        _stages(run)
     except GuardStopped as stop:  # the deadline or the transfer guard is near: keep what there is, then stop
-        assert cfg is not None and home is not None
-        record.exit = guard_stop(home, stop, cfg, store_url, view, backend)
-        return _ended(record, clock, started, o, home, backend, held, view)
+        assert run.cfg is not None and run.home is not None
+        run.record.exit = guard_stop(run.home, stop, run.cfg, run.store_url, view, run.backend)
     except OptionError as e:  # the CLI shows it as a usage error
-        record.exit, record.error = 2, str(e)
-        _ended(record, clock, started, o, home, backend, held, view)
+        run.failed(2, str(e))
         raise
     except (UserError, ValueError, OSError) as e:
         # ValueError: data from a host that is not what it should be (JSON, numbers); OSError: the disk
-        record.exit, record.error = 2, str(e)
-        return _ended(record, clock, started, o, home, backend, held, view, error=str(e))
+        run.failed(2, error := str(e))
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (`main`): ranks are stopped as the run unwinds
-        record.exit, record.error = 130, str(e) or "interrupted"
-        _ended(record, clock, started, o, home, backend, held, view)
+        run.failed(130, str(e) or "interrupted")
         raise
     except BaseException as e:  # a bug: recorded as it ends
-        record.exit, record.error = None, repr(e)
-        _ended(record, clock, started, o, home, backend, held, view)
+        run.failed(None, repr(e))
         raise
-    out = _ended(record, clock, started, o, home, backend, held, view)
-    return out.model_copy(update={"served": served})
-
-
-def _ended(record: RunRecord, clock: StageClock, started: float, o: TrialOptions, home: Optional[Path],
-           backend: Backend | None, held: ExitStack, view: Progress, error: str | None = None) -> TrialOutcome:
-    """However the run ends: the backend closed (its connections, its guard's threads), the record
-    written, the homes released."""
-    try:
-        if backend is not None:
-            backend.close()
-        record.stages_seconds = dict(clock.seconds)
-        record.scoring = clock.scoring
-        record.total_seconds = time.monotonic() - started
-        path = write_record(record, o.record, o.trials, home, view)
     finally:
-        held.close()
-    return TrialOutcome(exit=record.exit if record.exit is not None else 1, error=error, arm=record.arm, home=home,
-                        report=Path(record.report) if record.report else None, preserved=record.preserved,
-                        not_run=record.not_run or {}, stages_seconds=record.stages_seconds,
-                        total_seconds=record.total_seconds, record=path)
+        run.end()
+    return run.outcome(error)
+
+
+class _Run:
+    """One run's state as its stages fill it in, so that however the run ends the backend is closed,
+    the record written with what was reached, and the homes released."""
+
+    def __init__(self, options: TrialOptions, view: TrialView):
+        self.options, self.view = options, view
+        self.started = time.monotonic()
+        self.record = RunRecord(format=RECORD_FORMAT, command=list(sys.argv), exit=0)
+        self.clock = StageClock()
+        self.held = ExitStack()  # every home this run writes in, held until it ends
+        self.cfg: Resolved | None = None
+        self.home: Path | None = None  # the last experiment's: the one trained here
+        self.backend: Backend | None = None
+        self.store_url = ""
+        self.served = False
+        self.record_path: Path | None = None
+
+    def failed(self, exit: int | None, error: str) -> None:
+        self.record.exit, self.record.error = exit, error
+
+    def end(self) -> None:
+        try:
+            if self.backend is not None:
+                self.backend.close()
+            self.record.stages_seconds = dict(self.clock.seconds)
+            self.record.scoring = self.clock.scoring
+            self.record.total_seconds = time.monotonic() - self.started
+            self.record_path = write_record(self.record, self.options.record, self.options.trials, self.home,
+                                            self.view)
+        finally:
+            self.held.close()
+
+    def outcome(self, error: str | None) -> TrialOutcome:
+        r = self.record
+        return TrialOutcome(exit=r.exit if r.exit is not None else 1, error=error, arm=r.arm, home=self.home,
+                            report=Path(r.report) if r.report else None, preserved=r.preserved,
+                            not_run=r.not_run or {}, served=self.served, stages_seconds=r.stages_seconds,
+                            total_seconds=r.total_seconds, record=self.record_path)
+
+
+def _stages(run: _Run) -> None:
+    """The stage order: seed → prepare → place → train → select → score → serve → report → preserve."""
+    o, view, record, clock = run.options, run.view, run.record, run.clock
+    desc = load_cluster(o.cluster, view)
+    run.store_url = o.store or (desc.store if desc else FileStore.url_for(o.trials.resolve() / "store"))
+    name, arm = address(o.arm)
+    cfg = run.cfg = resolve(name, o.profile)
+    if o.replay is not None and not o.replay.is_file():
+        raise OptionError("--replay", f"--replay {o.replay} is not a file")
+    if o.model_dir is not None and cfg.profile.seed != "local":  # it would not be trained: refused, not ignored
+        raise OptionError("--model-dir", f"--model-dir {o.model_dir} is not used by profile {o.profile}, whose "
+                          f"seed is '{cfg.profile.seed}' (materialized under --seeds): a directory of your own is "
+                          "trained only by a profile with seed = \"local\" (e.g. gpu)")
+    cfg.arm(arm)
+    record.experiment, record.profile, record.arm = name, o.profile, arm
+    chain = lineage(name, o.profile)
+    home_of = lambda s: o.trials / f"{s.experiment.name}-{o.profile}"  # noqa: E731
+    for step in chain:  # one run per home
+        run.held.enter_context(hold(home_of(step), f"trial home {home_of(step)}"))
+    if cfg.profile.seed == "local":
+        if o.model_dir is None:
+            raise OptionError("--model-dir", f"profile {o.profile} trains a local seed: pass --model-dir")
+        with clock(Stage.SEED):
+            md = seed_from_model_dir(o.model_dir, o.seeds, view)
+    else:
+        with clock(Stage.SEED):
+            md = materialize_seed(cfg, o.seeds, view)
+    with clock(Stage.PREPARE):
+        for run.home in prepare(cfg, chain, home_of, md, run.store_url, view, replay_file=o.replay):
+            pass  # the last one reached, which the run's record names however the run ends
+    home = run.home
+    assert home is not None
+    record.home = str(home)
+    backend = run.backend = make_backend(desc, home, md, o.trials, o.wheelhouse, view, share_gpus=o.share_gpus)
+    with clock(Stage.PLACEMENT):
+        skipped = record.not_run = place_arms(cfg, home, backend, view, no_serve=o.no_serve)
+    with clock(Stage.TRAIN):
+        summaries = train_arms(cfg, home, backend, view, not_run=skipped, stop_check=alarm_check(desc, view))
+    anchor_home(home, run.store_url, view)  # the numerical profiles the ranks committed
+    view.trained(cfg, summaries)
+    rep, report = select_evaluate_report(cfg, home, md, backend, clock, view, store_url=run.store_url)
+    view.reported(rep)
+    with clock(Stage.PRESERVE):
+        rec = preserve_home(home, run.store_url, view, backend)
+    record.report, record.preserved = str(report), f"{rec['store']}{rec['index']}"
+    run.served = SERVING_PROBE not in skipped
 
 
 def write_record(record: RunRecord, path: Optional[Path], trials: Path, home: Optional[Path],
