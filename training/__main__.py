@@ -128,7 +128,7 @@ def select_cmd(home: Path = typer.Option(..., help="the trial home")) -> None:
         sel = select(home, _committed(home))
     except UserError as e:
         _fail(e)
-    out.print_json(json.dumps(sel))
+    out.print_json(json.dumps(sel.model_dump(mode="json")))
 
 
 @app.command()
@@ -146,7 +146,7 @@ def evaluate(home: Path = typer.Option(..., help="the trial home"),
                        say=lambda m: err.print(m, highlight=False))
     except UserError as e:
         _fail(e)
-    out.print_json(json.dumps(res))
+    out.print_json(json.dumps(res.model_dump(mode="json")))
 
 
 @app.command()

@@ -20,7 +20,9 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from evidence.attempts import attempts, next_attempt
 from evidence.canonical import read_json, write_json_atomic
@@ -32,6 +34,47 @@ from training.errors import TrainError
 from training.heap import long_lived
 from training.prepare import load_cases, require_prepared
 from training.seed import load_tokenizer, quiet_libraries, verify_seed
+
+
+class Scoring(BaseModel):
+    """How an attempt was scored, and how fast: generated tokens count each answer up to and including
+    its end token (padding after a row's end is not counted); probes are scored in FP32. A speed is
+    None when generation took no measurable time."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    device: str
+    batch: int
+    generation_dtype: str
+    generation_seconds: float
+    generated_tokens: int
+    cases_per_second: float | None
+    generated_tokens_per_second: float | None
+    probe_seconds: float
+    load_seconds: float
+
+
+class EvaluationSummary(BaseModel):
+    """An attempt in figures: `summary.json` (`model_dump(mode="json")`, in this order — the order
+    `training evaluate` prints), what a backend's `evaluate` returns and the run record's `scoring`
+    entry is taken from. A summary written before its scoring figures were kept has none (no key).
+    Counts are ints; every float here is a quotient or a clock reading, never a whole number stored
+    as an int, so no figure changes type on its way through."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    arm: str
+    role: Literal["dev", "test"]
+    attempt: int
+    model_receipt: str  # the receipt digest of the model scored
+    cases: int
+    correct: int
+    accuracy: float
+    probe_mean_loss: float  # retention probes' response loss, nats per target token
+    max_new_tokens: int
+    seconds: float
+    scoring: Scoring | None = Field(default=None, exclude_if=lambda v: v is None)
+    retry_reason: str | None
 
 
 def attempts_dir(home: Path, role: str, arm: str) -> Path:
@@ -134,7 +177,7 @@ def scoring_settings(prepared: dict[str, Any]) -> tuple[int, str]:
 
 def evaluate(home: str | os.PathLike[str], arm: str, role: str, *, seed_dir: Path | None = None,
              retry_reason: str | None = None, batch: int | None = None,
-             say=lambda m: None) -> dict[str, Any]:
+             say=lambda m: None) -> EvaluationSummary:
     """Score `arm` on every case of `role`; `batch` overrides the profile's `score_batch` (benchmarks)."""
     with long_lived():  # loaded once, kept to the end: out of the collector's sight (training/heap.py)
         # torch here, not at the top: orchestrate reads this module on every command, and here it loads
@@ -216,20 +259,18 @@ def evaluate(home: str | os.PathLike[str], arm: str, role: str, *, seed_dir: Pat
     probe_s = time.perf_counter() - t_probe
     correct = sum(r["correct"] for r in rows)
     tokens = sum(len(r["token_ids"]) for r in rows)
-    summary = {"arm": arm, "role": role, "attempt": n, "model_receipt": receipt_digest,
-               "cases": len(rows), "correct": correct, "accuracy": correct / max(1, len(rows)),
-               "probe_mean_loss": sum(r["loss"] for r in probe_rows) / max(1, len(probe_rows)),
-               "max_new_tokens": max_new, "seconds": time.perf_counter() - t0,
-               # how it was scored, and how fast: generated tokens count each answer up to and including
-               # its end token (padding after a row's end is not counted); probes are scored in FP32
-               "scoring": {"device": str(device), "batch": batch,
-                           "generation_dtype": score_dtype if cast else "float32",
-                           "generation_seconds": gen_s, "generated_tokens": tokens,
-                           "cases_per_second": len(rows) / gen_s if gen_s > 0 else None,
-                           "generated_tokens_per_second": tokens / gen_s if gen_s > 0 else None,
-                           "probe_seconds": probe_s, "load_seconds": t_gen - t0},
-               "retry_reason": retry_reason}
-    write_json_atomic(out / "summary.json", summary)
+    summary = EvaluationSummary(
+        arm=arm, role=role, attempt=n, model_receipt=receipt_digest, cases=len(rows), correct=correct,
+        accuracy=correct / max(1, len(rows)),
+        probe_mean_loss=sum(r["loss"] for r in probe_rows) / max(1, len(probe_rows)),
+        max_new_tokens=max_new, seconds=time.perf_counter() - t0,
+        scoring=Scoring(device=str(device), batch=batch, generation_dtype=score_dtype if cast else "float32",
+                        generation_seconds=gen_s, generated_tokens=tokens,
+                        cases_per_second=len(rows) / gen_s if gen_s > 0 else None,
+                        generated_tokens_per_second=tokens / gen_s if gen_s > 0 else None,
+                        probe_seconds=probe_s, load_seconds=t_gen - t0),
+        retry_reason=retry_reason)
+    write_json_atomic(out / "summary.json", summary.model_dump(mode="json"))
     receipt = make_receipt(out, meta={"arm": arm, "role": role, "attempt": n}, exclude=["started.json"])
     write_json_atomic(out / "receipt.json", receipt)
     log.append(f"{role}-evaluation", str((out / "receipt.json").relative_to(home)),

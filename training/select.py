@@ -20,6 +20,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from evidence.canonical import file_sha256, read_json, write_json_atomic
 from evidence.commitments import CommitmentLog
 from evidence.placement import committed_placement, not_run
@@ -28,6 +30,26 @@ from training.errors import TrainError
 
 CANDIDATES = "candidates.json"
 SELECTION = "selection.json"
+RULE = "the primary arm is fixed by the experiment's acceptance rules, never by a score"
+
+
+class Selection(BaseModel):
+    """The committed selection: `selection.json` (`model_dump(mode="json")`, in this order — the order
+    `training select` prints) and what `select` returns. `not_run` is written only when the placement
+    left an arm out."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    experiment: str
+    profile: str
+    primary: str  # the experiment's primary arm, as its acceptance rules name it
+    serving: str
+    baseline: str  # the arm that does not train: the seed
+    candidates: dict[str, str]  # arm → its model's receipt digest
+    candidates_sha256: str  # of candidates.json, committed just before
+    rule: str = RULE
+    # arm → why the committed placement did not run it (decided before any training)
+    not_run: dict[str, str] = Field(default_factory=dict, exclude_if=lambda v: not v)
 
 
 def acknowledge(home: Path, arm: Any) -> dict[str, Any]:
@@ -63,7 +85,7 @@ def acknowledge(home: Path, arm: Any) -> dict[str, Any]:
             "servable": arm.servable}
 
 
-def select(home: str | os.PathLike[str], cfg: Any) -> dict[str, Any]:
+def select(home: str | os.PathLike[str], cfg: Any) -> Selection:
     home = Path(home)
     log = CommitmentLog(home)
     if log.latest("selection") is not None:
@@ -76,15 +98,11 @@ def select(home: str | os.PathLike[str], cfg: Any) -> dict[str, Any]:
                                           **({"not_run": skipped} if skipped else {})})
     log.append("candidates", CANDIDATES, {"arms": [a.name for a in arms]})
     acc = cfg.experiment.acceptance
-    selection = {
-        "experiment": cfg.experiment.name, "profile": cfg.profile_name,
-        "primary": acc.primary, "serving": cfg.experiment.serving_arm,
-        "baseline": next(a.name for a in cfg.experiment.arms if not a.trains),
-        "candidates": {a["arm"]: a["model"]["receipt_digest"] for a in acks},
-        "candidates_sha256": file_sha256(home / CANDIDATES),
-        "rule": "the primary arm is fixed by the experiment's acceptance rules, never by a score",
-        **({"not_run": skipped} if skipped else {}),  # by the committed placement, before any training
-    }
-    write_json_atomic(home / SELECTION, selection)
+    selection = Selection(
+        experiment=cfg.experiment.name, profile=cfg.profile_name, primary=acc.primary,
+        serving=cfg.experiment.serving_arm, baseline=next(a.name for a in cfg.experiment.arms if not a.trains),
+        candidates={a["arm"]: a["model"]["receipt_digest"] for a in acks},
+        candidates_sha256=file_sha256(home / CANDIDATES), not_run=skipped)
+    write_json_atomic(home / SELECTION, selection.model_dump(mode="json"))
     log.append("selection", SELECTION, {"primary": acc.primary})
     return selection

@@ -33,7 +33,7 @@ from orchestrate.placement import Devices, committed_share, local_devices
 from orchestrate.serving import Endpoint, ProbeError, Timeouts, replicas_probe
 from training.config import Arm
 from training.errors import TrainError
-from training.evaluate import evaluate
+from training.evaluate import EvaluationSummary, evaluate
 from training.runs import latest_common, local_manifests, set_aside_unfinished
 
 
@@ -65,7 +65,7 @@ class LocalBackend:
         return supervise(launch, log_root=home / "logs" / arm.name, max_restarts=max_restarts,
                          resume_first=first, can_resume=can, echo=echo)
 
-    def evaluate(self, home: Path, arm: str, role: str, seed_dir: Path, retry: str | None = None) -> dict[str, Any]:
+    def evaluate(self, home: Path, arm: str, role: str, seed_dir: Path, retry: str | None = None) -> EvaluationSummary:
         return evaluate(home, arm, role, seed_dir=seed_dir, retry_reason=retry)
 
     def devices(self, device: str) -> Devices:

@@ -60,6 +60,7 @@ from orchestrate.remote import collect, host_parts, host_python, reports_as_stag
 from orchestrate.serving import Endpoint, ProbeError
 from orchestrate.transport import SSHTransport, Transport, TransportError
 from training.config import Arm
+from training.evaluate import EvaluationSummary
 from training.lease import env as lease_env
 from training.runs import latest_common
 
@@ -242,7 +243,7 @@ class SshBackend:
                  f"{added} commitment(s) taken")
 
     # -- scoring -------------------------------------------------------------------------------
-    def evaluate(self, home: Path, arm: str, role: str, seed_dir: Path, retry: str | None = None) -> dict[str, Any]:
+    def evaluate(self, home: Path, arm: str, role: str, seed_dir: Path, retry: str | None = None) -> EvaluationSummary:
         """`python -m training evaluate` on rank 0's host (where every arm's model already is)."""
         self._stage()
         h, t = self.hosts[0], self.ts[0]
@@ -251,7 +252,7 @@ class SshBackend:
             self.say(f"{role} scoring of {arm} already ran on {h.name}; collecting it")
             self._collect_verified({0: where})
             done = [a for a in attempts(home / where) if (a / "receipt.json").is_file()]
-            return read_json(done[-1] / "summary.json")
+            return EvaluationSummary.model_validate(read_json(done[-1] / "summary.json"))
         unfinished = self._remote_files(0, f"{shlex.quote(where)}/attempt-*")  # they stay on the host
         if unfinished and not retry:
             retry = f"attempt(s) {', '.join(Path(u).name for u in unfinished)} on {h.name} did not finish"
@@ -263,7 +264,8 @@ class SshBackend:
         if r.status != 0:
             raise TransportError(f"{h.name}: evaluate {arm} exited {r.status}: {r.stderr.strip()[-800:]}")
         self._collect_verified({0: where})
-        return json.loads(r.stdout)
+        # a printout that is not JSON raises json's ValueError, as it did; one that is no summary pydantic's (one too)
+        return EvaluationSummary.model_validate(json.loads(r.stdout))
 
     def host_parts(self, url: str) -> dict[str, dict[str, dict[str, Any]]]:
         """Each host preserves the checkpoint payloads that stayed on it (`remote.host_parts`)."""

@@ -52,9 +52,9 @@ def select_primary(cfg: Resolved, home: Path, progress: Progress) -> None:
 
     if CommitmentLog(home).latest("selection") is None:
         sel = select(home, cfg)
-        progress.say("select", f"committed: primary {sel['primary']} (fixed by the rules), "
-                     f"{len(sel['candidates'])} candidates acknowledged"
-                     + (f"; not run: {', '.join(a for a in sel['not_run'])}" if sel.get("not_run") else ""))
+        progress.say("select", f"committed: primary {sel.primary} (fixed by the rules), "
+                     f"{len(sel.candidates)} candidates acknowledged"
+                     + (f"; not run: {', '.join(a for a in sel.not_run)}" if sel.not_run else ""))
 
 
 def evaluate_test(cfg: Resolved, home: Path, seed_dir: Path, backend: Backend, skipped: dict[str, str],
@@ -75,14 +75,14 @@ def evaluate_test(cfg: Resolved, home: Path, seed_dir: Path, backend: Backend, s
         retry = f"attempt(s) {', '.join(d.name for d in tried)} did not finish" if tried else None
         with progress.status(f"scoring {a.name} on the test cases…"):
             res = backend.evaluate(home, a.name, "test", seed_dir, retry=retry)
-        sc = res.get("scoring") or {}
-        scoring[a.name] = {k: res[k] for k in ("cases", "correct", "accuracy", "probe_mean_loss", "seconds",
-                                               "max_new_tokens")} | {"scoring": sc}
-        progress.say("test", f"{a.name}: {res['correct']}/{res['cases']} exact, retention probe loss "
-                     f"{res['probe_mean_loss']:.4f} ({res['seconds']:.1f} s"
-                     + (f"; generation {sc['generation_seconds']:.1f} s in batches of {sc['batch']} on {sc['device']}"
-                        f" ({sc['generation_dtype']}): {sc['cases_per_second']:.2f} cases/s, "
-                        f"{sc['generated_tokens_per_second']:,.0f} generated tokens/s" if sc.get("cases_per_second")
+        sc = res.scoring
+        scoring[a.name] = {k: getattr(res, k) for k in ("cases", "correct", "accuracy", "probe_mean_loss", "seconds",
+                                                        "max_new_tokens")} | {"scoring": sc.model_dump() if sc else {}}
+        progress.say("test", f"{a.name}: {res.correct}/{res.cases} exact, retention probe loss "
+                     f"{res.probe_mean_loss:.4f} ({res.seconds:.1f} s"
+                     + (f"; generation {sc.generation_seconds:.1f} s in batches of {sc.batch} on {sc.device}"
+                        f" ({sc.generation_dtype}): {sc.cases_per_second:.2f} cases/s, "
+                        f"{sc.generated_tokens_per_second:,.0f} generated tokens/s" if sc and sc.cases_per_second
                         else "") + ")")
 
 

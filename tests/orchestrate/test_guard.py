@@ -215,14 +215,20 @@ def test_a_scoring_that_finished_on_the_host_is_collected_not_run_again(pulled):
     for name in ("candidates.json", "selection.json", LOG_NAME):
         shutil.copyfile(home / name, remote / name)
     out = remote / "evaluations" / "test" / "single" / "attempt-1"
-    write_json_atomic(out / "summary.json", {"arm": "single", "role": "test", "correct": 3, "cases": 32})
+    summary = {"arm": "single", "role": "test", "attempt": 1, "model_receipt": "m", "cases": 32, "correct": 3,
+               "accuracy": 0.09375, "probe_mean_loss": 7.5, "max_new_tokens": 86, "seconds": 0.5,
+               "scoring": {"device": "cpu", "batch": 16, "generation_dtype": "float32", "generation_seconds": 0.4,
+                           "generated_tokens": 2752, "cases_per_second": 80.0, "generated_tokens_per_second": 6880.0,
+                           "probe_seconds": 0.02, "load_seconds": 0.03},
+               "retry_reason": None}
+    write_json_atomic(out / "summary.json", summary)
     write_json_atomic(out / "receipt.json", {"digest": "d"})
     CommitmentLog(remote).append("test-evaluation", "evaluations/test/single/attempt-1/receipt.json",
                                  {"arm": "single", "attempt": 1})
     pl.digest = "staged"  # staging is not what this is about
     got = pl.evaluate(home, "single", "test", seed_dir=home)
     # the host's summary itself: a scoring run here would have failed on these inputs or counted anew
-    assert got == {"arm": "single", "role": "test", "correct": 3, "cases": 32}
+    assert got.model_dump(mode="json") == summary
     for name in ("summary.json", "receipt.json"):
         assert (home / "evaluations/test/single/attempt-1" / name).read_bytes() == (out / name).read_bytes()
     assert (home / LOG_NAME).read_bytes() == (remote / LOG_NAME).read_bytes()  # the entry came with it
