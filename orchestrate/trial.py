@@ -182,7 +182,7 @@ def run_trial(options: TrialOptions, view: TrialView) -> TrialOutcome:
         view.reported(rep)
         with clock(Stage.PRESERVE):
             rec = preserve_home(home, store_url, view, backend)
-        record.report, record.preserved = str(report), f"{rec['store']}{rec['index']}"
+        record.report, record.preserved = str(report), f"{rec.store}{rec.index}"
         served = SERVING_PROBE not in skipped
     except GuardStopped as stop:  # the deadline or the transfer guard is near: keep what there is, then stop
         assert cfg is not None and home is not None
