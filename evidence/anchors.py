@@ -170,11 +170,11 @@ def verify_anchors(home: str | Path, entries: list[dict[str, Any]], url: str | N
     anchors of the trial (None when no store is known). The trial's name: given, else the one its
     preservation recorded, else the home's folder name."""
     home = Path(home)
-    rec = read_preserved(home) if (home / PRESERVED).is_file() else {}
-    prefix = (rec.get("anchors") or {}).get("prefix", "")
+    rec = read_preserved(home) if (home / PRESERVED).is_file() else None
+    prefix = rec.anchors.prefix if rec is not None and rec.anchors is not None else ""
     trial = trial or (prefix.split("/")[1] if prefix.count("/") >= 2 else home.resolve().name)
     try:
-        url = url or rec.get("store")
+        url = url or (rec.store if rec is not None else None)
         if url is None:
             default = home.resolve().parent / "store"
             if not (default / _prefix(trial)).is_dir():

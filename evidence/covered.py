@@ -49,8 +49,8 @@ def covered(home: str | Path) -> dict[Path, str]:
             out.setdefault(receipt.parent / rel, f"the receipt {receipt.relative_to(home)}")
     try:
         rec = read_preserved(home)
-        for rel in rec.get("paths", []):
-            out.setdefault(home / rel, f"the preservation index {rec.get('index')}")
+        for rel in rec.paths:
+            out.setdefault(home / rel, f"the preservation index {rec.index}")
     except EvidenceFileError:
         pass
     return out

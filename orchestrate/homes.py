@@ -11,13 +11,13 @@ from __future__ import annotations
 import shutil
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 from pydantic import BaseModel, ConfigDict
 
 from evidence.canonical import EvidenceFileError, file_sha256
 from evidence.errors import UserError
-from evidence.stores import PRESERVED, PreservationError, read_preserved, verify_index
+from evidence.stores import PRESERVED, PreservationError, Preserved, Verified, read_preserved, verify_index
 from orchestrate.progress import Progress
 from training.hold import HeldError, hold, lock_path
 
@@ -38,7 +38,7 @@ class Removed(BaseModel):
 
 
 @contextmanager
-def verified_home(home: Path, not_preserved: str, progress: Progress) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+def verified_home(home: Path, not_preserved: str, progress: Progress) -> Iterator[tuple[Preserved, Verified]]:
     """Hold `home` (not while a run writes in it) with its preservation record read and its evidence index
     verified in the store, object by object: (record, verification). `not_preserved`: what to do when
     the home was never preserved."""
@@ -53,7 +53,7 @@ def verified_home(home: Path, not_preserved: str, progress: Progress) -> Iterato
         try:
             rec = read_preserved(home)
             with progress.status("re-reading every preserved object…"):
-                v = verify_index(rec["store"], rec["index"], rec["index_sha256"])
+                v = verify_index(rec.store, rec.index, rec.index_sha256)
         except (EvidenceFileError, PreservationError, OSError) as e:
             raise Refused(f"the evidence {rec_path} records does not verify: {e}") from None
         yield rec, v
@@ -69,9 +69,9 @@ def remove_home(home: Path, progress: Progress) -> Removed:
         size = sum(p.stat().st_size for p in files if p.is_file())
         with progress.status(f"comparing {len(files)} files with the index…"):  # a link is never preserved
             left = [rel for rel in (p.relative_to(home).as_posix() for p in files) if rel != PRESERVED and (
-                    (home / rel).is_symlink() or rel not in v["sha256"] or v["sha256"][rel] != file_sha256(home / rel))]
+                    (home / rel).is_symlink() or rel not in v.sha256 or v.sha256[rel] != file_sha256(home / rel))]
         if left:
-            raise Refused(f"{home} holds {len(left)} file(s) its evidence index {rec['store']}{rec['index']} "
+            raise Refused(f"{home} holds {len(left)} file(s) its evidence index {rec.store}{rec.index} "
                           f"does not hold as they are now: {', '.join(left[:8])}{' …' if len(left) > 8 else ''}; "
                           f"preserve them (`orchestrate preserve --home {home}`) or move them out first")
         for p in sorted(home.iterdir()):
@@ -79,4 +79,4 @@ def remove_home(home: Path, progress: Progress) -> Removed:
                 shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
         shutil.rmtree(home)
         lock_path(home).unlink(missing_ok=True)  # while held: no other run can have taken it
-    return Removed(files=len(files), bytes=size, index=f"{rec['store']}{rec['index']}", objects=v["files"])
+    return Removed(files=len(files), bytes=size, index=f"{rec.store}{rec.index}", objects=v.files)

@@ -17,12 +17,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from evidence.canonical import canonical_sha256, read_json, write_json_atomic
 from orchestrate.launch.command import Site, local_argv, threads_per_rank, train_argv
 from orchestrate.launch.local import local_launch
-from orchestrate.launch.supervise import supervise
+from orchestrate.launch.supervise import Reason, supervise
 from orchestrate.placement import visible_gpus
 from orchestrate.progress import Progress
 from orchestrate.stages.prepare import seed_from_model_dir
@@ -34,6 +34,131 @@ from training.runs import checkpoint_dir, manifest_path
 from training.seed import materialize
 
 COPY_HOME = ("inputs", "prepared.json", "prepare-record.json", "commitments.jsonl")
+
+Number = int | float  # as given: an int stays an int and a float a float, so the JSON and its digest stay the same
+
+_FACT = ConfigDict(extra="forbid", frozen=True)
+
+
+class PartComparison(BaseModel):
+    """One part of two rank states (`training.checkpoint.compare.compare_states`): tensors and elements
+    compared, the largest |Δ|, and every difference that is not a number (shape, keys, NaN, -0.0)."""
+
+    model_config = _FACT
+
+    tensors: int
+    elements: int
+    max_abs_diff: Number
+    mismatches: list[str]
+
+
+class RankComparison(BaseModel):
+    """One rank's final state in the two runs: a `PartComparison` per numerical part, each under the part's
+    name (which parts: `training.checkpoint.compare.NUMERICAL_PARTS`, the arm kinds' among them)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    __pydantic_extra__: dict[str, PartComparison] = Field(init=False)
+
+    rank: int
+    max_abs_diff: Number
+    identical: bool
+
+    @property
+    def parts(self) -> dict[str, PartComparison]:
+        return self.__pydantic_extra__
+
+
+class Comparison(BaseModel):
+    """Every rank's checkpointed state at `step` in two homes, tensor by tensor (`compare_homes`)."""
+
+    model_config = _FACT
+
+    step: int
+    ranks: list[RankComparison]
+    max_abs_diff: Number
+    identical: bool
+    final_parameter_digests_equal: bool
+
+
+class Shared(BaseModel):
+    """`--share-gpus`: this many ranks on this many GPUs."""
+
+    model_config = _FACT
+
+    ranks: int
+    gpus: int
+
+
+class Kill(BaseModel):
+    """The fault asked for: this rank killed after this many updates (`TRIAL_FAULT_KILL`)."""
+
+    model_config = _FACT
+
+    rank: int
+    after_update: int
+
+
+class Failure(BaseModel):
+    """The killed attempt as the supervisor saw it: when the rank died (its `fault.json`), when its failure
+    was observed and the survivors stopped (unix times), and every rank's exit status."""
+
+    model_config = _FACT
+
+    killed_at: Number
+    observed_rank: int | None
+    reason: Reason | None
+    observed_at: Number | None
+    survivors_stopped_at: Number | None
+    kill_to_observed_seconds: Number
+    kill_to_survivors_stopped_seconds: Number
+    exit_codes: list[int | None]
+
+
+class Seconds(BaseModel):
+    """Wall time of the uninterrupted run, and of the recovered one from its first start to its finish."""
+
+    model_config = _FACT
+
+    uninterrupted: Number
+    recovered_total: Number
+
+
+class RecoveryComparison(BaseModel):
+    """recovery-comparison.json: what was run, how the kill went, and the two runs' final states compared.
+    It seals itself: `digest` is the canonical sha256 of every other field (`evidence.report.verify`
+    checks it). A rank's checkpoint I/O and restore records are the ranks' own (`training.train`)."""
+
+    model_config = _FACT
+
+    format: str = "trial-recovery-comparison-v1"
+    experiment: str
+    profile: str
+    arm: str
+    world_size: int
+    updates: int
+    checkpoint_every: int
+    device: str
+    shared: Shared | None
+    from_step: int
+    kill: Kill
+    failure: Failure
+    resumed_from: list[int]
+    comparison: Comparison
+    checkpoint_io_per_rank: list[dict[str, Any]]
+    restore_per_rank: list[dict[str, Any]]
+    seconds: Seconds
+    uninterrupted_final_parameters: list[str]
+    digest: str
+
+    @classmethod
+    def sealed(cls, **fields: Any) -> RecoveryComparison:
+        """The comparison of `fields`, its digest computed over them."""
+        unsealed = cls.model_validate({**fields, "digest": ""})
+        return unsealed.model_copy(update={"digest": canonical_sha256(unsealed.body(exclude_digest=True))})
+
+    def body(self, *, exclude_digest: bool = False) -> dict[str, Any]:
+        """The JSON object written (without `digest`: what the digest is computed over)."""
+        return self.model_dump(mode="json", exclude={"digest"} if exclude_digest else None)
 
 
 def seed_recovered_home(src: Path, dst: Path, arm: str, world: int, step: int) -> None:
@@ -56,7 +181,7 @@ def seed_recovered_home(src: Path, dst: Path, arm: str, world: int, step: int) -
 
 
 def compare_homes(a: Path, b: Path, arm: str, step: int, ra: list[dict[str, Any]],
-                  rb: list[dict[str, Any]]) -> dict[str, Any]:
+                  rb: list[dict[str, Any]]) -> Comparison:
     """Every rank's checkpointed state at `step` in home a against home b, tensor by tensor; `ra`,
     `rb` are the two runs' result files, already read by the caller."""
     # start-up: these import torch (~3.5 s), which no other command of the CLI that imports this module needs
@@ -67,15 +192,15 @@ def compare_homes(a: Path, b: Path, arm: str, step: int, ra: list[dict[str, Any]
     for r in range(len(ra)):
         sa, _ = load_rank_state(a / "runs" / arm / f"rank-{r}", step, r)
         sb, _ = load_rank_state(b / "runs" / arm / f"rank-{r}", step, r)
-        ranks.append({"rank": r, **compare_states(sa, sb)})
-    return {
-        "step": step,
-        "ranks": ranks,
-        "max_abs_diff": max(x["max_abs_diff"] for x in ranks),
-        "identical": all(x["identical"] for x in ranks),
-        "final_parameter_digests_equal": [x["digests"]["final_parameters"] for x in ra]
+        ranks.append(RankComparison.model_validate({"rank": r, **compare_states(sa, sb)}))
+    return Comparison(
+        step=step,
+        ranks=ranks,
+        max_abs_diff=max(x.max_abs_diff for x in ranks),
+        identical=all(x.identical for x in ranks),
+        final_parameter_digests_equal=[x["digests"]["final_parameters"] for x in ra]
         == [x["digests"]["final_parameters"] for x in rb],
-    }
+    )
 
 
 def _shared(world: int, device: str, share_gpus: bool, say: Callable[[str], None]) -> int | None:
@@ -104,7 +229,7 @@ IO_BASELINE = {"TRIAL_IO_BASELINE": "1"}  # checkpoint write/restore next to a p
 
 def recovery_trial(base: Path, *, experiment_chain: list, arm: str, model_dir: Path, from_step: int,
                    kill_rank: int, kill_after: int, say: Callable[[str], None],
-                   share_gpus: bool = False) -> dict[str, Any]:
+                   share_gpus: bool = False) -> RecoveryComparison:
     cfg = experiment_chain[-1]
     a = cfg.arm(arm)
     world, updates, every = a.world_size, cfg.profile.updates, cfg.profile.checkpoint_every
@@ -154,28 +279,26 @@ def recovery_trial(base: Path, *, experiment_chain: list, arm: str, model_dir: P
     comparison = compare_homes(uninterrupted, recovered, arm, updates, base_results, results)
     io = [r["checkpoints"]["io"] for r in results]  # the resumed run both restored and wrote
     restored = [r["checkpoints"]["restored"] for r in results]
-    report = {
-        "format": "trial-recovery-comparison-v1",
-        "experiment": cfg.experiment.name, "profile": cfg.profile_name, "arm": arm,
-        "world_size": world, "updates": updates, "checkpoint_every": every,
-        "device": cfg.profile.device, "shared": {"ranks": world, "gpus": gpus} if gpus else None,
-        "from_step": from_step, "kill": {"rank": kill_rank, "after_update": kill_after},
-        "failure": {
-            "killed_at": killed["at"], "observed_rank": fail.first_failure, "reason": fail.reason,
-            "observed_at": fail.failure_observed_at, "survivors_stopped_at": fail.survivors_stopped_at,
-            "kill_to_observed_seconds": fail.failure_observed_at - killed["at"],
-            "kill_to_survivors_stopped_seconds": fail.survivors_stopped_at - killed["at"],
-            "exit_codes": fail.codes,
-        },
-        "resumed_from": [r["step"] for r in restored],
-        "comparison": comparison,
-        "checkpoint_io_per_rank": [{"rank": i, **(x or {})} for i, x in enumerate(io)],
-        "restore_per_rank": restored,
-        "seconds": {"uninterrupted": t_uninterrupted, "recovered_total": t_recovered},
-        "uninterrupted_final_parameters": [r["digests"]["final_parameters"] for r in base_results],
-    }
-    report["digest"] = canonical_sha256({k: v for k, v in report.items() if k != "digest"})
-    write_json_atomic(base / "recovery-comparison.json", report)
+    report = RecoveryComparison.sealed(
+        experiment=cfg.experiment.name, profile=cfg.profile_name, arm=arm,
+        world_size=world, updates=updates, checkpoint_every=every,
+        device=cfg.profile.device, shared=Shared(ranks=world, gpus=gpus) if gpus else None,
+        from_step=from_step, kill=Kill(rank=kill_rank, after_update=kill_after),
+        failure=Failure(
+            killed_at=killed["at"], observed_rank=fail.first_failure, reason=fail.reason,
+            observed_at=fail.failure_observed_at, survivors_stopped_at=fail.survivors_stopped_at,
+            kill_to_observed_seconds=fail.failure_observed_at - killed["at"],
+            kill_to_survivors_stopped_seconds=fail.survivors_stopped_at - killed["at"],
+            exit_codes=fail.codes,
+        ),
+        resumed_from=[r["step"] for r in restored],
+        comparison=comparison,
+        checkpoint_io_per_rank=[{"rank": i, **(x or {})} for i, x in enumerate(io)],
+        restore_per_rank=restored,
+        seconds=Seconds(uninterrupted=t_uninterrupted, recovered_total=t_recovered),
+        uninterrupted_final_parameters=[r["digests"]["final_parameters"] for r in base_results],
+    )
+    write_json_atomic(base / "recovery-comparison.json", report.body())
     return report
 
 
@@ -195,7 +318,7 @@ class RecoveryOptions(BaseModel):
     share_gpus: bool = False
 
 
-def run_recovery(o: RecoveryOptions, progress: Progress) -> dict[str, Any]:
+def run_recovery(o: RecoveryOptions, progress: Progress) -> RecoveryComparison:
     """The recovery trial as one call: the arm's lineage resolved, its seed materialized (or your
     model imported), then `recovery_trial` in a fresh `out`. It trains one arm twice on this machine,
     not the experiment's stages, so it does not go through `run_trial`; its refusals are the same

@@ -240,7 +240,7 @@ def _stages(run: _Run) -> None:
     view.reported(rep)
     with clock(Stage.PRESERVE):
         rec = preserve_home(home, run.store_url, view, backend)
-    record.report, record.preserved = str(report), f"{rec['store']}{rec['index']}"
+    record.report, record.preserved = str(report), f"{rec.store}{rec.index}"
     run.served = SERVING_PROBE not in skipped
 
 

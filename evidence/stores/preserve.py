@@ -25,9 +25,12 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from pydantic import ValidationError
+
 from evidence.canonical import (EvidenceFileError, bytes_sha256, canonical_bytes, canonical_sha256, file_sha256,
                                 parse_json, read_json, write_json_atomic)
 from evidence.stores.base import PreservationError, Store
+from evidence.stores.records import Anchors, HostPayloadsLeft, Index, IndexEntry, Preserved, Verified
 from evidence.stores.registry import open_store
 
 PRESERVED = "preserved.json"  # in the home: where its evidence went, and the index's digest
@@ -110,19 +113,23 @@ def remote_payloads(home: str | os.PathLike[str]) -> list[str]:
 
 
 def preserve(home: str | os.PathLike[str], url: str | Store, *, trial: str, session: Any = None,
-             anchors: dict[str, Any] | None = None, host_parts: dict[str, dict[str, dict[str, Any]]] | None = None,
+             anchors: Anchors | dict[str, str | int] | None = None,
+             host_parts: dict[str, dict[str, dict[str, Any]]] | None = None,
              leave_host_payloads: str | None = None,
-             say: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+             say: Callable[[str], None] = lambda m: None) -> Preserved:
     """Upload every file of `home` (skipping objects the store already holds and that read back
     right), verify each, then write and verify the index; record it in <home>/preserved.json.
     `anchors` ({"prefix", "count"}, from `evidence.anchors.anchor_log`): the log's anchors in this store,
     recorded in the index so that `verify_index` misses any that disappear. `host_parts` ({host: what
     `preserve_part` returned there}): checked present in the store and listed as hosts/<host>/<path>.
     A checkpoint payload the home's receipts name that neither the home nor a host part holds is refused,
-    unless `leave_host_payloads` gives the reason it is left behind (recorded in the index)."""
+    unless `leave_host_payloads` gives the reason it is left behind (recorded in the index). Returns the
+    record written."""
     home = Path(home)
     store = open_store(url, session) if isinstance(url, str) else url
-    files, total = {}, 0
+    anchors = Anchors.model_validate(anchors) if anchors else None
+    files: dict[str, IndexEntry] = {}
+    total = 0
     left = set(remote_payloads(home))
     for host, part in sorted((host_parts or {}).items()):  # preserved by the host itself, read back there
         for rel, f in sorted(part.items()):
@@ -132,7 +139,7 @@ def preserve(home: str | os.PathLike[str], url: str | Store, *, trial: str, sess
             if size != f["size"]:
                 raise PreservationError(f"{host}: {rel} is " + ("not in the store" if size is None else
                                         f"{size} bytes in the store, the host says {f['size']}"))
-            files[f"hosts/{host}/{rel}"] = {"sha256": f["sha256"], "size": f["size"], "verified_by": host}
+            files[f"hosts/{host}/{rel}"] = IndexEntry(sha256=f["sha256"], size=f["size"], verified_by=host)
             left.discard(rel)
     if left and not leave_host_payloads:
         raise PreservationError(f"{len(left)} checkpoint payload(s) the home's receipts name are on the hosts and "
@@ -141,32 +148,28 @@ def preserve(home: str | os.PathLike[str], url: str | Store, *, trial: str, sess
     paths = _files(home)
     for i, p in enumerate(paths, 1):
         digest, size, uploaded = _put_verified(store, p)
-        files[str(p.relative_to(home))] = {"sha256": digest, "size": size}
+        files[str(p.relative_to(home))] = IndexEntry(sha256=digest, size=size)
         total += size if uploaded else 0
         if i % 50 == 0 or i == len(paths):
             say(f"preserved {i}/{len(paths)} files ({total / 1e6:,.1f} MB uploaded this time)")
     at = _dt.datetime.now(_dt.timezone.utc)
-    index = {"format": "trial-evidence-index-v1", "trial": trial, "store": store.url,
-             "at": at.isoformat(), "files": files, "bytes": sum(f["size"] for f in files.values())}
-    if anchors:
-        index["anchors"] = anchors
-    if left:  # given up on purpose (a host that is gone, say): the reason and what is missing, recorded
-        index["host_payloads_left"] = {"reason": leave_host_payloads, "paths": sorted(left)}
-    body = canonical_bytes(index)
+    index = Index(trial=trial, store=store.url, at=at.isoformat(), files=files,
+                  bytes=sum(f.size for f in files.values()), anchors=anchors,
+                  # given up on purpose (a host that is gone, say): the reason and what is missing, recorded
+                  host_payloads_left=HostPayloadsLeft(reason=leave_host_payloads, paths=sorted(left)) if left else None)
+    body = canonical_bytes(index.body())
     digest = bytes_sha256(body)
     key = f"indexes/{trial}/{at.strftime('%Y%m%dT%H%M%S%fZ')}.json"
     store.put_bytes(key, body)
     _read_back(store, key, digest, len(body))
     # the paths too: what the index covers is known without the store (`evidence.covered`)
-    record = {"store": store.url, "index": key, "index_sha256": digest, "files": len(files),
-              "bytes": index["bytes"], "uploaded_bytes": total, "at": index["at"], "paths": sorted(files),
-              "anchors": anchors}
-    record["digest"] = canonical_sha256(record)  # the record is outside its own index: it seals itself
-    write_json_atomic(home / PRESERVED, record)
+    record = Preserved.sealed(store=store.url, index=key, index_sha256=digest, files=len(files), bytes=index.bytes,
+                              uploaded_bytes=total, at=index.at, paths=sorted(files), anchors=anchors)
+    write_json_atomic(home / PRESERVED, record.body())
     return record
 
 
-def read_preserved(home: str | os.PathLike[str]) -> dict[str, Any]:
+def read_preserved(home: str | os.PathLike[str]) -> Preserved:
     """The home's preservation record, refused by name when missing, damaged or altered."""
     path = Path(home) / PRESERVED
     rec = read_json(path, keys=("store", "index", "index_sha256"))
@@ -174,7 +177,12 @@ def read_preserved(home: str | os.PathLike[str]) -> dict[str, Any]:
         raise EvidenceFileError(f"{path}: written by an older version (no digest): run `orchestrate preserve` again")
     if canonical_sha256({k: v for k, v in rec.items() if k != "digest"}) != rec["digest"]:
         raise EvidenceFileError(f"{path}: damaged or altered, its contents differ from its own digest")
-    return rec
+    try:
+        return Preserved.model_validate(rec)
+    except ValidationError as e:  # sealed, yet not a record this version reads: refused by name, never guessed
+        err = e.errors()[0]
+        raise EvidenceFileError(f"{path}: damaged, not a preservation record "
+                                f"({'.'.join(map(str, err['loc']))}: {err['msg']})") from None
 
 
 def parse_index(body: bytes, where: str) -> dict[str, Any]:
@@ -189,7 +197,7 @@ def parse_index(body: bytes, where: str) -> dict[str, Any]:
 
 
 def verify_index(url: str, key: str, sha256: str, *, session: Any = None,
-                 say: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+                 say: Callable[[str], None] = lambda m: None) -> Verified:
     """Re-read the index and every object it names from the store; raise on the first mismatch,
     naming the home's file. Every object's presence and size are checked before any is hashed, so
     a missing or cut object is found without reading gigabytes first."""
@@ -228,5 +236,5 @@ def verify_index(url: str, key: str, sha256: str, *, session: Any = None,
             raise PreservationError(f"{rel}: object {object_key(f['sha256'])} cannot be read: {e}") from None
         if i % 200 == 0:
             say(f"verified {i}/{len(items)} objects")
-    return {"index": key, "files": len(files), "bytes": sum(f["size"] for f in files.values()),
-            "sha256": {rel: f["sha256"] for rel, f in files.items()}}
+    return Verified(index=key, files=len(files), bytes=sum(f["size"] for f in files.values()),
+                    sha256={rel: f["sha256"] for rel, f in files.items()})

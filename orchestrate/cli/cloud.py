@@ -125,7 +125,7 @@ def down(home: Path = typer.Option(..., help="the trial home"),
     except Refused as e:
         say("refused:", str(e), style="bold red")
         raise typer.Exit(2)
-    say("verified", f"{v['files']} objects, {v['bytes'] / 1e6:,.1f} MB in {rec['store']}")
+    say("verified", f"{v.files} objects, {v.bytes / 1e6:,.1f} MB in {rec.store}")
     if aws_trial is None:
         con.print("embedded local cluster: no hosts to stop", highlight=False)
         return

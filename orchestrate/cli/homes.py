@@ -51,7 +51,7 @@ def preserve(home: Path = typer.Option(..., help="the trial home"),
     finally:
         if hosts is not None:
             hosts.close()
-    con.print(f"  → {rec['store']}{rec['index']}", highlight=False)
+    con.print(f"  → {rec.store}{rec.index}", highlight=False)
 
 
 def remove(home: Path = typer.Option(..., help="the trial home to delete from this machine")) -> None:

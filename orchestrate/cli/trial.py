@@ -142,14 +142,14 @@ def recovery_trial_cmd(
     except (UserError, ValueError, RuntimeError) as e:
         say("error:", str(e), style="bold red")
         raise typer.Exit(2)
-    f, c = rep["failure"], rep["comparison"]
-    con.print(f"kill → failure observed {f['kill_to_observed_seconds']:.3f} s, → survivors stopped "
-              f"{f['kill_to_survivors_stopped_seconds']:.3f} s; resumed from {sorted(set(rep['resumed_from']))}")
-    con.print(f"final state of every rank vs the uninterrupted run: max |Δ| = {c['max_abs_diff']!r} "
-              f"over {sum(p['tensors'] for r in c['ranks'] for k, p in r.items() if isinstance(p, dict))} "
-              f"tensors; {'IDENTICAL' if c['identical'] else 'DIFFERENT'}")
-    print(json.dumps({"comparison": str(out / "recovery-comparison.json"), "digest": rep["digest"],
-                      "max_abs_diff": c["max_abs_diff"], "identical": c["identical"],
-                      "kill_to_survivors_stopped_seconds": f["kill_to_survivors_stopped_seconds"]}))
-    if not c["identical"]:
+    f, c = rep.failure, rep.comparison
+    con.print(f"kill → failure observed {f.kill_to_observed_seconds:.3f} s, → survivors stopped "
+              f"{f.kill_to_survivors_stopped_seconds:.3f} s; resumed from {sorted(set(rep.resumed_from))}")
+    con.print(f"final state of every rank vs the uninterrupted run: max |Δ| = {c.max_abs_diff!r} "
+              f"over {sum(p.tensors for r in c.ranks for p in r.parts.values())} "
+              f"tensors; {'IDENTICAL' if c.identical else 'DIFFERENT'}")
+    print(json.dumps({"comparison": str(out / "recovery-comparison.json"), "digest": rep.digest,
+                      "max_abs_diff": c.max_abs_diff, "identical": c.identical,
+                      "kill_to_survivors_stopped_seconds": f.kill_to_survivors_stopped_seconds}))
+    if not c.identical:
         raise typer.Exit(1)

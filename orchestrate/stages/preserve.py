@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from evidence.anchors import anchor_log
 from evidence.canonical import write_json_atomic
 from evidence.errors import UserError
-from evidence.stores import PreservationError, open_store
+from evidence.stores import Anchors, PreservationError, Preserved, open_store
 from evidence.stores import preserve as run_preserve
 from orchestrate.progress import Progress
 from orchestrate.transport import TransportError
@@ -47,7 +47,7 @@ def anchor_home(home: Path, url: str, progress: Progress) -> dict | None:
 
 
 def preserve_home(home: Path, url: str, progress: Progress, backend: HostParts | None = None,
-                  leave_host_payloads: str | None = None) -> dict:
+                  leave_host_payloads: str | None = None) -> Preserved:
     """Every file of the home into the evidence store, each object read back, and — with the backend
     the ranks ran on (anything with `host_parts`) — every host's checkpoint payloads from that host;
     raises TrainError."""
@@ -58,11 +58,11 @@ def preserve_home(home: Path, url: str, progress: Progress, backend: HostParts |
             parts = backend.host_parts(url) if backend is not None else None
             rec = run_preserve(home, url, trial=home.resolve().name, host_parts=parts,
                                leave_host_payloads=leave_host_payloads,
-                               anchors=anchors and {k: anchors[k] for k in ("prefix", "count")})
+                               anchors=anchors and Anchors(prefix=anchors["prefix"], count=anchors["count"]))
     except (PreservationError, TransportError, OSError) as e:
         raise TrainError(f"preservation failed, nothing may be torn down: {e}") from None
-    progress.say("preserve", f"{rec['files']} files, {rec['bytes'] / 1e6:,.1f} MB "
-                 f"({rec['uploaded_bytes'] / 1e6:,.1f} MB uploaded now), every object read back")
+    progress.say("preserve", f"{rec.files} files, {rec.bytes / 1e6:,.1f} MB "
+                 f"({rec.uploaded_bytes / 1e6:,.1f} MB uploaded now), every object read back")
     return rec
 
 
@@ -86,6 +86,6 @@ def guard_stop(home: Path, stop: GuardStopped, cfg: Resolved, url: str, progress
     except (UserError, OSError, ValueError) as e:  # the stop stands; what is on disk stays where it is
         progress.say("error:", f"stopped by the guard ({stop.said}), and then: {e}", style="bold red")
         return 2
-    progress.line(f"the trial so far is preserved ({rec['store']}{rec['index']}): `orchestrate down --home {home}` "
+    progress.line(f"the trial so far is preserved ({rec.store}{rec.index}): `orchestrate down --home {home}` "
                   f"may proceed; `orchestrate run` again, with a later deadline, resumes where it stopped")
     return GUARD_STOP_EXIT

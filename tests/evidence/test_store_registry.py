@@ -69,13 +69,13 @@ def test_a_registered_store_preserves_and_verifies(mem, tmp_path):
     store = open_store("mem://evidence")
     assert isinstance(store, MemStore) and all(hasattr(store, n) for n in PROTOCOL)
     rec = preserve(home, "mem://evidence", trial="toy")
-    assert rec["store"] == "mem://evidence/" and rec["files"] == 2
-    assert read_preserved(home)["index"] == rec["index"]
-    assert verify_index("mem://evidence", rec["index"], rec["index_sha256"])["files"] == 2
+    assert rec.store == "mem://evidence/" and rec.files == 2
+    assert read_preserved(home).index == rec.index
+    assert verify_index("mem://evidence", rec.index, rec.index_sha256).files == 2
     key = next(k for k in SPACES["evidence"] if k.startswith("objects/") and SPACES["evidence"][k] == b'{"a": 1}')
     SPACES["evidence"][key] = b'{"a": 2}'  # same size, other bytes: the read-back finds it, by file name
     with pytest.raises(PreservationError, match="prepared.json: .* reads back as"):
-        verify_index("mem://evidence", rec["index"], rec["index_sha256"])
+        verify_index("mem://evidence", rec.index, rec.index_sha256)
 
 
 def _cluster(store: str, **kw: Any):

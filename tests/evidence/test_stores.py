@@ -33,20 +33,20 @@ def test_file_store_preserves_and_verifies(home, tmp_path):
     url = f"file://{tmp_path / 'store'}"
     rec = preserve(home, url, trial="coop-smoke")
     files = [p for p in home.rglob("*") if p.is_file() and p.name != PRESERVED]
-    assert rec["files"] == len(files) and rec["uploaded_bytes"] == rec["bytes"] > 6 << 20
+    assert rec.files == len(files) and rec.uploaded_bytes == rec.bytes > 6 << 20
     for p in files:  # content-addressed: the key is the file's own sha256
         assert file_sha256(tmp_path / "store" / object_key(file_sha256(p))) == file_sha256(p)
-    assert verify_index(url, rec["index"], rec["index_sha256"])["files"] == len(files)
+    assert verify_index(url, rec.index, rec.index_sha256).files == len(files)
     again = preserve(home, url, trial="coop-smoke")  # nothing new: every object re-verified, none re-sent
-    assert again["uploaded_bytes"] == 0 and again["files"] == rec["files"]
+    assert again.uploaded_bytes == 0 and again.files == rec.files
     victim = tmp_path / "store" / object_key(file_sha256(home / "prepared.json"))
     good = victim.read_bytes()
     victim.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))  # same size, other bytes: found by hashing
     with pytest.raises(PreservationError, match="prepared.json: .* reads back as"):
-        verify_index(url, rec["index"], rec["index_sha256"])
+        verify_index(url, rec.index, rec.index_sha256)
     victim.write_bytes(good + b" ")  # another size: found before any object is hashed
     with pytest.raises(PreservationError, match=rf"prepared.json: .* is {len(good) + 1} bytes, the index says {len(good)}"):
-        verify_index(url, rec["index"], rec["index_sha256"])
+        verify_index(url, rec.index, rec.index_sha256)
 
 
 def test_s3_store_multipart_and_checksums(home, aws):
@@ -59,13 +59,13 @@ def test_s3_store_multipart_and_checksums(home, aws):
     assert head["ContentLength"] == 6 << 20 and head["Metadata"]["sha256"] == file_sha256(home / "big.bin")
     assert head["ETag"].endswith('-2"')  # 6 MiB in 5 MiB parts: a real multipart upload of two parts
     keys = {o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=name) for o in page["Contents"]}
-    assert f"trials/coop-smoke/{rec['index']}" in keys and all(k.startswith("trials/coop-smoke/") for k in keys)
-    assert verify_index(f"s3://{name}/trials/coop-smoke", rec["index"], rec["index_sha256"], session=aws)
+    assert f"trials/coop-smoke/{rec.index}" in keys and all(k.startswith("trials/coop-smoke/") for k in keys)
+    assert verify_index(f"s3://{name}/trials/coop-smoke", rec.index, rec.index_sha256, session=aws)
     # an object replaced in the bucket afterwards is caught by a later verification
     s3.put_object(Bucket=name, Key=f"trials/coop-smoke/{object_key(file_sha256(home / 'prepared.json'))}",
                   Body=b"{}")
     with pytest.raises(PreservationError, match="prepared.json"):
-        verify_index(f"s3://{name}/trials/coop-smoke", rec["index"], rec["index_sha256"], session=aws)
+        verify_index(f"s3://{name}/trials/coop-smoke", rec.index, rec.index_sha256, session=aws)
 
 
 class CorruptingS3Store(S3Store):
@@ -139,9 +139,9 @@ def test_host_parts_in_the_index(tmp_path):
     with pytest.raises(PreservationError, match="ns-1: commitments.jsonl is not a checkpoint payload"):
         preserve(home, url, trial="t", host_parts={"ns-1": {"commitments.jsonl": part[f"{ckpt}/state.bin"]}})
     rec = preserve(home, url, trial="t", host_parts={"ns-1": part})
-    index = json.loads((tmp_path / "store" / rec["index"]).read_text())
+    index = json.loads((tmp_path / "store" / rec.index).read_text())
     assert index["files"][f"hosts/ns-1/{ckpt}/state.bin"]["verified_by"] == "ns-1"
-    verify_index(url, rec["index"], rec["index_sha256"])
+    verify_index(url, rec.index, rec.index_sha256)
     (tmp_path / "store" / object_key(part[f"{ckpt}/state.bin"]["sha256"])).unlink()
     with pytest.raises(PreservationError, match=f"hosts/ns-1/{ckpt}/state.bin: object .* is missing"):
-        verify_index(url, rec["index"], rec["index_sha256"])
+        verify_index(url, rec.index, rec.index_sha256)
