@@ -13,6 +13,9 @@ arms stay the ones the experiment names, whether they ran or not.
                                                                   reason: "not run: needs N GPUs, ..."
      "serving": {"arm", "replicas", "runs", "reason"[, "shared": {"replicas", "gpus"}]}}
 
+`PlacementRecord` below is that record (`orchestrate` builds it, everything else reads it through
+`committed_placement`); its dump is the dict written before, key for key.
+
 "shared" (and the cluster's "share_gpus": true) only where the operator let processes share GPUs on
 purpose (`orchestrate run --share-gpus`): an arm of N ranks ran on M < N GPUs. Its learning is as
 real as on N GPUs; its timings are not, so the report marks every gate that compares times of such
@@ -22,7 +25,14 @@ an arm "not comparable", the figure shown, neither passed nor failed.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    SerializerFunctionWrapHandler,
+    model_serializer,
+)
 
 from evidence.canonical import read_json
 from evidence.commitments import CommitmentLog
@@ -32,7 +42,102 @@ FORMAT = "trial-placement-v1"
 SERVING_PROBE = "serving probe"
 
 
-def committed_placement(home: str | Path) -> dict[str, Any] | None:
+class _Record(BaseModel):
+    """A part of placement.json: its fields in the order the record was always built, so a dump is the
+    dict written before (the file is canonical JSON, its keys sorted, so the bytes are the same)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _AbsentUnlessSet(_Record):
+    """A part some of whose keys are written only in some cases (`ABSENT`: left out of the dump at
+    their default, never a null or a false in their place — as the dicts were built)."""
+
+    ABSENT: ClassVar[tuple[str, ...]] = ()
+
+    @model_serializer(mode="wrap")
+    def _as_written(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items()
+                if k not in self.ABSENT or v != type(self).model_fields[k].default}
+
+
+class SharedRanks(_Record):
+    """An arm's N ranks on M < N GPUs, shared on purpose."""
+
+    ranks: int
+    gpus: int
+
+    @property
+    def processes(self) -> str:
+        return f"{self.ranks} ranks"
+
+
+class SharedReplicas(_Record):
+    """The serving probe's N replicas on M < N GPUs, shared on purpose."""
+
+    replicas: int
+    gpus: int
+
+    @property
+    def processes(self) -> str:
+        return f"{self.replicas} replicas"
+
+
+Shared = SharedRanks | SharedReplicas
+
+
+class PlacementCluster(_AbsentUnlessSet):
+    """What the cluster offered ranks when the placement was decided (orchestrate/placement.py's Devices)."""
+
+    ABSENT: ClassVar[tuple[str, ...]] = ("share_gpus", "no_serve")
+
+    source: str  # local | hosts | pulumi (orchestrate/cluster.py), or stack (a planned stack)
+    hosts: int | None  # host slots; None: the embedded cluster without a description (any number of ranks)
+    gpus_per_host: list[int | None]  # by rank; the local cluster: one entry, this machine's (None: unknown)
+    controller_gpus: int | None  # this machine's, where the local cluster's serving probe runs
+    gpus_from: str  # where the counts came from
+    share_gpus: bool = False  # the operator's --share-gpus (written only when true)
+    no_serve: bool = False  # the operator's --no-serve (written only when true)
+
+
+class ArmPlacement(_AbsentUnlessSet):
+    """One trained arm: whether it runs here, and why not."""
+
+    ABSENT: ClassVar[tuple[str, ...]] = ("shared",)
+
+    arm: str
+    kind: str
+    world_size: int
+    runs: bool
+    reason: str | None  # "not run: needs N GPUs, ..."; None when it runs
+    shared: SharedRanks | None = None  # written only where its ranks share GPUs on purpose
+
+
+class ServingPlacement(_AbsentUnlessSet):
+    """The serving probe: its replicas of the serving arm, whether they run here, and why not."""
+
+    ABSENT: ClassVar[tuple[str, ...]] = ("shared",)
+
+    arm: str
+    replicas: int
+    runs: bool
+    reason: str | None
+    shared: SharedReplicas | None = None  # written only where its replicas share GPUs on purpose
+
+
+class PlacementRecord(_Record):
+    """placement.json: the decision for every trained arm and the serving probe, on this cluster."""
+
+    format: str  # FORMAT
+    experiment: str
+    profile: str
+    device: str  # the profile's: cuda | cpu
+    cluster: PlacementCluster
+    arms: list[ArmPlacement]
+    serving: ServingPlacement
+
+
+def committed_placement(home: str | Path) -> PlacementRecord | None:
     """The committed placement (its file re-hashed against the commitment), or None for a home that
     has none (prepared before placements were recorded: every arm ran)."""
     log = CommitmentLog(home)
@@ -40,36 +145,34 @@ def committed_placement(home: str | Path) -> dict[str, Any] | None:
     if entry is None:
         return None
     log.verify_subject(entry)  # raises CommitmentError when the file changed
-    return read_json(Path(home) / entry["subject"])
+    return PlacementRecord.model_validate(read_json(Path(home) / entry["subject"]))
 
 
-def not_run(placement: dict[str, Any] | None) -> dict[str, str]:
+def not_run(placement: PlacementRecord | None) -> dict[str, str]:
     """Arm → reason, for every arm the placement did not run; the serving probe under
     `SERVING_PROBE` when it cannot run."""
     if placement is None:
         return {}
-    out = {a["arm"]: a["reason"] for a in placement["arms"] if not a["runs"]}
-    sv = placement.get("serving")
-    if sv and not sv["runs"]:
-        out[SERVING_PROBE] = sv["reason"]
+    out = {a.arm: a.reason for a in placement.arms if not a.runs}
+    if not placement.serving.runs:
+        out[SERVING_PROBE] = placement.serving.reason
     return out
 
 
-def shared(placement: dict[str, Any] | None) -> dict[str, dict[str, int]]:
-    """Arm (or `SERVING_PROBE`) → {"ranks" or "replicas", "gpus"}, for what the placement ran on
-    GPUs shared on purpose."""
+def shared(placement: PlacementRecord | None) -> dict[str, Shared]:
+    """Arm (or `SERVING_PROBE`) → how many ranks (replicas) shared how many GPUs, for what the
+    placement ran on GPUs shared on purpose."""
     if placement is None:
         return {}
-    out = {a["arm"]: a["shared"] for a in placement["arms"] if a.get("runs") and a.get("shared")}
-    sv = placement.get("serving") or {}
-    if sv.get("runs") and sv.get("shared"):
-        out[SERVING_PROBE] = sv["shared"]
+    out: dict[str, Shared] = {a.arm: a.shared for a in placement.arms if a.runs and a.shared}
+    sv = placement.serving
+    if sv.runs and sv.shared:
+        out[SERVING_PROBE] = sv.shared
     return out
 
 
-def shared_text(what: str, s: dict[str, int]) -> str:
-    n, unit = (s["ranks"], "ranks") if "ranks" in s else (s["replicas"], "replicas")
-    return f"{what}: {n} {unit} shared {s['gpus']} GPU{'s' if s['gpus'] != 1 else ''}"
+def shared_text(what: str, s: Shared) -> str:
+    return f"{what}: {s.processes} shared {s.gpus} GPU{'s' if s.gpus != 1 else ''}"
 
 
 TIMING_GATES = ("active time ≤", "active speedup ≥", "whole speedup ≥")
@@ -78,8 +181,7 @@ are not comparable; every other gate (accuracy, noninferiority, retention, bytes
 recovery, serving) does not depend on where a rank ran."""
 
 
-def not_comparable(gate: dict[str, Any], arms: tuple[str, ...], on_shared: dict[str, dict[str, int]]
-                   ) -> dict[str, Any]:
+def not_comparable(gate: dict[str, Any], arms: tuple[str, ...], on_shared: dict[str, Shared]) -> dict[str, Any]:
     """`gate` as evaluated, unless it compares times and one of `arms` ran on shared GPUs: then its
     value stays, passed is None and the reason names who shared what — never passed, never failed."""
     why = [shared_text(a, on_shared[a]) for a in arms if a in on_shared]

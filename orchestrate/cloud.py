@@ -12,12 +12,68 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from pydantic import BaseModel, ConfigDict
+
 from evidence.errors import UserError
 from infra.keys import pinned_host_key
 from infra.outputs import transfer_alarm_prefix
 from infra.teardown import trial_instances as described_instances
 
 LIVE_STATES = ("pending", "running", "stopping", "shutting-down")
+
+
+class Read(BaseModel):
+    """What the cloud said when asked, as `status` and `run` hold it (frozen: a reading, not a state)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Instance(Read):
+    """One of the trial's instances, by its tags: what `status` compares cluster.json's addresses with."""
+
+    instance_id: str
+    state: str  # EC2's: pending | running | stopping | stopped | shutting-down
+    instance_type: str
+    zone: str
+    rank: int | None  # its rank tag; None: untagged or not a number
+    private_ip: str | None
+    public_ip: str | None  # None: stopped (an auto-assigned address is released) or never given one
+
+
+class Budget(Read):
+    """The trial's AWS budget as AWS Budgets reports it: hours behind the spend (`budget_note` says so)."""
+
+    name: str
+    limit_usd: float
+    actual_usd: float
+    forecast_usd: float
+    updated_at: str | None  # when AWS last refreshed the figures, ISO 8601
+    notifications: list[tuple[str, float]]  # (ACTUAL | FORECASTED, percent), sorted
+
+
+class Alarm(Read):
+    """A CloudWatch alarm on a host's transfer (its actions stop the host)."""
+
+    name: str
+    state: str  # OK | ALARM | INSUFFICIENT_DATA
+    threshold: float
+    actions: list[str]
+
+
+class Subscription(Read):
+    """Who the alert topic reaches, and whether they hear it yet."""
+
+    protocol: str
+    endpoint: str
+    state: str  # confirmed | pending confirmation
+
+
+class Alerts(Read):
+    """The trial's transfer alarms and the alert topic's subscriptions, with what would go unheard."""
+
+    alarms: list[Alarm]
+    subscriptions: list[Subscription]
+    warnings: list[str]
 
 
 @dataclass
@@ -33,16 +89,16 @@ def _tag(tags: list[dict[str, str]] | None, key: str) -> str | None:
     return next((t["Value"] for t in tags or [] if t["Key"] == key), None)
 
 
-def trial_instances(session: Any, trial: str) -> list[dict[str, Any]]:
+def trial_instances(session: Any, trial: str) -> list[Instance]:
     """Every instance tagged trial=<trial> that is not terminated, ordered by its rank tag."""
     out = []
     for i in described_instances(session, trial):  # the one query for them, the destroy check's too
         rank = _tag(i.get("Tags"), "rank")
-        out.append({"instance_id": i["InstanceId"], "state": i["State"]["Name"],
-                    "instance_type": i["InstanceType"], "zone": i["Placement"]["AvailabilityZone"],
-                    "rank": int(rank) if rank is not None and rank.isdigit() else None,
-                    "private_ip": i.get("PrivateIpAddress"), "public_ip": i.get("PublicIpAddress")})
-    return sorted(out, key=lambda x: (x["rank"] is None, x["rank"], x["instance_id"]))
+        out.append(Instance(instance_id=i["InstanceId"], state=i["State"]["Name"], instance_type=i["InstanceType"],
+                            zone=i["Placement"]["AvailabilityZone"],
+                            rank=int(rank) if rank is not None and rank.isdigit() else None,
+                            private_ip=i.get("PrivateIpAddress"), public_ip=i.get("PublicIpAddress")))
+    return sorted(out, key=lambda x: (x.rank is None, x.rank, x.instance_id))
 
 
 def current_addresses(session: Any, instance_ids: list[str]) -> dict[str, dict[str, Any]]:
@@ -77,7 +133,7 @@ def with_current_addresses(outputs: dict[str, Any], current: dict[str, dict[str,
 def stop_trial(session: Any, trial: str, *, wait: bool = True, delay_s: int = 5, attempts: int = 60) -> list[str]:
     """Stop every live instance of the trial (stopped hosts keep their disks: evidence survives);
     with `wait`, return only once EC2 reports them stopped."""
-    ids = [i["instance_id"] for i in trial_instances(session, trial) if i["state"] in LIVE_STATES]
+    ids = [i.instance_id for i in trial_instances(session, trial) if i.state in LIVE_STATES]
     if not ids:
         return []
     ec2 = session.client("ec2")
@@ -131,41 +187,41 @@ class HostKeysMissing(UserError, RuntimeError):
     """An instance printed no host keys within the wait."""
 
 
-def read_budget(session: Any, account_id: str, name: str) -> dict[str, Any]:
+def read_budget(session: Any, account_id: str, name: str) -> Budget:
     b = session.client("budgets")
     budget = b.describe_budget(AccountId=account_id, BudgetName=name)["Budget"]
     notes = b.describe_notifications_for_budget(AccountId=account_id, BudgetName=name)["Notifications"]
     spend = budget.get("CalculatedSpend", {})
     updated = budget.get("LastUpdatedTime")
-    return {"name": name, "limit_usd": float(budget["BudgetLimit"]["Amount"]),
-            "actual_usd": float(spend.get("ActualSpend", {}).get("Amount", 0.0)),
-            "forecast_usd": float(spend.get("ForecastedSpend", {}).get("Amount", 0.0)),
-            "updated_at": updated.isoformat() if hasattr(updated, "isoformat") else updated,
-            "notifications": sorted((n["NotificationType"], float(n["Threshold"])) for n in notes)}
+    return Budget(name=name, limit_usd=float(budget["BudgetLimit"]["Amount"]),
+                  actual_usd=float(spend.get("ActualSpend", {}).get("Amount", 0.0)),
+                  forecast_usd=float(spend.get("ForecastedSpend", {}).get("Amount", 0.0)),
+                  updated_at=updated.isoformat() if hasattr(updated, "isoformat") else updated,
+                  notifications=sorted((n["NotificationType"], float(n["Threshold"])) for n in notes))
 
 
 BUDGET_LAG = ("AWS Budgets' figure, which lags the spend by hours (its data is refreshed at least daily): "
               "the deadline and the transfer guards bound the trial, not this")
 
 
-def budget_note(b: dict[str, Any], now: Any = None) -> str:
+def budget_note(b: Budget, now: Any = None) -> str:
     """The budget's spend as a sentence that says how old it may be: a trial of a few hours can be over
     before AWS Budgets sees any of its cost, so `run` and `status` never present it as current."""
 
     now = now or dt.datetime.now(dt.timezone.utc)
     age = ""
-    if b.get("updated_at"):
+    if b.updated_at:
         try:
-            t = dt.datetime.fromisoformat(str(b["updated_at"]))
+            t = dt.datetime.fromisoformat(b.updated_at)
             t = t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)
             age = f", last updated {t:%Y-%m-%d %H:%M} UTC ({(now - t).total_seconds() / 3600:,.1f} h ago)"
         except ValueError:
-            age = f", last updated {b['updated_at']}"
-    return (f"${b['actual_usd']:.2f} of ${b['limit_usd']:.2f} (forecast ${b['forecast_usd']:.2f}){age} — "
+            age = f", last updated {b.updated_at}"
+    return (f"${b.actual_usd:.2f} of ${b.limit_usd:.2f} (forecast ${b.forecast_usd:.2f}){age} — "
             + BUDGET_LAG)
 
 
-def cluster_budget(cluster: Any, session: Any = None) -> dict[str, Any]:
+def cluster_budget(cluster: Any, session: Any = None) -> Budget:
     """The trial's AWS budget (`read_budget`) as the cloud accounts for it, read with a session in the
     cluster's region unless one is given: what `run` checks before anything starts and `status` shows."""
     if session is None:
@@ -176,17 +232,17 @@ def cluster_budget(cluster: Any, session: Any = None) -> dict[str, Any]:
     return read_budget(session, account_id(session), cluster.budget_name)
 
 
-def read_alarms(session: Any, prefix: str) -> list[dict[str, Any]]:
+def read_alarms(session: Any, prefix: str) -> list[Alarm]:
     cw = session.client("cloudwatch")
     out = []
     for page in cw.get_paginator("describe_alarms").paginate(AlarmNamePrefix=prefix):
         for a in page["MetricAlarms"]:
-            out.append({"name": a["AlarmName"], "state": a["StateValue"], "threshold": a["Threshold"],
-                        "actions": a.get("AlarmActions", [])})
+            out.append(Alarm(name=a["AlarmName"], state=a["StateValue"], threshold=a["Threshold"],
+                             actions=a.get("AlarmActions", [])))
     return out
 
 
-def read_subscriptions(session: Any, topic_arn: str) -> list[dict[str, Any]]:
+def read_subscriptions(session: Any, topic_arn: str) -> list[Subscription]:
     """Who the alert topic reaches. An e-mail subscription stays `PendingConfirmation` until its
     link is clicked, and until then that address hears nothing."""
     sns = session.client("sns")
@@ -194,53 +250,53 @@ def read_subscriptions(session: Any, topic_arn: str) -> list[dict[str, Any]]:
     for page in sns.get_paginator("list_subscriptions_by_topic").paginate(TopicArn=topic_arn):
         for sub in page["Subscriptions"]:
             pending = sub["SubscriptionArn"] in ("PendingConfirmation", "pending confirmation")
-            out.append({"protocol": sub["Protocol"], "endpoint": sub["Endpoint"],
-                        "state": "pending confirmation" if pending else "confirmed"})
+            out.append(Subscription(protocol=sub["Protocol"], endpoint=sub["Endpoint"],
+                                    state="pending confirmation" if pending else "confirmed"))
     return out
 
 
-def trial_alerts(session: Any, cluster: Any) -> dict[str, Any]:
+def trial_alerts(session: Any, cluster: Any) -> Alerts:
     """The trial's transfer alarms and the alert topic's subscriptions, with a warning for each way an
     alert would go unheard or a raised alarm would go unseen."""
 
     alarms = read_alarms(session, transfer_alarm_prefix(cluster.trial)) if cluster.trial else []
     subs = read_subscriptions(session, cluster.alert_topic) if cluster.alert_topic else []
-    warnings = [f"transfer alarm {a['name']} is in ALARM (it stops its host)" for a in alarms if a["state"] == "ALARM"]
+    warnings = [f"transfer alarm {a.name} is in ALARM (it stops its host)" for a in alarms if a.state == "ALARM"]
     if cluster.alert_topic and not subs:
         warnings.append("nobody subscribes to the alert topic: budget and transfer alerts reach no one (set "
                         "trials:cluster.budget.alert_email, or subscribe to the topic yourself)")
-    warnings += [f"the {s['protocol']} subscription for {s['endpoint']} is pending confirmation: it hears nothing "
-                 "until its confirmation link is followed" for s in subs if s["state"] != "confirmed"]
+    warnings += [f"the {s.protocol} subscription for {s.endpoint} is pending confirmation: it hears nothing "
+                 "until its confirmation link is followed" for s in subs if s.state != "confirmed"]
     if cluster.trial:  # each guarded host: its notifying sum alarm and the two single-metric ones that stop it
-        prefix, names = transfer_alarm_prefix(cluster.trial), {a["name"] for a in alarms}
+        prefix, names = transfer_alarm_prefix(cluster.trial), {a.name for a in alarms}
         for r in cluster.guarded_ranks:
             lacking = [n for n in (f"{prefix}{r}", f"{prefix}{r}-in", f"{prefix}{r}-out") if n not in names]
             if lacking:
                 warnings.append(f"guarded host rank {r} lacks the transfer alarm(s) {', '.join(lacking)}: "
                                 "nothing in the cloud stops it at its guard (a stack made before the "
                                 "single-metric alarms: `pulumi up` adds them)")
-    return {"alarms": alarms, "subscriptions": subs, "warnings": warnings}
+    return Alerts(alarms=alarms, subscriptions=subs, warnings=warnings)
 
 
 def raised_alarm(session: Any, trial: str) -> str | None:
     """What `run` checks between arms: a transfer alarm in ALARM stops the trial as the controller's
     guard does (its host is being stopped by the alarm's own action)."""
 
-    up = [a["name"] for a in read_alarms(session, transfer_alarm_prefix(trial)) if a["state"] == "ALARM"]
+    up = [a.name for a in read_alarms(session, transfer_alarm_prefix(trial)) if a.state == "ALARM"]
     return f"transfer alarm {', '.join(up)} in ALARM" if up else None
 
 
 def reconcile(session: Any, trial: str) -> list[Finding]:
     """What of the trial still exists, by tag: instances (running ones bill compute), volumes (bill
     storage), alarms on its hosts. An empty list of billing findings is what teardown must reach."""
-    found = [Finding("instance", i["instance_id"], i["state"], i["state"] in LIVE_STATES,
-                     {"rank": i["rank"], "zone": i["zone"]}) for i in trial_instances(session, trial)]
+    found = [Finding("instance", i.instance_id, i.state, i.state in LIVE_STATES, {"rank": i.rank, "zone": i.zone})
+             for i in trial_instances(session, trial)]
     ec2 = session.client("ec2")
     for page in ec2.get_paginator("describe_volumes").paginate(Filters=[{"Name": "tag:trial", "Values": [trial]}]):
         for v in page["Volumes"]:
             found.append(Finding("volume", v["VolumeId"], v["State"], True,
                                  {"size_gib": v["Size"], "zone": v["AvailabilityZone"]}))
-    found += [Finding("alarm", a["name"], a["state"], False, {"threshold": a["threshold"]})
+    found += [Finding("alarm", a.name, a.state, False, {"threshold": a.threshold})
               for a in read_alarms(session, f"{trial}-")]
     return found
 

@@ -34,7 +34,18 @@ from typing import Any, Mapping
 
 from evidence.canonical import write_json_atomic
 from evidence.commitments import CommitmentLog
-from evidence.placement import FORMAT, PLACEMENT, committed_placement, not_run
+from evidence.placement import (
+    FORMAT,
+    PLACEMENT,
+    ArmPlacement,
+    PlacementCluster,
+    PlacementRecord,
+    ServingPlacement,
+    SharedRanks,
+    SharedReplicas,
+    committed_placement,
+    not_run,
+)
 from orchestrate.cluster import ClusterError
 
 GPUS_ENV = "TRIAL_GPUS"
@@ -54,10 +65,19 @@ class Devices:
     share_gpus: bool = False  # the operator's --share-gpus: more ranks than GPUs run, GPUs shared
     no_serve: bool = False  # the operator's --no-serve: the serving probe is not run
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "hosts": self.hosts, "gpus_per_host": list(self.gpus_per_host),
-                "controller_gpus": self.controller_gpus, "gpus_from": self.gpus_from,
-                **({"share_gpus": True} if self.share_gpus else {}), **({"no_serve": True} if self.no_serve else {})}
+    def record(self) -> PlacementCluster:
+        """As placement.json's `cluster` records it."""
+        return PlacementCluster(source=self.source, hosts=self.hosts, gpus_per_host=list(self.gpus_per_host),
+                                controller_gpus=self.controller_gpus, gpus_from=self.gpus_from,
+                                share_gpus=self.share_gpus, no_serve=self.no_serve)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """`place`'s answer: every trained arm's row and the serving probe's, before they are recorded."""
+
+    arms: list[ArmPlacement]
+    serving: ServingPlacement
 
 
 def trial_device(cfg: Any) -> str:
@@ -95,12 +115,12 @@ def hosts_devices(source: str, gpus_per_host: list[int | None], controller_gpus:
     return Devices(source, len(gpus_per_host), tuple(gpus_per_host), controller_gpus, gpus_from, True)
 
 
-def shared(n: int, device: str, d: Devices) -> dict[str, int] | None:
-    """{"gpus": M} when `n` processes on this machine will share its M GPUs on purpose, else None."""
+def shared(n: int, device: str, d: Devices) -> int | None:
+    """M when `n` processes on this machine will share its M GPUs on purpose, else None."""
     m = d.gpus_per_host[0]
     if device != "cuda" or d.one_rank_per_host or not d.share_gpus or not m or n <= m:
         return None
-    return {"gpus": m}
+    return m
 
 
 def _arm_reason(world: int, device: str, d: Devices) -> str | None:
@@ -124,7 +144,7 @@ def _arm_reason(world: int, device: str, d: Devices) -> str | None:
 NO_SERVE = "not run: the operator chose --no-serve"
 
 
-def place(arms: list[Any], serving_arm: str, device: str, d: Devices) -> dict[str, Any]:
+def place(arms: list[Any], serving_arm: str, device: str, d: Devices) -> Decision:
     """The decision for every trained arm and the serving probe (pure: no I/O). Raises ClusterError
     when nothing could run at all: a CUDA profile where scoring finds no GPU."""
     if device == "cuda":
@@ -138,18 +158,18 @@ def place(arms: list[Any], serving_arm: str, device: str, d: Devices) -> dict[st
         if not a.trains:
             continue
         why = _arm_reason(a.world_size, device, d)
-        row = {"arm": a.name, "kind": a.kind, "world_size": a.world_size, "runs": why is None, "reason": why}
         sh = shared(a.world_size, device, d) if why is None else None
-        rows.append(row | ({"shared": {"ranks": a.world_size, **sh}} if sh else {}))
-    by_name = {r["arm"]: r for r in rows}
+        rows.append(ArmPlacement(arm=a.name, kind=a.kind, world_size=a.world_size, runs=why is None, reason=why,
+                                 shared=SharedRanks(ranks=a.world_size, gpus=sh) if sh else None))
+    by_name = {r.arm: r for r in rows}
     sv = next(a for a in arms if a.name == serving_arm)
     replicas = max(2, sv.world_size)  # the probe's last phase stops one replica
     served = by_name.get(serving_arm)
     why = None
     if d.no_serve:
         why = NO_SERVE
-    elif served is not None and not served["runs"]:
-        why = f"not run: its arm {serving_arm} is not run ({served['reason'].removeprefix('not run: ')})"
+    elif served is not None and not served.runs:
+        why = f"not run: its arm {serving_arm} is not run ({served.reason.removeprefix('not run: ')})"
     elif d.one_rank_per_host:  # one replica per host of ranks 0..N-1, on that host's first GPU
         bare = [r for r, g in enumerate(d.gpus_per_host[:replicas]) if g == 0]
         if d.hosts is not None and replicas > d.hosts:
@@ -161,18 +181,19 @@ def place(arms: list[Any], serving_arm: str, device: str, d: Devices) -> dict[st
           and not shared(replicas, device, d)):
         why = f"not run: needs {replicas} GPUs (one per replica), the cluster has {d.controller_gpus}"
     sh = shared(replicas, device, d) if why is None else None
-    return {"arms": rows, "serving": {"arm": serving_arm, "replicas": replicas, "runs": why is None, "reason": why,
-                                      **({"shared": {"replicas": replicas, **sh}} if sh else {})}}
+    return Decision(rows, ServingPlacement(arm=serving_arm, replicas=replicas, runs=why is None, reason=why,
+                                           shared=SharedReplicas(replicas=replicas, gpus=sh) if sh else None))
 
 
-def placement_record(cfg: Any, d: Devices) -> dict[str, Any]:
+def placement_record(cfg: Any, d: Devices) -> PlacementRecord:
     device = trial_device(cfg)
-    return {"format": FORMAT, "experiment": cfg.experiment.name, "profile": cfg.profile_name, "device": device,
-            "cluster": d.as_dict(), **place(cfg.experiment.arms, cfg.experiment.serving_arm, device, d)}
+    decided = place(cfg.experiment.arms, cfg.experiment.serving_arm, device, d)
+    return PlacementRecord(format=FORMAT, experiment=cfg.experiment.name, profile=cfg.profile_name, device=device,
+                           cluster=d.record(), arms=decided.arms, serving=decided.serving)
 
 
 def commit_placement(cfg: Any, home: Path, d: Devices, *, finished: set[str] = frozenset(),
-                     probed: bool = False) -> tuple[dict[str, Any] | None, bool]:
+                     probed: bool = False) -> tuple[PlacementRecord | None, bool]:
     """Decide where this cluster can run the experiment's arms and commit it (once per home, before
     the candidates). A home's first placement stands for its later runs; an arm it runs that is not
     finished, or a probe not yet run, that this cluster cannot place, is refused here, before
@@ -184,23 +205,23 @@ def commit_placement(cfg: Any, home: Path, d: Devices, *, finished: set[str] = f
         log = CommitmentLog(home)
         if log.latest("candidates") is not None:
             return None, False
-        write_json_atomic(home / PLACEMENT, fresh)
+        write_json_atomic(home / PLACEMENT, fresh.model_dump(mode="json"))
         log.append("placement", PLACEMENT, {"not_run": sorted(not_run(fresh))})
         return fresh, True
-    now = {r["arm"]: r for r in fresh["arms"]}
+    now = {r.arm: r for r in fresh.arms}
     hint = lambda row: (" (it shares GPUs there: run with --share-gpus)"  # noqa: E731
-                        if row.get("shared") and not d.share_gpus else "")
-    for r in committed["arms"]:
-        if r["runs"] and r["arm"] not in finished and not now.get(r["arm"], {"runs": True})["runs"]:
-            raise ClusterError(f"{home}'s committed placement runs {r['arm']} ({r['world_size']} ranks){hint(r)}, "
-                               f"which is not finished, and this cluster cannot: {now[r['arm']]['reason']}. A home's "
+                        if row.shared and not d.share_gpus else "")
+    for r in committed.arms:
+        if r.runs and r.arm not in finished and r.arm in now and not now[r.arm].runs:
+            raise ClusterError(f"{home}'s committed placement runs {r.arm} ({r.world_size} ranks){hint(r)}, "
+                               f"which is not finished, and this cluster cannot: {now[r.arm].reason}. A home's "
                                "placement is fixed at its first run: run it where it was placed")
-    if committed["serving"]["runs"] and not probed and d.no_serve:
+    if committed.serving.runs and not probed and d.no_serve:
         raise ClusterError(f"{home}'s committed placement runs the serving probe: --no-serve cannot change a "
                            "placement committed at the home's first run; run without it, or in a fresh --trials folder")
-    if committed["serving"]["runs"] and not probed and not fresh["serving"]["runs"]:
-        raise ClusterError(f"{home}'s committed placement runs the serving probe{hint(committed['serving'])}, and "
-                           f"this cluster cannot: {fresh['serving']['reason']}")
+    if committed.serving.runs and not probed and not fresh.serving.runs:
+        raise ClusterError(f"{home}'s committed placement runs the serving probe{hint(committed.serving)}, and "
+                           f"this cluster cannot: {fresh.serving.reason}")
     return committed, False
 
 
@@ -211,5 +232,5 @@ def committed_share(home: Path, arm: str | None = None) -> int | None:
     rec = committed_placement(home)
     if rec is None:
         return None
-    row = rec["serving"] if arm is None else next((r for r in rec["arms"] if r["arm"] == arm), {})
-    return (row.get("shared") or {}).get("gpus")
+    row = rec.serving if arm is None else next((r for r in rec.arms if r.arm == arm), None)
+    return row.shared.gpus if row is not None and row.shared is not None else None

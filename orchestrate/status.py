@@ -16,7 +16,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from orchestrate.cloud import cluster_budget, trial_alerts, trial_instances
+from orchestrate.cloud import (
+    Alerts,
+    Budget,
+    Instance,
+    cluster_budget,
+    trial_alerts,
+    trial_instances,
+)
 from orchestrate.cluster import Cluster
 from orchestrate.guard import COUNTERS, parse_counters
 
@@ -76,10 +83,10 @@ class TrialStatus(Model):
     transfer_guard_bytes: float | None
     deadline: str | None = Field(description="the cloud stop, ISO 8601 UTC")
     seconds_to_deadline: float | None
-    spend: dict[str, Any] | Unknown | None = Field(
+    spend: Budget | Unknown | None = Field(
         description="the trial's AWS budget (orchestrate.cloud.cluster_budget); None: the cluster has none")
     addresses: list[str] | None  # where cluster.json no longer reaches a host; None: not a Pulumi stack's cluster
-    alerts: dict[str, Any] | Unknown | None = Field(
+    alerts: Alerts | Unknown | None = Field(
         description="the transfer alarms and the alert topic's subscriptions (orchestrate.cloud.trial_alerts)")
 
     def dump(self) -> dict[str, Any]:
@@ -136,7 +143,7 @@ def rank_state(arms: list[ArmBeat]) -> RankState:
     return RankState(**pick.model_dump(exclude_unset=True), state=state)
 
 
-def address_warnings(cluster: Cluster, now: dict[int | None, dict[str, Any]]) -> list[str]:
+def address_warnings(cluster: Cluster, now: dict[int | None, Instance]) -> list[str]:
     """Where cluster.json no longer reaches a host: its instance is gone or stopped, or EC2 now gives it
     another public address than the one written at `orchestrate up`."""
     out = []
@@ -144,11 +151,11 @@ def address_warnings(cluster: Cluster, now: dict[int | None, dict[str, Any]]) ->
         i = now.get(h.rank)
         if i is None:
             out.append(f"rank {h.rank}: no instance tagged trial={cluster.trial}, rank={h.rank}")
-        elif i["state"] != "running":
-            out.append(f"rank {h.rank} ({i['instance_id']}) is {i['state']}: its public address is released; after "
+        elif i.state != "running":
+            out.append(f"rank {h.rank} ({i.instance_id}) is {i.state}: its public address is released; after "
                        "a start, run `orchestrate up` again for the new one")
-        elif i["public_ip"] != h.address:
-            out.append(f"rank {h.rank} ({i['instance_id']}) is now at {i['public_ip']}, cluster.json says {h.address}: "
+        elif i.public_ip != h.address:
+            out.append(f"rank {h.rank} ({i.instance_id}) is now at {i.public_ip}, cluster.json says {h.address}: "
                        "run `orchestrate up` again")
     return out
 
@@ -188,7 +195,7 @@ def trial_status(cluster: Cluster, home: Path | None, *, session: Any = None,
         if row["guarded"] and row.get("bytes_rx_tx") is not None and cluster.transfer_guard_bytes:
             row["guard_fraction"] = row["bytes_rx_tx"] / cluster.transfer_guard_bytes
         hosts.append(HostStatus(**row))
-    spend: dict[str, Any] | Unknown | None = None
+    spend: Budget | Unknown | None = None
     if cluster.budget_name:
         try:
             spend = cluster_budget(cluster, session)
@@ -203,10 +210,10 @@ def trial_status(cluster: Cluster, home: Path | None, *, session: Any = None,
                 import boto3
 
                 session = boto3.Session(region_name=cluster.region)
-            addresses = address_warnings(cluster, {i["rank"]: i for i in trial_instances(session, cluster.trial)})
+            addresses = address_warnings(cluster, {i.rank: i for i in trial_instances(session, cluster.trial)})
         except Exception as e:  # noqa: BLE001 — unknown, never assumed current
             addresses = [f"the hosts' current addresses are unknown ({str(e)[:200]})"]
-    alerts: dict[str, Any] | Unknown | None = None
+    alerts: Alerts | Unknown | None = None
     if cluster.alert_topic or (cluster.trial and cluster.guarded_ranks):
         try:
             if session is None:

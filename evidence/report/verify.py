@@ -18,7 +18,7 @@ from evidence.commitments import CommitmentLog
 from evidence.errors import UserError
 from evidence.inputs import changed_input, load_cases
 from evidence.attainability import ATTAINABILITY, analyse, disagreement
-from evidence.placement import committed_placement, not_run, shared
+from evidence.placement import PlacementRecord, Shared, committed_placement, not_run, shared
 
 SHARED_GPUS_ENV = "TRIAL_SHARED_GPUS"  # what a rank records of its placement (training/sharing.py)
 from evidence.receipts import verify_receipt
@@ -149,7 +149,7 @@ class Verified:
     selection: dict[str, Any]
     candidates: dict[str, dict[str, Any]]  # arm → its candidates.json entry
     not_run: dict[str, str]  # what the committed placement did not run → why
-    shared: dict[str, dict[str, int]]  # what it ran on GPUs shared on purpose (arm, or the probe) → how
+    shared: dict[str, Shared]  # what it ran on GPUs shared on purpose (arm, or the probe) → how
     results: dict[str, list[dict[str, Any]]]  # arm → its ranks' results, each against the schedule
     evaluations: dict[str, dict[str, list[dict[str, Any]]]]  # role → arm → its attempts, re-checked
     recoveries: list[dict[str, Any]]  # recovery comparison receipts, each against its digest
@@ -239,7 +239,7 @@ def _attainability(home: Path, entries: list[dict], prepared: dict[str, Any],
     placement = committed_placement(home)  # verified already by _not_run
     committed = [e for e in entries if e["kind"] == "attainability"]
     if not committed:
-        cluster = None if placement is None else {"source": placement["cluster"]["source"], "cores": None}
+        cluster = None if placement is None else {"source": placement.cluster.source, "cores": None}
         return (analyse(prepared["experiment"], cluster, shared_cores=_on_one_machine(placement)),
                 "computed from prepared.json: this home committed no attainability record before training")
     entry = committed[0]
@@ -249,9 +249,9 @@ def _attainability(home: Path, entries: list[dict], prepared: dict[str, Any],
         cluster = rec["basis"]["cluster"]
     except (EvidenceFileError, KeyError, TypeError) as e:
         raise EvidenceError(f"attainability: {where}: {e}") from None
-    if placement is not None and (cluster or {}).get("source") != placement["cluster"]["source"]:
+    if placement is not None and (cluster or {}).get("source") != placement.cluster.source:
         raise EvidenceError(f"attainability: {where} analyses a {(cluster or {}).get('source')} cluster; the "
-                            f"committed placement ran on a {placement['cluster']['source']} one")
+                            f"committed placement ran on a {placement.cluster.source} one")
     fresh = analyse(prepared["experiment"], cluster)
     why = disagreement(rec, fresh)
     if why:
@@ -267,11 +267,11 @@ def _attainability(home: Path, entries: list[dict], prepared: dict[str, Any],
     return fresh, f"committed before training in {where}, recomputed from prepared.json and equal"
 
 
-def _on_one_machine(placement: dict[str, Any] | None) -> bool:
+def _on_one_machine(placement: PlacementRecord | None) -> bool:
     """Whether a home's ranks all ran on the controller's machine, for a home whose committed record
     does not say (trained before attainability was recorded): its placement's cluster is the embedded
     local one, "local" being placement.json's own word for it (orchestrate/placement.py writes it)."""
-    return placement is not None and placement["cluster"]["source"] == "local"
+    return placement is not None and placement.cluster.source == "local"
 
 
 def _not_run(home: Path, exp: dict[str, Any], cands: dict[str, Any]) -> dict[str, str]:
@@ -289,13 +289,13 @@ def _not_run(home: Path, exp: dict[str, Any], cands: dict[str, Any]) -> dict[str
     return skipped
 
 
-def _shared(home: Path, results: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, int]]:
+def _shared(home: Path, results: dict[str, list[dict[str, Any]]]) -> dict[str, Shared]:
     """What ran on shared GPUs, by the committed placement, which every rank's own record must
     confirm: a rank records the TRIAL_SHARED_GPUS it was started with (training/runtime.py), so a
     placement edited after the fact, or ranks started otherwise than placed, are refused."""
     on_shared = shared(committed_placement(home))  # verified already by _not_run
     for arm, ranks in results.items():
-        want = str(on_shared[arm]["gpus"]) if arm in on_shared else None
+        want = str(on_shared[arm].gpus) if arm in on_shared else None
         got = sorted({str(((r.get("runtime") or {}).get("env") or {}).get(SHARED_GPUS_ENV)) for r in ranks})
         if got != [str(want)]:
             raise EvidenceError(f"{arm}: the committed placement " + (f"shares {want} GPU(s) between its ranks"

@@ -93,10 +93,10 @@ def status(cluster: Path = typer.Option(Path("cluster.json"), help="the trial's 
     if isinstance(alerts, Unknown):
         say("alerts:", f"unknown ({alerts.error})", style="bold yellow")
     elif alerts is not None:
-        say("alerts:", "transfer alarms " + (", ".join(f"{a['name']} {a['state']}" for a in alerts["alarms"]) or "none")
-            + "; topic reaches " + (", ".join(f"{s['endpoint']} ({s['protocol']}, {s['state']})"
-                                              for s in alerts["subscriptions"]) or "no one"))
-        for w in alerts["warnings"]:
+        say("alerts:", "transfer alarms " + (", ".join(f"{a.name} {a.state}" for a in alerts.alarms) or "none")
+            + "; topic reaches " + (", ".join(f"{s.endpoint} ({s.protocol}, {s.state})"
+                                              for s in alerts.subscriptions) or "no one"))
+        for w in alerts.warnings:
             say("warning:", w, style="bold yellow")
 
 

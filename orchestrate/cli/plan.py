@@ -152,7 +152,7 @@ def gates(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-
     except ConfigError as e:
         say("error:", str(e), style="bold red")
         raise typer.Exit(2)
-    rec = analyse(cfg.as_dict(), cluster_basis({"cluster": {"source": "local"}}, shared_cores=True))
+    rec = analyse(cfg.as_dict(), cluster_basis("local", shared_cores=True))
     if as_json:
         print(json.dumps(rec, indent=1, ensure_ascii=False))
     else:

@@ -129,9 +129,9 @@ def load_cluster(path: Optional[Path], progress: Progress) -> Cluster | None:
         except (BotoCoreError, ClientError) as e:
             raise ClusterError(f"cannot read the trial's budget {desc.budget_name}: {e}") from None
         # a spent budget starts nothing; an unspent one proves little: its figure is hours old
-        if b["actual_usd"] >= b["limit_usd"]:
-            raise ClusterError(f"the trial's budget {desc.budget_name} is spent (${b['actual_usd']:.2f} of "
-                               f"${b['limit_usd']:.2f}); nothing starts ({budget_note(b)})")
+        if b.actual_usd >= b.limit_usd:
+            raise ClusterError(f"the trial's budget {desc.budget_name} is spent (${b.actual_usd:.2f} of "
+                               f"${b.limit_usd:.2f}); nothing starts ({budget_note(b)})")
         progress.say("budget", f"{desc.budget_name}: {budget_note(b)}")
     progress.say("cluster", f"{path}: {desc.source}, {len(desc.hosts)} host(s)"
                  + (f", deadline {desc.deadline.isoformat()}" if desc.deadline else ""))

@@ -71,7 +71,7 @@ Zones = Annotated[ZonesChecked | ZonesUnchecked, Field(discriminator="checked")]
 
 
 class StackDevices(Frozen):
-    """The stack's hosts as placement sees them (`orchestrate.placement.Devices.as_dict`)."""
+    """The stack's hosts as placement sees them (`orchestrate.placement.Devices.record`)."""
 
     source: str
     hosts: int
@@ -245,6 +245,6 @@ def _plan_placement(exp: Experiment, cfg: TrialConfig, planned: set[str],
         problems.append(str(e))
         return None
     return PlannedPlacement(
-        cluster=StackDevices(**d.as_dict()), serving=PlannedServing(**decided["serving"]),
-        arms=[PlannedArm(**r, gpus_known=None not in gpus[:r["world_size"]]) for r in decided["arms"]
-              if r["arm"] in planned])
+        cluster=StackDevices(**d.record().model_dump()), serving=PlannedServing(**decided.serving.model_dump()),
+        arms=[PlannedArm(**r.model_dump(), gpus_known=None not in gpus[:r.world_size]) for r in decided.arms
+              if r.arm in planned])

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Callable
 
 from evidence.attainability import ATTAINABILITY, UNATTAINABLE
 from evidence.commitments import CommitmentLog
-from evidence.placement import SERVING_PROBE, not_run
+from evidence.placement import SERVING_PROBE, ArmPlacement, not_run
 from orchestrate import placement as pl
 from orchestrate.attainability import commit_attainability
 from orchestrate.cluster import ClusterError
@@ -49,11 +49,11 @@ def place_arms(cfg: Resolved, home: Path, backend: Backend, progress: Progress, 
                                "without --no-serve, or in a fresh --trials folder")
         return {}
     skipped = not_run(rec)
-    if not no_serve and not now and rec["cluster"].get("no_serve"):
+    if not no_serve and not now and rec.cluster.no_serve:
         progress.line("  --no-serve was chosen at this home's first run and stands: no serving probe")
     if d.share_gpus and pl.trial_device(cfg) != "cuda":
         progress.line(f"  --share-gpus: profile {cfg.profile_name} runs on the CPU; there is no GPU to share")
-    elif d.share_gpus and not now and not rec["cluster"].get("share_gpus"):
+    elif d.share_gpus and not now and not rec.cluster.share_gpus:
         progress.line("  --share-gpus: this home's placement was committed at its first run without it and stands; "
                       "to share GPUs, run in a fresh --trials directory")
     gpus = ("a CPU profile, no GPU needed" if pl.trial_device(cfg) != "cuda" else
@@ -61,12 +61,11 @@ def place_arms(cfg: Resolved, home: Path, backend: Backend, progress: Progress, 
             f"GPUs per host {list(d.gpus_per_host)} ({d.gpus_from})")
     progress.say("place", f"{cfg.experiment.name}/{cfg.profile_name} on the {d.source} cluster, {gpus}: "
                  + ("committed" if now else "as committed at this home's first run"))
-    for r in [*rec["arms"], rec["serving"]]:
-        if r.get("shared"):
-            n = r["shared"].get("ranks") or r["shared"]["replicas"]
-            progress.line(f"  {r['arm'] if 'world_size' in r else SERVING_PROBE}: {n} "
-                          f"{'ranks' if 'world_size' in r else 'replicas'} share {r['shared']['gpus']} GPU(s) "
-                          "(--share-gpus): learning verdicts real, timing gates not comparable")
+    for r in [*rec.arms, rec.serving]:
+        if r.shared:
+            progress.line(f"  {r.arm if isinstance(r, ArmPlacement) else SERVING_PROBE}: {r.shared.processes} "
+                          f"share {r.shared.gpus} GPU(s) (--share-gpus): learning verdicts real, timing gates not "
+                          "comparable")
     for what, why in skipped.items():
         progress.line(f"  {what}: {why}")
     if any("GPUs, the cluster has" in why for why in skipped.values()) and not d.one_rank_per_host \
@@ -74,7 +73,7 @@ def place_arms(cfg: Resolved, home: Path, backend: Backend, progress: Progress, 
         progress.line("  (orchestrate run --share-gpus runs them on the GPUs there are, ranks sharing a GPU: the "
                       "learning verdicts are real, the timing gates are marked not comparable)")
     if skipped:
-        runs = [r["arm"] for r in rec["arms"] if r["runs"]]
+        runs = [r.arm for r in rec.arms if r.runs]
         acc = cfg.experiment.acceptance
         progress.line(f"  trained: {', '.join(runs) or 'none'}; gates that need what is not run are shown as not "
                       "evaluated, the selection rules unchanged"

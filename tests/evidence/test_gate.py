@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from evidence.attainability import labelled
-from evidence.placement import not_comparable, not_evaluated
+from evidence.placement import SharedRanks, not_comparable, not_evaluated
 from evidence.report import Gate
 from evidence.serving import gates as serving_gates
 
@@ -21,7 +21,7 @@ TIMED = {"gate": "active time ≤ 0.5 × ddp-four", "value": 0.61, "passed": Fal
 
 @pytest.mark.parametrize("built", [
     EVALUATED,
-    {**not_comparable(TIMED, ("diloco-four",), {"diloco-four": {"ranks": 4, "gpus": 1}}), **LABEL},
+    {**not_comparable(TIMED, ("diloco-four",), {"diloco-four": SharedRanks(ranks=4, gpus=1)}), **LABEL},
     {**not_evaluated("McNemar p ≤ 0.01", "clean-single not run: needs 2 GPUs, the cluster has 1"), **LABEL},
     labelled(serving_gates(None)[0], {}),  # a home without a committed probe: value 0, an int
 ], ids=["evaluated", "not-comparable", "not-evaluated", "no-probe"])

@@ -78,9 +78,9 @@ def test_a_pending_subscription_is_a_warning(tmp_path):
              "Endpoint": "me@example.com", "TopicArn": topic}]}, {"TopicArn": topic})
         got = trial_alerts(type("S", (), {"client": lambda self, n: {"sns": sns, "cloudwatch": cw}[n]})(),
                            cloud_cluster(tmp_path, "pa-trial", topic))
-    assert got["subscriptions"] == [{"protocol": "email", "endpoint": "me@example.com",
-                                     "state": "pending confirmation"}]
-    assert got["warnings"] == [
+    assert [s.model_dump() for s in got.subscriptions] == [{"protocol": "email", "endpoint": "me@example.com",
+                                                           "state": "pending confirmation"}]
+    assert got.warnings == [
         "the email subscription for me@example.com is pending confirmation: it hears nothing until its "
         "confirmation link is followed",
         "guarded host rank 1 lacks the transfer alarm(s) pa-trial-transfer-1, pa-trial-transfer-1-in, "

@@ -28,16 +28,16 @@ def test_tag_scan_describe_and_stop(aws):
     ids = launch(aws, "t-stop", ["us-east-1c"] * 3 + ["us-east-1d"])
     other = launch(aws, "someone-else", ["us-east-1c"])
     found = trial_instances(aws, "t-stop")
-    assert [(h["rank"], h["zone"], h["state"]) for h in found] == \
+    assert [(h.rank, h.zone, h.state) for h in found] == \
         [(0, "us-east-1c", "running"), (1, "us-east-1c", "running"), (2, "us-east-1c", "running"),
          (3, "us-east-1d", "running")]
-    assert [h["instance_id"] for h in found] == ids and all(h["private_ip"] for h in found)
+    assert [h.instance_id for h in found] == ids and all(h.private_ip for h in found)
 
     assert sorted(stop_trial(aws, "t-stop", delay_s=1)) == sorted(ids)
-    assert {h["state"] for h in trial_instances(aws, "t-stop")} == {"stopped"}
+    assert {h.state for h in trial_instances(aws, "t-stop")} == {"stopped"}
     assert stop_trial(aws, "t-stop") == []  # nothing live is left: nothing to stop
-    assert trial_instances(aws, "someone-else")[0]["state"] == "running"  # not ours: untouched
-    assert [h["instance_id"] for h in trial_instances(aws, "someone-else")] == other
+    assert trial_instances(aws, "someone-else")[0].state == "running"  # not ours: untouched
+    assert [h.instance_id for h in trial_instances(aws, "someone-else")] == other
 
 
 def test_reconcile_reports_what_still_bills(aws):
@@ -72,8 +72,8 @@ def test_budget_and_alarm_reads(aws):
              "Subscribers": [{"SubscriptionType": "SNS", "Address": "arn:aws:sns:us-east-1:123456789012:t"}]}
             for kind, pct in [("ACTUAL", 50.0), ("ACTUAL", 80.0), ("ACTUAL", 100.0), ("FORECASTED", 100.0)]])
     got = read_budget(aws, ACCOUNT, "t-bud-budget")
-    assert got["limit_usd"] == 100.0
-    assert got["notifications"] == [("ACTUAL", 50.0), ("ACTUAL", 80.0), ("ACTUAL", 100.0), ("FORECASTED", 100.0)]
+    assert got.limit_usd == 100.0
+    assert got.notifications == [("ACTUAL", 50.0), ("ACTUAL", 80.0), ("ACTUAL", 100.0), ("FORECASTED", 100.0)]
     with pytest.raises(Exception, match="NotFound|not found|does not exist"):
         read_budget(aws, ACCOUNT, "no-such-budget")
     assert read_alarms(aws, "t-bud-") == []
@@ -83,4 +83,4 @@ def test_budget_and_alarm_reads(aws):
     aws.client("cloudwatch").set_alarm_state(AlarmName="t-bud-transfer-3", StateValue="ALARM",
                                                  StateReason="test: as if the host moved too much")
     (a,) = read_alarms(aws, "t-bud-")
-    assert (a["name"], a["threshold"], a["state"]) == ("t-bud-transfer-3", 3.1e12, "ALARM")
+    assert (a.name, a.threshold, a.state) == ("t-bud-transfer-3", 3.1e12, "ALARM")

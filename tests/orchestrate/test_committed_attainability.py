@@ -15,6 +15,8 @@ from conftest import run_cli
 from evidence.attainability import ATTAINABILITY, UNATTAINABLE
 from evidence.canonical import read_json, write_json_atomic
 from evidence.commitments import CommitmentLog
+from orchestrate.placement import local_devices, placement_record
+from training.config import resolve
 
 BYTES = "bytes ≤ 0.125 × ddp-four"
 
@@ -28,7 +30,8 @@ def test_committed_once_before_the_candidates(ltw_home, tmp_path):
 
     home = tmp_path / "home"
     shutil.copytree(ltw_home, home)
-    placement, shared = {"cluster": {"source": "local"}}, {"shared_cores": True}
+    placement = placement_record(resolve("local-training-windows", "smoke"), local_devices(None, "cpu"))
+    shared = {"shared_cores": True}
     rec, now = commit_attainability(home, placement, **shared)
     assert now and read_json(home / ATTAINABILITY) == rec
     assert [e["kind"] for e in CommitmentLog(home).entries()][-1] == "attainability"

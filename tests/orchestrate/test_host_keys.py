@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption,
 from conftest import public_key, run_cli
 from infra.keys import SSHKeyError, host_key_blocks, operator_public_key, pinned_host_key
 from infra.outputs import OUTPUTS_FORMAT
-from orchestrate.cloud import HostKeysMissing, console_output, pin_host_keys
+from orchestrate.cloud import HostKeysMissing, console_output, pin_host_keys, trial_instances
 
 
 def pub(key) -> str:
@@ -268,7 +268,7 @@ def test_up_and_status_read_the_addresses_ec2_gives_now(aws, tmp_path):
     r = run_cli(*up, "--addresses", "outputs")
     stale = load(tmp_path / "cluster.json")
     assert r.returncode == 0 and stale.by_rank[1].address == at_up[1]
-    now = {r: {"instance_id": i, "state": "running", "public_ip": public(i)} for r, i in enumerate(ids)}
+    now = {i.rank: i for i in trial_instances(aws, "keys-test")}  # as `status` reads them
     assert address_warnings(stale, now) == [f"rank 1 ({ids[1]}) is now at {public(ids[1])}, cluster.json says "
                                             f"{at_up[1]}: run `orchestrate up` again"]
     assert address_warnings(c, now) == []

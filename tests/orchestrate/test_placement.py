@@ -19,14 +19,14 @@ from training.config import resolve
 def decide(experiment: str, d, device: str = "cuda"):
     exp = resolve(experiment, "smoke").experiment
     out = place(exp.arms, exp.serving_arm, device, d)
-    return {r["arm"]: r["reason"] for r in out["arms"]}, out["serving"]
+    return {r.arm: r.reason for r in out.arms}, out.serving
 
 
 def test_one_gpu_runs_the_single_arms_and_reports_the_pair():
     arms, serving = decide("cooperative-learning", local_devices(None, "cuda", {"TRIAL_GPUS": "1"}))
     assert arms == {"clean-single": None, "damaged-single": None,
                     "clean-pair": "not run: needs 2 GPUs, the cluster has 1"}
-    assert not serving["runs"] and serving["reason"] == (
+    assert not serving.runs and serving.reason == (
         "not run: its arm clean-pair is not run (needs 2 GPUs, the cluster has 1)")
     # batched-learning: the primary arm itself is not run; the rules are not changed by it
     arms, _ = decide("batched-learning", local_devices(None, "cuda", {"TRIAL_GPUS": "1"}))
@@ -35,17 +35,17 @@ def test_one_gpu_runs_the_single_arms_and_reports_the_pair():
 
 def test_enough_gpus_run_everything_and_four_rank_arms_need_four():
     arms, serving = decide("cooperative-learning", local_devices(None, "cuda", {"TRIAL_GPUS": "2"}))
-    assert set(arms.values()) == {None} and serving["runs"] and serving["replicas"] == 2
+    assert set(arms.values()) == {None} and serving.runs and serving.replicas == 2
     arms, serving = decide("local-training-windows", local_devices(None, "cuda", {"TRIAL_GPUS": "2"}))
     assert arms == {"single": None, "ddp-four": "not run: needs 4 GPUs, the cluster has 2",
                     "diloco-four": "not run: needs 4 GPUs, the cluster has 2"}
     # the four-rank serving arm is not run, so neither is its probe (it would need four replicas' GPUs)
-    assert serving["reason"].startswith("not run: its arm diloco-four is not run")
+    assert serving.reason.startswith("not run: its arm diloco-four is not run")
 
 
 def test_cpu_profiles_need_no_gpu_but_still_need_host_slots():
     arms, serving = decide("local-training-windows", local_devices(None, "cpu"), device="cpu")
-    assert set(arms.values()) == {None} and serving["runs"]
+    assert set(arms.values()) == {None} and serving.runs
     arms, _ = decide("cooperative-learning", local_devices(1, "cpu"), device="cpu")
     assert arms["clean-pair"] == "not run: needs 2 hosts, the cluster has 1" and arms["clean-single"] is None
 
@@ -66,14 +66,14 @@ def test_ssh_hosts_give_one_gpu_per_rank():
                                   "host has none)")
     d = hosts_devices("pulumi", [1, 1], controller_gpus=None, gpus_from="test")
     arms, serving = decide("cooperative-learning", d)
-    assert arms["clean-pair"] is None and serving["reason"] is None  # two hosts with a GPU: two replicas
+    assert arms["clean-pair"] is None and serving.reason is None  # two hosts with a GPU: two replicas
     exp = resolve("cooperative-learning", "smoke").experiment  # a one-rank serving arm still needs 2 replicas
     out = place(exp.arms, "clean-single", "cpu", hosts_devices("pulumi", [1], None, "test"))
-    assert out["serving"]["reason"] == "not run: needs 2 hosts (one replica per host), the cluster has 1"
+    assert out.serving.reason == "not run: needs 2 hosts (one replica per host), the cluster has 1"
     out = place(exp.arms, "clean-single", "cuda", hosts_devices("pulumi", [1, 0], None, "test"))
-    assert out["serving"]["reason"] == ("not run: needs 2 GPUs (one replica per host, on its first GPU), and "
+    assert out.serving.reason == ("not run: needs 2 GPUs (one replica per host, on its first GPU), and "
                                         "rank 1's host has none")
-    assert place(exp.arms, "clean-single", "cpu", hosts_devices("pulumi", [1, 0], None, "test"))["serving"]["runs"]
+    assert place(exp.arms, "clean-single", "cpu", hosts_devices("pulumi", [1, 0], None, "test")).serving.runs
     with pytest.raises(ClusterError, match="rank 0's host has no GPU"):
         decide("cooperative-learning", hosts_devices("pulumi", [0, 1], 2, "test"))
 
@@ -207,16 +207,16 @@ def test_no_serve_is_committed_and_a_later_run_cannot_drop_a_committed_probe(hom
     cfg = resolve("cooperative-learning", "smoke")
     d = local_devices(None, "cpu")
     _, serving = decide("cooperative-learning", dataclasses.replace(d, no_serve=True), device="cpu")
-    assert not serving["runs"] and serving["reason"] == NO_SERVE
+    assert not serving.runs and serving.reason == NO_SERVE
     other = home_copy.parent / "other"
     shutil.copytree(home_copy, other)
     rec, now = commit_placement(cfg, home_copy, dataclasses.replace(d, no_serve=True))
-    assert now and rec["cluster"]["no_serve"] is True and not_run(rec) == {SERVING_PROBE: NO_SERVE}
-    assert read_json(home_copy / "placement.json") == rec
+    assert now and rec.cluster.no_serve is True and not_run(rec) == {SERVING_PROBE: NO_SERVE}
+    assert read_json(home_copy / "placement.json") == rec.model_dump(mode="json")
     again, now = commit_placement(cfg, home_copy, d)  # a later run without it: the committed decision stands
     assert not now and not_run(again) == {SERVING_PROBE: NO_SERVE}
     rec, _ = commit_placement(cfg, other, d)  # committed with the probe, which has not run yet
-    assert rec["serving"]["runs"]
+    assert rec.serving.runs
     with pytest.raises(ClusterError, match="--no-serve cannot change a placement committed at the home's first run"):
         commit_placement(cfg, other, dataclasses.replace(d, no_serve=True))
 

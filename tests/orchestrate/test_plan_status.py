@@ -122,7 +122,7 @@ def test_status_of_the_embedded_cluster(trained, aws, tmp_path, zombie):
     assert h0.reachable and h0.bytes_rx_tx is not None
     assert (h1.state, h1.arm, h1.update) == ("running", "zz-live", 3)
     assert 7000 < st.seconds_to_deadline <= 7200
-    assert st.spend["name"] == "st-budget" and st.spend["limit_usd"] == 100.0
+    assert st.spend.name == "st-budget" and st.spend.limit_usd == 100.0
     save(c, tmp_path / "cluster.json")
     r = run_cli("-m", "orchestrate", "status", "--cluster", str(tmp_path / "cluster.json"), "--home", str(trained))
     out = " ".join(r.stderr.split())
@@ -221,8 +221,8 @@ def test_budget_spend_is_said_with_its_age(aws):
         "BudgetName": "aged", "BudgetLimit": {"Amount": "100.0", "Unit": "USD"}, "TimeUnit": "ANNUALLY",
         "BudgetType": "COST"})
     b = read_budget(aws, ACCOUNT, "aged")
-    assert b["updated_at"]  # moto, like AWS, says when the budget's figures were last updated
-    t = dt.datetime.fromisoformat(b["updated_at"])
+    assert b.updated_at  # moto, like AWS, says when the budget's figures were last updated
+    t = dt.datetime.fromisoformat(b.updated_at)
     note = budget_note(b, now=t + dt.timedelta(hours=5))
     assert note.startswith("$0.00 of $100.00 (forecast $0.00), last updated") and "(5.0 h ago)" in note
     assert "lags the spend by hours" in note and "the deadline and the transfer guards bound the trial" in note

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 
 from conftest import gpus, run_cli, score, train_as_placed
 from evidence.canonical import read_json
+from evidence.placement import SharedRanks, SharedReplicas
 from orchestrate.cluster import ClusterError
 from orchestrate.placement import commit_placement, committed_share, local_devices, place
 from training.config import resolve
@@ -29,22 +30,22 @@ ATOL = 5e-5  # the exact-objective tolerance of tests/training/test_arms.py
 def test_sharing_places_every_arm_on_one_gpu_and_says_so():
     exp = resolve("local-training-windows", "smoke").experiment
     rec = place(exp.arms, exp.serving_arm, "cuda", gpus(1, share=True))
-    rows = {r["arm"]: r for r in rec["arms"]}
-    assert all(r["runs"] for r in rows.values())
-    assert rows["single"].get("shared") is None  # one rank, one GPU: nothing shared
-    assert rows["ddp-four"]["shared"] == rows["diloco-four"]["shared"] == {"ranks": 4, "gpus": 1}
-    assert rec["serving"]["runs"] and rec["serving"]["shared"] == {"replicas": 4, "gpus": 1}
+    rows = {r.arm: r for r in rec.arms}
+    assert all(r.runs for r in rows.values())
+    assert rows["single"].shared is None  # one rank, one GPU: nothing shared
+    assert rows["ddp-four"].shared == rows["diloco-four"].shared == SharedRanks(ranks=4, gpus=1)
+    assert rec.serving.runs and rec.serving.shared == SharedReplicas(replicas=4, gpus=1)
     # two GPUs: four ranks still share them; the pair of another experiment does not need to
-    assert {r["arm"]: r.get("shared") for r in place(exp.arms, exp.serving_arm, "cuda", gpus(2, True))["arms"]} == {
-        "single": None, "ddp-four": {"ranks": 4, "gpus": 2}, "diloco-four": {"ranks": 4, "gpus": 2}}
+    assert {r.arm: r.shared for r in place(exp.arms, exp.serving_arm, "cuda", gpus(2, True)).arms} == {
+        "single": None, "ddp-four": SharedRanks(ranks=4, gpus=2), "diloco-four": SharedRanks(ranks=4, gpus=2)}
     coop = resolve("cooperative-learning", "smoke").experiment
-    assert all("shared" not in r for r in place(coop.arms, coop.serving_arm, "cuda", gpus(2, True))["arms"])
+    assert all(r.shared is None for r in place(coop.arms, coop.serving_arm, "cuda", gpus(2, True)).arms)
     # the default is unchanged: not run, nothing shared
-    rows = {r["arm"]: r for r in place(exp.arms, exp.serving_arm, "cuda", gpus(1))["arms"]}
-    assert rows["ddp-four"]["reason"] == "not run: needs 4 GPUs, the cluster has 1" and "shared" not in rows["ddp-four"]
+    rows = {r.arm: r for r in place(exp.arms, exp.serving_arm, "cuda", gpus(1)).arms}
+    assert rows["ddp-four"].reason == "not run: needs 4 GPUs, the cluster has 1" and rows["ddp-four"].shared is None
     # a CPU profile has no GPU to share; no GPU at all is still an error
-    assert all("shared" not in r for r in place(exp.arms, exp.serving_arm, "cpu",
-                                               local_devices(None, "cpu", share_gpus=True))["arms"])
+    assert all(r.shared is None for r in place(exp.arms, exp.serving_arm, "cpu",
+                                               local_devices(None, "cpu", share_gpus=True)).arms)
     with pytest.raises(ClusterError, match="has no GPU"):
         place(exp.arms, exp.serving_arm, "cuda", gpus(0, share=True))
 
@@ -55,7 +56,7 @@ def test_a_shared_placement_is_committed_and_a_later_run_must_share_too(ltw_home
     shutil.copytree(ltw_home, home)
     cfg = resolve("local-training-windows", "smoke")
     rec, now = commit_placement(cfg, home, gpus(1, share=True))
-    assert now and rec["cluster"]["share_gpus"] is True
+    assert now and rec.cluster.share_gpus is True
     assert (committed_share(home, "ddp-four"), committed_share(home, "single"), committed_share(home)) == (1, None, 1)
     with pytest.raises(ClusterError, match=r"runs ddp-four \(4 ranks\) \(it shares GPUs there: run with --share-gpus\)"):
         commit_placement(cfg, home, gpus(1), finished={"single"})
@@ -162,7 +163,7 @@ def test_a_placement_the_ranks_did_not_run_by_is_refused(trained, tiny_seed, tmp
     shutil.copytree(trained, home)
     monkeypatch.setattr("orchestrate.placement.trial_device", lambda c: "cuda")
     rec, _ = commit_placement(resolve("cooperative-learning", "smoke"), home, gpus(1, share=True))
-    assert [r["arm"] for r in rec["arms"] if r.get("shared")] == ["clean-pair"]
+    assert [r.arm for r in rec.arms if r.shared] == ["clean-pair"]
     assert run_cli("-m", "training", "select", "--home", str(home)).returncode == 0
     score(home, ("seed", "clean-single"), tiny_seed)
     out = tmp_path / "r.json"
