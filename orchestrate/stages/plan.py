@@ -11,6 +11,7 @@ from pydantic import Field
 
 from evidence.attainability import analyse
 from evidence.errors import UserError
+from evidence.placement import ArmPlacement, PlacementCluster, ServingPlacement
 from infra.estimate import Estimate, Frozen, Number
 from infra.plan import estimate as run_estimate
 from infra.prices import INSTANCE_TYPES
@@ -70,40 +71,18 @@ class ZonesUnchecked(Frozen):
 Zones = Annotated[ZonesChecked | ZonesUnchecked, Field(discriminator="checked")]
 
 
-class StackDevices(Frozen):
-    """The stack's hosts as placement sees them (`orchestrate.placement.Devices.record`)."""
+class PlannedArm(ArmPlacement):
+    """One planned arm's placement, and whether its ranks' GPUs are known at all."""
 
-    source: str
-    hosts: int
-    gpus_per_host: list[int | None]  # by rank; None: the instance type's GPUs are not known
-    controller_gpus: int | None
-    gpus_from: str
-
-
-class PlannedArm(Frozen):
-    """One planned arm's placement: whether its ranks get a GPU each."""
-
-    arm: str
-    kind: str
-    world_size: int
-    runs: bool
-    reason: str | None  # why it is not run; None when it runs
     gpus_known: bool  # every host it needs has an instance type whose GPU count is known
-
-
-class PlannedServing(Frozen):
-    arm: str
-    replicas: int
-    runs: bool
-    reason: str | None
 
 
 class PlannedPlacement(Frozen):
     """Where `run` would place the planned arms and the serving probe on the stack's hosts."""
 
-    cluster: StackDevices
+    cluster: PlacementCluster  # a planned stack's: source "stack", GPUs from the instance types
     arms: list[PlannedArm]
-    serving: PlannedServing
+    serving: ServingPlacement
 
 
 class Scaled(Frozen):
@@ -245,6 +224,6 @@ def _plan_placement(exp: Experiment, cfg: TrialConfig, planned: set[str],
         problems.append(str(e))
         return None
     return PlannedPlacement(
-        cluster=StackDevices(**d.record().model_dump()), serving=PlannedServing(**decided.serving.model_dump()),
+        cluster=d.record(), serving=decided.serving,
         arms=[PlannedArm(**r.model_dump(), gpus_known=None not in gpus[:r.world_size]) for r in decided.arms
               if r.arm in planned])
