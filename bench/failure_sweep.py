@@ -42,9 +42,9 @@ def main() -> None:
                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"})
     try:
         from infra.teardown import DeleteCheck
-        from pulumi_engine import is_provider, pulumi_run
+        from pulumi_engine import pulumi_run
         from test_destroy import TEARDOWN, live_instances, moto_rules, terminate_trial
-        from test_failures import CAPACITY, HOST, KEPT, TRIAL, coverage, destroy_here, in_account, preserve_into
+        from test_failures import CAPACITY, HOST, TRIAL, coverage, destroy_here, in_account, preserve_into
         from test_infra import CALLS, answers, live, stack_of
 
         from infra.plan import TrialConfig

@@ -46,7 +46,7 @@ def main() -> None:
             print(f"{s:8.1f} {n:5d} {p}")
         return
     before = read_before(a.before)
-    print(f"| file | before s | after s | tests |\n|---|---|---|---|")
+    print("| file | before s | after s | tests |\n|---|---|---|---|")
     for p in sorted(set(now) | set(before), key=lambda p: -max(before.get(p, 0), now.get(p, (0, 0))[0])):
         s, n = now.get(p, (0.0, 0))
         print(f"| {p} | {before.get(p, 0):.1f} | {s:.1f} | {n} |")

@@ -11,13 +11,12 @@ import json
 import os
 import shutil
 import time
-from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
-from conftest import public_key, run_cli
+from conftest import run_cli
 from infra.keys import SSHKeyError, host_key_blocks, operator_public_key, pinned_host_key
 from infra.outputs import OUTPUTS_FORMAT
 from orchestrate.cloud import HostKeysMissing, console_output, pin_host_keys, trial_instances

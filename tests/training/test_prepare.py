@@ -1,7 +1,6 @@
 """prepare: determinism, disjointness, counts and weights, the previous-home proof, bad input."""
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np

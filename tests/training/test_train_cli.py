@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_cli, run_ranks
+from conftest import run_ranks
 from evidence.canonical import read_json
 from evidence.commitments import CommitmentLog
 
