@@ -11,7 +11,7 @@ import typer
 from rich.table import Table
 
 from evidence.covered import CoveredFileError
-from orchestrate.cli.console import con, progress, say
+from orchestrate.cli.console import con, progress, refusing, say
 from orchestrate.cloud import HostKeysMissing, budget_note, reconcile, stop_trial
 from orchestrate.cluster import ClusterError, load
 from orchestrate.homes import Refused, verified_home
@@ -60,12 +60,9 @@ def status(cluster: Path = typer.Option(Path("cluster.json"), help="the trial's 
            home: Optional[Path] = typer.Option(None, help="the trial home (the embedded local cluster's ranks write there)"),
            as_json: bool = typer.Option(False, "--json")) -> None:
     """A running trial: spend so far, bytes against the transfer guard, time to the deadline, each rank's state."""
-    try:
+    with refusing(ClusterError, ValueError):
         desc = load(cluster)
         st = trial_status(desc, home)
-    except (ClusterError, ValueError) as e:
-        say("error:", str(e), style="bold red")
-        raise typer.Exit(2)
     if as_json:
         print(json.dumps(st.dump(), indent=1))
         return
@@ -104,12 +101,9 @@ def stop(cluster: Path = typer.Option(Path("cluster.json"), help="the trial's cl
     """Stop the ranks left running on the cluster's hosts (an interrupted `orchestrate run` leaves them
     detached there): SIGTERM by pid, SIGKILL 10 s later. Their checkpoints stay for a resume."""
 
-    try:
+    with refusing(ClusterError, TransportError):
         c = load(cluster)
         stopped = stop_ranks(c, len(c.hosts), None)
-    except (ClusterError, TransportError) as e:
-        say("error:", str(e), style="bold red")
-        raise typer.Exit(2)
     con.print(f"stopped a rank on {len(stopped)} host(s){': ' + ', '.join(stopped) if stopped else ''}",
               highlight=False)
 
@@ -118,13 +112,10 @@ def down(home: Path = typer.Option(..., help="the trial home"),
          aws_trial: Optional[str] = typer.Option(None, help="stop and reconcile this trial's AWS hosts by tag"),
          region: Optional[str] = typer.Option(None, help="AWS region of --aws-trial")) -> None:
     """Tear down — only once the home's evidence index verifies in its store, object by object."""
-    try:
+    with refusing(Refused, label="refused:"):
         with verified_home(home, f"run `orchestrate preserve --home {home}` first — hosts stay up until the evidence "
                                  "is safe", progress) as (rec, v):
             pass
-    except Refused as e:
-        say("refused:", str(e), style="bold red")
-        raise typer.Exit(2)
     say("verified", f"{v.files} objects, {v.bytes / 1e6:,.1f} MB in {rec.store}")
     if aws_trial is None:
         con.print("embedded local cluster: no hosts to stop", highlight=False)

@@ -9,7 +9,7 @@ import typer
 
 from evidence.errors import UserError
 from evidence.stores import FileStore, known_forms
-from orchestrate.cli.console import con, progress, say
+from orchestrate.cli.console import con, progress, refusing, say
 from orchestrate.cluster import load
 from orchestrate.homes import Refused, remove_home
 from orchestrate.remote import host_parts
@@ -59,13 +59,7 @@ def remove(home: Path = typer.Option(..., help="the trial home to delete from th
     trials leave the disk. A home never preserved, whose store does not verify, or holding anything the
     index does not hold as it is now (a later run's report, a changed file) is refused, naming it, and
     left as it is. The store is not touched."""
-    try:
+    with refusing(Refused, label="refused:"), refusing(OSError):  # a disk failing part way: `remove` again
         r = remove_home(home, progress)
-    except Refused as e:
-        say("refused:", str(e), style="bold red")
-        raise typer.Exit(2)
-    except OSError as e:
-        say("error:", str(e), style="bold red")
-        raise typer.Exit(2)
     say("removed", f"{home}: {r.files} files, {r.bytes / 1e6:,.1f} MB; every one is in {r.index} "
         f"({r.objects} objects verified)")

@@ -17,7 +17,7 @@ from evidence.attainability import analyse
 from infra.plan import GB, TrialConfig, table
 from infra.plan import estimate as run_estimate
 from orchestrate.attainability import cluster_basis
-from orchestrate.cli.console import con, say
+from orchestrate.cli.console import con, refusing, say
 from orchestrate.cli.render import show_attainability
 from orchestrate.stages.plan import PlanError, plan_arm
 from orchestrate.wheelhouse import WheelhouseError, download, project_requirements
@@ -67,12 +67,9 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
     the hosts' vCPUs against the account's G-instance quota, and what staging sends from this machine.
     Exit 1 when anything does not fit."""
     cfg = _stack_config(stack)
-    try:
+    with refusing(ConfigError, PlanError):
         est = plan_arm(cfg, stack, arm, wheelhouse=wheelhouse, uplink_mbps=uplink_mbps, quota=quota, now=_now(),
                        profile=profile)
-    except (ConfigError, PlanError) as e:
-        say("error:", str(e), style="bold red")
-        raise typer.Exit(2)
     problems, placed, staging, vcpu, zones = est.problems, est.placement, est.staging, est.vcpu, est.zones
     if as_json:
         print(json.dumps(est.model_dump(mode="json"), indent=1))
@@ -147,11 +144,8 @@ def gates(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-
     """What each gate of ARM's experiment can reach at PROFILE on the embedded local cluster — the
     analysis `run` commits as attainability.json before training (evidence/attainability.py): whether
     it can pass at all, and the smallest effect it can detect. Nothing is prepared or trained."""
-    try:
+    with refusing(ConfigError):
         cfg = resolve(address(arm)[0], profile)
-    except ConfigError as e:
-        say("error:", str(e), style="bold red")
-        raise typer.Exit(2)
     rec = analyse(cfg.as_dict(), cluster_basis("local", shared_cores=True))
     if as_json:
         print(json.dumps(rec, indent=1, ensure_ascii=False))
@@ -178,14 +172,11 @@ def wheelhouse(dest: Path = typer.Argument(..., help="the directory to fill; giv
         cfg = _stack_config(stack)
         python_version, platform = python_version or cfg.host_python_version, platform or cfg.host_platform
     lock = root / "requirements.lock"
-    try:
+    with refusing(WheelhouseError):
         with con.status(f"pip download for CPython {python_version} on {platform}…"):
             wheels = download(dest, python_version, platform, requirement or project_requirements(root),
                               constraints=lock if not requirement and lock.is_file() else None,
                               find_links=find_links, no_index=no_index)
-    except WheelhouseError as e:
-        say("error:", str(e), style="bold red")
-        raise typer.Exit(2)
     size = sum(w.stat().st_size for w in wheels)
     print(f"{dest}: {len(wheels)} wheel(s), {size / 1e9:,.2f} GB, for CPython {python_version} on {platform} and "
           f"older manylinux tags; `orchestrate plan ARM --wheelhouse {dest}` counts them")

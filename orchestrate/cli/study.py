@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from orchestrate.cli.console import say
+from orchestrate.cli.console import refusing
 from training.config import ConfigError, address, config_dir, experiment_names, lineage, load_experiment, origins
 from training.prepare import PrepareError, task_source
 from training.sources import TaskFileError
@@ -16,7 +16,7 @@ def list_cmd() -> None:
     """The experiments this checkout defines (config/experiments/, or $TRIAL_CONFIG_DIR): each one's arms
     (kind, ranks; the primary and the serving arm marked), the experiment before it, and its profiles."""
 
-    try:
+    with refusing(ConfigError):
         d = config_dir()
         for name in experiment_names(d):
             exp = load_experiment(name, d)
@@ -27,9 +27,6 @@ def list_cmd() -> None:
                                           ("serving", a.name == exp.serving_arm)) if yes]
                 print(f"  arm {a.name}: {a.kind}, {a.world_size} rank(s)" + (f" [{', '.join(marks)}]" if marks else ""))
             print(f"  profiles: {', '.join(exp.profiles)}")
-    except ConfigError as e:
-        say("error:", str(e), style="bold red")
-        raise typer.Exit(2)
 
 
 def validate(experiment: str = typer.Argument(..., help="an experiment's name (or one of its arms)"),
@@ -38,7 +35,7 @@ def validate(experiment: str = typer.Argument(..., help="an experiment's name (o
     """The study `orchestrate run` would run, resolved without running anything: every value with where it
     comes from (the experiment, an arm, the profile or its base, a default), and every experiment before
     it. Exit 2, naming the value, when it would be refused."""
-    try:
+    with refusing(ConfigError, PrepareError, TaskFileError):
         name = address(experiment)[0]
         chain = lineage(name, profile)
         values = origins(name, profile)
@@ -47,9 +44,6 @@ def validate(experiment: str = typer.Argument(..., help="an experiment's name (o
             if step.experiment.task_file is not None:
                 (src := task_source(step)).cases(step.split_counts)
                 cases = {**src.describe(), "path": str(step.experiment.task_path())} if step is chain[-1] else cases
-    except (ConfigError, PrepareError, TaskFileError) as e:
-        say("error:", str(e), style="bold red")
-        raise typer.Exit(2)
     if as_json:
         print(json.dumps({"experiment": name, "profile": profile, "digest": chain[-1].digest(),
                           "previous": [c.experiment.name for c in chain[:-1]], "task_source": cases,
