@@ -33,6 +33,8 @@ import botocore.session
 from pulumi.runtime.config import get_config
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from evidence.errors import UserError
+
 KEYS = ("region", "profile", "accessKey", "secretKey", "token", "sharedCredentialsFiles", "sharedConfigFiles",
         "assumeRoles", "endpoints")
 UNSUPPORTED = {"assumeRole": "pulumi-aws 7 does not read it: set aws:assumeRoles, a list",
@@ -43,7 +45,7 @@ UNSUPPORTED = {"assumeRole": "pulumi-aws 7 does not read it: set aws:assumeRoles
 since a check speaking as someone else would find none of the stack's hosts."""
 
 
-class CredentialsError(ValueError):
+class CredentialsError(UserError, ValueError):
     """The stack's `aws:` config cannot give a session; the message names the key."""
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from evidence.errors import UserError
 from evidence.schema import explain, require_ranks
 from infra.userdata import GUARD_FRACTION
 
@@ -34,7 +35,7 @@ def transfer_alarm_prefix(trial: str) -> str:
     return f"{trial}-transfer-"
 
 
-class OutputsError(ValueError):
+class OutputsError(UserError, ValueError):
     """The stack's outputs are incomplete or hostile; the message names the field."""
 
 

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from evidence.errors import UserError
 from evidence.schema import require_ranks
 from infra.estimate import ByReservation, Category, Estimate, Line, Traffic
 from infra.keys import operator_public_key
@@ -33,7 +34,7 @@ from training.config import ConfigError, resolve
 GB = 1e9
 
 
-class BudgetError(ValueError):
+class BudgetError(UserError, ValueError):
     """The plan does not fit: the message holds the whole estimate table."""
 
 

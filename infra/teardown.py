@@ -53,12 +53,13 @@ import threading
 from typing import Any, Callable
 
 from evidence.canonical import bytes_sha256
+from evidence.errors import UserError
 from evidence.stores import PreservationError, S3Store, open_store, parse_index, verify_index
 
 BUCKET_TAG = "evidence-bucket"
 
 
-class NotPreserved(RuntimeError):
+class NotPreserved(UserError, RuntimeError):
     """The trial's evidence is not preserved in its store; the message names what is missing."""
 
 

@@ -16,14 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from orchestrate.cloud import (
-    Alerts,
-    Budget,
-    Instance,
-    cluster_budget,
-    trial_alerts,
-    trial_instances,
-)
+from orchestrate.cloud import Alerts, Budget, Instance, cluster_budget, trial_alerts, trial_instances
 from orchestrate.cluster import Cluster
 from orchestrate.guard import COUNTERS, parse_counters
 
@@ -217,7 +210,7 @@ def trial_status(cluster: Cluster, home: Path | None, *, session: Any = None,
     if cluster.alert_topic or (cluster.trial and cluster.guarded_ranks):
         try:
             if session is None:
-                import boto3
+                import boto3  # start-up: as above
 
                 session = boto3.Session(region_name=cluster.region)
             alerts = trial_alerts(session, cluster)

@@ -176,7 +176,7 @@ class SSHTransport:
         """A new session channel, opened within `timeout` (connecting again if the connection died).
         Its opening is the host's own answer, sshd's confirmation over the network, whatever the
         command later run on it costs: what a liveness watcher counts as "reachable"."""
-        import paramiko
+        import paramiko  # start-up: as in _connect_locked
 
         try:
             return self._connect(timeout).get_transport().open_session(timeout=timeout or self.connect_timeout)
@@ -185,7 +185,7 @@ class SSHTransport:
 
     def execute(self, chan: Any, command: str, env: dict[str, str] | None = None) -> Any:
         """Run `command` on the open session `chan` (bash -c, `env` exported first) without waiting."""
-        import paramiko
+        import paramiko  # start-up: as in _connect_locked
 
         try:
             chan.exec_command("bash -c " + shlex.quote(_env_prefix(env) + command))
@@ -202,7 +202,7 @@ class SSHTransport:
         """A `direct-tcpip` channel to `dest` as the host itself dials it (an SSH port forward): what
         the controller uses to reach a port bound to the host's private address, without a firewall
         rule. Raises TransportError when the host cannot open it (nothing listens there, say)."""
-        import paramiko
+        import paramiko  # start-up: as in _connect_locked
 
         try:
             return self._connect(timeout).get_transport().open_channel("direct-tcpip", dest, origin,

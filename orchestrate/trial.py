@@ -26,14 +26,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from evidence.canonical import json_bytes, write_bytes_atomic
 from evidence.covered import CoveredFileError, guard_writes
 from evidence.errors import UserError
-from evidence.placement import SERVING_PROBE
+from evidence.placement import SERVING_PROBE, committed_placement, not_run
 from evidence.stores import FileStore
 from orchestrate.backends import Backend, make_backend
 from orchestrate.progress import Progress
 from orchestrate.stages import Stage
 from orchestrate.stages.clock import StageClock
 from orchestrate.stages.cluster import alarm_check, load_cluster
-from orchestrate.stages.evaluate import select_evaluate_report
+from orchestrate.stages.evaluate import evaluate_test, select_primary, serve_once, write_trial_report
 from orchestrate.stages.prepare import materialize_seed, prepare, seed_from_model_dir
 from orchestrate.stages.preserve import anchor_home, guard_stop, preserve_home
 from orchestrate.stages.train import GuardStopped, place_arms, train_arms
@@ -178,19 +178,22 @@ class _Run:
 
     def end(self) -> None:
         try:
-            if self.backend is not None:
-                self.backend.close()
-            self.record.stages_seconds = dict(self.clock.seconds)
-            self.record.scoring = self.clock.scoring
-            self.record.total_seconds = time.monotonic() - self.started
-            self.record_path = write_record(self.record, self.options.record, self.options.trials, self.home,
-                                            self.view)
+            try:
+                if self.backend is not None:
+                    self.backend.close()
+            finally:  # a connection that fails to close still leaves the record written
+                self.record.stages_seconds = dict(self.clock.seconds)
+                self.record.scoring = self.clock.scoring
+                self.record.total_seconds = time.monotonic() - self.started
+                self.record_path = write_record(self.record, self.options.record, self.options.trials, self.home,
+                                                self.view)
         finally:
             self.held.close()
 
     def outcome(self, error: str | None) -> TrialOutcome:
         r = self.record
-        return TrialOutcome(exit=r.exit if r.exit is not None else 1, error=error, arm=r.arm, home=self.home,
+        assert r.exit is not None  # an ending with no exit status (a bug) was re-raised
+        return TrialOutcome(exit=r.exit, error=error, arm=r.arm, home=self.home,
                             report=Path(r.report) if r.report else None, preserved=r.preserved,
                             not_run=r.not_run or {}, served=self.served, stages_seconds=r.stages_seconds,
                             total_seconds=r.total_seconds, record=self.record_path)
@@ -236,7 +239,15 @@ def _stages(run: _Run) -> None:
         summaries = train_arms(cfg, home, backend, view, not_run=skipped, stop_check=alarm_check(desc, view))
     anchor_home(home, run.store_url, view)  # the numerical profiles the ranks committed
     view.trained(cfg, summaries)
-    rep, report = select_evaluate_report(cfg, home, md, backend, clock, view, store_url=run.store_url)
+    placed_out = not_run(committed_placement(home))  # the home's first placement stands for its later runs
+    with clock(Stage.SELECT):
+        select_primary(cfg, home, view)
+    with clock(Stage.SCORE):
+        evaluate_test(cfg, home, md, backend, placed_out, view, clock.scoring)
+    with clock(Stage.SERVE):
+        serve_once(cfg, home, backend, placed_out, view)
+    with clock(Stage.REPORT):
+        rep, report = write_trial_report(home, run.store_url, view)  # anchored in the store first
     view.reported(rep)
     with clock(Stage.PRESERVE):
         rec = preserve_home(home, run.store_url, view, backend)

@@ -42,8 +42,9 @@ class LocalBackend:
 
     shared_cores = True  # every rank, replica and scoring job runs on this machine's cores
 
-    def __init__(self, model_dir: Path, guard: Guard | None = None, hosts: int | None = None,
+    def __init__(self, model_dir: Path | None = None, guard: Guard | None = None, hosts: int | None = None,
                  share_gpus: bool = False):
+        """`model_dir`: the seed the ranks train from (None: a backend that only serves what the home holds)."""
         self.model_dir, self.guard, self.hosts, self.share_gpus = model_dir, guard, hosts, share_gpus
 
     def train(self, home: Path, arm: Arm, *, max_restarts: int, echo: Callable[[str], None]) -> list[GroupResult]:
@@ -76,6 +77,9 @@ class LocalBackend:
         """The serving probe's `n` replicas: processes on this machine, on loopback."""
         return LocalReplicas(home, n, home / "logs" / "serving", threads=threads_per_rank(n), arm=arm,
                              share_gpus=committed_share(home))
+
+    def replicas_where(self, n: int) -> str:
+        return "on this machine"
 
     def close(self) -> None:
         pass

@@ -297,6 +297,9 @@ class SshBackend:
                               threads=threads, env=dict(self.env), lease_s=self.cluster.controller_lease_s,
                               prepare_host=lambda r: self._push_selected(home, r, [arm]))
 
+    def replicas_where(self, n: int) -> str:
+        return f"on the hosts ({', '.join(h.name for h in self.hosts[:n])}, where its ranks ran), reached over SSH forwards"
+
     def close(self) -> None:
         for p in self.polled:
             p.close()
@@ -383,6 +386,22 @@ class Forward:
         for end in list(self._pairs):
             self._drop(end)
         self.sock.close()
+
+
+class SshHostParts:
+    """The one thing preservation asks of the hosts outside a run (`orchestrate preserve --cluster`):
+    each host preserves the checkpoint payloads that stayed on it (`remote.host_parts`)."""
+
+    def __init__(self, cluster: Cluster, say: Callable[[str], None] = lambda m: None):
+        self.cluster, self.say = cluster, say
+        self.ts = [cluster.transport(h) for h in cluster.by_rank]
+
+    def host_parts(self, url: str) -> dict[str, dict[str, dict[str, Any]]]:
+        return host_parts(self.cluster, self.ts, url, say=self.say)
+
+    def close(self) -> None:
+        for t in self.ts:
+            t.close()
 
 
 @dataclass

@@ -9,10 +9,10 @@ import typer
 
 from evidence.errors import UserError
 from evidence.stores import FileStore, known_forms
+from orchestrate.backends.ssh import SshHostParts
 from orchestrate.cli.console import con, progress, refusing, say
 from orchestrate.cluster import load
 from orchestrate.homes import Refused, remove_home
-from orchestrate.remote import host_parts
 from orchestrate.stages.preserve import preserve_home
 from training.hold import hold
 
@@ -27,21 +27,11 @@ def preserve(home: Path = typer.Option(..., help="the trial home"),
     """Upload every file of the home, content-addressed, each object read back and re-hashed; with
     --cluster, every SSH host preserves its own checkpoint payloads from where they are."""
 
-    class Hosts:  # the one thing preserve_home asks of a backend
-        def __init__(self, desc):
-            self.desc, self.ts = desc, [desc.transport(h) for h in desc.by_rank]
-
-        def host_parts(self, url: str):
-            return host_parts(self.desc, self.ts, url, say=lambda m: say("preserve", m))
-
-        def close(self) -> None:
-            for t in self.ts:
-                t.close()
-
     hosts = None
     try:
         desc = load(cluster) if cluster else None
-        hosts = Hosts(desc) if desc is not None and any(h.transport == "ssh" for h in desc.hosts) else None
+        if desc is not None and any(h.transport == "ssh" for h in desc.hosts):
+            hosts = SshHostParts(desc, say=lambda m: say("preserve", m))
         url = store or (desc.store if desc else FileStore.url_for(home.resolve().parent / 'store'))
         with hold(home, f"trial home {home}"):
             rec = preserve_home(home, url, progress, hosts, leave_host_payloads)

@@ -2,20 +2,21 @@
 
 Each stage is one function with its inputs as parameters and its outcome as the returned value; what
 it tells the person running it goes through the `Progress` it is handed (orchestrate/progress.py).
-The CLI parses options, calls stages and prints; the benchmarks call stages too, never the CLI.
+`run_trial` (orchestrate/trial.py) calls them in this order; a command or a benchmark that needs one stage
+calls it too, never the CLI.
 
     plan                 stages/plan.py       plan_arm (`plan`), staging_upload
     cluster              stages/cluster.py    write_cluster (`up`), kept_host_keys, load_cluster, alarm_check
     seed, prepare        stages/prepare.py    materialize_seed, prepare
     stage, place, train  stages/train.py      place_arms (the placement and the gates'
                                               attainability committed), train_arms (GuardStopped)
-    select → report      stages/evaluate.py   select_evaluate_report: select_primary, evaluate_test,
+    select → report      stages/evaluate.py   select_primary, evaluate_test,
                                               serve_once (serve_probe, also `probe`), write_trial_report
     preserve             stages/preserve.py   anchor_home, preserve_home (also `preserve`), guard_stop
-    (every stage)        stages/clock.py      StageClock: seconds per stage and the run's record
+    (every stage)        stages/clock.py      StageClock: seconds per stage, for the run's record
 
 Launch, supervision, restart and collection happen inside `train_arms`, through the backend
-(orchestrate/backends/); the whole sequence is `run_trial` (orchestrate/trial.py); teardown is `orchestrate down` (orchestrate/cloud.py).
+(orchestrate/backends/); teardown is `orchestrate down` (orchestrate/cloud.py).
 """
 
 from __future__ import annotations

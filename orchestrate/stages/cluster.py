@@ -122,7 +122,7 @@ def load_cluster(path: Optional[Path], progress: Progress) -> Cluster | None:
                            + ("past" if left <= 0 else f"{left / 60:.1f} min away")
                            + f"; the controller stops {Guard().margin_s / 60:.0f} min before it, so nothing starts")
     if desc.budget_name:  # the cloud's own account of the spend: a spent budget starts nothing
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import BotoCoreError, ClientError  # start-up: AWS only, as above
 
         try:
             b = cluster_budget(desc)
@@ -143,7 +143,7 @@ def alarm_check(desc: Cluster | None, progress: Progress) -> Callable[[], str | 
     read is said and not a stop (the alarm's own action stops its host either way)."""
     if desc is None or not desc.trial or not desc.guarded_ranks:
         return None
-    import boto3
+    import boto3  # start-up: AWS only, as above
     from botocore.exceptions import BotoCoreError, ClientError
 
     session = boto3.Session(region_name=desc.region)

@@ -10,15 +10,11 @@ from typing import TYPE_CHECKING
 
 from evidence.attempts import attempts
 from evidence.commitments import CommitmentLog
-from evidence.placement import SERVING_PROBE, committed_placement, not_run
+from evidence.placement import SERVING_PROBE
 from evidence.report import EvidenceError, write_report_numbered
-from orchestrate.backends.local import local_probe
-from orchestrate.backends.ssh import SshBackend
-from orchestrate.launch.command import threads_per_rank
+from orchestrate.backends.local import LocalBackend
 from orchestrate.progress import Progress
 from orchestrate.serving import replicas_probe
-from orchestrate.stages import Stage
-from orchestrate.stages.clock import StageClock
 from orchestrate.stages.preserve import anchor_home
 from training.errors import TrainError
 from training.evaluate import attempts_dir
@@ -28,23 +24,6 @@ if TYPE_CHECKING:
     from evidence.report import Report
     from orchestrate.backends import Backend
     from training.config import Resolved
-
-
-def select_evaluate_report(cfg: Resolved, home: Path, seed_dir: Path, backend: Backend, clock: StageClock,
-                           progress: Progress, store_url: str | None = None) -> tuple[Report, Path]:
-    """select (once) → test scoring of the seed and every candidate (once each) → the serving probe
-    (once) → the report, each stage timed on `clock`. With `store_url`, the log is anchored there
-    before the report checks it. Returns the report and the file it was written to."""
-
-    skipped = not_run(committed_placement(home))
-    with clock(Stage.SELECT):
-        select_primary(cfg, home, progress)
-    with clock(Stage.SCORE):
-        evaluate_test(cfg, home, seed_dir, backend, skipped, progress, clock.scoring)
-    with clock(Stage.SERVE):
-        serve_once(cfg, home, backend, skipped, progress)
-    with clock(Stage.REPORT):
-        return write_trial_report(home, store_url, progress)
 
 
 def select_primary(cfg: Resolved, home: Path, progress: Progress) -> None:
@@ -103,20 +82,13 @@ def serve_probe(cfg: Resolved, home: Path, progress: Progress, retry: str | None
     ranks run — processes on this machine for the embedded local cluster (no backend, or the local
     one), one per host for SSH hosts (the SSH backend), reached over SSH forwards."""
 
+    backend = backend or LocalBackend()
     arm = cfg.arm(cfg.experiment.serving_arm)
     n = max(2, arm.world_size)  # one replica per rank, and at least two: the last phase stops one
-    line = lambda m: progress.line(f"  {m}")  # noqa: E731
-    if isinstance(backend, SshBackend):
-        hosts = ", ".join(h.name for h in backend.hosts[:n])
-        progress.say("serve", f"{arm.name}: {n} replicas on the hosts ({hosts}, where its ranks ran), reached over "
-                     f"SSH forwards, 1 → {n} → {n} with one stopped")
-        with progress.status("serving probe…"):
-            res = replicas_probe(home, arm.name, n, lambda: backend.replicas(home, arm.name, n), retry=retry,
-                                 say=line)
-    else:
-        progress.say("serve", f"{arm.name}: {n} replicas on this machine, 1 → {n} → {n} with one stopped")
-        with progress.status("serving probe…"):
-            res = local_probe(home, arm.name, n, threads=threads_per_rank(n), retry=retry, say=line)
+    progress.say("serve", f"{arm.name}: {n} replicas {backend.replicas_where(n)}, 1 → {n} → {n} with one stopped")
+    with progress.status("serving probe…"):
+        res = replicas_probe(home, arm.name, n, lambda: backend.replicas(home, arm.name, n), retry=retry,
+                             say=lambda m: progress.line(f"  {m}"))
     r = res.get("throughput_ratio_replicas_vs_single")
     progress.line(f"  throughput {n} replicas / 1: {'—' if r is None else f'{r:.2f}'}; "
                   f"tasks with differing tokens: {len(res['tasks_with_differing_tokens'])}; "
