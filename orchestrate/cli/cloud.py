@@ -10,15 +10,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from evidence.covered import CoveredFileError
 from orchestrate.cli.console import con, progress, refusing, say
-from orchestrate.cloud import HostKeysMissing, budget_note, reconcile, stop_trial
-from orchestrate.cluster import ClusterError, load
-from orchestrate.homes import Refused, verified_home
-from orchestrate.launch.ssh import stop_ranks
-from orchestrate.stages.cluster import write_cluster
-from orchestrate.status import Unknown, trial_status
-from orchestrate.transport import TransportError
 
 
 def up(local: bool = typer.Option(False, "--local", help="the embedded local cluster on this machine"),
@@ -43,6 +35,11 @@ def up(local: bool = typer.Option(False, "--local", help="the embedded local clu
     # start-up: boto3/botocore take ~0.9 s to import (-X importtime, 2026-12-06); only AWS calls pay it
     from botocore.exceptions import BotoCoreError, ClientError
 
+    from evidence.covered import CoveredFileError
+    from orchestrate.cloud import HostKeysMissing
+    from orchestrate.cluster import ClusterError
+    from orchestrate.stages.cluster import write_cluster
+
     try:
         desc = write_cluster(out, progress, local=local, hosts=hosts, stack=stack, pulumi_outputs=pulumi_outputs,
                              key_file=key_file, host_keys=host_keys, boot_wait=boot_wait, addresses=addresses,
@@ -60,6 +57,10 @@ def status(cluster: Path = typer.Option(Path("cluster.json"), help="the trial's 
            home: Optional[Path] = typer.Option(None, help="the trial home (the embedded local cluster's ranks write there)"),
            as_json: bool = typer.Option(False, "--json")) -> None:
     """A running trial: spend so far, bytes against the transfer guard, time to the deadline, each rank's state."""
+    from orchestrate.cloud import budget_note
+    from orchestrate.cluster import ClusterError, load
+    from orchestrate.status import Unknown, trial_status
+
     with refusing(ClusterError, ValueError):
         desc = load(cluster)
         st = trial_status(desc, home)
@@ -100,6 +101,10 @@ def status(cluster: Path = typer.Option(Path("cluster.json"), help="the trial's 
 def stop(cluster: Path = typer.Option(Path("cluster.json"), help="the trial's cluster.json")) -> None:
     """Stop the ranks left running on the cluster's hosts (an interrupted `orchestrate run` leaves them
     detached there): SIGTERM by pid, SIGKILL 10 s later. Their checkpoints stay for a resume."""
+    from orchestrate.cluster import ClusterError, load
+    from orchestrate.launch.ssh import stop_ranks
+    from orchestrate.transport import TransportError
+
 
     with refusing(ClusterError, TransportError):
         c = load(cluster)
@@ -112,6 +117,9 @@ def down(home: Path = typer.Option(..., help="the trial home"),
          aws_trial: Optional[str] = typer.Option(None, help="stop and reconcile this trial's AWS hosts by tag"),
          region: Optional[str] = typer.Option(None, help="AWS region of --aws-trial")) -> None:
     """Tear down — only once the home's evidence index verifies in its store, object by object."""
+    from orchestrate.cloud import reconcile, stop_trial
+    from orchestrate.homes import Refused, verified_home
+
     with refusing(Refused, label="refused:"):
         with verified_home(home, f"run `orchestrate preserve --home {home}` first — hosts stay up until the evidence "
                                  "is safe", progress) as (rec, v):

@@ -9,12 +9,7 @@ import typer
 
 from evidence.errors import UserError
 from evidence.stores import FileStore, known_forms
-from orchestrate.backends.ssh import SshHostParts
 from orchestrate.cli.console import con, progress, refusing, say
-from orchestrate.cluster import load
-from orchestrate.homes import Refused, remove_home
-from orchestrate.stages.preserve import preserve_home
-from training.hold import hold
 
 
 def preserve(home: Path = typer.Option(..., help="the trial home"),
@@ -26,6 +21,11 @@ def preserve(home: Path = typer.Option(..., help="the trial home"),
                                                                "that stayed on the hosts (recorded in the index)")) -> None:
     """Upload every file of the home, content-addressed, each object read back and re-hashed; with
     --cluster, every SSH host preserves its own checkpoint payloads from where they are."""
+    from orchestrate.backends.ssh import SshHostParts
+    from orchestrate.cluster import load
+    from orchestrate.stages.preserve import preserve_home
+    from training.hold import hold
+
 
     hosts = None
     try:
@@ -49,6 +49,8 @@ def remove(home: Path = typer.Option(..., help="the trial home to delete from th
     trials leave the disk. A home never preserved, whose store does not verify, or holding anything the
     index does not hold as it is now (a later run's report, a changed file) is refused, naming it, and
     left as it is. The store is not touched."""
+    from orchestrate.homes import Refused, remove_home
+
     with refusing(Refused, label="refused:"), refusing(OSError):  # a disk failing part way: `remove` again
         r = remove_home(home, progress)
     say("removed", f"{home}: {r.files} files, {r.bytes / 1e6:,.1f} MB; every one is in {r.index} "

@@ -13,20 +13,16 @@ import yaml
 from pydantic import ValidationError
 from rich.table import Table
 
-from evidence.attainability import analyse
-from infra.plan import GB, TrialConfig, table
-from infra.plan import estimate as run_estimate
-from orchestrate.attainability import cluster_basis
 from orchestrate.cli.console import con, refusing, say
 from orchestrate.cli.render import show_attainability
-from orchestrate.stages.plan import PlanError, plan_arm
-from orchestrate.wheelhouse import WheelhouseError, download, project_requirements
-from training.config import ConfigError, address, resolve
 
 
 def estimate(stack: Path = typer.Option(Path("Pulumi.dev.yaml"), help="a Pulumi stack config file"),
              as_json: bool = typer.Option(False, "--json", help="print the estimate as JSON")) -> None:
     """The cost and traffic estimate of a stack's plan against its budget (what `pulumi up` checks)."""
+    from infra.plan import estimate as run_estimate
+    from infra.plan import table
+
     cfg = _stack_config(stack)
     est = run_estimate(cfg, _now())
     if as_json:
@@ -43,6 +39,8 @@ def _now():
 
 
 def _stack_config(stack: Path):
+    from infra.plan import TrialConfig
+
     try:
         conf = yaml.safe_load(stack.read_text())["config"]
         return TrialConfig.model_validate({**conf["trials:cluster"], "region": conf["aws:region"]})
@@ -66,6 +64,10 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
     """Cost, hours and bytes of ARM's experiment (the arm and its controls) against the budget split,
     the hosts' vCPUs against the account's G-instance quota, and what staging sends from this machine.
     Exit 1 when anything does not fit."""
+    from infra.plan import GB, table
+    from orchestrate.stages.plan import PlanError, plan_arm
+    from training.config import ConfigError
+
     cfg = _stack_config(stack)
     with refusing(ConfigError, PlanError):
         est = plan_arm(cfg, stack, arm, wheelhouse=wheelhouse, uplink_mbps=uplink_mbps, quota=quota, now=_now(),
@@ -144,6 +146,10 @@ def gates(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-
     """What each gate of ARM's experiment can reach at PROFILE on the embedded local cluster — the
     analysis `run` commits as attainability.json before training (evidence/attainability.py): whether
     it can pass at all, and the smallest effect it can detect. Nothing is prepared or trained."""
+    from evidence.attainability import analyse
+    from orchestrate.attainability import cluster_basis
+    from training.config import ConfigError, address, resolve
+
     with refusing(ConfigError):
         cfg = resolve(address(arm)[0], profile)
     rec = analyse(cfg.as_dict(), cluster_basis("local", shared_cores=True))
@@ -166,6 +172,8 @@ def wheelhouse(dest: Path = typer.Argument(..., help="the directory to fill; giv
     """Download every dependency as wheels for the hosts' Python and platform (not this machine's): torch
     and its CUDA libraries included, since the hosts' AMI has another torch. Refuses a directory holding a
     wheel the hosts could not install."""
+    from orchestrate.wheelhouse import WheelhouseError, download, project_requirements
+
 
     root = Path(__file__).resolve().parent.parent
     if python_version is None or platform is None:

@@ -7,8 +7,6 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 from rich.text import Text
 
-from evidence.attainability import UNATTAINABLE
-from evidence.report.render import closing, verdict
 from orchestrate.cli.console import con
 from orchestrate.progress import ConsoleProgress
 from training.config import Resolved
@@ -46,6 +44,8 @@ def show_summaries(cfg, summaries: list[ArmSummary]) -> None:
 def show_report(rep: Report) -> None:
     """The trial in one table: test accuracy per arm (and what was not run), payload per update, and the
     gates — each one, failed or not evaluated as well as passed."""
+    from evidence.report.render import closing, verdict
+
     for g in rep.gates:
         said = verdict(g)
         if g.failed and g.attainable is not False:  # what it would have taken
@@ -67,6 +67,8 @@ def show_report(rep: Report) -> None:
 
 def show_attainability(rec: dict) -> None:
     """What each gate of the plan's experiment can reach at its profile (evidence/attainability.py)."""
+    from evidence.attainability import UNATTAINABLE
+
 
     gates = [g for g in rec["gates"] if not g["gate"].startswith("serving")]
     print(f"{rec['experiment']}: gates at profile {rec['profile']} ({rec['basis']['test_cases']} test cases): "

@@ -7,14 +7,13 @@ import json
 import typer
 
 from orchestrate.cli.console import refusing
-from training.config import ConfigError, address, config_dir, experiment_names, lineage, load_experiment, origins
-from training.prepare import PrepareError, task_source
-from training.sources import TaskFileError
 
 
 def list_cmd() -> None:
     """The experiments this checkout defines (config/experiments/, or $TRIAL_CONFIG_DIR): each one's arms
     (kind, ranks; the primary and the serving arm marked), the experiment before it, and its profiles."""
+    from training.config import ConfigError, config_dir, experiment_names, load_experiment
+
 
     with refusing(ConfigError):
         d = config_dir()
@@ -35,6 +34,10 @@ def validate(experiment: str = typer.Argument(..., help="an experiment's name (o
     """The study `orchestrate run` would run, resolved without running anything: every value with where it
     comes from (the experiment, an arm, the profile or its base, a default), and every experiment before
     it. Exit 2, naming the value, when it would be refused."""
+    from training.config import ConfigError, address, lineage, origins
+    from training.prepare import PrepareError, task_source
+    from training.sources import TaskFileError
+
     with refusing(ConfigError, PrepareError, TaskFileError):
         name = address(experiment)[0]
         chain = lineage(name, profile)

@@ -13,19 +13,8 @@ import typer
 
 from evidence.errors import UserError
 from evidence.stores import known_forms
-from orchestrate.backends import make_backend
 from orchestrate.cli.console import con, progress, say
 from orchestrate.cli.render import CliView
-from orchestrate.launch.supervise import LeftRunning
-from orchestrate.placement import NO_SERVE
-from orchestrate.recovery import RecoveryOptions, run_recovery
-from orchestrate.stages.cluster import load_cluster
-from orchestrate.stages.evaluate import serve_probe
-from orchestrate.stages.prepare import seed_from_model_dir
-from orchestrate.trial import OptionError, TrialOptions, run_trial
-from training.hold import hold
-from training.prepare import require_prepared
-from training.train import resolved_from_prepared
 
 
 def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-four, or an experiment's name "
@@ -59,6 +48,10 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
     """Run ARM's experiment: seed → prepare → commit → place → train every arm the cluster can place →
     select → score → serve → report → preserve, on the embedded local cluster or a cluster's SSH hosts.
     An arm whose ranks cannot each get their own GPU (or host) is reported as not run, never launched."""
+    from orchestrate.launch.supervise import LeftRunning
+    from orchestrate.placement import NO_SERVE
+    from orchestrate.trial import OptionError, TrialOptions, run_trial
+
     options = TrialOptions(arm=arm, profile=profile, trials=trials, seeds=seeds, model_dir=model_dir, store=store,
                            cluster=cluster, wheelhouse=wheelhouse, record=record, share_gpus=share_gpus,
                            replay=replay, no_serve=no_serve)
@@ -99,6 +92,14 @@ def probe(home: Path = typer.Option(..., help="a trial home with a committed sel
           wheelhouse: Optional[Path] = typer.Option(None, help="SSH hosts: wheels of every dependency")) -> None:
     """Run the serving probe (one replica per rank of the serving arm, at least two): on this machine,
     or with --cluster one per SSH host, where the trial's ranks ran."""
+    from orchestrate.backends import make_backend
+    from orchestrate.stages.cluster import load_cluster
+    from orchestrate.stages.evaluate import serve_probe
+    from orchestrate.stages.prepare import seed_from_model_dir
+    from training.hold import hold
+    from training.prepare import require_prepared
+    from training.train import resolved_from_prepared
+
 
     backend = None
     try:
@@ -133,6 +134,9 @@ def recovery_trial_cmd(
         share_gpus: bool = typer.Option(False, "--share-gpus", help="CUDA profile with fewer GPUs than ranks: the "
                                         "ranks share them (gloo between them); the comparison stays exact")) -> None:
     """Kill a rank mid-run, restart from the common checkpoint, compare with an uninterrupted run."""
+    from orchestrate.recovery import RecoveryOptions, run_recovery
+    from orchestrate.trial import OptionError
+
     options = RecoveryOptions(arm=arm, profile=profile, from_step=from_step, kill_rank=kill_rank,
                               kill_after=kill_after, out=out, seeds=seeds, model_dir=model_dir, share_gpus=share_gpus)
     try:
