@@ -9,8 +9,8 @@ commands live in modules by what they are about, registered here in the order `-
 Start-up: each command imports what it does (the trial, its backends, the plan, the report's models)
 when it runs, not at the top of its module. With every command's machinery imported up front, every
 `orchestrate` call took 0.97 s to start instead of 0.23 s (`orchestrate --help`, 2-core machine,
-2026-12-06), and the suite starts it as a process 53 times; imported per command, 0.5 s
-(bench/results/2026-12-06-typed-trial/). The modules here hold only options, calls and rendering.
+2026-12-06), and the suite starts it as a process 53 times; imported per command, 0.64 s against
+0.41 s before (alternating runs; bench/results/2026-12-06-typed-trial/). The modules here hold only options, calls and rendering.
 """
 
 from __future__ import annotations
