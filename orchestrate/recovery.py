@@ -19,7 +19,8 @@ from typing import Any, Callable, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from evidence.canonical import canonical_sha256, read_json, write_json_atomic
+from evidence.canonical import read_json, write_json_atomic
+from evidence.sealed import Sealed
 from orchestrate.launch.command import Site, local_argv, threads_per_rank, train_argv
 from orchestrate.launch.local import local_launch
 from orchestrate.launch.supervise import Reason, supervise
@@ -123,7 +124,7 @@ class Seconds(BaseModel):
     recovered_total: Number
 
 
-class RecoveryComparison(BaseModel):
+class RecoveryComparison(Sealed):
     """recovery-comparison.json: what was run, how the kill went, and the two runs' final states compared.
     It seals itself: `digest` is the canonical sha256 of every other field (`evidence.report.verify`
     checks it). A rank's checkpoint I/O and restore records are the ranks' own (`training.train`)."""
@@ -149,16 +150,6 @@ class RecoveryComparison(BaseModel):
     seconds: Seconds
     uninterrupted_final_parameters: list[str]
     digest: str
-
-    @classmethod
-    def sealed(cls, **fields: Any) -> RecoveryComparison:
-        """The comparison of `fields`, its digest computed over them."""
-        unsealed = cls.model_validate({**fields, "digest": ""})
-        return unsealed.model_copy(update={"digest": canonical_sha256(unsealed.body(exclude_digest=True))})
-
-    def body(self, *, exclude_digest: bool = False) -> dict[str, Any]:
-        """The JSON object written (without `digest`: what the digest is computed over)."""
-        return self.model_dump(mode="json", exclude={"digest"} if exclude_digest else None)
 
 
 def seed_recovered_home(src: Path, dst: Path, arm: str, world: int, step: int) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from evidence.canonical import canonical_sha256
+from evidence.sealed import Sealed
 
 _FACT = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -66,7 +66,7 @@ class Index(BaseModel):
         return self.model_dump(mode="json", exclude_none=True)
 
 
-class Preserved(BaseModel):
+class Preserved(Sealed):
     """The home's preservation record (`preserved.json`): where its evidence went, the index's digest, and
     the paths the index covers (known without the store: `evidence.covered`). It lies outside its own
     index, so it seals itself: `digest` is the canonical sha256 of every other field."""
@@ -83,16 +83,6 @@ class Preserved(BaseModel):
     paths: list[str]
     anchors: Anchors | None
     digest: str
-
-    @classmethod
-    def sealed(cls, **fields: Any) -> Preserved:
-        """The record of `fields`, its digest computed over them."""
-        unsealed = cls.model_validate({**fields, "digest": ""})
-        return unsealed.model_copy(update={"digest": canonical_sha256(unsealed.body(exclude_digest=True))})
-
-    def body(self, *, exclude_digest: bool = False) -> dict[str, Any]:
-        """The JSON object written (without `digest`: what the digest is computed over)."""
-        return self.model_dump(mode="json", exclude={"digest"} if exclude_digest else None)
 
 
 class Verified(BaseModel):
