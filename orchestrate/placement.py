@@ -142,9 +142,10 @@ def _arm_reason(world: int, device: str, d: Devices) -> str | None:
 
 
 NO_SERVE = "not run: the operator chose --no-serve"
+NO_DEV = "not run: the profile takes no dev cases (dev = 0), and the probe's requests are dev cases"
 
 
-def place(arms: list[Any], serving_arm: str, device: str, d: Devices) -> Decision:
+def place(arms: list[Any], serving_arm: str, device: str, d: Devices, *, dev_cases: int = 1) -> Decision:
     """The decision for every trained arm and the serving probe (pure: no I/O). Raises ClusterError
     when nothing could run at all: a CUDA profile where scoring finds no GPU."""
     if device == "cuda":
@@ -168,6 +169,8 @@ def place(arms: list[Any], serving_arm: str, device: str, d: Devices) -> Decisio
     why = None
     if d.no_serve:
         why = NO_SERVE
+    elif dev_cases == 0:
+        why = NO_DEV
     elif served is not None and not served.runs:
         why = f"not run: its arm {serving_arm} is not run ({served.reason.removeprefix('not run: ')})"
     elif d.one_rank_per_host:  # one replica per host of ranks 0..N-1, on that host's first GPU
@@ -187,7 +190,7 @@ def place(arms: list[Any], serving_arm: str, device: str, d: Devices) -> Decisio
 
 def placement_record(cfg: Any, d: Devices) -> PlacementRecord:
     device = trial_device(cfg)
-    decided = place(cfg.experiment.arms, cfg.experiment.serving_arm, device, d)
+    decided = place(cfg.experiment.arms, cfg.experiment.serving_arm, device, d, dev_cases=cfg.profile.dev)
     return PlacementRecord(format=FORMAT, experiment=cfg.experiment.name, profile=cfg.profile_name, device=device,
                            cluster=d.record(), arms=decided.arms, serving=decided.serving)
 

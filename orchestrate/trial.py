@@ -29,6 +29,7 @@ from evidence.errors import UserError
 from evidence.placement import SERVING_PROBE, committed_placement, not_run
 from evidence.stores import FileStore
 from orchestrate.backends import Backend, make_backend
+from orchestrate.interrupted import interrupted
 from orchestrate.progress import Progress
 from orchestrate.stages import Stage
 from orchestrate.stages.clock import StageClock
@@ -147,6 +148,10 @@ def run_trial(options: TrialOptions, view: TrialView) -> TrialOutcome:
         run.failed(2, error := str(e))
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (`main`): ranks are stopped as the run unwinds
         run.failed(130, str(e) or "interrupted")
+        # what is kept and what the next run does with it, read from the home: for the caller to say
+        e.interrupted = interrupted(str(e) or "interrupted (Ctrl-C)", run.clock.current and run.clock.current.value,
+                                    run.cfg, run.home or run.target,
+                                    ranks_here=run.backend is None or run.backend.ranks_here)
         raise
     except BaseException as e:  # a bug: recorded as it ends
         run.failed(None, repr(e))
@@ -168,6 +173,7 @@ class _Run:
         self.held = ExitStack()  # every home this run writes in, held until it ends
         self.cfg: Resolved | None = None
         self.home: Path | None = None  # the last experiment's: the one trained here
+        self.target: Path | None = None  # that home, once it is known, before it is prepared
         self.backend: Backend | None = None
         self.store_url = ""
         self.served = False
@@ -199,6 +205,15 @@ class _Run:
                             total_seconds=r.total_seconds, record=self.record_path)
 
 
+def unused_model_dir(cfg: Resolved, model_dir: Optional[Path]) -> OptionError | None:
+    """--model-dir given to a profile that would not train it: refused (by `run` and `validate`), not ignored."""
+    if model_dir is None or cfg.profile.seed == "local":
+        return None
+    return OptionError("--model-dir", f"--model-dir {model_dir} is not used by profile {cfg.profile_name}, whose "
+                       f"seed is '{cfg.profile.seed}' (materialized under --seeds): a directory of your own is "
+                       "trained only by a profile with seed = \"local\" (e.g. gpu)")
+
+
 def _stages(run: _Run) -> None:
     """The stage order: seed → prepare → place → train → select → score → serve → report → preserve."""
     o, view, record, clock = run.options, run.view, run.record, run.clock
@@ -208,14 +223,13 @@ def _stages(run: _Run) -> None:
     cfg = run.cfg = resolve(name, o.profile)
     if o.replay is not None and not o.replay.is_file():
         raise OptionError("--replay", f"--replay {o.replay} is not a file")
-    if o.model_dir is not None and cfg.profile.seed != "local":  # it would not be trained: refused, not ignored
-        raise OptionError("--model-dir", f"--model-dir {o.model_dir} is not used by profile {o.profile}, whose "
-                          f"seed is '{cfg.profile.seed}' (materialized under --seeds): a directory of your own is "
-                          "trained only by a profile with seed = \"local\" (e.g. gpu)")
+    if (refused := unused_model_dir(cfg, o.model_dir)) is not None:
+        raise refused
     cfg.arm(arm)
     record.experiment, record.profile, record.arm = name, o.profile, arm
     chain = lineage(name, o.profile)
     home_of = lambda s: o.trials / f"{s.experiment.name}-{o.profile}"  # noqa: E731
+    run.target = home_of(chain[-1])
     for step in chain:  # one run per home
         run.held.enter_context(hold(home_of(step), f"trial home {home_of(step)}"))
     if cfg.profile.seed == "local":

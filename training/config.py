@@ -133,9 +133,11 @@ class Profile(_Strict):
             lo, hi = getattr(self, name)
             if not 1 <= lo <= hi:
                 raise ValueError(f"{name} must be [lo, hi] with 1 <= lo <= hi")
-        for name in ("tasks", "replay", "dev", "test", "probes", "updates", "max_context", "score_batch"):
+        for name in ("tasks", "replay", "test", "probes", "updates", "max_context", "score_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
+        if self.dev < 0:  # 0: a study without dev cases; the serving probe (its requests are dev cases) is not run
+            raise ValueError("dev must be at least 0")
         if self.serving_requests is not None and self.serving_requests < 4:
             raise ValueError("serving_requests must be at least 4, the probe's client concurrency")
         if self.pack_tokens is not None and (not self.pack or self.pack_tokens < self.max_context):

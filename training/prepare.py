@@ -43,7 +43,7 @@ from training import replay as replay_mod
 from training.config import Resolved
 from training.hold import NEW_HOME
 from training.seed import load_tokenizer, seed_parameters, verify_seed
-from training.sources import Generated, JsonlFile, TaskFileError, TaskSource, prompt_hash, target_text
+from training.sources import Finding, Generated, JsonlFile, TaskFileError, TaskSource, prompt_hash, target_text
 
 FORMAT = "trial-prepared-v1"
 PREPARED = "prepared.json"
@@ -53,22 +53,62 @@ class PrepareError(UserError, RuntimeError):
     """Prepare cannot proceed; the message names the thing and the fix."""
 
 
-def task_source(cfg: Resolved) -> TaskSource:
-    """The experiment's cases: its task_file's, else the generated families'."""
+def task_source(cfg: Resolved, measure: case_lengths | None = None) -> TaskSource:
+    """The experiment's cases: its task_file's, else the generated families'. With `measure`, every
+    case of the file is measured against the profile's max_context in the same pass as its lines."""
     exp, prof = cfg.experiment, cfg.profile
     if exp.task_file is not None:
         try:
-            return JsonlFile(exp.task_path(), exp.generator_seed)
+            return JsonlFile(exp.task_path(), exp.generator_seed, measure=measure)
         except TaskFileError as e:
             raise PrepareError(str(e)) from None
     return Generated(exp.generator_seed, tuple(prof.records), exp.heldout_test_fraction)
 
 
-def task_rows(cfg: Resolved) -> tuple[TaskSource, list[dict[str, Any]], list[int]]:
+def said(source: TaskSource, w: Finding) -> str:
+    """A source's warning as one line naming where it is."""
+    return f"task file {getattr(source, 'path', '(generated)')}: {w.what}"
+
+
+class case_lengths:  # noqa: N801 — used as the function it replaced, with what it saw kept
+    """Findings for the cases that do not fit the profile's context as a document — the prompt through
+    the chat template, the answer (and the wrong answer the damaged control may train on) and the end
+    token: what training refuses and what scoring would otherwise meet only after every arm trained
+    (a 5 MB test prompt asked one decoder for terabytes of attention). Every case is measured, used
+    at this profile or not, as every line is checked. `longest`: the longest document seen."""
+
+    def __init__(self, tok: Any, cfg: Resolved):
+        self.tok, self.limit, self.profile = tok, cfg.profile.max_context, cfg.profile_name
+        self.longest = 0
+
+    def __call__(self, cases: list[dict[str, Any]]) -> list[Finding]:
+        targets = [[c["target"]] + ([target_text(c["wrong_answer"], c["schema"])] if "wrong_answer" in c else [])
+                   for c in cases]
+        convs = [[{"role": "user", "content": c["prompt"]}, {"role": "assistant", "content": t}]
+                 for c, ts in zip(cases, targets) for t in ts]
+        lengths = iter(corpus_mod.token_lengths(self.tok, convs))
+        found = []
+        for c, ts in zip(cases, targets):
+            n = max(next(lengths) for _ in ts)
+            self.longest = max(self.longest, n)
+            if n > self.limit:
+                found.append(Finding(c.get("line"), ("" if "case_id" not in c else f"case {c['case_id']}: ")
+                                     + f"{n:,} tokens as a document (chat template, answer, end token), over "
+                                     f"max_context {self.limit}: shorten it, or raise max_context in profile "
+                                     f"{self.profile}"))
+        return found
+
+
+def task_rows(cfg: Resolved, tok: Any = None, *, measured: case_lengths | None = None
+              ) -> tuple[TaskSource, list[dict[str, Any]], list[int]]:
     """(the source, every case as `inputs/tasks.jsonl` holds it, the indices of the damaged ones): the
-    damaged-target control's share of the training cases carry a wrong answer and its target."""
+    damaged-target control's share of the training cases carry a wrong answer and its target. With the
+    tokenizer, every case is measured against max_context (the generated ones too, by case id), so
+    nothing `prepare` commits can fail to fit when it is trained or scored. What `validate` and
+    `prepare` both call: they refuse the same inputs with the same words."""
     exp, prof = cfg.experiment, cfg.profile
-    source = task_source(cfg)
+    measure = measured or (case_lengths(tok, cfg) if tok is not None else None)
+    source = task_source(cfg, measure)
     try:
         rows = source.cases(cfg.split_counts)
         wrong = source.damage(rows, round(exp.damaged_fraction * prof.tasks), exp.generator_seed,
@@ -78,6 +118,14 @@ def task_rows(cfg: Resolved) -> tuple[TaskSource, list[dict[str, Any]], list[int
     for i in sorted(wrong):
         rows[i]["damaged_answer"] = wrong[i]
         rows[i]["damaged_target"] = target_text(wrong[i], rows[i]["schema"])
+    if measure is not None and exp.task_file is None:  # the file's cases were measured as it was read
+        long = measure([{"case_id": r["case_id"], "prompt": r["prompt"], "target": r["target"],
+                                         "schema": r["schema"],
+                                         **({"wrong_answer": r["damaged_answer"]} if "damaged_answer" in r else {})}
+                                        for r in rows])
+        if long:
+            raise PrepareError(f"{len(long)} generated case(s) do not fit profile {cfg.profile_name}'s context (or "
+                               f"lower its 'records'); the first: {long[0].what}")
     return source, rows, sorted(wrong)
 
 
@@ -98,20 +146,11 @@ def _previous_proof(previous_home: Path, tasks: list[dict[str, Any]],
     if not tasks_file.is_file() or file_sha256(tasks_file) != want:
         raise PrepareError(f"--previous-home {previous_home}: inputs/tasks.jsonl is missing or "
                            "differs from its committed hash")
-    prev_ids, prev_prompts = set(), set()
-    for row in read_jsonl(tasks_file):
-        prev_ids.add(row["task_id"])
-        prev_prompts.add(prompt_hash(row["prompt"]))
-    ids = {t["task_id"] for t in tasks}
-    prompts = {prompt_hash(t["prompt"]) for t in tasks}
-    overlap_ids, overlap_prompts = ids & prev_ids, prompts & prev_prompts
-    if overlap_ids or overlap_prompts:
-        raise PrepareError(
-            f"--previous-home {previous_home} ({prev['experiment']['experiment']['name']}) overlaps "
-            f"this experiment: {len(overlap_ids)} task identities and {len(overlap_prompts)} prompts "
-            "recur (e.g. task "
-            f"{sorted(overlap_ids or {'-'})[0][:16]}); use a different generator_seed or previous home"
-        )
+    prev_rows = read_jsonl(tasks_file)
+    prev_ids, prev_prompts = {r["task_id"] for r in prev_rows}, {prompt_hash(r["prompt"]) for r in prev_rows}
+    ids, prompts = {t["task_id"] for t in tasks}, {prompt_hash(t["prompt"]) for t in tasks}
+    if why := recurring(prev_rows, tasks):
+        raise PrepareError(f"--previous-home {previous_home} ({prev_name}) {why}")
     return {
         "experiment": prev["experiment"]["experiment"]["name"],
         "prepared_sha256": entry["sha256"],
@@ -125,6 +164,17 @@ def _previous_proof(previous_home: Path, tasks: list[dict[str, Any]],
     }
 
 
+def recurring(earlier: list[dict[str, Any]], rows: list[dict[str, Any]]) -> str | None:
+    """Why `rows` may not follow an experiment of `earlier` cases (a task identity or a prompt recurs),
+    or None: what prepare refuses against the previous home, and validate against its cases."""
+    ids = {r["task_id"] for r in rows} & {r["task_id"] for r in earlier}
+    prompts = {prompt_hash(r["prompt"]) for r in rows} & {prompt_hash(r["prompt"]) for r in earlier}
+    if not ids and not prompts:
+        return None
+    return (f"overlaps this experiment: {len(ids)} task identities and {len(prompts)} prompts recur (e.g. task "
+            f"{sorted(ids or {'-'})[0][:16]}); use a different generator_seed or previous home")
+
+
 def _fit(tok: Any, pool: list[dict[str, Any]], max_context: int) -> tuple[list[dict[str, Any]], int]:
     lengths = corpus_mod.token_lengths(tok, [c["messages"] for c in pool]) if pool else []
     kept = [c for c, n in zip(pool, lengths) if n <= max_context]
@@ -132,7 +182,10 @@ def _fit(tok: Any, pool: list[dict[str, Any]], max_context: int) -> tuple[list[d
 
 
 def build_inputs(cfg: Resolved, model_dir: Path, out: Path, *, replay_file: Path | None,
-                 previous_home: Path | None, timer: dict[str, float]) -> dict[str, Any]:
+                 previous_home: Path | None, timer: dict[str, float],
+                 warnings: list[str] | None = None) -> dict[str, Any]:
+    """prepared.json's content, every input written under `out`; what is used as written but should be
+    seen (`TaskSource.warnings`) appended to `warnings`."""
     exp, prof = cfg.experiment, cfg.profile
     t0 = time.monotonic()
     receipt = verify_seed(model_dir)
@@ -144,7 +197,9 @@ def build_inputs(cfg: Resolved, model_dir: Path, out: Path, *, replay_file: Path
     timer["seed_verify_and_tokenizer"] = time.monotonic() - t0
 
     t0 = time.monotonic()
-    source, rows, damaged_idx = task_rows(cfg)
+    source, rows, damaged_idx = task_rows(cfg, tok)
+    if warnings is not None:
+        warnings += [said(source, w) for w in source.warnings]
     timer["generate_tasks"] = time.monotonic() - t0
 
     t0 = time.monotonic()
@@ -188,18 +243,6 @@ def build_inputs(cfg: Resolved, model_dir: Path, out: Path, *, replay_file: Path
     clean = corpus_mod.build(tok, task_convs + replay_convs, w)
     damaged = corpus_mod.build(tok, damaged_convs + replay_convs, w)
     probe_corpus = corpus_mod.build(tok, [c["messages"] for c in probes], [1] * len(probes))
-    too_big = [i for i, n in enumerate(clean.lengths.tolist()) if n > prof.max_context]
-    too_big += [i for i, n in enumerate(damaged.lengths.tolist()) if n > prof.max_context]
-    if too_big:
-        i = too_big[0]
-        q = rows[i]["question"] if i < len(train) else {}
-        fix = (f"shorten line {q['line']} of {q['file']}" if "line" in q else
-               "lower 'records'" if i < len(train) else "lower 'replay_steps'")
-        raise PrepareError(
-            f"training document {i} ({'task ' + rows[i]['case_id'] if i < len(train) else 'replay'}) "
-            f"has {int(max(clean.lengths[i], damaged.lengths[i]))} tokens > max_context "
-            f"{prof.max_context}; raise max_context in profile {cfg.profile_name}, or {fix}"
-        )
     plan = corpus_mod.schedule(len(clean), prof.updates, cfg.global_batch, exp.generator_seed)
     timer["tokenize"] = time.monotonic() - t0
 
@@ -296,7 +339,7 @@ def build_inputs(cfg: Resolved, model_dir: Path, out: Path, *, replay_file: Path
 
 def prepare(cfg: Resolved, home: str | os.PathLike[str], model_dir: str | os.PathLike[str], *,
             replay_file: str | None = None, previous_home: str | None = None) -> dict[str, Any]:
-    """Build, move into place and commit; returns {prepared, record, status}."""
+    """Build, move into place and commit; returns {prepared, record, status, warnings}."""
     home, model_dir = Path(home), Path(model_dir)
     if replay_file is not None and not Path(replay_file).is_file():
         raise PrepareError(f"replay file {replay_file} does not exist")
@@ -361,10 +404,11 @@ def _prepare_locked(cfg: Resolved, home: Path, model_dir: Path, replay_file: str
     started = time.monotonic()
     timer: dict[str, float] = {}
     tmp = Path(tempfile.mkdtemp(dir=home, prefix=".prepare-"))
+    warnings: list[str] = []
     try:
         prepared = build_inputs(cfg, model_dir, tmp, replay_file=Path(replay_file) if replay_file else None,
                                 previous_home=Path(previous_home) if previous_home else None,
-                                timer=timer)
+                                timer=timer, warnings=warnings)
         digest = canonical_sha256(prepared)
         existing = home / PREPARED
         if existing.exists():
@@ -401,7 +445,7 @@ def _prepare_locked(cfg: Resolved, home: Path, model_dir: Path, replay_file: str
               "seconds": {k: round(v, 3) for k, v in timer.items()}}
     if status == "prepared":  # a later run that finds the inputs unchanged keeps the original record
         write_json_atomic(home / "prepare-record.json", record)
-    return {"prepared": prepared, "record": record, "status": status}
+    return {"prepared": prepared, "record": record, "status": status, "warnings": warnings}
 
 
 def require_prepared(home: str | os.PathLike[str]) -> dict[str, Any]:

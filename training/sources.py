@@ -27,7 +27,8 @@ import hashlib
 import json
 import random
 from pathlib import Path
-from typing import Any, Protocol
+from collections import Counter
+from typing import Any, Callable, NamedTuple, Protocol
 
 from evidence.canonical import canonical_sha256
 from evidence.checker import FIELD_TYPES, INT, JSON_WS, NUMBER, STR, STR_LIST, TEXT, check_answer, is_number
@@ -41,6 +42,8 @@ JSONL_KEYS = {"prompt", "answer", "schema", "wrong_answer", "split", "family", "
 class TaskFileError(UserError, ValueError):
     """The user's task file cannot be used; the message names the file, the line and the fix."""
 
+    findings: list["Finding"] = []  # every one found in the pass (`refusal`), where the file was read
+
 
 def target_text(answer: Any, schema: dict[str, str] | str) -> str:
     """The reference answer as the model should write it: exact text as is, anything else as JSON."""
@@ -49,6 +52,7 @@ def target_text(answer: Any, schema: dict[str, str] | str) -> str:
 
 class TaskSource(Protocol):
     collisions: int  # generated cases skipped as repeats (prepared.json's `generator_collisions_skipped`)
+    warnings: list["Finding"]  # what is used as written but said wherever the source is read
 
     def describe(self) -> dict[str, Any] | None:
         """What prepared.json commits about the source (None: the generated families, as before)."""
@@ -68,6 +72,7 @@ class Generated:
     def __init__(self, seed: int, records: tuple[int, int], heldout_fraction: float):
         self.seed, self.records, self.heldout_fraction = seed, records, heldout_fraction
         self.collisions = 0
+        self.warnings: list[Finding] = []
         self._tasks: list[Any] = []
 
     def describe(self) -> None:
@@ -148,26 +153,121 @@ def _schema_ok(schema: Any) -> bool:
             and all(isinstance(k, str) and v in FIELD_TYPES for k, v in schema.items()))
 
 
-class JsonlFile:
-    """The user's cases, read and checked line by line when the source is made."""
+class Finding(NamedTuple):
+    """One thing wrong with a task file: its line (None: the file as a whole) and what, with the fix."""
 
-    def __init__(self, path: Path, seed: int):
-        self.path, self.seed = Path(path), seed
+    line: int | None
+    what: str
+
+
+FINDINGS_SHOWN = 20
+"""A refusal lists this many findings and counts the rest: every bad line of a file in one pass,
+without a thousand-line message for a file that is wrong throughout."""
+
+
+def refusal(path: Path, findings: list[Finding]) -> TaskFileError:
+    """Every finding of one pass as one refusal: a single one on one line, as it always was."""
+    def at(f: Finding) -> str:
+        return f"line {f.line}: {f.what}" if f.line is not None else f.what
+
+    if len(findings) == 1:
+        f = findings[0]
+        err = TaskFileError(f"task file {path}, {at(f)}" if f.line is not None else f"task file {path}: {f.what}")
+    else:
+        more = len(findings) - FINDINGS_SHOWN
+        err = TaskFileError(f"task file {path}: {len(findings)} problems"
+                            + (f" (the first {FINDINGS_SHOWN} below, {more} more)" if more > 0 else "")
+                            + "; fix every one, then validate again:\n"
+                            + "\n".join(f"  {at(f)}" for f in findings[:FINDINGS_SHOWN]))
+    err.findings = findings
+    return err
+
+
+class _Bad(Exception):
+    """One line refused, for `JsonlFile._read` to collect."""
+
+
+def check_kind(schema: dict[str, str] | str) -> str:
+    """How an answer is checked, in a word: what one family's answers must share."""
+    return schema if isinstance(schema, str) else "object"
+
+
+class JsonlFile:
+    """The user's cases, read and checked line by line when the source is made; every line refused
+    is found in the one pass (`TaskFileError.findings`)."""
+
+    def __init__(self, path: Path, seed: int, measure: Callable[[list[dict[str, Any]]], list[Finding]] | None = None):
+        """`measure`: findings about the cases read (their length in tokens, which needs the model's
+        tokenizer), made in the same pass as the lines' own, so a file is judged whole at once."""
+        self.path, self.seed, self.measure = Path(path), seed, measure
         self.collisions = 0
         self.rows = self._read()
         self.used: dict[str, int] = {}
 
     def _bad(self, lineno: int, what: str) -> TaskFileError:
-        return TaskFileError(f"task file {self.path}, line {lineno}: {what}")
+        return refusal(self.path, [Finding(lineno, what)])
 
-    def _plain_text(self, lineno: int, key: str, text: str) -> None:
+    @staticmethod
+    def _plain_text(key: str, text: str) -> None:
         """A text answer is trained as written and checked with surrounding whitespace stripped: an
         empty one, or one that begins or ends with whitespace, could never be told to the model."""
         if not text.strip(JSON_WS):
-            raise self._bad(lineno, f"an empty \"text\" {key} (the model's empty reply would count as it)")
+            raise _Bad(f"an empty \"text\" {key} (the model's empty reply would count as it)")
         if text != text.strip(JSON_WS):
-            raise self._bad(lineno, f"a \"text\" {key} may not begin or end with whitespace (the checker "
-                                    "ignores it in answers, so the model could not be told it)")
+            raise _Bad(f"a \"text\" {key} may not begin or end with whitespace (the checker "
+                       "ignores it in answers, so the model could not be told it)")
+
+    def _case(self, lineno: int, line: str) -> dict[str, Any]:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise _Bad(f"not JSON ({e.msg}, column {e.colno})") from None
+        if not isinstance(row, dict):
+            raise _Bad("expected an object {\"prompt\": …, \"answer\": …}")
+        if extra := sorted(set(row) - JSONL_KEYS):
+            raise _Bad(f"unknown key(s) {', '.join(extra)} (a case takes {', '.join(sorted(JSONL_KEYS))})")
+        prompt = row.get("prompt")
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise _Bad("\"prompt\" must be a non-empty string")
+        if "answer" not in row:
+            raise _Bad("no \"answer\"")
+        answer = row["answer"]
+        schema = row.get("schema", _inferred_schema(answer))
+        if schema is None:
+            raise _Bad("the answer's schema cannot be told from the answer (give \"schema\": "
+                       f"\"number\", \"text\", or an object's fields typed {', '.join(FIELD_TYPES)})")
+        if not _schema_ok(schema):
+            raise _Bad(f"\"schema\" {json.dumps(schema)} is none of \"number\", \"text\" or an "
+                       f"object's fields typed {', '.join(FIELD_TYPES)}")
+        if schema == TEXT and type(answer) is not str:
+            raise _Bad("a \"text\" answer must be a string")
+        target = target_text(answer, schema)
+        if not (v := check_answer(target, schema, answer)).correct:
+            raise _Bad(f"the answer fails its own schema ({v.reason})")
+        if schema == TEXT:
+            self._plain_text("answer", answer)
+        case: dict[str, Any] = {"line": lineno, "prompt": prompt, "answer": answer, "schema": schema,
+                                "target": target, "id": row.get("id"),
+                                "family": row.get("family", "jsonl"), "split": row.get("split"),
+                                "schema_given": "schema" in row}
+        if not isinstance(case["family"], str) or not case["family"]:
+            raise _Bad("\"family\" must be a non-empty string")
+        if case["split"] is not None and case["split"] not in SPLITS:
+            raise _Bad(f"\"split\" must be one of {', '.join(SPLITS)}")
+        if "wrong_answer" in row:
+            wrong = row["wrong_answer"]
+            if schema == TEXT and type(wrong) is not str:
+                raise _Bad("a \"text\" case's wrong_answer must be a string")
+            if schema == TEXT:
+                self._plain_text("wrong_answer", wrong)
+            v = check_answer(target_text(wrong, schema), schema, answer)
+            if v.correct:
+                raise _Bad("\"wrong_answer\" is accepted as correct by the checker")
+            if v.reason != "wrong_value" and not v.reason.startswith("wrong_value:"):
+                raise _Bad(f"\"wrong_answer\" is not an answer of the case's schema ({v.reason}): "
+                           "the damaged control trains on well-formed wrong answers")
+            case["wrong_answer"] = wrong
+        return case
 
     def _read(self) -> list[dict[str, Any]]:
         try:  # one read: the hash committed is of the very bytes the cases come from
@@ -177,6 +277,7 @@ class JsonlFile:
             raise TaskFileError(f"task file {self.path} is unreadable: {e}") from None
         self.sha256 = hashlib.sha256(data).hexdigest()
         out: list[dict[str, Any]] = []
+        found: list[Finding] = []
         first_line: dict[str, int] = {}
         # lines end at LF (and an optional CR) only: JSON strings may hold U+2028, U+0085 … unescaped
         for lineno, line in enumerate(text.split("\n"), 1):
@@ -184,65 +285,64 @@ class JsonlFile:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise self._bad(lineno, f"not JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise self._bad(lineno, "expected an object {\"prompt\": …, \"answer\": …}")
-            if extra := sorted(set(row) - JSONL_KEYS):
-                raise self._bad(lineno, f"unknown key(s) {', '.join(extra)} (a case takes "
-                                        f"{', '.join(sorted(JSONL_KEYS))})")
-            prompt = row.get("prompt")
-            if not isinstance(prompt, str) or not prompt.strip():
-                raise self._bad(lineno, "\"prompt\" must be a non-empty string")
-            if "answer" not in row:
-                raise self._bad(lineno, "no \"answer\"")
-            answer = row["answer"]
-            schema = row.get("schema", _inferred_schema(answer))
-            if schema is None:
-                raise self._bad(lineno, "the answer's schema cannot be told from the answer (give \"schema\": "
-                                        f"\"number\", \"text\", or an object's fields typed {', '.join(FIELD_TYPES)})")
-            if not _schema_ok(schema):
-                raise self._bad(lineno, f"\"schema\" {json.dumps(schema)} is none of \"number\", \"text\" or an "
-                                        f"object's fields typed {', '.join(FIELD_TYPES)}")
-            if schema == TEXT and type(answer) is not str:
-                raise self._bad(lineno, "a \"text\" answer must be a string")
-            target = target_text(answer, schema)
-            if not (v := check_answer(target, schema, answer)).correct:
-                raise self._bad(lineno, f"the answer fails its own schema ({v.reason})")
-            if schema == TEXT:
-                self._plain_text(lineno, "answer", answer)
-            case: dict[str, Any] = {"line": lineno, "prompt": prompt, "answer": answer, "schema": schema,
-                                    "target": target, "id": row.get("id"),
-                                    "family": row.get("family", "jsonl"), "split": row.get("split")}
-            if not isinstance(case["family"], str) or not case["family"]:
-                raise self._bad(lineno, "\"family\" must be a non-empty string")
-            if case["split"] is not None and case["split"] not in SPLITS:
-                raise self._bad(lineno, f"\"split\" must be one of {', '.join(SPLITS)}")
-            if "wrong_answer" in row:
-                wrong = row["wrong_answer"]
-                if schema == TEXT and type(wrong) is not str:
-                    raise self._bad(lineno, "a \"text\" case's wrong_answer must be a string")
-                if schema == TEXT:
-                    self._plain_text(lineno, "wrong_answer", wrong)
-                v = check_answer(target_text(wrong, schema), schema, answer)
-                if v.correct:
-                    raise self._bad(lineno, "\"wrong_answer\" is accepted as correct by the checker")
-                if v.reason != "wrong_value" and not v.reason.startswith("wrong_value:"):
-                    raise self._bad(lineno, f"\"wrong_answer\" is not an answer of the case's schema ({v.reason}): "
-                                            "the damaged control trains on well-formed wrong answers")
-                case["wrong_answer"] = wrong
-            if prompt in first_line:
-                raise self._bad(lineno, f"the prompt of line {first_line[prompt]} again (every case is scored "
-                                        "once: a repeated prompt would count twice or cross splits)")
-            first_line[prompt] = lineno
+                case = self._case(lineno, line)
+                if case["prompt"] in first_line:
+                    raise _Bad(f"the prompt of line {first_line[case['prompt']]} again (every case is scored "
+                               "once: a repeated prompt would count twice or cross splits)")
+            except _Bad as e:
+                found.append(Finding(lineno, str(e)))
+                continue
+            first_line[case["prompt"]] = lineno
             out.append(case)
+        if not out and not found:
+            found.append(Finding(None, "it holds no cases (it is empty, or only blank lines): one JSON object "
+                                       "{\"prompt\": …, \"answer\": …} per line"))
+        self.warnings = self._mixed_checks(out)
+        if self.measure is not None and out:
+            found += self.measure(out)
         labelled = [c for c in out if c["split"] is not None]
         if labelled and len(labelled) != len(out):
             unl = next(c for c in out if c["split"] is None)
-            raise TaskFileError(f"task file {self.path}: {len(labelled)} of {len(out)} cases give a \"split\" "
-                                f"(line {unl['line']} does not): give it on every line or on none")
+            found.append(Finding(None, f"{len(labelled)} of {len(out)} cases give a \"split\" (line {unl['line']} "
+                                       "does not): give it on every line or on none"))
+        if found:
+            raise refusal(self.path, sorted(found, key=lambda f: (f.line is not None, f.line or 0)))
         return out
+
+    @staticmethod
+    def _mixed_checks(cases: list[dict[str, Any]]) -> list[Finding]:
+        """Warnings, one per family whose answers (where the check was told from the answer) are not
+        checked alike: a bare number among text answers is a slip as often as a choice, and it is
+        scored by another rule than its neighbours. Not refused — a family may mean to mix — but said
+        by name wherever the file is read, with the lines of the fewer kind. A line that gives its
+        "schema" says it means it."""
+        kinds: dict[str, list[dict[str, Any]]] = {}
+        for c in cases:
+            if not c["schema_given"]:
+                kinds.setdefault(c["family"], []).append(c)
+        found = []
+        for family, cs in kinds.items():
+            lines: dict[str, list[int]] = {}
+            for c in cs:
+                lines.setdefault(check_kind(c["schema"]), []).append(c["line"])
+            if len(lines) < 2:
+                continue
+            order = sorted(lines, key=lambda k: (-len(lines[k]), lines[k][0]))  # most first; a tie: written first
+            fewer = [f"{k} on line(s) {', '.join(map(str, lines[k][:8]))}{' …' if len(lines[k]) > 8 else ''}"
+                     for k in order[1:]]
+            found.append(Finding(lines[order[1]][0], f"family '{family}' mixes how answers are checked: "
+                                 f"{', '.join(f'{k} ×{len(lines[k])}' for k in order)} ({'; '.join(fewer)}): if "
+                                 "that is a slip, write them as the others; if not, give them a \"family\" of "
+                                 "their own or a \"schema\""))
+        return found
+
+    def checks(self) -> dict[str, dict[str, int]]:
+        """How the answers are checked, per family: {family: {"text": n, "number (given)": m, …}} — what
+        `validate` shows, so that no answer is checked by a rule its writer did not see."""
+        out: dict[str, Counter[str]] = {}
+        for c in self.rows:
+            out.setdefault(c["family"], Counter())[check_kind(c["schema"]) + (" (given)" if c["schema_given"] else "")] += 1
+        return {f: dict(sorted(k.items())) for f, k in out.items()}
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "jsonl", "file": self.path.name, "sha256": self.sha256, "cases": len(self.rows),
@@ -257,8 +357,11 @@ class JsonlFile:
             by = {s: [c for c in self.rows if c["split"] == s] for s in SPLITS}
             short = [f"{s}: {len(by[s])} of {counts[s]}" for s in SPLITS if len(by[s]) < counts[s]]
             if short:
+                none = [s for s in SPLITS if not by[s] and counts[s]]
                 raise TaskFileError(f"task file {self.path} has too few cases for the profile ({'; '.join(short)}): "
-                                    "add cases or lower the profile's tasks, dev and test")
+                                    "add cases or lower the profile's tasks, dev and test"
+                                    + ("; a file without dev cases runs with the profile's dev = 0 (the serving "
+                                       "probe, whose requests are dev cases, is then not run)" if none == ["dev"] else ""))
             return {s: by[s][:counts[s]] for s in SPLITS}
         need = sum(counts.values())
         if len(self.rows) < need:

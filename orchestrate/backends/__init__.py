@@ -32,6 +32,7 @@ class Backend(Protocol):
     end up in the controller's home."""
 
     shared_cores: bool  # its ranks split this machine's CPU cores (what attainability and threads follow)
+    ranks_here: bool  # its ranks write their checkpoints into the home here (not on hosts): an interruption reads them
 
     def train(self, home: Path, arm: Arm, *, max_restarts: int, echo: Callable[[str], None]) -> list[GroupResult]: ...
     def evaluate(self, home: Path, arm: str, role: str, seed_dir: Path,

@@ -41,6 +41,7 @@ class LocalBackend:
     """The embedded local cluster: every rank a process on this machine, gloo over loopback."""
 
     shared_cores = True  # every rank, replica and scoring job runs on this machine's cores
+    ranks_here = True
 
     def __init__(self, model_dir: Path | None = None, guard: Guard | None = None, hosts: int | None = None,
                  share_gpus: bool = False):

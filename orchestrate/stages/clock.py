@@ -16,11 +16,14 @@ class StageClock:
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
         self.scoring: dict[str, dict[str, Any]] = {}
+        self.current: Stage | None = None  # the stage running now: what an interruption names
 
     @contextlib.contextmanager
     def __call__(self, stage: Stage) -> Iterator[None]:
         t = time.monotonic()
+        self.current = stage
         try:
             yield
         finally:
             self.seconds[stage.value] = self.seconds.get(stage.value, 0.0) + time.monotonic() - t
+            self.current = None

@@ -76,6 +76,8 @@ def prepare(cfg: Resolved, chain: list[Resolved], home_of: Callable[[Resolved], 
                 progress.say("prepare", f"  tasks: {ts['file']} (sha256 {ts['sha256'][:12]}…): train {u['train']}, "
                              f"dev {u['dev']}, test {u['test']} of its {ts['cases']} cases ({ts['unused']} not used); "
                              f"{res['prepared']['corruption']['count']} damaged targets from its wrong answers")
+            for w in res["warnings"]:
+                progress.say("warning", w, style="bold yellow")
             src = res["prepared"].get("replay_source") or {}
             if src.get("kind") == "user-jsonl":
                 progress.say("prepare", f"  replay: {src['rows']} conversations from {src['file']} (sha256 {src['sha256'][:12]}…)")
