@@ -561,9 +561,10 @@ def arm_to_experiment(arm: str, directory: Path | None = None) -> str:
         raise ConfigError(f"arm '{arm}' is an arm of {len(hits)} experiments ({', '.join(hits)}): name one, as "
                           + " or ".join(f"{n}/{arm}" for n in hits) + (f"; and {unsure}" if broken else ""))
     if broken:
-        raise ConfigError(f"arm '{arm}' is an arm of {hits[0]}, and {unsure}: fix that file, or name the arm as "
+        fix = "fix that file" if len(broken) == 1 else "fix those files"
+        raise ConfigError(f"arm '{arm}' is an arm of {hits[0]}, and {unsure}: {fix}, or name the arm as "
                           f"{hits[0]}/{arm}" if hits else
-                          f"arm '{arm}': {unsure}: fix that file, or name the arm as EXPERIMENT/{arm}")
+                          f"arm '{arm}': {unsure}: {fix}, or name the arm as EXPERIMENT/{arm}")
     if not hits:
         guess = difflib.get_close_matches(arm, sorted(set(known)) + experiment_names(d), n=1)
         raise ConfigError(f"no experiment has an arm or is named '{arm}'" + (f" (did you mean {guess[0]}?)" if guess
