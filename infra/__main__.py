@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(_HERE))
 
 import pulumi  # noqa: E402 — after the path is settled
 
-from infra.plan import TrialConfig  # noqa: E402
+from infra.plan import trial_config  # noqa: E402
 from infra.program import build  # noqa: E402
 
 TEARDOWN = os.environ.get("TRIALS_TEARDOWN") == "1"
@@ -38,7 +38,6 @@ try:
     _cluster = dict(pulumi.Config("trials").require_object("cluster"))
     if TEARDOWN:  # the key may be gone from this machine by now; deleting needs no key
         _cluster["ssh_public_key"] = None
-    build(TrialConfig.model_validate({**_cluster, "region": pulumi.Config("aws").require("region")}),
-          teardown=TEARDOWN)
-except ValueError as e:  # pydantic's ValidationError and the plan's BudgetError are ValueErrors
+    build(trial_config(_cluster, pulumi.Config("aws").require("region")), teardown=TEARDOWN)
+except ValueError as e:  # the plan's StackConfigError and BudgetError are ValueErrors
     raise pulumi.RunError(str(e)) from None

@@ -20,10 +20,10 @@ import re
 from collections import Counter
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from evidence.errors import UserError
-from evidence.schema import require_ranks
+from evidence.schema import problems, require_ranks
 from infra.estimate import ByReservation, Category, Estimate, Line, Traffic
 from infra.keys import operator_public_key
 from infra.prices import HOURS_PER_MONTH, PRICES, price
@@ -36,6 +36,10 @@ GB = 1e9
 
 class BudgetError(UserError, ValueError):
     """The plan does not fit: the message holds the whole estimate table."""
+
+
+class StackConfigError(UserError, ValueError):
+    """A stack config's `trials:cluster` that does not validate: one line per key, naming the fix."""
 
 
 class Strict(BaseModel):
@@ -274,6 +278,17 @@ class TrialConfig(Strict):
         best = max(counts.values())
         main = next(h.zone for h in self.by_rank if counts[h.zone] == best)
         return [h.rank for h in self.by_rank if h.zone != main]
+
+
+def trial_config(cluster: Any, region: str, where: str = "the stack config") -> TrialConfig:
+    """`trials:cluster` (and `aws:region`) as `pulumi up` and `orchestrate plan` both read them, refused in
+    the same words by both: one line per problem, as `where: trials:cluster.KEY: …` (`evidence.schema.problems`)."""
+    data = {**cluster, "region": region} if isinstance(cluster, dict) else cluster
+    try:
+        return TrialConfig.model_validate(data)
+    except ValidationError as e:
+        raise StackConfigError("\n".join(f"{where}: {line}" for line in problems(
+            e.errors(), TrialConfig, data, root="trials:cluster"))) from None
 
 
 def arm_traffic(cfg: TrialConfig, arm: Arm) -> Traffic:

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from evidence.canonical import write_json_atomic
 from evidence.errors import UserError
-from evidence.schema import explain, require_ranks
+from evidence.schema import explain, problems, require_ranks
 from evidence.stores import STORES, PreservationError, S3Store, store_class
 from infra.outputs import OutputsError, parse_outputs
 from orchestrate.transport import LocalTransport, SSHTransport, Transport
@@ -145,12 +145,16 @@ class Cluster(BaseModel):
 
 
 def load(path: str | Path) -> Cluster:
+    """cluster.json (`orchestrate up` writes it; for your own SSH hosts you do): refused one line per
+    problem, naming the key and the fix (`evidence.schema.problems`)."""
     try:
-        return Cluster.model_validate(json.loads(Path(path).read_text()))
+        data = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise ClusterError(f"{path}: {e}") from None
+    try:
+        return Cluster.model_validate(data)
     except ValidationError as e:
-        raise ClusterError(f"{path}: {explain(e, 'cluster')}") from None
+        raise ClusterError("\n".join(f"{path}: {line}" for line in problems(e.errors(), Cluster, data))) from None
 
 
 def save(cluster: Cluster, path: str | Path) -> Path:

@@ -219,7 +219,7 @@ def _stages(run: _Run) -> None:
     o, view, record, clock = run.options, run.view, run.record, run.clock
     desc = load_cluster(o.cluster, view)
     run.store_url = o.store or (desc.store if desc else FileStore.url_for(o.trials.resolve() / "store"))
-    name, arm = address(o.arm)
+    name, arm = address(o.arm, judged=True)  # a trial judges the primary: another arm is refused by name
     cfg = run.cfg = resolve(name, o.profile)
     if o.replay is not None and not o.replay.is_file():
         raise OptionError("--replay", f"--replay {o.replay} is not a file")

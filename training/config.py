@@ -8,16 +8,19 @@ whose canonical JSON goes into `prepared.json`, so hosts never need the TOML fil
 
 from __future__ import annotations
 
+import difflib
 import json
 import os
+import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from evidence.canonical import canonical_sha256
 from evidence.errors import UserError
+from evidence.schema import problems
 from training.arms import KINDS, kind as arm_kind
 
 
@@ -123,6 +126,7 @@ class Profile(_Strict):
     score_batch: int = 16  # test/dev cases generated together (left-padded greedy decoding)
     score_dtype: Literal["float32", "bfloat16"] = "float32"  # generation's autocast on CUDA (probes stay FP32)
     serving_requests: int | None = None  # the serving probe's requests per phase (None: the studies' 64)
+    written_keys: ClassVar[tuple[str, ...]] = ("base",)  # expanded before validation (`inherit_profiles`)
 
     @model_validator(mode="after")
     def _ranges(self) -> "Profile":
@@ -182,12 +186,13 @@ class Experiment(_Strict):
     @model_validator(mode="after")
     def _arms_consistent(self) -> "Experiment":
         names = [a.name for a in self.arms]
-        if len(set(names)) != len(names):
-            raise ValueError("arm names must be unique")
-        for ref in (self.serving_arm, self.acceptance.primary, self.acceptance.noninferiority_vs,
-                    self.acceptance.max_bytes_ratio_vs, self.acceptance.min_speedup_vs):
+        if twice := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"arms: more than one arm is named {', '.join(twice)}: give each arm its own name")
+        refs = {"serving_arm": self.serving_arm, **{f"acceptance.{k}": getattr(self.acceptance, k) for k in (
+            "primary", "noninferiority_vs", "max_bytes_ratio_vs", "min_speedup_vs")}}
+        for key, ref in refs.items():
             if ref is not None and ref not in names:
-                raise ValueError(f"arm '{ref}' is referenced but not defined")
+                raise ValueError(f"{key} = \"{ref}\" names no arm: name one of the arms ({', '.join(names)})")
         return self
 
 
@@ -317,6 +322,30 @@ def inherit_profiles(tables: dict[str, Any], where: Path | str) -> dict[str, Any
 GENERATED_ONLY = ("heldout_test_fraction", "profile.records")
 
 
+def read_toml(path: Path) -> dict[str, Any]:
+    """A TOML file the user wrote, refused in one line naming where it breaks: the file, line and column."""
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}): save it as UTF-8") from None
+    except tomllib.TOMLDecodeError as e:
+        m = re.fullmatch(r"(.*) \((?:at line (\d+), column (\d+)|(at end of document))\)", str(e), re.DOTALL)
+        where = "" if m is None else " at the end of the file" if m[4] else f" at line {m[2]}, column {m[3]}"
+        raise ConfigError(f"{path}: not valid TOML{where}: {m[1].lower() if m else e}") from None
+
+
+def _once(errors: list[Any], written: Any) -> list[Any]:
+    """The errors without those a profile repeats from its base (the same place, the same words): the
+    base's own line says it, once, where it is to be mended."""
+    def base(p: Any) -> Any:
+        own = written.get(p) if isinstance(written, dict) else None
+        return own.get("base") if isinstance(own, dict) else None
+
+    seen = {(e["type"], e["msg"], e["loc"]) for e in errors}
+    return [e for e in errors if not (len(e["loc"]) >= 2 and e["loc"][0] == "profiles" and (b := base(e["loc"][1]))
+                                      and (e["type"], e["msg"], ("profiles", b, *e["loc"][2:])) in seen)]
+
+
 def load_experiment(name: str, directory: Path | None = None) -> Experiment:
     d = directory or config_dir()
     path = d / f"{name}.toml"
@@ -325,18 +354,20 @@ def load_experiment(name: str, directory: Path | None = None) -> Experiment:
             f"unknown experiment '{name}' (known: {', '.join(experiment_names(d)) or 'none'}; "
             f"looked in {d})"
         )
+    data = read_toml(path)
+    written = data.get("profiles")  # as written, before bases are expanded
+    if isinstance(written, dict):
+        data["profiles"] = inherit_profiles(written, path)
+    # the file's name is the experiment's: said with the rest of what is wrong, not alone first
+    wrong = [] if not isinstance(data.get("name"), str) or data["name"] == name else [(
+        f"name = {json.dumps(data['name'])}, and the file is {name}.toml: an experiment's file is named for it "
+        f"(NAME.toml): rename the file to {data['name']}.toml, or set name = \"{name}\"")]
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-        written = data.get("profiles")  # as written, before bases are expanded
-        if isinstance(data.get("profiles"), dict):
-            data["profiles"] = inherit_profiles(data["profiles"], path)
         exp = Experiment.model_validate(data)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path} is not valid TOML: {e}") from None
     except ValidationError as e:
-        raise ConfigError(f"{path} is not a valid experiment:\n{e}") from None
-    if exp.name != name:
-        raise ConfigError(f"{path} declares name '{exp.name}'; the file name must match")
+        wrong += problems(_once(e.errors(), written), Experiment, data) or ["not a valid experiment"]
+    if wrong:
+        raise ConfigError("\n".join(f"{path}: {line}" for line in wrong))
     if exp.task_file is not None:  # what only the generated families use would be ignored: refused instead
         unused = [k for k in GENERATED_ONLY if "." not in k and k in data] + [
             f"profiles.{p}.{k.removeprefix('profile.')}" for k in GENERATED_ONLY if k.startswith("profile.")
@@ -473,31 +504,82 @@ def lineage(name: str, profile: str, directory: Path | None = None) -> list[Reso
     return chain
 
 
-def address(spec: str, directory: Path | None = None) -> tuple[str, str]:
+def address(spec: str, directory: Path | None = None, *, judged: bool = False) -> tuple[str, str]:
     """(experiment, arm) for what a user names on the command line: `EXPERIMENT/ARM`, an experiment's
-    name (its primary arm), or an arm name that one experiment alone has (`arm_to_experiment`). Arm
-    names need not be unique across experiments: where one is not, `EXPERIMENT/ARM` says which."""
+    name (its primary arm), or an arm name that one experiment alone has (`arm_to_experiment`).
+    `judged`: the command runs every arm of the experiment and judges its primary (a trial), so any
+    other arm is refused by name (`not_judged`) rather than run as the whole experiment under its name."""
     d = directory or config_dir()
     if "/" in spec:
         name, arm = spec.split("/", 1)
         exp = load_experiment(name, d)
         if arm not in {a.name for a in exp.arms}:
             raise ConfigError(f"experiment {name} has no arm '{arm}' (arms: {', '.join(a.name for a in exp.arms)})")
-        return name, arm
-    if spec in experiment_names(d):
-        return spec, load_experiment(spec, d).acceptance.primary
-    return arm_to_experiment(spec, d), spec
+    elif spec in experiment_names(d):
+        exp = load_experiment(spec, d)
+        name, arm = spec, exp.acceptance.primary
+    else:
+        name, arm = arm_to_experiment(spec, d), spec
+        exp = load_experiment(name, d)
+    if judged and (why := not_judged(exp, arm)):
+        primary = exp.acceptance.primary
+        raise ConfigError(f"{why}: run `orchestrate run {name}` (or `orchestrate run {name}/{primary}`), which "
+                          f"trains {arm} too")
+    return name, arm
+
+
+def not_judged(exp: Experiment, arm: str) -> str | None:
+    """Why naming `arm` selects nothing of its own where a command judges the experiment: a trial trains
+    every arm of it and judges its primary; None for the primary. One wording for every command that
+    takes an arm and does not use it (`run` refuses with it, `gates` says it)."""
+    primary = exp.acceptance.primary
+    if arm == primary:
+        return None
+    return (f"arm {arm} is not the primary arm of {exp.name}: a trial runs every arm of {exp.name} "
+            f"({', '.join(a.name for a in exp.arms)}) and judges its primary arm, {primary}")
 
 
 def arm_to_experiment(arm: str, directory: Path | None = None) -> str:
-    """The experiment whose primary arm is `arm` (used by `orchestrate run ARM`)."""
+    """The one experiment that has an arm named `arm`. A name that several experiments have is refused
+    with each choice as EXPERIMENT/ARM, whichever of them is a primary: choosing for the user ran a study
+    the user may not have meant, without a word. An experiment whose file is not valid counts where its
+    arms cannot be read or include `arm`: that file is then named, not passed over."""
     d = directory or config_dir()
-    hits = [n for n in experiment_names(d) if load_experiment(n, d).acceptance.primary == arm]
+    hits, broken, known = [], [], []
+    for n in experiment_names(d):
+        try:
+            names = [a.name for a in load_experiment(n, d).arms]
+        except ConfigError as e:
+            names = _written_arms(d / f"{n}.toml")
+            if names is None or arm in names:
+                broken.append((n, str(e).splitlines()[0], "may have" if names is None else "has"))
+                continue
+        known += names
+        if arm in names:
+            hits.append(n)
+    too = " too" if hits else ""
+    unsure = "; ".join(f"{n}.toml, which is not valid, {has} it{too} ({first})" for n, first, has in broken)
+    if len(hits) > 1:
+        raise ConfigError(f"arm '{arm}' is an arm of {len(hits)} experiments ({', '.join(hits)}): name one, as "
+                          + " or ".join(f"{n}/{arm}" for n in hits) + (f"; and {unsure}" if broken else ""))
+    if broken:
+        fix = "fix that file" if len(broken) == 1 else "fix those files"
+        raise ConfigError(f"arm '{arm}' is an arm of {hits[0]}, and {unsure}: {fix}, or name the arm as "
+                          f"{hits[0]}/{arm}" if hits else
+                          f"arm '{arm}': {unsure}: {fix}, or name the arm as EXPERIMENT/{arm}")
     if not hits:
-        hits = [n for n in experiment_names(d)
-                if any(a.name == arm for a in load_experiment(n, d).arms)]
-    if len(hits) != 1:
-        raise ConfigError(f"arm '{arm}' names {'no' if not hits else 'more than one'} experiment"
-                          f"{'' if not hits else ': ' + ', '.join(hits)}; give it as EXPERIMENT/{arm}, or the experiment's "
-                          "name for its primary arm")
+        guess = difflib.get_close_matches(arm, sorted(set(known)) + experiment_names(d), n=1)
+        raise ConfigError(f"no experiment has an arm or is named '{arm}'" + (f" (did you mean {guess[0]}?)" if guess
+                          else "") + "; `orchestrate list` shows the experiments and their arms")
     return hits[0]
+
+
+def _written_arms(path: Path) -> list[str] | None:
+    """The arm names a file that is not a valid experiment writes, where they can be read at all."""
+    try:
+        arms = tomllib.loads(path.read_text(encoding="utf-8")).get("arms", [])
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return None
+    if not isinstance(arms, list) or not all(isinstance(a, dict) and isinstance(a.get("name"), str) for a in arms):
+        return None
+    return [a["name"] for a in arms]

@@ -10,7 +10,6 @@ from typing import Optional
 
 import typer
 import yaml
-from pydantic import ValidationError
 from rich.table import Table
 
 from orchestrate.cli.console import con, refusing, say
@@ -39,18 +38,23 @@ def _now():
 
 
 def _stack_config(stack: Path):
-    from infra.plan import TrialConfig
+    from infra.plan import StackConfigError, trial_config
 
     try:
         conf = yaml.safe_load(stack.read_text())["config"]
-        return TrialConfig.model_validate({**conf["trials:cluster"], "region": conf["aws:region"]})
-    except (OSError, KeyError, TypeError, yaml.YAMLError, ValidationError) as e:
-        say("error:", f"{stack}: {e}", style="bold red")
+        return trial_config(conf["trials:cluster"], conf["aws:region"], where=str(stack))
+    except KeyError as e:
+        say("error:", f"{stack}: no {e.args[0]} key: a stack config sets trials:cluster and aws:region under "
+                      "config (as Pulumi.dev.yaml does)", style="bold red")
+        raise typer.Exit(2)
+    except (OSError, TypeError, yaml.YAMLError, StackConfigError) as e:
+        say("error:", str(e) if isinstance(e, StackConfigError) else f"{stack}: {e}", style="bold red")
         raise typer.Exit(2)
 
 
-def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-four, EXPERIMENT/ARM, or an "
-                                             "experiment's name (its primary arm)"),
+def plan(arm: str = typer.Argument(..., help="an arm the stack plans, e.g. diloco-four, EXPERIMENT/ARM, or an "
+                                             "experiment's name (its primary arm): every arm of its experiment "
+                                             "the stack plans is priced, and the gates are the primary's"),
          stack: Path = typer.Option(Path("Pulumi.dev.yaml"), help="a Pulumi stack config file"),
          quota: bool = typer.Option(True, help="read the account's G/VT vCPU quota and the zones' instance-type "
                                                "offerings (needs AWS credentials); --no-quota: no AWS reads"),
@@ -58,8 +62,9 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
          uplink_mbps: float = typer.Option(100.0, min=0.001, max=1e6,
                                            help="this machine's upload rate, Mbit/s, for the staging time"),
          as_json: bool = typer.Option(False, "--json"),
-         profile: str = typer.Option("gpu", help="the profile `run` will use on the hosts: the gates' "
-                                                 "attainability is planned at it (bytes, hours and the "
+         profile: str = typer.Option("gpu", help="the profile `run` will use on the hosts, one of the "
+                                                 "experiment's (`orchestrate list` shows each experiment's): the "
+                                                 "gates' attainability is planned at it (bytes, hours and the "
                                                  "placement come from the stack's arms and hosts)")) -> None:
     """Cost, hours and bytes of ARM's experiment (the arm and its controls) against the budget split,
     the hosts' vCPUs against the account's G-instance quota, and what staging sends from this machine.
@@ -140,18 +145,23 @@ def plan(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-f
     raise typer.Exit(1 if problems else 0)
 
 
-def gates(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-four, or an experiment's name"),
-          profile: str = typer.Option("cpu", help="smoke | cpu | gpu | …"),
+def gates(arm: str = typer.Argument(..., help="an experiment's name, an arm (e.g. diloco-four) or EXPERIMENT/ARM: "
+                                              "the gates are those of the arm's experiment, judged on its primary"),
+          profile: str = typer.Option("cpu", help="one of the experiment's profiles (`orchestrate list` shows "
+                                                  "each experiment's)"),
           as_json: bool = typer.Option(False, "--json")) -> None:
     """What each gate of ARM's experiment can reach at PROFILE on the embedded local cluster — the
     analysis `run` commits as attainability.json before training (evidence/attainability.py): whether
     it can pass at all, and the smallest effect it can detect. Nothing is prepared or trained."""
     from evidence.attainability import analyse
     from orchestrate.attainability import cluster_basis
-    from training.config import ConfigError, address, resolve
+    from training.config import ConfigError, address, not_judged, resolve
 
     with refusing(ConfigError):
-        cfg = resolve(address(arm)[0], profile)
+        name, named = address(arm)
+        cfg = resolve(name, profile)
+    if why := not_judged(cfg.experiment, named):  # the arm selects nothing of its own here: said, not ignored
+        say("note:", f"{why}: the gates below are {cfg.experiment.acceptance.primary}'s", style="bold yellow")
     rec = analyse(cfg.as_dict(), cluster_basis("local", shared_cores=True))
     if as_json:
         print(json.dumps(rec, indent=1, ensure_ascii=False))

@@ -13,21 +13,32 @@ from orchestrate.cli.console import progress, refusing, say
 
 def list_cmd() -> None:
     """The experiments this checkout defines (config/experiments/, or $TRIAL_CONFIG_DIR): each one's arms
-    (kind, ranks; the primary and the serving arm marked), the experiment before it, and its profiles."""
+    (kind, ranks; the primary and the serving arm marked), the experiment before it, and its profiles.
+    A file that is not a valid experiment is one line with its first problem, after which the rest are
+    still listed; the command then exits 2, so that a script sees it."""
     from training.config import ConfigError, config_dir, experiment_names, load_experiment
-
 
     with refusing(ConfigError):
         d = config_dir()
-        for name in experiment_names(d):
+    invalid = 0
+    for name in experiment_names(d):
+        try:
             exp = load_experiment(name, d)
-            print(f"{name}: {exp.description}" + (f" (after {exp.previous})" if exp.previous else "")
-                  + (f" (tasks: {exp.task_file})" if exp.task_file else ""))
-            for a in exp.arms:
-                marks = [m for m, yes in (("primary", a.name == exp.acceptance.primary),
-                                          ("serving", a.name == exp.serving_arm)) if yes]
-                print(f"  arm {a.name}: {a.kind}, {a.world_size} rank(s)" + (f" [{', '.join(marks)}]" if marks else ""))
-            print(f"  profiles: {', '.join(exp.profiles)}")
+        except ConfigError as e:
+            first, *more = str(e).splitlines()
+            invalid += 1
+            print(f"{name}: not valid — {first}" + (f" (and {len(more)} more: `orchestrate validate {name}` "
+                                                    "shows each)" if more else ""))
+            continue
+        print(f"{name}: {exp.description}" + (f" (after {exp.previous})" if exp.previous else "")
+              + (f" (tasks: {exp.task_file})" if exp.task_file else ""))
+        for a in exp.arms:
+            marks = [m for m, yes in (("primary", a.name == exp.acceptance.primary),
+                                      ("serving", a.name == exp.serving_arm)) if yes]
+            print(f"  arm {a.name}: {a.kind}, {a.world_size} rank(s)" + (f" [{', '.join(marks)}]" if marks else ""))
+        print(f"  profiles: {', '.join(exp.profiles)}")
+    if invalid:
+        raise typer.Exit(2)
 
 
 def validate(experiment: str = typer.Argument(..., help="an experiment's name (or one of its arms)"),

@@ -15,9 +15,11 @@ from orchestrate.cli.console import con, progress, say
 from orchestrate.cli.render import CliView
 
 
-def run(arm: str = typer.Argument(..., help="the arm under trial, e.g. diloco-four, or an experiment's name "
-                                             "(its primary arm)"),
-        profile: str = typer.Option("cpu", help="smoke | cpu | gpu"),
+def run(arm: str = typer.Argument(..., help="the experiment to trial: its name, its primary arm (e.g. diloco-four) "
+                                             "or EXPERIMENT/PRIMARY; the trial trains every arm of the "
+                                             "experiment and judges its primary"),
+        profile: str = typer.Option("cpu", help="one of the experiment's profiles (`orchestrate list` shows "
+                                                "each experiment's)"),
         trials: Path = typer.Option(Path("trials"), help="where trial homes are created"),
         seeds: Path = typer.Option(Path(".seeds"), help="where seed models are materialized"),
         model_dir: Optional[Path] = typer.Option(None, help="a profile with seed = \"local\": your model, a Hugging "

@@ -97,7 +97,7 @@ def test_a_raised_alarm_stops_the_run_before_an_arm(aws, tmp_path, tiny_seed):
     save(c, tmp_path / "cluster.json")
     seeds = tmp_path / "seeds"
     shutil.copytree(tiny_seed, seeds / "tiny")
-    r = run_cli("-m", "orchestrate", "run", "clean-pair", "--profile", "smoke", "--trials", str(tmp_path / "t"),
+    r = run_cli("-m", "orchestrate", "run", "cooperative-learning", "--profile", "smoke", "--trials", str(tmp_path / "t"),
                 "--seeds", str(seeds), "--cluster", str(tmp_path / "cluster.json"), timeout=600)
     said = " ".join(r.stderr.split()) + " ".join(r.stdout.split())
     assert r.returncode == 3, said

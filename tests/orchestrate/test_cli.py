@@ -288,3 +288,82 @@ def test_remove_deletes_only_a_home_whose_every_file_is_preserved(finished_trial
     assert tmp_path.is_dir() and (tmp_path / "bare").is_dir()  # the link's target, and nothing outside the home, kept
     r = run_cli("-m", "orchestrate", "down", "--home", str(finished_trial.home))  # the store still verifies
     assert r.returncode == 0, r.stderr
+
+
+def test_names_are_resolved_loudly_and_a_bad_experiment_file_is_one_line_a_key(tmp_path, monkeypatch):
+    """#55, as a user types it: an arm name that several experiments have is refused with the choices
+    (it picked the one whose primary it was, without a word); `run EXPERIMENT/ARM` of an arm that is
+    not the primary is refused by name (it ran the whole experiment, the arm part ignored); one broken
+    TOML no longer stops `list` with pydantic's dump, and every error is one line: file, key, fix."""
+    import shutil
+
+    from training.config import config_dir
+
+    src = config_dir()
+    for f in src.glob("*.toml"):
+        shutil.copy(f, tmp_path / f.name)
+    (tmp_path / "mine.toml").write_text(  # a copy whose primary is `single`
+        (src / "batched-learning.toml").read_text().replace('name = "batched-learning"', 'name = "mine"', 1)
+        .replace('primary = "powersgd-pair"', 'primary = "single"', 1)
+        .replace('noninferiority_vs = "single"\n', "").replace('min_speedup_vs = "single"\n', ""))
+    broken = tmp_path / "broken.toml"
+    broken.write_text((src / "cooperative-learning.toml").read_text()
+                      .replace('name = "cooperative-learning"', 'name = "broken"', 1)
+                      .replace('[[arms]]\nname = "clean-single"', '[[arms]]\nname = "own-single"', 1)
+                      .replace('primary = "clean-single"', 'primary = "own-single"', 1)
+                      .replace("dev = 16", "devv = 16", 1).replace("world_size = 2", 'world_size = "two"', 1))
+    monkeypatch.setenv("TRIAL_CONFIG_DIR", str(tmp_path))
+
+    def cli(*args: str) -> tuple[int, str, str]:
+        r = run_cli("-m", "orchestrate", *args)
+        assert "Traceback" not in r.stderr + r.stdout, r.stderr
+        return r.returncode, r.stdout, r.stderr
+
+    code, out, err = cli("list")  # every valid experiment listed; the broken one in one line; then exit 2
+    assert code == 2, err
+    assert [ln.split(":")[0] for ln in out.splitlines() if not ln.startswith(" ")] == [
+        "batched-learning", "broken", "cooperative-learning", "local-training-windows", "mine"]
+    assert f"broken: not valid — {broken}: arms.clean-pair.world_size = \"two\": expected an integer (and 1 more: " \
+           "`orchestrate validate broken` shows each)" in out.splitlines()  # the first of its problems, and a count
+    assert "  arm single: single, 1 rank(s) [primary]" in out.splitlines()  # mine's
+    code, _, err = cli("validate", "broken", "--profile", "smoke")
+    assert (code, err.splitlines()) == (2, [
+        f'error: {broken}: arms.clean-pair.world_size = "two": expected an integer',
+        (f"{broken}: profiles.smoke.devv: unknown key (did you mean dev? dev is required, and missing); the keys "
+         "allowed in profiles.smoke: seed, device, dtype, tasks, replay, dev, test, probes, updates, global_batch, "
+         "max_context, records, replay_steps, replay_parts, sync_every, dense_warmup, checkpoint_every, compile, "
+         "fused_optimizer, pack, pack_tokens, pack_rows, score_batch, score_dtype, serving_requests, base")])
+
+    code, _, err = cli("gates", "single")  # two experiments have it, and it is mine's primary
+    assert (code, err.splitlines()[0]) == (2, ("error: arm 'single' is an arm of 3 experiments (batched-learning, "
+                                               "local-training-windows, mine): name one, as batched-learning/single or "
+                                               "local-training-windows/single or mine/single"))
+    code, _, err = cli("gates", "clean-pair")  # the broken file has it too: named, not passed over
+    assert (code, err.splitlines()[0]) == (2, (
+        f"error: arm 'clean-pair' is an arm of cooperative-learning, and broken.toml, which is not valid, has it too "
+        f"({broken}: arms.clean-pair.world_size = \"two\": expected an integer): fix that file, or name the arm as "
+        "cooperative-learning/clean-pair"))
+    code, out, err = cli("gates", "diloco-four")  # unique, and the broken file has no such arm: resolved
+    assert code == 0 and out.startswith("local-training-windows: gates at profile cpu"), err
+    code, out, err = cli("gates", "local-training-windows/single")  # the arm selects nothing here: said
+    assert code == 0 and out.startswith("local-training-windows: gates"), err
+    assert err.splitlines()[0] == (
+        "note: arm single is not the primary arm of local-training-windows: a trial runs every arm of "
+        "local-training-windows (seed, single, ddp-four, diloco-four) and judges its primary arm, diloco-four: the "
+        "gates below are diloco-four's")
+
+    trials = tmp_path / "trials"
+    for spec in ("local-training-windows/single", "ddp-four"):  # a trial judges the primary: another is refused
+        code, _, err = cli("run", spec, "--profile", "smoke", "--trials", str(trials))
+        arm = spec.split("/")[-1]
+        assert (code, err.splitlines()[0]) == (2, (
+            f"error: arm {arm} is not the primary arm of local-training-windows: a trial runs every arm of "
+            "local-training-windows (seed, single, ddp-four, diloco-four) and judges its primary arm, diloco-four: "
+            "run `orchestrate run local-training-windows` (or `orchestrate run local-training-windows/diloco-four`), "
+            f"which trains {arm} too"))
+    assert not trials.exists()  # nothing left behind
+
+    code, out, _ = cli("run", "--help")
+    said = " ".join(w for w in out.split() if w != "│")
+    assert code == 0 and "--profile <str> one of the experiment's profiles (`orchestrate list` shows each " \
+                         "experiment's)" in said and "smoke | cpu" not in said

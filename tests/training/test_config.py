@@ -178,8 +178,9 @@ def test_an_arm_is_addressed_as_experiment_slash_arm_where_its_name_is_not_uniqu
     (tmp_path / "my-windows.toml").write_text((src / "local-training-windows.toml").read_text()
                                               .replace('name = "local-training-windows"', 'name = "my-windows"', 1))
     monkeypatch.setenv("TRIAL_CONFIG_DIR", str(tmp_path))
-    with pytest.raises(ConfigError, match="names more than one experiment: local-training-windows, my-windows; "
-                                          "give it as EXPERIMENT/diloco-four"):
+    with pytest.raises(ConfigError, match=r"arm 'diloco-four' is an arm of 2 experiments \(local-training-windows, "
+                                          r"my-windows\): name one, as local-training-windows/diloco-four or "
+                                          r"my-windows/diloco-four"):
         address("diloco-four")
     assert address("my-windows/diloco-four") == ("my-windows", "diloco-four")
     assert address("local-training-windows/ddp-four") == ("local-training-windows", "ddp-four")
@@ -235,3 +236,142 @@ def test_a_new_profile_the_previous_experiment_lacks_is_refused_saying_what_to_a
     coop = tmp_path / "cooperative-learning.toml"
     coop.write_text(coop.read_text() + '\n[profiles.mine]\nbase = "smoke"\n')
     assert [r.profile_name for r in lineage("local-training-windows", "mine")] == ["mine", "mine"]
+
+
+def _copies(tmp_path, monkeypatch, **more: str) -> None:
+    """Every shipped experiment copied into a config folder of its own, with `more` (file stem → text)."""
+    src = load_experiment.__globals__["config_dir"]()
+    for name in experiment_names(src):
+        shutil.copy(src / f"{name}.toml", tmp_path / f"{name}.toml")
+    for stem, text in more.items():
+        (tmp_path / f"{stem}.toml").write_text(text)
+    monkeypatch.setenv("TRIAL_CONFIG_DIR", str(tmp_path))
+
+
+def test_an_arm_several_experiments_have_is_refused_whatever_their_primaries(tmp_path, monkeypatch):
+    """`single` is an arm of two shipped experiments and the primary of a third: it was resolved to that
+    third without a word (#55); now every experiment having it is a choice, named as EXPERIMENT/ARM."""
+    from training.config import address
+
+    src = load_experiment.__globals__["config_dir"]()
+    mine = ((src / "batched-learning.toml").read_text().replace('name = "batched-learning"', 'name = "mine"', 1)
+            .replace('primary = "powersgd-pair"', 'primary = "single"', 1)
+            .replace('noninferiority_vs = "single"\n', "").replace('min_speedup_vs = "single"\n', ""))
+    _copies(tmp_path, monkeypatch, mine=mine)
+    assert load_experiment("mine").acceptance.primary == "single"
+    with pytest.raises(ConfigError) as e:
+        address("single")
+    assert str(e.value) == ("arm 'single' is an arm of 3 experiments (batched-learning, local-training-windows, "
+                            "mine): name one, as batched-learning/single or local-training-windows/single or "
+                            "mine/single")
+    assert address("mine/single") == ("mine", "single") and address("mine") == ("mine", "single")
+    assert address("clean-single") == ("cooperative-learning", "clean-single")  # unique: the short name works
+    with pytest.raises(ConfigError, match=r"no experiment has an arm or is named 'diloco-fuor' \(did you mean "
+                                          r"diloco-four\?\)"):
+        address("diloco-fuor")
+    # a file that is not valid may have the arm: named, not passed over
+    (tmp_path / "mine.toml").write_text(mine.replace("[profiles.smoke]", "[profiles.smoke]\ndevv = 3", 1))
+    with pytest.raises(ConfigError, match=r"local-training-windows/single; and mine.toml, which is not valid, has it "
+                                          r"too \(.*mine.toml: profiles.smoke.devv: unknown key .*\)$"):
+        address("single")
+    assert address("diloco-four") == ("local-training-windows", "diloco-four")  # mine has none: still resolved
+    (tmp_path / "mine.toml").write_text(mine.replace("[profiles.smoke]", "[profiles.smoke", 1))  # no arms readable
+    with pytest.raises(ConfigError, match=r"^arm 'diloco-four' is an arm of local-training-windows, and mine.toml, "
+                                          r"which is not valid, may have it too \(.*mine.toml: not valid TOML at line "
+                                          r"\d+, column \d+: .*\): fix that file, or name the arm as "
+                                          r"local-training-windows/diloco-four$"):
+        address("diloco-four")
+    assert address("local-training-windows/diloco-four") == ("local-training-windows", "diloco-four")
+
+
+def test_a_trial_takes_only_the_primary_arm(tmp_path, monkeypatch):
+    """A trial trains every arm and judges the primary: naming another arm ran the whole experiment under
+    that arm's name (#55). `judged` refuses it, saying what runs and the commands that do."""
+    from training.config import address, not_judged
+
+    _copies(tmp_path, monkeypatch)
+    for spec in ("local-training-windows/single", "ddp-four"):
+        with pytest.raises(ConfigError) as e:
+            address(spec, judged=True)
+        arm = spec.split("/")[-1]
+        assert str(e.value) == (
+            f"arm {arm} is not the primary arm of local-training-windows: a trial runs every arm of "
+            "local-training-windows (seed, single, ddp-four, diloco-four) and judges its primary arm, diloco-four: "
+            "run `orchestrate run local-training-windows` (or `orchestrate run local-training-windows/diloco-four`), "
+            f"which trains {arm} too")
+        assert address(spec) == ("local-training-windows", arm)  # a command that uses the arm takes any
+    for spec in ("local-training-windows", "diloco-four", "local-training-windows/diloco-four"):
+        assert address(spec, judged=True) == ("local-training-windows", "diloco-four")
+    assert not_judged(load_experiment("local-training-windows"), "diloco-four") is None
+
+
+def test_every_validation_error_is_one_line_naming_the_file_the_key_and_the_fix(tmp_path, monkeypatch):
+    """Pydantic's own text (three lines an error, its own terms, a URL) became one line per error: the
+    file, the key as the TOML writes it (an arm by its name), what is wrong and the fix (#55)."""
+    src = load_experiment.__globals__["config_dir"]()
+    text = (src / "batched-learning.toml").read_text()
+    bad = (text.replace("task = 8", "taks = 8", 1)
+           .replace("world_size = 2\nmicrobatch = 8", 'world_size = "two"\nmicrobatch = 8', 1)
+           .replace('primary = "powersgd-pair"\n', "", 1)
+           .replace("[profiles.smoke]\nseed = \"tiny\"", "[profiles.smoke]\nseed = \"tiny\"\ndevv = 2", 1)
+           .replace('[profiles.cpu]\nseed = "smollm2-135m"', '[profiles.cpu]\nseed = "smollm2-135m"\ndevice = "tpu"', 1))
+    _copies(tmp_path, monkeypatch, **{"batched-learning": bad})
+    with pytest.raises(ConfigError) as e:
+        load_experiment("batched-learning")
+    f = tmp_path / "batched-learning.toml"
+    profile_keys = ", ".join([*__import__("training.config").config.Profile.model_fields, "base"])
+    assert str(e.value).splitlines() == [
+        f"{f}: weights.taks: unknown key (did you mean task?); the keys allowed in weights: task, replay",
+        f'{f}: arms.powersgd-pair.world_size = "two": expected an integer',
+        f"{f}: acceptance.primary: required, and missing: add it (a string)",
+        f"{f}: profiles.smoke.devv: unknown key (did you mean dev?); the keys allowed in profiles.smoke: {profile_keys}",
+        f"{f}: profiles.cpu.device = \"tpu\": expected one of 'cpu' or 'cuda'",
+    ]  # cuda-smoke (base = "smoke") repeats smoke's unknown key: said once, where it is written
+    f.write_text(text.replace("records = [3, 5]", "records = [3, 5, 7]", 1).replace("updates = 16", "updates = 16.5", 1))
+    assert str(pytest.raises(ConfigError, load_experiment, "batched-learning").value).splitlines() == [
+        f"{f}: profiles.smoke.updates = 16.5: expected a whole number",
+        f"{f}: profiles.smoke.records = [3, 5, 7]: 3 item(s), more than the 2 allowed"]
+    f.write_text(text.replace('primary = "powersgd-pair"', 'primary = "powersgd-quad"', 1))
+    assert str(pytest.raises(ConfigError, load_experiment, "batched-learning").value) == (
+        f'{f}: acceptance.primary = "powersgd-quad" names no arm: name one of the arms (seed, single, powersgd-pair)')
+    f.write_text(text.replace("\n[[arms]]\nname = \"single\"", "\n[[arms]]\nname = \"seed\"", 1))
+    assert "arms: more than one arm is named seed: give each arm its own name" in str(
+        pytest.raises(ConfigError, load_experiment, "batched-learning").value)
+    f.write_text(text.replace("lr = 3e-5", "lr = fast", 1))
+    assert str(pytest.raises(ConfigError, load_experiment, "batched-learning").value) == (
+        f"{f}: not valid TOML at line 8, column 6: invalid value")
+    f.write_bytes(b'name = "batched\xff"\n')
+    assert str(pytest.raises(ConfigError, load_experiment, "batched-learning").value) == (
+        f"{f}: not UTF-8 text (byte 15): save it as UTF-8")
+    # the file's name is the experiment's: said with the fix either way
+    f.write_text(text.replace('name = "batched-learning"', 'name = "batched"', 1))
+    assert str(pytest.raises(ConfigError, load_experiment, "batched-learning").value) == (
+        f'{f}: name = "batched", and the file is batched-learning.toml: an experiment\'s file is named for it '
+        '(NAME.toml): rename the file to batched.toml, or set name = "batched-learning"')
+
+
+def test_the_stack_config_and_cluster_json_are_refused_in_the_same_lines(tmp_path):
+    """The same helper names the key and the fix in the other files a user writes by hand."""
+    import json
+
+    import yaml
+
+    from infra.plan import StackConfigError, trial_config
+    from orchestrate.cluster import ClusterError, load, local_cluster, save
+
+    conf = yaml.safe_load((load_experiment.__globals__["config_dir"]().parents[1] / "Pulumi.dev.yaml").read_text())
+    cluster = {**conf["config"]["trials:cluster"], "hourz": 3}
+    cluster["hosts"] = [{**cluster["hosts"][0], "zone": 5}, *cluster["hosts"][1:]]
+    with pytest.raises(StackConfigError) as e:
+        trial_config(cluster, "us-east-1", where="Pulumi.x.yaml")
+    lines = str(e.value).splitlines()
+    assert lines[0] == "Pulumi.x.yaml: trials:cluster.hosts[0].zone = 5: expected a string"
+    assert lines[1].startswith("Pulumi.x.yaml: trials:cluster.hourz: unknown key (did you mean hours?); the keys "
+                               "allowed in trials:cluster: trial, region, hosts,")
+    path = save(local_cluster(2, tmp_path, "file:///s"), tmp_path / "cluster.json")
+    data = json.loads(path.read_text())
+    data["hosts"][1]["rank"] = "one"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ClusterError) as e:
+        load(path)
+    assert str(e.value) == f'{path}: hosts.local-1.rank = "one": expected an integer'
