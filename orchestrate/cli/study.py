@@ -62,7 +62,7 @@ def validate(experiment: str = typer.Argument(..., help="an experiment's name (o
 
     warnings: list[str] = []
     with refusing(ConfigError, PrepareError, TaskFileError, SeedError, OptionError):
-        name = address(experiment)[0]
+        name = address(experiment, judged=True)[0]  # the study `run` would run: refused where run refuses it
         chain = lineage(name, profile)
         values = origins(name, profile)
         last = chain[-1]

@@ -5,6 +5,7 @@ schemas; the generated families' homes keep their form."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -235,3 +236,87 @@ def test_a_replay_file_splits_lines_as_a_task_file_does(tmp_path):
     f = tmp_path / "r.jsonl"
     f.write_bytes(b"\xef\xbb\xbf" + (json.dumps({"messages": msgs}, ensure_ascii=False) + "\r\n").encode())
     assert [r["messages"] for r in load_jsonl(f)] == [msgs]
+
+
+# -- a file judged whole, before anything trains (#55) --------------------------------------------
+@pytest.mark.unit
+def test_every_bad_line_is_found_in_one_pass_and_the_refusal_is_capped(tmp_path):
+    """A file with 39 repeated prompts took 39 rounds of fix-and-validate: every line is judged in one
+    pass now, the refusal lists the first 20 and counts the rest, and keeps every finding."""
+    from training.sources import FINDINGS_SHOWN
+
+    rows = sums(60)
+    for i in range(1, 40):
+        rows[i] = {**rows[i], "prompt": rows[0]["prompt"]}
+    rows[45] = "not json"
+    with pytest.raises(TaskFileError) as e:
+        JsonlFile(write(tmp_path / "t.jsonl", rows), seed=1)
+    lines = str(e.value).splitlines()
+    assert lines[0] == f"task file {tmp_path / 't.jsonl'}: 40 problems (the first 20 below, 20 more); fix every one, then validate again:"
+    assert len(lines) == 1 + FINDINGS_SHOWN and lines[1].startswith("  line 2: the prompt of line 1 again")
+    assert [f.line for f in e.value.findings] == [*range(2, 41), 46]  # every one, in line order
+    assert e.value.findings[-1].what.startswith("not JSON")
+
+
+@pytest.mark.unit
+def test_an_empty_file_is_refused_by_name(tmp_path):
+    for body in (b"", b"\n\n  \n", b"\xef\xbb\xbf"):
+        (tmp_path / "t.jsonl").write_bytes(body)
+        with pytest.raises(TaskFileError, match=r"t.jsonl: it holds no cases \(it is empty, or only blank lines\)"):
+            JsonlFile(tmp_path / "t.jsonl", seed=1)
+
+
+@pytest.mark.unit
+def test_answers_a_family_checks_differently_are_said_with_their_lines(tmp_path):
+    """A bare number among text answers was accepted without a word and checked by another rule than
+    its neighbours. It is used as written (a family may mean to mix), and said by name, with its lines;
+    a line that gives its "schema" means it, and another family is another matter."""
+    rows = ([{"prompt": f"Is {i} even or odd?", "answer": "odd" if i % 2 else "even"} for i in range(6)]
+            + [{"prompt": "What is 2 + 2?", "answer": 4},
+               {"prompt": "What is 2 + 3?", "answer": 5, "schema": "number"},
+               {"prompt": "What is 3 + 3?", "answer": 6, "family": "sums"}])
+    src = JsonlFile(write(tmp_path / "t.jsonl", rows), seed=1)
+    assert len(src.rows) == 9 and [w.line for w in src.warnings] == [7]
+    assert src.warnings[0].what.startswith("family 'jsonl' mixes how answers are checked: text ×6, number ×1 "
+                                           "(number on line(s) 7)")
+    assert src.checks() == {"jsonl": {"number": 1, "number (given)": 1, "text": 6}, "sums": {"number": 1}}
+    assert JsonlFile(write(tmp_path / "u.jsonl", rows[:6] + rows[7:]), seed=1).warnings == []
+
+
+def test_every_case_is_measured_against_the_context_before_anything_is_written(tmp_path, tiny_seed):
+    """A test case far over max_context passed prepare, every arm trained, then scoring asked for
+    terabytes. Every case of the file is measured now — the chat template applied, its answer and
+    wrong answer, each split — in the pass that judges its lines, and refused before anything trains."""
+    rows = mixed(40)
+    rows[6] = {**rows[6], "prompt": "word " * 2000}
+    rows[29] = {**rows[29], "prompt": "many " * 400}
+    rows[33] = {**rows[33], "answer": 1, "wrong_answer": 2}  # a line refused for itself, in the same pass
+    rows[33]["prompt"] = rows[0]["prompt"]
+    d = study(tmp_path, rows)
+    with pytest.raises(PrepareError) as e:
+        prepare(resolve("own", "smoke", d), tmp_path / "h", tiny_seed)
+    lines = str(e.value).splitlines()
+    assert lines[0].endswith("cases.jsonl: 3 problems; fix every one, then validate again:")
+    assert re.fullmatch(r"  line 7: [\d,]+ tokens as a document \(chat template, answer, end token\), over max_context "
+                        r"320: shorten it, or raise max_context in profile smoke", lines[1]), lines[1]
+    assert lines[2].startswith("  line 30: ") and lines[3].startswith("  line 34: the prompt of line 1 again")
+    assert not (tmp_path / "h" / "prepared.json").exists() and not (tmp_path / "h" / "inputs").exists()
+
+
+def test_a_file_without_dev_cases_runs_with_dev_0_and_no_probe(tmp_path, tiny_seed):
+    """A train/test-only file could not be used: dev had to be at least 1, and the remedy the message gave
+    was refused. dev = 0 is a profile now, said in the refusal; the serving probe, whose requests are dev
+    cases, is placed as not run with that reason (and so reported), everything else runs."""
+    from orchestrate.placement import NO_DEV, local_devices, placement_record
+
+    rows = [{**r, "split": "train" if i < 28 else "test"} for i, r in enumerate(mixed(40))]
+    d = study(tmp_path, rows)
+    with pytest.raises(PrepareError, match=r"\(dev: 0 of 4\): add cases or lower the profile's tasks, dev and test; "
+                                           r"a file without dev cases runs with the profile's dev = 0"):
+        prepare(resolve("own", "smoke", d), tmp_path / "h", tiny_seed)
+    (d / "own.toml").write_text((d / "own.toml").read_text().replace("dev = 4", "dev = 0"))
+    cfg = resolve("own", "smoke", d)
+    p = prepare(cfg, tmp_path / "h", tiny_seed)["prepared"]
+    assert p["splits"] == {"train": 24, "dev": 0, "test": 8}
+    rec = placement_record(cfg, local_devices(None, "cpu"))
+    assert not rec.serving.runs and rec.serving.reason == NO_DEV and all(a.runs for a in rec.arms)
