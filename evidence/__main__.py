@@ -32,6 +32,9 @@ def _anchors(home: Path, entries: list, store: str | None, trial: str | None) ->
     else:
         typer.echo(f"anchors: {a['anchored']} of {a['entries']} commitments match their anchors in {a['store']}"
                    + (f"; not anchored yet: {a['not_anchored']}" if a["not_anchored"] else ""), err=True)
+        if a["released"]:  # the name was used before: visible, and no longer this trial's
+            typer.echo(f"anchors: the store also holds {a['released']} released chain(s) of trial {a['trial']} "
+                       f"(homes discarded unpreserved; {a['store']}released/{a['trial']}/): not this log's", err=True)
     return a
 
 

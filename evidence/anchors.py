@@ -9,7 +9,24 @@ it):
 
 One trial name holds one log in a store: anchoring refuses to start a second chain beside the first
 (a log rewritten from its first entry would otherwise anchor itself anew and pass), and checking
-refuses a store that holds two. A new trial under an old name takes another name or another store.
+refuses a store that holds two. A new trial under an old name takes another name or another store —
+unless the old trial was never preserved and its home was let go (`release`): a trial that failed
+before preservation would otherwise hold its name in that store for ever.
+
+Releasing deletes nothing. Stores have no delete (`evidence.stores.base`), a versioned or locked
+bucket keeps every object anyway, and a deleted anchor is exactly what checking must catch. A
+release is one more object written once, beside the anchors, and read back:
+
+    <store>/released/<trial>/<hash of entry 0>.json
+
+naming the chain, how many anchors it had, when, which home was discarded with how many files, and
+why. A released chain is no longer the trial's: it does not count as "another log", and its own log
+can never anchor again (nor verify as the trial's). A release is refused while the store holds any
+preservation index of the trial (what was preserved stays the trial's for good); one that names a
+chain the store does not hold, with another count, or a chain an index preserved, is refused by name
+as damaged, as is one that does not parse as a release. Verifying says how many released chains the
+trial has, so a reader sees that its name was used before.
+
 What was anchored must still be in the log, field for field, without a gap from entry 0; every
 preservation index of the trial in the store records how many entries were anchored then, so a
 deleted anchor is missed even when it was the last. Entries made after the last anchoring are
@@ -18,8 +35,12 @@ reported as not anchored (visible, not refused: anchoring follows the trial's st
 
 from __future__ import annotations
 
+import datetime as dt
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from evidence.canonical import EvidenceFileError, bytes_sha256, canonical_bytes, parse_json
 from evidence.commitments import CommitmentLog
@@ -28,14 +49,41 @@ from evidence.stores import PRESERVED, FileStore, PreservationError, Store, open
 
 FORMAT = "commitment-anchor-v1"
 FIELDS = ("seq", "kind", "subject", "sha256", "at", "prev", "hash")
+RELEASE_FORMAT = "commitment-anchors-release-v1"
+_RELEASE_NAME = re.compile(r"[0-9a-f]{64}\.json")
 
 
 class AnchorError(UserError, RuntimeError):
     """The home's log disagrees with the anchors in the store, or the anchors cannot be read."""
 
 
+class Release(BaseModel):
+    """A chain of anchors that is no longer its trial's: its home was discarded unpreserved. Strict and
+    closed, so a record with a field missing, added or of another type is refused, never coerced."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    format: Literal["commitment-anchors-release-v1"] = RELEASE_FORMAT
+    trial: str
+    prefix: str  # anchors/<trial>/<hash of entry 0>/
+    count: int  # the chain's anchors when it was released (it can never gain one)
+    at: str
+    home: str  # the home discarded
+    files: int  # its files, deleted with it
+    bytes: int
+    reason: str
+
+
 def _prefix(trial: str) -> str:
     return f"anchors/{trial}/"
+
+
+def _release_prefix(trial: str) -> str:
+    return f"released/{trial}/"
+
+
+def _release_key(trial: str, first: str) -> str:
+    return f"{_release_prefix(trial)}{first}.json"
 
 
 def _key(trial: str, first: str, seq: int) -> str:
@@ -64,13 +112,69 @@ def _chains(store: Store, trial: str) -> dict[str, list[str]]:
     return out
 
 
-def _one_chain(chains: dict[str, list[str]], first: str, store: Store, trial: str, log: str) -> None:
-    others = sorted(set(chains) - {first})
+def _read_release(store: Store, key: str) -> Release:
+    try:
+        return Release.model_validate(parse_json(b"".join(store.read_chunks(key)), f"{store.url}{key}"))
+    except EvidenceFileError as e:
+        raise AnchorError(str(e)) from None
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise AnchorError(f"{store.url}{key}: damaged, not an anchors release "
+                          f"({'.'.join(map(str, err['loc'])) or 'the record'}: {err['msg']})") from None
+
+
+def _indexed_prefixes(store: Store, trial: str) -> dict[str, str]:
+    """Each preservation index of `trial` in the store → the anchors prefix it recorded ('' for none)."""
+    out = {}
+    for key in store.list(f"indexes/{trial}/"):
+        try:
+            a = parse_index(b"".join(store.read_chunks(key)), f"{store.url}{key}").get("anchors") or {}
+        except PreservationError as e:
+            raise AnchorError(str(e)) from None
+        out[key] = str(a.get("prefix", ""))
+    return out
+
+
+def _released(store: Store, trial: str, chains: dict[str, list[str]]) -> dict[str, Release]:
+    """The store's releases of `trial`'s chains: first entry's hash → its release, each read through the
+    strict model and checked against the chain it names (one the store holds, with the count it had,
+    never one a preservation index recorded)."""
+    out: dict[str, Release] = {}
+    for key in store.list(_release_prefix(trial)):
+        name = key[len(_release_prefix(trial)):]
+        if not _RELEASE_NAME.fullmatch(name):
+            raise AnchorError(f"{store.url}{key}: damaged, not an anchors release (a release is named "
+                              f"{_release_prefix(trial)}<hash of entry 0>.json)")
+        first, r = name.removesuffix(".json"), _read_release(store, key)
+        if r.trial != trial or r.prefix != f"{_prefix(trial)}{first}/":
+            raise AnchorError(f"{store.url}{key}: damaged, it releases {r.prefix} of trial {r.trial}")
+        if first not in chains or len(chains[first]) != r.count:
+            raise AnchorError(f"{store.url}{key}: damaged, it releases {r.count} anchor(s) of {r.prefix}, the store "
+                              f"holds {len(chains.get(first, []))}: a release names only a chain as it was released")
+        out[first] = r
+    if out:
+        for key, prefix in _indexed_prefixes(store, trial).items():
+            if prefix.removeprefix(_prefix(trial)).rstrip("/") in out:
+                raise AnchorError(f"{store.url}{_release_key(trial, prefix.split('/')[2])}: not a genuine release: "
+                                  f"{store.url}{key} preserved that chain, and a preserved chain is never released")
+    return out
+
+
+def _one_chain(chains: dict[str, list[str]], released: dict[str, Release], first: str, store: Store, trial: str,
+               log: str) -> None:
+    if first in released:
+        r = released[first]
+        raise AnchorError(f"{log}: its anchors {store.url}{r.prefix} were released ({store.url}"
+                          f"{_release_key(trial, first)}: {r.reason}, {r.at}): this log is no longer trial {trial}'s "
+                          "and can never be anchored again — run the trial anew in a new home")
+    others = sorted(set(chains) - set(released) - {first})
     if others:
         raise AnchorError(f"{log}: the store {store.url} already holds the anchors of another log for trial {trial} "
                           f"(first entry {others[0][:16]}…; this log's is {first[:16]}…): this log was rewritten, "
                           "or it is a new trial under an old name — give a new trial another name (another "
-                          "trials folder) or another store")
+                          "trials folder) or another store, or, if no trial of that name was ever preserved there, "
+                          "let the old one go: `orchestrate remove --unpreserved --home HOME` (HOME: this log's "
+                          "home, or the old one's path)")
 
 
 def anchor_log(home: str | Path, store: Store, trial: str | None = None) -> dict[str, Any] | None:
@@ -88,7 +192,7 @@ def anchor_log(home: str | Path, store: Store, trial: str | None = None) -> dict
     added = 0
     try:
         chains = _chains(store, trial)
-        _one_chain(chains, first, store, trial, log)
+        _one_chain(chains, _released(store, trial, chains), first, store, trial, log)
         have = set(chains.get(first, []))
         for e in entries:
             key, body = _key(trial, first, e["seq"]), _body(trial, e)
@@ -113,13 +217,15 @@ def check_anchors(entries: list[dict[str, Any]], store: Store, trial: str, log: 
     """Check a verified chain of `entries` against the store's anchors; raise AnchorError naming the
     first disagreement. Anchors are written in order, so they run from entry 0 without a gap, and
     each must equal its entry field for field; `at_least`: how many a preservation found there.
+    Released chains are not the trial's (counted in what is returned, so that it can be said).
     Returns what was checked (anchored and not yet anchored entries)."""
     chains = _chains(store, trial)
+    released = _released(store, trial, chains)
     if not entries:
         raise AnchorError(f"{log} is empty, but the store {store.url} holds anchors for trial {trial}"
-                          if chains else f"{log} is empty")
+                          if set(chains) - set(released) else f"{log} is empty")
     first = entries[0]["hash"]
-    _one_chain(chains, first, store, trial, log)
+    _one_chain(chains, released, first, store, trial, log)
     if first not in chains:
         raise AnchorError(f"{log}: the store {store.url} holds no anchors for trial {trial}: it was never anchored there")
     anchored = {}
@@ -143,7 +249,56 @@ def check_anchors(entries: list[dict[str, Any]], store: Store, trial: str, log: 
         raise AnchorError(f"{store.url}{_key(trial, first, gaps[0])}: missing — anchors run from entry 0 without a "
                           f"gap{f' and a preservation found {at_least}' if at_least else ''}; this one was deleted")
     return {"store": store.url, "trial": trial, "anchored": len(anchored), "entries": len(entries),
-            "not_anchored": [e["seq"] for e in entries if e["seq"] not in anchored]}
+            "not_anchored": [e["seq"] for e in entries if e["seq"] not in anchored], "released": len(released)}
+
+
+def released_prefixes(store: Store, trial: str) -> set[str]:
+    """The anchor prefixes of `trial` that are released (each release checked as anchoring checks it):
+    anchors a teardown's check must not take for an unpreserved home's."""
+    return {f"{_prefix(trial)}{first}/" for first in _released(store, trial, _chains(store, trial))}
+
+
+def releasable(store: Store, trial: str) -> dict[str, int]:
+    """The chains of `trial` in the store not yet released (first entry's hash → its anchors): what
+    `release` would let go. Refused while the store holds any preservation index of the trial."""
+    try:
+        indexes = store.list(f"indexes/{trial}/")
+        if indexes:
+            raise AnchorError(f"the store {store.url} holds {len(indexes)} preservation index(es) of trial {trial} "
+                              f"({store.url}{indexes[0]}{' …' if len(indexes) > 1 else ''}): a preserved trial's "
+                              "anchors are never released — give a new trial another name (another trials folder) "
+                              "or another store")
+        chains = _chains(store, trial)
+        released = _released(store, trial, chains)
+    except AnchorError:
+        raise
+    except Exception as e:  # noqa: BLE001 — an unreachable or unusable store: nothing is released
+        raise AnchorError(f"cannot read the anchors of trial {trial} in {store.url}: {e}") from None
+    return {first: len(keys) for first, keys in sorted(chains.items()) if first not in released}
+
+
+def release(store: Store, trial: str, *, home: str, files: int, size: int, reason: str) -> list[str]:
+    """Release every chain of `trial` that `releasable` finds: one release record each, written once
+    and read back; nothing is deleted. Returns the records' keys."""
+    at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    keys = []
+    for first, count in releasable(store, trial).items():
+        key = _release_key(trial, first)
+        body = canonical_bytes(Release(trial=trial, prefix=f"{_prefix(trial)}{first}/", count=count, at=at,
+                                       home=home, files=files, bytes=size, reason=reason).model_dump())
+        try:
+            if store.size(key) is not None:  # listed by no `releasable`: one being written elsewhere
+                raise AnchorError(f"{store.url}{key}: already written, by another release running now")
+            store.put_bytes(key, body)
+            if b"".join(store.read_chunks(key)) != body:
+                raise AnchorError(f"{store.url}{key}: the release does not read back as written")
+        except AnchorError:
+            raise
+        except Exception as e:  # noqa: BLE001 — an unreachable or unusable store
+            raise AnchorError(f"cannot write the release {store.url}{key}: {e}") from None
+        _read_release(store, key)  # as every reader will parse it
+        keys.append(key)
+    return keys
 
 
 def _preserved_counts(store: Store, trial: str, first: str) -> int:

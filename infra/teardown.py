@@ -52,6 +52,7 @@ import json
 import threading
 from typing import Any, Callable
 
+from evidence.anchors import AnchorError, released_prefixes
 from evidence.canonical import bytes_sha256
 from evidence.errors import UserError
 from evidence.stores import PreservationError, S3Store, open_store, parse_index, verify_index
@@ -71,7 +72,8 @@ def verify_preserved(bucket: str, trial: str, *, session: Any = None,
                      say: Callable[[str], None] = lambda m: None) -> dict[str, str]:
     """Each preserved home of the trial → its newest index key, every one re-read and verified.
     Raises NotPreserved when the store holds no index; when a home anchored commitments (every home
-    `orchestrate run` prepares does) but has no index, or made commitments after its newest one; when
+    `orchestrate run` prepares does) but has no index, or made commitments after its newest one (anchors
+    released when a home was discarded unpreserved, `evidence.anchors.release`, are no one's); when
     an index lists nothing; or when one does not verify. Indexes and anchors are written by the
     operator alone (the hosts' role may write only content-addressed objects)."""
     url = S3Store.url_for(bucket, trial_prefix(trial))
@@ -96,6 +98,16 @@ def verify_preserved(bucket: str, trial: str, *, session: Any = None,
                 anchored.setdefault(parts[1], set()).add(k)
     except Exception as e:  # noqa: BLE001 — unlisted anchors could hide an unpreserved home
         raise NotPreserved(f"{url}: the commitments' anchors cannot be listed: {e}") from None
+    try:
+        for home in sorted(anchored):  # a home discarded unpreserved released its anchors: no longer its own
+            gone = released_prefixes(store, home)
+            anchored[home] = {k for k in anchored[home] if not any(k.startswith(p) for p in gone)}
+            if not anchored[home]:
+                del anchored[home]
+    except AnchorError as e:
+        raise NotPreserved(f"{url}: {e}") from None
+    except Exception as e:  # noqa: BLE001 — unread releases could hide an unpreserved home
+        raise NotPreserved(f"{url}: the commitments' anchor releases cannot be read: {e}") from None
     never = sorted(set(anchored) - set(newest))
     if never:
         raise NotPreserved(f"home(s) {', '.join(never)} made commitments but were never preserved "

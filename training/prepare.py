@@ -354,9 +354,22 @@ def prepare(cfg: Resolved, home: str | os.PathLike[str], model_dir: str | os.Pat
             f"{cfg.experiment.name} must not repeat any task of {cfg.experiment.previous}: pass "
             f"--previous-home with the home where {cfg.experiment.previous} was prepared "
             "(`orchestrate run` does this for you)")
+    made = not home.exists()
     home.mkdir(parents=True, exist_ok=True)
-    with _locked(home):
-        return _prepare_locked(cfg, home, model_dir, replay_file, previous_home)
+    try:
+        with _locked(home):
+            return _prepare_locked(cfg, home, model_dir, replay_file, previous_home)
+    except BaseException:
+        if made:
+            _unmake(home)
+        raise
+
+
+def _unmake(home: Path) -> None:
+    """A home this prepare made, taken away again when it fails: a refused run leaves nothing behind.
+    Only while empty (its `.prepare-*` folder is already gone): a home that holds anything stays."""
+    with contextlib.suppress(OSError):
+        home.rmdir()
 
 
 def prepare_chain(chain: Iterable[Resolved], home_of: Callable[[Resolved], str | os.PathLike[str]],

@@ -44,14 +44,35 @@ def preserve(home: Path = typer.Option(..., help="the trial home"),
     con.print(f"  → {rec.store}{rec.index}", highlight=False)
 
 
-def remove(home: Path = typer.Option(..., help="the trial home to delete from this machine")) -> None:
+def remove(home: Path = typer.Option(..., help="the trial home to delete from this machine"),
+           unpreserved: bool = typer.Option(False, "--unpreserved", help="discard a home that was never preserved "
+                                            "(a failed run) and release its trial name in the store for a new run"),
+           store: Optional[str] = typer.Option(None, help=f"with --unpreserved: the store its anchors are in, one of "
+                                               f"{known_forms()} (default: file://<home's parent>/store, as "
+                                               "`orchestrate run` without --store or --cluster)")) -> None:
     """Delete a trial home once every file in it is in its preserved, verified evidence index: how old
     trials leave the disk. A home never preserved, whose store does not verify, or holding anything the
     index does not hold as it is now (a later run's report, a changed file) is refused, naming it, and
-    left as it is. The store is not touched."""
-    from orchestrate.homes import Refused, remove_home
+    left as it is. The store is not touched.
 
-    with refusing(Refused, label="refused:"), refusing(OSError):  # a disk failing part way: `remove` again
-        r = remove_home(home, progress)
-    say("removed", f"{home}: {r.files} files, {r.bytes / 1e6:,.1f} MB; every one is in {r.index} "
-        f"({r.objects} objects verified)")
+    With --unpreserved: delete a home that was never preserved (a run that failed after prepare, a task
+    file changed since) and release its anchors in the store — kept there, with a release record — so
+    that its name can be used again. Says what goes first. A preserved home, a trial the store holds a
+    preservation of, or a home a run holds is refused, and nothing is changed."""
+    from orchestrate.homes import Refused, default_store, discard_home, remove_home
+
+    if not unpreserved:
+        if store is not None:  # plain `remove` reads the store preserved.json names: never silently ignored
+            say("error:", f"--store {store} is used only with --unpreserved (`remove` alone verifies the home "
+                "against the store its preserved.json names)", style="bold red")
+            raise typer.Exit(2)
+        with refusing(Refused, label="refused:"), refusing(OSError):  # a disk failing part way: `remove` again
+            r = remove_home(home, progress)
+        say("removed", f"{home}: {r.files} files, {r.bytes / 1e6:,.1f} MB; every one is in {r.index} "
+            f"({r.objects} objects verified)")
+        return
+    with refusing(Refused, label="refused:"), refusing(OSError):  # part way: `remove --unpreserved` again
+        d = discard_home(home, store or default_store(home), progress)
+    say("discarded", f"{home}: {d.files} files, {d.bytes / 1e6:,.1f} MB deleted; "
+        + (f"released in {d.store}: {', '.join(d.released)}" if d.released else "nothing to release")
+        + " — the name may be run again")

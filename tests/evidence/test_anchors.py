@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import run_cli
+
 from evidence.anchors import AnchorError, anchor_log, check_anchors
 from evidence.canonical import canonical_bytes
 from evidence.commitments import CommitmentLog, _entry_hash
@@ -148,3 +148,78 @@ def test_the_preserved_count_lives_in_the_store(tmp_path):
     (home / "preserved.json").unlink()
     with pytest.raises(AnchorError, match="missing"):
         verify_anchors(home, log.entries(), None)
+
+
+def test_a_released_chain_frees_the_name_and_never_anchors_again(tmp_path, store_url):
+    """A trial never preserved is let go with a release record beside its anchors (nothing deleted):
+    a new log under the same name then anchors and checks, saying that the store holds a released
+    chain; the released log can neither anchor again nor check as the trial's (#55)."""
+    from evidence.anchors import releasable, release
+
+    store = open_store(store_url)
+    old = make_home(tmp_path / "one" / "trial-f")
+    got = anchor_log(old.home, store)
+    first = old.entries()[0]["hash"]
+    anchors = store.list("anchors/trial-f/")
+    assert releasable(store, "trial-f") == {first: 4}
+    (key,) = release(store, "trial-f", home=str(old.home), files=5, size=123, reason="failed before preservation")
+    assert key == f"released/trial-f/{first}.json" and got["prefix"] == f"anchors/trial-f/{first}/"
+    doc = json.loads(b"".join(store.read_chunks(key)))
+    assert (doc["format"], doc["trial"], doc["prefix"], doc["count"], doc["home"], doc["files"], doc["reason"]) == (
+        "commitment-anchors-release-v1", "trial-f", got["prefix"], 4, str(old.home), 5, "failed before preservation")
+    assert store.list("anchors/trial-f/") == anchors  # released, not deleted
+    assert releasable(store, "trial-f") == {} and release(store, "trial-f", home="x", files=0, size=0, reason="r") == []
+
+    fresh = make_home(tmp_path / "two" / "trial-f")  # a new trial under the old name
+    assert anchor_log(fresh.home, store)["added"] == 4
+    checked = check_anchors(fresh.entries(), store, "trial-f")
+    assert (checked["anchored"], checked["released"]) == (4, 1)
+    with pytest.raises(AnchorError, match=f"were released .*{key}.*can never be anchored again"):
+        anchor_log(old.home, store)
+    with pytest.raises(AnchorError, match="were released"):
+        check_anchors(old.entries(), store, "trial-f")
+    r = run_cli("-m", "evidence", "verify", "--home", str(fresh.home), "--store", store_url)
+    assert r.returncode == 0, r.stderr
+    assert "4 of 4 commitments match" in r.stderr and "1 released chain(s) of trial trial-f" in r.stderr, r.stderr
+
+
+def test_a_release_that_is_not_genuine_is_refused_by_name(tmp_path):
+    """A release is refused while a preservation of the trial is in the store; a release record that does
+    not parse as one, names a chain the store does not hold (or with another count), or releases a chain
+    an index preserved, is refused by name wherever anchors are read — never taken as a release."""
+    from evidence.anchors import releasable, release
+    from evidence.stores import preserve
+
+    url = f"file://{tmp_path / 'store'}"
+    store = open_store(url)
+    log = make_home(tmp_path / "trials" / "trial-g")
+    got = anchor_log(log.home, store)
+    first = log.entries()[0]["hash"]
+    fresh = make_home(tmp_path / "again" / "trial-g")
+    released = tmp_path / "store" / "released" / "trial-g"
+    released.mkdir(parents=True)
+    good = dict(format="commitment-anchors-release-v1", trial="trial-g", prefix=got["prefix"], count=4,
+                at="2026-12-06T00:00:00+00:00", home="h", files=1, bytes=1, reason="r")
+    for body, why in [(b"{not json", "damaged, not valid JSON"),
+                      (json.dumps({**good, "count": "4"}).encode(), "damaged, not an anchors release \\(count"),
+                      (json.dumps({**good, "extra": 1}).encode(), "damaged, not an anchors release \\(extra"),
+                      (json.dumps({**good, "count": 3}).encode(), "damaged, it releases 3 anchor\\(s\\) .* the store holds 4")]:
+        (released / f"{first}.json").write_bytes(body)
+        for call in (lambda: anchor_log(fresh.home, store), lambda: check_anchors(log.entries(), store, "trial-g"),
+                     lambda: releasable(store, "trial-g")):
+            with pytest.raises(AnchorError, match=f"released/trial-g/{first}.json: {why}"):
+                call()
+    (released / f"{first}.json").unlink()
+    (released / f"{'a' * 64}.json").write_bytes(json.dumps({**good, "prefix": f"anchors/trial-g/{'a' * 64}/"}).encode())
+    with pytest.raises(AnchorError, match="releases 4 anchor\\(s\\) .* the store holds 0"):  # no such chain
+        anchor_log(fresh.home, store)
+    (released / f"{'a' * 64}.json").unlink()
+
+    preserve(log.home, url, trial="trial-g", anchors={k: got[k] for k in ("prefix", "count")})
+    with pytest.raises(AnchorError, match="holds 1 preservation index\\(es\\) of trial trial-g .* never released"):
+        release(store, "trial-g", home="h", files=0, size=0, reason="r")
+    (released / f"{first}.json").write_bytes(json.dumps(good).encode())  # planted beside the preservation
+    with pytest.raises(AnchorError, match="not a genuine release: .*indexes/trial-g/.* preserved that chain"):
+        anchor_log(fresh.home, store)
+    r = run_cli("-m", "evidence", "verify", "--home", str(log.home))
+    assert r.returncode == 2 and "not a genuine release" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -102,6 +102,30 @@ def test_destroy_waits_for_preservation_then_verifies_it(aws, trial, tmp_path):
         check(aws, trial.name).hook(resource())
 
 
+def test_a_home_discarded_unpreserved_does_not_hold_the_delete(aws, trial, tmp_path):
+    """A home that committed but was let go (`orchestrate remove --unpreserved`) released its anchors: they
+    stay in the bucket, no longer a home's, and the delete may go on once the rest is preserved; a
+    damaged release record is refused by name, never taken as one (#55)."""
+    from evidence.anchors import release
+    from evidence.stores import open_store
+
+    s3 = aws.client("s3")
+    bucket = f"{trial.name}-evidence"
+    s3.create_bucket(Bucket=bucket)
+    trial.launch(bucket)
+    prefix = f"trials/{trial.name}/"
+    home = a_home(tmp_path)
+    preserve(home, f"s3://{bucket}/{prefix}", trial=home.name, session=aws)
+    s3.put_object(Bucket=bucket, Key=f"{prefix}anchors/coop-smoke/{'ab' * 32}/00000000.json", Body=b"{}")
+    with pytest.raises(NotPreserved, match="home\\(s\\) coop-smoke made commitments but were never preserved"):
+        check(aws, trial.name).hook(resource())
+    (key,) = release(open_store(f"s3://{bucket}/{prefix}", aws), "coop-smoke", home="h", files=1, size=1, reason="r")
+    check(aws, trial.name).hook(resource())  # released: the delete may go on
+    s3.put_object(Bucket=bucket, Key=f"{prefix}{key}", Body=b'{"format": "commitment-anchors-release-v1"}')
+    with pytest.raises(NotPreserved, match=f"{key}: damaged, not an anchors release"):
+        check(aws, trial.name).hook(resource())
+
+
 def test_every_live_host_s_bucket_is_checked(aws, trial, tmp_path):
     """Hosts of one trial tagged with two buckets (a stack whose bucket was replaced, say): both must verify;
     a live host without the tag cannot be checked and is refused; terminated hosts hold nothing."""
