@@ -132,11 +132,13 @@ def cli(args: list[str], log: Path) -> tuple[int, str, float]:
 def first(out: str, *, run: bool) -> str:
     """validate: its first line. run: the line of its outcome (an error, a note or warning, or the summary)."""
     lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
+    at = 0
     if run:
-        for ln in lines:
-            if re.match(r"(error|refused|Usage|warning|note):|.*: prepared, trained|interrupted", ln):
-                return ln
-    return lines[0] if lines else ""
+        at = next((i for i, ln in enumerate(lines)
+                   if re.match(r"(error|refused|Usage|warning|note):|.*: prepared, trained|interrupted", ln)), 0)
+    if not lines:
+        return ""
+    return lines[at] + (" " + lines[at + 1] if lines[at].endswith(":") and at + 1 < len(lines) else "")
 
 
 def left(trials: Path) -> str:

@@ -14,6 +14,7 @@ running). Anything else is a bug: recorded with no exit status, then re-raised.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import sys
 import time
@@ -168,6 +169,7 @@ class _Run:
     def __init__(self, options: TrialOptions, view: TrialView):
         self.options, self.view = options, view
         self.started = time.monotonic()
+        self.made_trials = not options.trials.exists()  # a refused run leaves no folder it made
         self.record = RunRecord(format=RECORD_FORMAT, command=list(sys.argv), exit=0)
         self.clock = StageClock()
         self.held = ExitStack()  # every home this run writes in, held until it ends
@@ -194,7 +196,10 @@ class _Run:
                 self.record_path = write_record(self.record, self.options.record, self.options.trials, self.home,
                                                 self.view)
         finally:
-            self.held.close()
+            self.held.close()  # a hold on a home that was never made takes its lock file with it
+            if self.made_trials:
+                with contextlib.suppress(OSError):  # only if empty: nothing of a run is ever removed
+                    self.options.trials.rmdir()
 
     def outcome(self, error: str | None) -> TrialOutcome:
         r = self.record

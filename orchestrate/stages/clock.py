@@ -24,6 +24,6 @@ class StageClock:
         self.current = stage
         try:
             yield
+            self.current = None  # ended: a stage that raised stays current, for the run's ending to name
         finally:
             self.seconds[stage.value] = self.seconds.get(stage.value, 0.0) + time.monotonic() - t
-            self.current = None

@@ -1,6 +1,7 @@
 """The command lines, as a user runs them."""
 
 import json
+import re
 from pathlib import Path
 
 from conftest import run_cli
@@ -206,11 +207,20 @@ def test_a_terminated_run_stops_its_ranks_and_says_so(tmp_path, tiny_seed):
                                "--trials", str(tmp_path / "trials"), "--seeds", str(seeds), "--record", str(record),
                                timeout=240)
     rank = json.loads(beat.read_text())["pid"]
-    assert run.returncode != 0
+    assert run.returncode == 130
     assert proc_state(rank) is None  # stopped, and reaped
     rec = json.loads(record.read_text())
     assert rec["exit"] == 130 and rec["error"] == "terminated (SIGTERM)", rec
     assert "Traceback" not in err
+    # said in the moment (#55: it ended with no line): what is kept, what the next run does, how to resume
+    home = tmp_path / "trials" / "local-training-windows-smoke"
+    told = " ".join(err.split())
+    assert f"terminated (SIGTERM) during train: kept {home} (its committed inputs, placement)" in told, err[-3000:]
+    assert "nothing of it still runs" in told
+    assert re.search(r"the next run: single (resumes from update \d+|starts again; its unfinished attempt is set aside "
+                     r"under \S+/runs/single/attempts \(kept, not used\))", told), err[-3000:]
+    assert (f"to resume: orchestrate run diloco-four --profile smoke --trials {tmp_path / 'trials'} --seeds {seeds} "
+            f"--record {record}") in told
 
 
 def test_a_model_dir_the_profile_would_not_train_is_refused(tmp_path):

@@ -67,6 +67,12 @@ def test_the_walk_from_an_empty_folder_to_a_preserved_report(tmp_path):
     assert "200 cases" in out and "train 120, dev 16, test 64; 0 not used; 200 with a wrong answer" in out
     assert "tasks: cases.jsonl" in out and "30 damaged targets from its wrong answers" in out
     assert "← default; not used: the cases come from task_file" in out  # validate: what the file leaves unread
+    assert "checks: sum: number ×100; parity: text ×100" in out  # how each family's answers are checked
+    assert re.search(r"lengths: every case fits max_context 320 .*; the longest \d+ tokens — tokenizer: my-llama", out)
+    # the refusal a reader meets: both slips of the file in one pass, in the page's words, and nothing kept
+    assert re.search(r"error: task file \S+/my-study/cases.jsonl: 2 problems; fix every one, then validate again:\n"
+                     r"  line 201: not JSON \(Extra data, column 45\)\n  line 202: the prompt of line 1 again", out), out
+    assert "refused: exit 2" in out
     # the user's directory imported as a seed, with a receipt and its parameter count
     (seed,) = [d for d in (study / ".seeds").iterdir() if d.is_dir()]
     receipt = json.loads((seed / "receipt.json").read_text())
