@@ -138,7 +138,9 @@ def first(out: str, *, run: bool) -> str:
                    if re.match(r"(error|refused|Usage|warning|note):|.*: prepared, trained|interrupted", ln)), 0)
     if not lines:
         return ""
-    return lines[at] + (" " + lines[at + 1] if lines[at].endswith(":") and at + 1 < len(lines) else "")
+    said = lines[at] + (" " + lines[at + 1] if lines[at].endswith(":") and at + 1 < len(lines) else "")
+    warned = next((ln for ln in lines if ln.startswith("warning:")), None)
+    return said + (f" — then {warned}" if warned and warned != said else "")
 
 
 def left(trials: Path) -> str:
@@ -151,7 +153,7 @@ def left(trials: Path) -> str:
                      else p for p in items)
 
 
-def short(text: str, n: int = 150) -> str:
+def short(text: str, n: int = 230) -> str:
     text = text.replace("|", "\\|")
     return text if len(text) <= n else text[:n - 1] + "…"
 
