@@ -124,6 +124,33 @@ class Seconds(BaseModel):
     recovered_total: Number
 
 
+class Parting(BaseModel):
+    """Where two runs of one arm first part: the first update (1-based) after the checkpoint they both
+    start from whose loss or gradient norm differs on any rank (None: none does), and that rank. The
+    loss of update u is computed from the parameters update u-1 left, so the first parting update
+    bounds where the trajectories split."""
+
+    model_config = _FACT
+
+    update: int | None
+    rank: int | None
+    a: list[Number] | None = Field(None, description="(loss_sum_local, grad_norm) of the first run there")
+    b: list[Number] | None = None
+
+
+class Control(BaseModel):
+    """The same arm resumed from the same checkpoint without a kill, against the uninterrupted run: whether
+    the trajectory itself is reproducible here. Identical control, different recovery: the restart does
+    not restore something. Different control: the numerics are not reproducible, and no recovery can be
+    compared exactly (the profile's `deterministic`)."""
+
+    model_config = _FACT
+
+    comparison: Comparison
+    parting: Parting
+    seconds: Number
+
+
 class RecoveryComparison(Sealed):
     """recovery-comparison.json: what was run, how the kill went, and the two runs' final states compared.
     It seals itself: `digest` is the canonical sha256 of every other field (`evidence.report.verify`
@@ -149,7 +176,15 @@ class RecoveryComparison(Sealed):
     restore_per_rank: list[dict[str, Any]]
     seconds: Seconds
     uninterrupted_final_parameters: list[str]
+    # later fields: left out of the file while unset, so that every comparison written before them keeps its digest
+    deterministic: bool | None = Field(None, description="the profile's `deterministic` (every kernel deterministic)")
+    parting: Parting | None = Field(None, description="where the recovered run first parts from the uninterrupted")
+    control: Control | None = None
     digest: str
+
+    def body(self, *, exclude_digest: bool = False) -> dict[str, Any]:
+        return {k: v for k, v in super().body(exclude_digest=exclude_digest).items()
+                if v is not None or k not in ("deterministic", "parting", "control")}
 
 
 def seed_recovered_home(src: Path, dst: Path, arm: str, world: int, step: int) -> None:
@@ -194,6 +229,18 @@ def compare_homes(a: Path, b: Path, arm: str, step: int, ra: list[dict[str, Any]
     )
 
 
+def first_parting(ra: list[dict[str, Any]], rb: list[dict[str, Any]], after: int) -> Parting:
+    """The first update after `after` whose (loss_sum_local, grad_norm) differs between two runs' result
+    files on any rank, compared exactly (each rank's journal holds every update, restored ones too)."""
+    for u in range(after, min(len(ra[0]["updates"]), len(rb[0]["updates"]))):
+        for r, (x, y) in enumerate(zip(ra, rb)):
+            a = [x["updates"][u]["loss_sum_local"], x["updates"][u]["grad_norm"]]
+            b = [y["updates"][u]["loss_sum_local"], y["updates"][u]["grad_norm"]]
+            if a != b:
+                return Parting(update=u + 1, rank=r, a=a, b=b)
+    return Parting(update=None, rank=None)
+
+
 def _shared(world: int, device: str, share_gpus: bool, say: Callable[[str], None]) -> int | None:
     """How many GPUs the ranks share (None: one each, or the CPU); refuses, before anything is
     prepared, a CUDA arm with more ranks than GPUs unless the operator shares them on purpose."""
@@ -220,7 +267,7 @@ IO_BASELINE = {"TRIAL_IO_BASELINE": "1"}  # checkpoint write/restore next to a p
 
 def recovery_trial(base: Path, *, experiment_chain: list, arm: str, model_dir: Path, from_step: int,
                    kill_rank: int, kill_after: int, say: Callable[[str], None],
-                   share_gpus: bool = False) -> RecoveryComparison:
+                   share_gpus: bool = False, control: bool = True) -> RecoveryComparison:
     cfg = experiment_chain[-1]
     a = cfg.arm(arm)
     world, updates, every = a.world_size, cfg.profile.updates, cfg.profile.checkpoint_every
@@ -238,7 +285,10 @@ def recovery_trial(base: Path, *, experiment_chain: list, arm: str, model_dir: P
     threads = threads_per_rank(world)
     hb = lambda home: [home / "runs" / arm / f"rank-{r}" / "heartbeat.json" for r in range(world)]  # noqa: E731
 
-    say(f"[1/3] {arm}: uninterrupted run, {updates} updates, a group checkpoint every {every}")
+    steps = 4 if control else 3
+    say(f"[1/{steps}] {arm}: uninterrupted run, {updates} updates, a group checkpoint every {every}"
+        + ("; every kernel deterministic (the profile's deterministic = true)" if cfg.profile.deterministic else
+           "; the profile does not set deterministic = true: on CUDA two runs may differ, and this comparison with them"))
     t0 = time.monotonic()
     first = supervise(local_launch(local_argv(train_argv(Site.here(uninterrupted, model_dir), arm, threads)), world,
                                    heartbeats=hb(uninterrupted), share_gpus=gpus),
@@ -247,7 +297,26 @@ def recovery_trial(base: Path, *, experiment_chain: list, arm: str, model_dir: P
         raise RuntimeError(f"the uninterrupted run failed: {first[-1].failure_text()}")
     t_uninterrupted = time.monotonic() - t0
 
-    say(f"[2/3] recovered run: copies of every rank's step-{from_step} checkpoint; rank {kill_rank} "
+    base_results = load_results(uninterrupted, arm, world)
+    held = None
+    if control:  # the same restart without a kill: is the trajectory itself reproducible here?
+        say(f"[2/{steps}] control: copies of every rank's step-{from_step} checkpoint, resumed without a kill")
+        twin = base / "control"
+        seed_recovered_home(uninterrupted, twin, arm, world, from_step)
+        t0 = time.monotonic()
+        runs = supervise(local_launch(local_argv(train_argv(Site.here(twin, model_dir), arm, threads)), world,
+                                      heartbeats=hb(twin), share_gpus=gpus),
+                         log_root=twin / "logs" / arm, max_restarts=0, resume_first=True)
+        if not runs[-1].ok:
+            raise RuntimeError(f"the control run failed: {runs[-1].failure_text()}")
+        twin_results = load_results(twin, arm, world)
+        held = Control(comparison=compare_homes(uninterrupted, twin, arm, updates, base_results, twin_results),
+                       parting=first_parting(base_results, twin_results, from_step), seconds=time.monotonic() - t0)
+        say(f"  control vs uninterrupted: {'IDENTICAL' if held.comparison.identical else 'DIFFERENT'} (max |Δ| = "
+            f"{held.comparison.max_abs_diff!r})" + (f"; first parts at update {held.parting.update}, rank "
+                                                     f"{held.parting.rank}" if held.parting.update else ""))
+
+    say(f"[{steps - 1}/{steps}] recovered run: copies of every rank's step-{from_step} checkpoint; rank {kill_rank} "
         f"is killed after update {kill_after}; the supervisor restarts from the common manifest")
     seed_recovered_home(uninterrupted, recovered, arm, world, from_step)
     t0 = time.monotonic()
@@ -264,9 +333,8 @@ def recovery_trial(base: Path, *, experiment_chain: list, arm: str, model_dir: P
     killed = read_json(recovered / "runs" / arm / f"rank-{kill_rank}" / "fault.json")
     fail = attempts[0]
     results = load_results(recovered, arm, world)
-    base_results = load_results(uninterrupted, arm, world)
 
-    say("[3/3] comparing every rank's final state by tensor contents")
+    say(f"[{steps}/{steps}] comparing every rank's final state by tensor contents")
     comparison = compare_homes(uninterrupted, recovered, arm, updates, base_results, results)
     io = [r["checkpoints"]["io"] for r in results]  # the resumed run both restored and wrote
     restored = [r["checkpoints"]["restored"] for r in results]
@@ -288,6 +356,8 @@ def recovery_trial(base: Path, *, experiment_chain: list, arm: str, model_dir: P
         restore_per_rank=restored,
         seconds=Seconds(uninterrupted=t_uninterrupted, recovered_total=t_recovered),
         uninterrupted_final_parameters=[r["digests"]["final_parameters"] for r in base_results],
+        deterministic=cfg.profile.deterministic, parting=first_parting(base_results, results, from_step),
+        control=held,
     )
     write_json_atomic(base / "recovery-comparison.json", report.body())
     return report
@@ -307,6 +377,7 @@ class RecoveryOptions(BaseModel):
     seeds: Path = Path(".seeds")
     model_dir: Optional[Path] = None
     share_gpus: bool = False
+    control: bool = True
 
 
 def run_recovery(o: RecoveryOptions, progress: Progress) -> RecoveryComparison:
@@ -328,4 +399,5 @@ def run_recovery(o: RecoveryOptions, progress: Progress) -> RecoveryComparison:
         md = o.seeds / kind
         materialize(kind, md)
     return recovery_trial(o.out, experiment_chain=chain, arm=arm, model_dir=md, from_step=o.from_step,
-                          kill_rank=o.kill_rank, kill_after=o.kill_after, share_gpus=o.share_gpus, say=progress.line)
+                          kill_rank=o.kill_rank, kill_after=o.kill_after, share_gpus=o.share_gpus, say=progress.line,
+                          control=o.control)

@@ -126,6 +126,9 @@ class Profile(_Strict):
     score_batch: int = 16  # test/dev cases generated together (left-padded greedy decoding)
     score_dtype: Literal["float32", "bfloat16"] = "float32"  # generation's autocast on CUDA (probes stay FP32)
     serving_requests: int | None = None  # the serving probe's requests per phase (None: the studies' 64)
+    # every kernel deterministic (torch.use_deterministic_algorithms, cuBLAS's fixed workspace): two runs of
+    # the same inputs equal bit for bit on CUDA, so a recovery can be compared exactly (docs/training.md)
+    deterministic: bool = False
     written_keys: ClassVar[tuple[str, ...]] = ("base",)  # expanded before validation (`inherit_profiles`)
 
     @model_validator(mode="after")
@@ -196,6 +199,11 @@ class Experiment(_Strict):
         return self
 
 
+LATER_PROFILE_KEYS = {"serving_requests", "deterministic"}
+"""Profile keys that came after homes were committed: left out of the resolved study while unset, so that
+every earlier home's experiment digest stands (a profile that sets one commits it)."""
+
+
 class Resolved(_Strict):
     """One experiment at one profile: everything a stage needs, with one digest."""
 
@@ -257,10 +265,8 @@ class Resolved(_Strict):
             "experiment": self.experiment.model_dump(mode="json", exclude={"profiles"} | (
                 set() if self.experiment.task_file else {"task_file"})),
             "profile_name": self.profile_name,
-            # serving_requests came after homes were committed: left out while unset, so that every
-            # earlier home's experiment digest stands (a profile that sets it commits it)
-            "profile": self.profile.model_dump(mode="json", exclude=set() if self.profile.serving_requests
-                                               else {"serving_requests"}),
+            "profile": self.profile.model_dump(mode="json", exclude={k for k in LATER_PROFILE_KEYS
+                                                                     if not getattr(self.profile, k)}),
         }
 
     def digest(self) -> str:

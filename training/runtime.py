@@ -125,12 +125,25 @@ def init_group(info: RankInfo, device: torch.device, timeout_s: float = 600,
                             device_id=device if backend == "nccl" else None)
 
 
-def configure_numerics(device: torch.device) -> None:
-    """Fixed switches: no TF32 (bf16 autocast is explicit), deterministic cuDNN."""
+DETERMINISTIC_CUBLAS = ":4096:8"
+"""cuBLAS's fixed workspace: without it a cuBLAS call may split its reduction differently from call to
+call, and torch refuses it under deterministic algorithms (docs: torch.use_deterministic_algorithms)."""
+
+
+def configure_numerics(device: torch.device, *, deterministic: bool = False) -> None:
+    """Fixed switches: no TF32 (bf16 autocast is explicit), deterministic cuDNN; with `deterministic`
+    (the profile's), every kernel with a deterministic implementation uses it and any without one
+    raises, so two runs of the same inputs equal bit for bit. Without it, padded attention's backward
+    and the embedding's accumulate with atomics on CUDA, and a run's second update already differs from
+    another's (bench/results/2026-12-06-deterministic-recovery-1xh100/)."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
+    if deterministic:
+        # read by cuBLAS when this process first uses it (after this point): an operator's own value stands
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", DETERMINISTIC_CUBLAS)
+        torch.use_deterministic_algorithms(True)
 
 
 def numerical_profile(device: torch.device, *, dtype: str, arm: dict[str, Any],
@@ -148,6 +161,8 @@ def numerical_profile(device: torch.device, *, dtype: str, arm: dict[str, Any],
         "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
         "tf32_cudnn": torch.backends.cudnn.allow_tf32,
         "cudnn_deterministic": torch.backends.cudnn.deterministic,
+        # only where on: every profile committed before the setting keeps its digest
+        **({"deterministic_algorithms": True} if torch.are_deterministic_algorithms_enabled() else {}),
         "backend": backend or group_backend(device, None),
         "env": {k: os.environ.get(k) for k in NUMERIC_ENV},
         "arm": arm,

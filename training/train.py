@@ -258,7 +258,7 @@ class RankRun:
         barrier_ok(failure is None, "seed verification", device)
         if failure is not None:
             raise failure
-        runtime.configure_numerics(device)
+        runtime.configure_numerics(device, deterministic=self.cfg.profile.deterministic)
         _seed_everything(self.cfg.experiment.generator_seed, info.rank)
 
     def load_model(self) -> Any:

@@ -137,13 +137,18 @@ def recovery_trial_cmd(
         model_dir: Optional[Path] = typer.Option(None, help="a profile with seed = \"local\": your model (as `run "
                                                  "--model-dir`)"),
         share_gpus: bool = typer.Option(False, "--share-gpus", help="CUDA profile with fewer GPUs than ranks: the "
-                                        "ranks share them (gloo between them); the comparison stays exact")) -> None:
-    """Kill a rank mid-run, restart from the common checkpoint, compare with an uninterrupted run."""
+                                        "ranks share them (gloo between them); the comparison stays exact"),
+        control: bool = typer.Option(True, "--control/--no-control", help="also resume the same checkpoint without "
+                                     "a kill and compare it with the uninterrupted run: tells a restart that loses "
+                                     "state from numerics that are not reproducible")) -> None:
+    """Kill a rank mid-run, restart from the common checkpoint, compare with an uninterrupted run (and, as a
+    control, the same restart without a kill)."""
     from orchestrate.recovery import RecoveryOptions, run_recovery
     from orchestrate.trial import OptionError
 
     options = RecoveryOptions(arm=arm, profile=profile, from_step=from_step, kill_rank=kill_rank,
-                              kill_after=kill_after, out=out, seeds=seeds, model_dir=model_dir, share_gpus=share_gpus)
+                              kill_after=kill_after, out=out, seeds=seeds, model_dir=model_dir, share_gpus=share_gpus,
+                              control=control)
     try:
         rep = run_recovery(options, progress)
     except OptionError as e:
@@ -156,9 +161,24 @@ def recovery_trial_cmd(
               f"{f.kill_to_survivors_stopped_seconds:.3f} s; resumed from {sorted(set(rep.resumed_from))}")
     con.print(f"final state of every rank vs the uninterrupted run: max |Δ| = {c.max_abs_diff!r} "
               f"over {sum(p.tensors for r in c.ranks for p in r.parts.values())} "
-              f"tensors; {'IDENTICAL' if c.identical else 'DIFFERENT'}")
+              f"tensors; {'IDENTICAL' if c.identical else 'DIFFERENT'}"
+              + (f"; first parts at update {rep.parting.update} (rank {rep.parting.rank})"
+                 if rep.parting and rep.parting.update else ""))
+    if rep.control is not None:
+        k = rep.control.comparison
+        con.print(f"control (resumed without a kill) vs the uninterrupted run: max |Δ| = {k.max_abs_diff!r}; "
+                  f"{'IDENTICAL' if k.identical else 'DIFFERENT'}"
+                  + (f"; first parts at update {rep.control.parting.update}" if rep.control.parting.update else ""))
+        if not c.identical:
+            con.print("→ " + ("the numerics are not reproducible here (the control differs too): "
+                              + ("set deterministic = true in the profile" if not rep.deterministic else
+                                 "although the profile sets deterministic = true")
+                              if not k.identical else "the restart does not restore every state (the control is identical)"),
+                      highlight=False)
     print(json.dumps({"comparison": str(out / "recovery-comparison.json"), "digest": rep.digest,
                       "max_abs_diff": c.max_abs_diff, "identical": c.identical,
+                      "control_identical": rep.control.comparison.identical if rep.control else None,
+                      "control_max_abs_diff": rep.control.comparison.max_abs_diff if rep.control else None,
                       "kill_to_survivors_stopped_seconds": f.kill_to_survivors_stopped_seconds}))
     if not c.identical:
         raise typer.Exit(1)

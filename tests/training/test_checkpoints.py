@@ -277,6 +277,11 @@ def test_recovery_trial_command(tmp_path, tiny_seed):
     f = rep["failure"]
     assert f["observed_rank"] == 1 and f["reason"] == "exit"
     assert 0 <= f["kill_to_survivors_stopped_seconds"] < 15
+    # the control (#57): the same checkpoint resumed without a kill equals the uninterrupted run too, and
+    # neither run parts from it at any update
+    assert rep["control"]["comparison"]["identical"] and rep["control"]["parting"]["update"] is None
+    assert rep["parting"] == {"update": None, "rank": None, "a": None, "b": None} and rep["deterministic"] is False
+    assert "control (resumed without a kill) vs the uninterrupted run: max |Δ| = 0.0; IDENTICAL" in r.stdout + r.stderr
 
 
 def test_kill_while_a_manifest_is_published(smoke_home, tmp_path, tiny_seed, full_pair):
