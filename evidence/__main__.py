@@ -79,6 +79,23 @@ def report(home: Path = typer.Option(..., help="the trial home"),
                       "failed_gates": rep.failed_gates}))
 
 
+@app.command("recovery-report")
+def recovery_report(out: Path = typer.Option(..., help="the recovery trial's folder (`orchestrate recovery-trial "
+                                             "--out`), holding recovery-comparison.json")) -> None:
+    """Recompute the recovery trial's report (recovery-report.json, .md) from recovery-comparison.json, its
+    digest checked; write it where absent, and exit 2, writing nothing, where what is on disk differs."""
+    from evidence.report.recovery import REPORT, write_recovery_report, summary_line  # pydantic: this command's only
+
+    try:
+        v, written = write_recovery_report(out)
+    except (EvidenceFileError, CoveredFileError) as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2)
+    typer.echo(f"{v.arm}: {summary_line(v)}", err=True)
+    print(json.dumps({"report": str(out / REPORT), "markdown": str((out / REPORT).with_suffix(".md")),
+                      "written": [str(p) for p in written], "verdict": v.verdict, "conclusion": v.conclusion}))
+
+
 @app.command("preserve-part")
 def preserve_part_cmd(home: Path = typer.Option(..., help="this host's copy of the trial home"),
                       store: str = typer.Option(..., help="the trial's evidence store")) -> None:

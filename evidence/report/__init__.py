@@ -12,7 +12,8 @@ Checks (verify), in order (the first failure stops the report with a message; no
      and, for DiLoCo, its outer steps against the sync schedule (every H updates and the last);
   4. every evaluation attempt's files against its receipt; every raw answer re-checked strictly
      against the committed task answers, and the recorded verdict must match;
-  5. recovery comparison receipts found under the home, against their own digests;
+  5. recovery comparison receipts found under the home, against their own digests (read as the recovery
+     trial's own report reads them: recovery.py);
   6. the first committed serving probe (evidence/serving.py): its receipt, the fixed workload, the
      attempt bound, and every stored figure against its own per-request records.
   7. the gates' attainability committed before training (attainability.json, evidence/attainability.py):

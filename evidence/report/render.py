@@ -60,10 +60,18 @@ def markdown(rep: Report) -> str:
                      f"| {c['allocated_device_seconds']:.2f} |")
     lines += ["", "Dollars: not applicable on the embedded local cluster (no price).", ""]
     lines += _serving_markdown(rep.serving, rep.serving_attempts, rep.shared.get(SERVING_PROBE))
-    if rep.recovery_comparisons:
-        lines += ["## Recovery", ""] + [f"- {r['file']}: identical={r['identical']}, max |Δ| = {r['max_abs_diff']}"
-                                        for r in rep.recovery_comparisons] + [""]
+    lines += recovery_markdown(rep.recovery_comparisons)
     return "\n".join(lines)
+
+
+def recovery_markdown(comparisons: list[dict[str, Any]]) -> list[str]:
+    """The "## Recovery" section: each recovery comparison under the home in the words of its own report
+    (evidence/report/recovery.py), so the trial report and recovery-report.md never say it differently."""
+    if not comparisons:
+        return []
+    return ["## Recovery", "", "Each recovery trial's comparison found under the home, its digest checked "
+            "(`python -m evidence recovery-report --out <its folder>` renders one whole).", "",
+            *[f"- {r['file']}: {r['summary']}" for r in comparisons], ""]
 
 
 def _value(g: Gate) -> str:

@@ -12,7 +12,7 @@ from typing import Any
 
 from evidence.anchors import AnchorError, verify_anchors
 from evidence.attempts import attempt_number, attempts
-from evidence.canonical import EvidenceFileError, canonical_sha256, file_sha256, read_json, read_jsonl
+from evidence.canonical import EvidenceFileError, file_sha256, read_json, read_jsonl
 from evidence.checker import check_answer
 from evidence.commitments import CommitmentLog
 from evidence.errors import UserError
@@ -22,6 +22,7 @@ from evidence.placement import PlacementRecord, Shared, committed_placement, not
 
 SHARED_GPUS_ENV = "TRIAL_SHARED_GPUS"  # what a rank records of its placement (training/sharing.py)
 from evidence.receipts import verify_receipt
+from evidence.report.recovery import COMPARISON as RECOVERY_COMPARISON, recovery_verdict, summary_line
 from evidence.schedule import due_after as schedule_due
 from evidence.serving import ServingEvidenceError, check_probe, requests_of
 
@@ -212,14 +213,7 @@ def verify(home: str | Path, *, store: str | None = None, trial: str | None = No
                                         "recorded retry reason")
         evaluations.setdefault(role, {})[arm] = checked
 
-    recoveries = []
-    for f in sorted(home.rglob("recovery-comparison.json")):
-        rep = read_json(f)
-        if canonical_sha256({k: v for k, v in rep.items() if k != "digest"}) != rep.get("digest"):
-            raise EvidenceError(f"{f}: contents differ from its digest")
-        recoveries.append({"file": str(f.relative_to(home)), "identical": rep["comparison"]["identical"],
-                           "max_abs_diff": rep["comparison"]["max_abs_diff"]})
-
+    recoveries = recovery_comparisons(home)
     serving, serving_attempts = _serving(home, entries, selection, cases, requests_of(prepared))
     attainable, source = _attainability(home, entries, prepared, results)
     return Verified(entries=entries, selection_entry=sel_entry, anchors=anchors, prepared=prepared,
@@ -227,6 +221,21 @@ def verify(home: str | Path, *, store: str | None = None, trial: str | None = No
                     shared=_shared(home, results),
                     evaluations=evaluations, recoveries=recoveries, serving=serving,
                     serving_attempts=serving_attempts, attainability=attainable, attainability_source=source)
+
+
+def recovery_comparisons(home: Path) -> list[dict[str, Any]]:
+    """Every recovery-comparison.json under the home, read as the recovery trial's own report reads it
+    (evidence/report/recovery.py: its digest checked, a damaged one refused by name), so both say the
+    same verdict: identical, max |Δ|, and the one-line summary the report shows."""
+    out = []
+    for f in sorted(home.rglob(RECOVERY_COMPARISON)):
+        try:
+            v = recovery_verdict(f, relative_to=home)
+        except EvidenceFileError as e:
+            raise EvidenceError(str(e)) from None
+        out.append({"file": v.comparison_file, "identical": v.recovered.identical,
+                    "max_abs_diff": v.recovered.max_abs_diff, "summary": summary_line(v)})
+    return out
 
 
 def _attainability(home: Path, entries: list[dict], prepared: dict[str, Any],

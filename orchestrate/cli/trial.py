@@ -143,6 +143,7 @@ def recovery_trial_cmd(
                                      "state from numerics that are not reproducible")) -> None:
     """Kill a rank mid-run, restart from the common checkpoint, compare with an uninterrupted run (and, as a
     control, the same restart without a kill)."""
+    from evidence.report.recovery import REPORT as RECOVERY_REPORT, write_recovery_report
     from orchestrate.recovery import RecoveryOptions, run_recovery
     from orchestrate.trial import OptionError
 
@@ -175,7 +176,16 @@ def recovery_trial_cmd(
                                  "although the profile sets deterministic = true")
                               if not k.identical else "the restart does not restore every state (the control is identical)"),
                       highlight=False)
+    try:  # the verdict a reader reads, rendered by evidence/ from the file just written (its digest checked)
+        verdict, _ = write_recovery_report(out)
+    except UserError as e:
+        say("error:", str(e), style="bold red")
+        raise typer.Exit(2)
+    report = out / RECOVERY_REPORT
+    con.print(f"report: {report.with_suffix('.md')} ({verdict.conclusion})", highlight=False)
     print(json.dumps({"comparison": str(out / "recovery-comparison.json"), "digest": rep.digest,
+                      "report": str(report), "markdown": str(report.with_suffix(".md")),
+                      "conclusion": verdict.conclusion,
                       "max_abs_diff": c.max_abs_diff, "identical": c.identical,
                       "control_identical": rep.control.comparison.identical if rep.control else None,
                       "control_max_abs_diff": rep.control.comparison.max_abs_diff if rep.control else None,

@@ -282,6 +282,16 @@ def test_recovery_trial_command(tmp_path, tiny_seed):
     assert rep["control"]["comparison"]["identical"] and rep["control"]["parting"]["update"] is None
     assert rep["parting"] == {"update": None, "rank": None, "a": None, "b": None} and rep["deterministic"] is False
     assert "control (resumed without a kill) vs the uninterrupted run: max |Δ| = 0.0; IDENTICAL" in r.stdout + r.stderr
+    # the verdict a reader reads (#57): rendered beside the comparison, named on the console, and recomputed
+    # from the comparison alone by `python -m evidence recovery-report`, which writes nothing new
+    said = json.loads(r.stdout.splitlines()[-1])
+    assert said["markdown"] == str(out / "recovery-report.md") and f"report: {out / 'recovery-report.md'}" in r.stdout + r.stderr
+    md = (out / "recovery-report.md").read_text()
+    assert "**Identical: every rank's final state equals the uninterrupted run's, tensor for tensor.**" in md
+    assert "| kill | rank 1 after update 11: failure observed " in md and "| resumed from | step 8 (each rank: 8, 8, 8, 8) |" in md
+    assert "- IDENTICAL: max |Δ| = 0.0 over " in md and "| deterministic | no — the profile does not set" in md
+    again = run_cli("-m", "evidence", "recovery-report", "--out", str(out))
+    assert again.returncode == 0 and json.loads(again.stdout.splitlines()[-1])["written"] == [], again.stderr
 
 
 def test_kill_while_a_manifest_is_published(smoke_home, tmp_path, tiny_seed, full_pair):
