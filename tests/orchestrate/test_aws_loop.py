@@ -327,7 +327,7 @@ def test_the_aws_loop_in_emulation(cloud, tiny_seed, tmp_path):
         # a second run, stopped by the transfer alarm before its first arm; what it has is preserved
         cw.set_alarm_state(AlarmName=f"{TRIAL}-transfer-3", StateValue="ALARM", StateReason="test: over the guard")
         # (with --no-serve: the placement, committed before the first arm, says the probe is not to run)
-        r = run_cli(*run[:3], "clean-pair", *run[3:], "--no-serve", timeout=900)
+        r = run_cli(*run[:3], "cooperative-learning", *run[3:], "--no-serve", timeout=900)
         assert r.returncode == 3 and f"transfer alarm {TRIAL}-transfer-3 in ALARM" in said(r), said(r)[-3000:]
         (stop,) = (coop / "stops").glob("*.json")
         assert read_json(stop)["finished_arms"] == []

@@ -71,7 +71,7 @@ def test_the_walk_from_an_empty_folder_to_a_preserved_report(tmp_path):
     assert re.search(r"lengths: every case fits max_context 320 .*; the longest \d+ tokens — tokenizer: my-llama", out)
     # the refusal a reader meets: both slips of the file in one pass, in the page's words, and nothing kept
     assert re.search(r"error: task file \S+/my-study/cases.jsonl: 2 problems; fix every one, then validate again:\n"
-                     r"  line 201: not JSON \(Extra data, column 45\)\n  line 202: the prompt of line 1 again", out), out
+                     r"  line 201: not JSON \(Extra data, column 42\)\n  line 202: the prompt of line 1 again", out), out
     assert "refused: exit 2" in out
     # the user's directory imported as a seed, with a receipt and its parameter count
     (seed,) = [d for d in (study / ".seeds").iterdir() if d.is_dir()]
