@@ -10,8 +10,7 @@ report's "## Recovery" lines (`verify` reads every comparison under a home throu
 Comparisons written before the control and the parting update existed (no `deterministic`,
 `parting`, `control` keys) still verify, and read "control: not run".
 
-Only what the report needs is read, by models of its own (`evidence` imports nothing of ours; the
-writer's full model is `orchestrate.recovery.RecoveryComparison`); any other key is left alone.
+The comparison is read through the very models its writer seals it with (`evidence.recovery`).
 """
 
 from __future__ import annotations
@@ -22,105 +21,23 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from evidence.canonical import EvidenceFileError, canonical_sha256, json_bytes, read_json, write_bytes_atomic
 from evidence.covered import guard_writes
+from evidence.recovery import Comparison, Number, Parting, RecoveryComparison
 
 COMPARISON = "recovery-comparison.json"
 REPORT = "recovery-report.json"  # Markdown beside it: recovery-report.md
 RERUN = "run `orchestrate recovery-trial` again into a fresh --out"
 
-Number = int | float
-
-_READ = ConfigDict(extra="ignore", frozen=True)
 _OUT = ConfigDict(extra="forbid", frozen=True)
 
 
-class _Part(BaseModel):
-    model_config = _READ
+class At(BaseModel):
+    """Where a run first parts from the uninterrupted one, as the report states it: the update (1-based)
+    and the rank (None: no update does)."""
 
-    tensors: int
-    max_abs_diff: Number
-    mismatches: list[str]
-
-
-class _Rank(BaseModel):
-    """A rank's comparison: its parts are every key that is not one of these three."""
-
-    model_config = ConfigDict(extra="allow", frozen=True)
-
-    rank: int
-    max_abs_diff: Number
-    identical: bool
-
-    def parts(self) -> dict[str, _Part]:
-        return {k: _Part.model_validate(v) for k, v in (self.__pydantic_extra__ or {}).items()}
-
-
-class _Comparison(BaseModel):
-    model_config = _READ
-
-    step: int
-    ranks: list[_Rank]
-    max_abs_diff: Number
-    identical: bool
-
-
-class Parting(BaseModel):
-    """The first update (1-based) where a run's loss or gradient norm differs from the uninterrupted
-    run's on any rank, and that rank (None: no update does)."""
-
-    model_config = _READ
+    model_config = _OUT
 
     update: int | None
     rank: int | None
-
-
-class _Control(BaseModel):
-    model_config = _READ
-
-    comparison: _Comparison
-    parting: Parting
-
-
-class _Shared(BaseModel):
-    model_config = _READ
-
-    ranks: int
-    gpus: int
-
-
-class _Kill(BaseModel):
-    model_config = _READ
-
-    rank: int
-    after_update: int
-
-
-class _Failure(BaseModel):
-    model_config = _READ
-
-    kill_to_observed_seconds: Number
-    kill_to_survivors_stopped_seconds: Number
-
-
-class _Written(BaseModel):
-    """recovery-comparison.json, as much of it as the report reads."""
-
-    model_config = _READ
-
-    experiment: str
-    profile: str
-    arm: str
-    world_size: int
-    device: str
-    shared: _Shared | None
-    from_step: int
-    kill: _Kill
-    failure: _Failure
-    resumed_from: list[int]
-    comparison: _Comparison
-    deterministic: bool | None = None
-    parting: Parting | None = None
-    control: _Control | None = None
-    digest: str
 
 
 class Side(BaseModel):
@@ -135,7 +52,7 @@ class Side(BaseModel):
     ranks: int
     differing_parts: list[str]
     differing_ranks: list[int]
-    parting: Parting | None
+    parting: At | None
 
 
 class RecoveryVerdict(BaseModel):
@@ -166,7 +83,7 @@ class RecoveryVerdict(BaseModel):
     conclusion: str
 
 
-def read_comparison(path: str | Path) -> _Written:
+def read_comparison(path: str | Path) -> RecoveryComparison:
     """recovery-comparison.json through the guarded reader, refused by name when it is not strict JSON,
     lacks what the report reads, or its contents differ from its own digest."""
     path = Path(path)
@@ -175,19 +92,19 @@ def read_comparison(path: str | Path) -> _Written:
         raise EvidenceFileError(f"{path}: damaged, contents differ from its digest (it is evidence, never "
                                 f"edited: {RERUN})")
     try:
-        return _Written.model_validate(raw)
+        return RecoveryComparison.model_validate(raw)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
         raise EvidenceFileError(f"{path}: damaged, {where}: {first['msg']} ({RERUN})") from None
 
 
-def _side(c: _Comparison, parting: Parting | None) -> Side:
-    parts = sorted({name for r in c.ranks for name, p in r.parts().items() if p.max_abs_diff != 0 or p.mismatches})
+def _side(c: Comparison, parting: Parting | None) -> Side:
+    parts = sorted({name for r in c.ranks for name, p in r.parts.items() if p.max_abs_diff != 0 or p.mismatches})
     return Side(identical=c.identical, max_abs_diff=c.max_abs_diff,
-                tensors=sum(p.tensors for r in c.ranks for p in r.parts().values()), ranks=len(c.ranks),
+                tensors=sum(p.tensors for r in c.ranks for p in r.parts.values()), ranks=len(c.ranks),
                 differing_parts=parts, differing_ranks=[r.rank for r in c.ranks if not r.identical],
-                parting=parting)
+                parting=None if parting is None else At(update=parting.update, rank=parting.rank))
 
 
 NOT_DETERMINISTIC = "the profile does not set deterministic = true; a run without it cannot be compared exactly"
@@ -235,7 +152,7 @@ def _parts(s: Side) -> str:
             f"on rank(s) {', '.join(map(str, s.differing_ranks))}")
 
 
-def _parting(p: Parting | None) -> str:
+def _parting(p: At | None) -> str:
     if p is None:
         return "not recorded (written before the per-update comparison)"
     if p.update is None:
