@@ -27,11 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrate.launch.command import Site, local_argv, threads_per_rank, train_argv  # noqa: E402
-from orchestrate.launch.local import local_launch  # noqa: E402
-from orchestrate.launch.supervise import supervise  # noqa: E402
 from orchestrate.placement import visible_gpus  # noqa: E402
-from orchestrate.recovery import COPY_HOME, compare_homes, first_parting  # noqa: E402
+from orchestrate.recovery import COPY_HOME, compare_homes, first_parting, train_here  # noqa: E402
 from training.config import address, lineage  # noqa: E402
 from training.prepare import prepare_chain  # noqa: E402
 from training.results import load_results  # noqa: E402
@@ -95,8 +92,7 @@ def main() -> int:
                 for f in COPY_HOME:
                     (shutil.copytree if (prepared / f).is_dir() else shutil.copy2)(prepared / f, home / f)
                 t0 = time.monotonic()
-                res = supervise(local_launch(local_argv(train_argv(Site.here(home, md), arm, threads_per_rank(world))),
-                                             world, share_gpus=gpus), log_root=home / "logs" / arm, max_restarts=0)
+                res = train_here(home, arm, world, md, gpus, max_restarts=0)
                 if not res[-1].ok:
                     print(f"{arm} (deterministic={det}) run {k} FAILED: {res[-1].failure_text(5)}", flush=True)
                     rows.append({"arm": arm, "deterministic": det, "run": k, "failed": res[-1].failure_text(5)})

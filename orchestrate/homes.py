@@ -55,6 +55,14 @@ class Discarded(BaseModel):
     released: list[str]  # the release records written, each a URL
 
 
+def _hold(held: ExitStack, home: Path) -> None:
+    """Hold `home` until `held` closes, or refuse naming the run that holds it."""
+    try:
+        held.enter_context(hold(home, f"trial home {home}"))
+    except HeldError as e:
+        raise Refused(str(e)) from None
+
+
 @contextmanager
 def verified_home(home: Path, not_preserved: str, progress: Progress) -> Iterator[tuple[Preserved, Verified]]:
     """Hold `home` (not while a run writes in it) with its preservation record read and its evidence index
@@ -64,10 +72,7 @@ def verified_home(home: Path, not_preserved: str, progress: Progress) -> Iterato
     if not rec_path.is_file():
         raise Refused(f"{home} has not been preserved (no {PRESERVED}); {not_preserved}")
     with ExitStack() as held:
-        try:
-            held.enter_context(hold(home, f"trial home {home}"))
-        except HeldError as e:
-            raise Refused(str(e)) from None
+        _hold(held, home)
         try:
             rec = read_preserved(home)
             with progress.status("re-reading every preserved object…"):
@@ -122,10 +127,7 @@ def discard_home(home: Path, url: str, progress: Progress) -> Discarded:
     if home.exists() and not home.is_dir():
         raise Refused(f"{home} is not a trial home (not a folder): nothing to discard")
     with ExitStack() as held:
-        try:
-            held.enter_context(hold(home, f"trial home {home}"))
-        except HeldError as e:
-            raise Refused(str(e)) from None
+        _hold(held, home)
         if (home / PRESERVED).exists():  # preserved while we waited for the hold
             raise Refused(f"{home} has been preserved ({PRESERVED}) just now: `orchestrate remove --home {home}`")
         try:

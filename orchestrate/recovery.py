@@ -34,7 +34,7 @@ from evidence.recovery import (  # the record's models: evidence reads the file 
 )
 from orchestrate.launch.command import Site, local_argv, threads_per_rank, train_argv
 from orchestrate.launch.local import local_launch
-from orchestrate.launch.supervise import supervise
+from orchestrate.launch.supervise import GroupResult, supervise
 from orchestrate.placement import visible_gpus
 from orchestrate.progress import Progress
 from orchestrate.stages.prepare import seed_from_model_dir
@@ -110,6 +110,16 @@ def first_parting(ra: list[dict[str, Any]], rb: list[dict[str, Any]], after: int
     return Parting(update=None, rank=None)
 
 
+def train_here(home: Path, arm: str, world: int, model_dir: Path, share_gpus: int | None, *,
+               echo: Callable[[str], None] | None = None, **supervision: Any) -> list[GroupResult]:
+    """`arm`'s ranks in `home` on this machine, supervised (`supervise`'s options), as the embedded local
+    cluster launches them: the runs a recovery trial (or a determinism benchmark) compares."""
+    launch = local_launch(local_argv(train_argv(Site.here(home, model_dir), arm, threads_per_rank(world))), world,
+                          heartbeats=[home / "runs" / arm / f"rank-{r}" / "heartbeat.json" for r in range(world)],
+                          echo=echo, share_gpus=share_gpus)
+    return supervise(launch, log_root=home / "logs" / arm, echo=echo, **supervision)
+
+
 def _shared(world: int, device: str, share_gpus: bool, say: Callable[[str], None]) -> int | None:
     """How many GPUs the ranks share (None: one each, or the CPU); refuses, before anything is
     prepared, a CUDA arm with more ranks than GPUs unless the operator shares them on purpose."""
@@ -151,17 +161,13 @@ def recovery_trial(base: Path, *, experiment_chain: list, arm: str, model_dir: P
     uninterrupted, recovered = base / "uninterrupted", base / "recovered"
     list(prepare_chain(experiment_chain, lambda c: uninterrupted if c is cfg else base / c.experiment.name,
                        model_dir))  # earlier experiments under their names: the no-recurrence proof
-    threads = threads_per_rank(world)
-    hb = lambda home: [home / "runs" / arm / f"rank-{r}" / "heartbeat.json" for r in range(world)]  # noqa: E731
 
     steps = 4 if control else 3
     say(f"[1/{steps}] {arm}: uninterrupted run, {updates} updates, a group checkpoint every {every}"
         + ("; every kernel deterministic (the profile's deterministic = true)" if cfg.profile.deterministic else
            "; the profile does not set deterministic = true: on CUDA two runs may differ, and this comparison with them"))
     t0 = time.monotonic()
-    first = supervise(local_launch(local_argv(train_argv(Site.here(uninterrupted, model_dir), arm, threads)), world,
-                                   heartbeats=hb(uninterrupted), share_gpus=gpus),
-                      log_root=uninterrupted / "logs" / arm, max_restarts=0, env=IO_BASELINE)
+    first = train_here(uninterrupted, arm, world, model_dir, gpus, max_restarts=0, env=IO_BASELINE)
     if not first[-1].ok:
         raise RuntimeError(f"the uninterrupted run failed: {first[-1].failure_text()}")
     t_uninterrupted = time.monotonic() - t0
@@ -173,9 +179,7 @@ def recovery_trial(base: Path, *, experiment_chain: list, arm: str, model_dir: P
         twin = base / "control"
         seed_recovered_home(uninterrupted, twin, arm, world, from_step)
         t0 = time.monotonic()
-        runs = supervise(local_launch(local_argv(train_argv(Site.here(twin, model_dir), arm, threads)), world,
-                                      heartbeats=hb(twin), share_gpus=gpus),
-                         log_root=twin / "logs" / arm, max_restarts=0, resume_first=True)
+        runs = train_here(twin, arm, world, model_dir, gpus, max_restarts=0, resume_first=True)
         if not runs[-1].ok:
             raise RuntimeError(f"the control run failed: {runs[-1].failure_text()}")
         twin_results = load_results(twin, arm, world)
@@ -189,12 +193,9 @@ def recovery_trial(base: Path, *, experiment_chain: list, arm: str, model_dir: P
         f"is killed after update {kill_after}; the supervisor restarts from the common manifest")
     seed_recovered_home(uninterrupted, recovered, arm, world, from_step)
     t0 = time.monotonic()
-    attempts = supervise(local_launch(local_argv(train_argv(Site.here(recovered, model_dir), arm, threads)), world,
-                                      heartbeats=hb(recovered), echo=lambda line: say(f"  {line}"),
-                                      share_gpus=gpus),
-                         log_root=recovered / "logs" / arm, max_restarts=1, env=IO_BASELINE,
-                         first_env={"TRIAL_FAULT_KILL": f"{kill_rank}:{kill_after}"},
-                         resume_first=True, echo=lambda line: say(f"  {line}"))
+    attempts = train_here(recovered, arm, world, model_dir, gpus, echo=lambda line: say(f"  {line}"), max_restarts=1,
+                          env=IO_BASELINE, first_env={"TRIAL_FAULT_KILL": f"{kill_rank}:{kill_after}"},
+                          resume_first=True)
     t_recovered = time.monotonic() - t0
     if len(attempts) != 2 or not attempts[-1].ok:
         raise RuntimeError("the recovery did not go kill → restart → finish: "
