@@ -79,11 +79,10 @@ def interrupted(why: str, stage: str | None, cfg: Resolved | None, home: Path | 
                             "(kept, not used)")
     if done:
         kept.insert(1, f"finished arm(s) {', '.join(done)}")
-    for role in ("test",):
-        for d in sorted((home / "evaluations" / role).glob("*")):
-            last = attempts(d)[-1:] if d.is_dir() else []
-            if last and not (last[0] / "receipt.json").is_file():
-                next_run.append(f"scoring {d.name} makes a new attempt; the unfinished {last[0].name} is kept beside it")
+    for d in sorted((home / "evaluations" / "test").glob("*")):  # the scoring the trial runs
+        last = attempts(d)[-1:] if d.is_dir() else []
+        if last and not (last[0] / "receipt.json").is_file():
+            next_run.append(f"scoring {d.name} makes a new attempt; the unfinished {last[0].name} is kept beside it")
     serving = attempts(home / "serving")[-1:]
     if serving and not (serving[0] / "receipt.json").is_file():
         next_run.append(f"the serving probe makes a new attempt; the unfinished {serving[0].name} is kept beside it")

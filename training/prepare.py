@@ -53,7 +53,7 @@ class PrepareError(UserError, RuntimeError):
     """Prepare cannot proceed; the message names the thing and the fix."""
 
 
-def task_source(cfg: Resolved, measure: case_lengths | None = None) -> TaskSource:
+def task_source(cfg: Resolved, measure: CaseLengths | None = None) -> TaskSource:
     """The experiment's cases: its task_file's, else the generated families'. With `measure`, every
     case of the file is measured against the profile's max_context in the same pass as its lines."""
     exp, prof = cfg.experiment, cfg.profile
@@ -70,7 +70,7 @@ def said(source: TaskSource, w: Finding) -> str:
     return f"task file {getattr(source, 'path', '(generated)')}: {w.what}"
 
 
-class case_lengths:  # noqa: N801 — used as the function it replaced, with what it saw kept
+class CaseLengths:
     """Findings for the cases that do not fit the profile's context as a document — the prompt through
     the chat template, the answer (and the wrong answer the damaged control may train on) and the end
     token: what training refuses and what scoring would otherwise meet only after every arm trained
@@ -99,7 +99,7 @@ class case_lengths:  # noqa: N801 — used as the function it replaced, with wha
         return found
 
 
-def task_rows(cfg: Resolved, tok: Any = None, *, measured: case_lengths | None = None
+def task_rows(cfg: Resolved, tok: Any = None, *, measured: CaseLengths | None = None
               ) -> tuple[TaskSource, list[dict[str, Any]], list[int]]:
     """(the source, every case as `inputs/tasks.jsonl` holds it, the indices of the damaged ones): the
     damaged-target control's share of the training cases carry a wrong answer and its target. With the
@@ -107,7 +107,7 @@ def task_rows(cfg: Resolved, tok: Any = None, *, measured: case_lengths | None =
     nothing `prepare` commits can fail to fit when it is trained or scored. What `validate` and
     `prepare` both call: they refuse the same inputs with the same words."""
     exp, prof = cfg.experiment, cfg.profile
-    measure = measured or (case_lengths(tok, cfg) if tok is not None else None)
+    measure = measured or (CaseLengths(tok, cfg) if tok is not None else None)
     source = task_source(cfg, measure)
     try:
         rows = source.cases(cfg.split_counts)

@@ -204,9 +204,6 @@ class JsonlFile:
         self.rows = self._read()
         self.used: dict[str, int] = {}
 
-    def _bad(self, lineno: int, what: str) -> TaskFileError:
-        return refusal(self.path, [Finding(lineno, what)])
-
     @staticmethod
     def _plain_text(key: str, text: str) -> None:
         """A text answer is trained as written and checked with surrounding whitespace stripped: an

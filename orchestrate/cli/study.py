@@ -56,7 +56,7 @@ def validate(experiment: str = typer.Argument(..., help="an experiment's name (o
     problem of a file at once, when run would refuse it."""
     from orchestrate.trial import OptionError, unused_model_dir
     from training.config import ConfigError, address, lineage, origins
-    from training.prepare import PrepareError, case_lengths, recurring, said, task_rows
+    from training.prepare import PrepareError, CaseLengths, recurring, said, task_rows
     from training.seed import SeedError, study_tokenizer
     from training.sources import TaskFileError
 
@@ -70,11 +70,11 @@ def validate(experiment: str = typer.Argument(..., help="an experiment's name (o
             raise refused
         with progress.status("reading the tokenizer…"):
             tok, measured_with = study_tokenizer(last.profile.seed, seeds, model_dir)
-        measure = case_lengths(tok, last) if tok is not None else None
+        measure = CaseLengths(tok, last) if tok is not None else None
         cases = checks = None
         earlier: list[dict] = []
         for step in chain:  # every experiment of the lineage prepared as `run` prepares it, none written
-            m = None if measure is None else (measure if step is last else case_lengths(tok, step))
+            m = None if measure is None else (measure if step is last else CaseLengths(tok, step))
             src, rows, _ = task_rows(step, measured=m)
             if earlier and (why := recurring(earlier, rows)):
                 raise PrepareError(f"{step.experiment.name} must not repeat a task of {chain[chain.index(step) - 1].experiment.name}, and it {why}")

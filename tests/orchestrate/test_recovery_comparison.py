@@ -74,3 +74,20 @@ def test_numbers_keep_their_types():
     rank = RankComparison.model_validate({**RANK_0, "model": _part(21, 336192, 0)})
     assert type(rank.parts["model"].max_abs_diff) is int and type(rank.max_abs_diff) is float
     assert rank.model_dump(mode="json") == {**RANK_0, "model": _part(21, 336192, 0)}
+
+
+def test_the_first_parting_update_is_the_first_whose_loss_or_gradient_norm_differs_on_any_rank():
+    """The bisect the control rests on (#57): two runs' journals, compared exactly from the checkpoint on;
+    on the GPU without deterministic algorithms the loss of update 1 was equal and its gradient norm not."""
+    from orchestrate.recovery import first_parting
+
+    def run(*per_rank: list[tuple[float, float]]) -> list[dict]:
+        return [{"updates": [{"loss_sum_local": l, "grad_norm": g} for l, g in ups]} for ups in per_rank]
+
+    same = [(4.0, 1.0), (3.0, 0.9), (2.5, 0.8), (2.0, 0.7)]
+    a = run(same, same)
+    assert first_parting(a, run(same, same), 0).update is None
+    b = run(same, [*same[:2], (2.5, 0.8000001), (2.0, 0.7)])  # rank 1's third update: its gradient norm only
+    p = first_parting(a, b, 0)
+    assert (p.update, p.rank, p.a, p.b) == (3, 1, [2.5, 0.8], [2.5, 0.8000001])
+    assert first_parting(a, b, 3).update is None  # updates up to the checkpoint are not compared
