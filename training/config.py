@@ -583,8 +583,8 @@ def arm_to_experiment(arm: str, directory: Path | None = None) -> str:
 def _written_arms(path: Path) -> list[str] | None:
     """The arm names a file that is not a valid experiment writes, where they can be read at all."""
     try:
-        arms = tomllib.loads(path.read_text(encoding="utf-8")).get("arms", [])
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        arms = read_toml(path).get("arms", [])
+    except (OSError, ConfigError):
         return None
     if not isinstance(arms, list) or not all(isinstance(a, dict) and isinstance(a.get("name"), str) for a in arms):
         return None
