@@ -123,15 +123,14 @@ def _read_release(store: Store, key: str) -> Release:
                           f"({'.'.join(map(str, err['loc'])) or 'the record'}: {err['msg']})") from None
 
 
-def _indexed_prefixes(store: Store, trial: str) -> dict[str, str]:
-    """Each preservation index of `trial` in the store → the anchors prefix it recorded ('' for none)."""
+def _indexed_anchors(store: Store, trial: str) -> dict[str, dict[str, Any]]:
+    """Each preservation index of `trial` in the store → the anchors it recorded ({} for none)."""
     out = {}
     for key in store.list(f"indexes/{trial}/"):
         try:
-            a = parse_index(b"".join(store.read_chunks(key)), f"{store.url}{key}").get("anchors") or {}
+            out[key] = parse_index(b"".join(store.read_chunks(key)), f"{store.url}{key}").get("anchors") or {}
         except PreservationError as e:
             raise AnchorError(str(e)) from None
-        out[key] = str(a.get("prefix", ""))
     return out
 
 
@@ -153,7 +152,7 @@ def _released(store: Store, trial: str, chains: dict[str, list[str]]) -> dict[st
                               f"holds {len(chains.get(first, []))}: a release names only a chain as it was released")
         out[first] = r
     if out:
-        for key, prefix in _indexed_prefixes(store, trial).items():
+        for key, prefix in ((k, str(a.get("prefix", ""))) for k, a in _indexed_anchors(store, trial).items()):
             if prefix.removeprefix(_prefix(trial)).rstrip("/") in out:
                 raise AnchorError(f"{store.url}{_release_key(trial, prefix.split('/')[2])}: not a genuine release: "
                                   f"{store.url}{key} preserved that chain, and a preserved chain is never released")
@@ -306,11 +305,7 @@ def _preserved_counts(store: Store, trial: str, first: str) -> int:
     indexes are never overwritten, so a home's own record cannot lower it); an index that records
     another log's anchors is refused."""
     most = 0
-    for key in store.list(f"indexes/{trial}/"):
-        try:
-            a = parse_index(b"".join(store.read_chunks(key)), f"{store.url}{key}").get("anchors") or {}
-        except PreservationError as e:
-            raise AnchorError(str(e)) from None
+    for key, a in _indexed_anchors(store, trial).items():
         if a and a.get("prefix") != f"{_prefix(trial)}{first}/":
             raise AnchorError(f"{store.url}{key}: this preservation of trial {trial} anchored another log "
                               f"({a.get('prefix')}): the home's log was rewritten since")
