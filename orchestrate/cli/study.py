@@ -70,14 +70,14 @@ def validate(experiment: str = typer.Argument(..., help="an experiment's name (o
             raise refused
         with progress.status("reading the tokenizer…"):
             tok, measured_with = study_tokenizer(last.profile.seed, seeds, model_dir)
-        measure = CaseLengths(tok, last) if tok is not None else None
-        cases = checks = None
+        measure = cases = checks = None
         earlier: list[dict] = []
-        for step in chain:  # every experiment of the lineage prepared as `run` prepares it, none written
-            m = None if measure is None else (measure if step is last else CaseLengths(tok, step))
-            src, rows, _ = task_rows(step, measured=m)
-            if earlier and (why := recurring(earlier, rows)):
-                raise PrepareError(f"{step.experiment.name} must not repeat a task of {chain[chain.index(step) - 1].experiment.name}, and it {why}")
+        for before, step in zip([None, *chain], chain):  # the lineage prepared as `run` prepares it, none written
+            measure = CaseLengths(tok, step) if tok is not None else None
+            src, rows, _ = task_rows(step, measured=measure)
+            if before is not None and (why := recurring(earlier, rows)):
+                raise PrepareError(f"{step.experiment.name} must not repeat a task of {before.experiment.name}, "
+                                   f"and it {why}")
             earlier = rows
             warnings += [said(src, w) for w in src.warnings]
             if step is last and (d := src.describe()) is not None:
