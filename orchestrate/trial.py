@@ -39,6 +39,7 @@ from orchestrate.stages.evaluate import evaluate_test, select_primary, serve_onc
 from orchestrate.stages.prepare import materialize_seed, prepare, seed_from_model_dir
 from orchestrate.stages.preserve import anchor_home, guard_stop, preserve_home
 from orchestrate.stages.train import GuardStopped, place_arms, train_arms
+from training.architecture import unservable_dir
 from training.config import Resolved, address, lineage, resolve
 from training.hold import hold
 from training.results import ArmSummary
@@ -210,9 +211,17 @@ class _Run:
                             total_seconds=r.total_seconds, record=self.record_path)
 
 
-def unused_model_dir(cfg: Resolved, model_dir: Optional[Path]) -> OptionError | None:
-    """--model-dir given to a profile that would not train it: refused (by `run` and `validate`), not ignored."""
-    if model_dir is None or cfg.profile.seed == "local":
+def refused_model_dir(cfg: Resolved, model_dir: Optional[Path]) -> OptionError | None:
+    """--model-dir given to a profile that would not train it: refused (by `run` and `validate`), not
+    ignored; one whose architecture the serving probe's engine cannot run, where the profile serves:
+    refused before it trains, not when the probe starts its replicas."""
+    if model_dir is None:
+        return None
+    if cfg.profile.seed == "local":
+        if cfg.profile.dev > 0 and (why := unservable_dir(model_dir)):
+            return OptionError("--model-dir", f"{model_dir}: {why}, so the serving probe could not serve it "
+                               f"(profile {cfg.profile_name} serves {cfg.profile.dev} dev cases): bring a "
+                               "Llama-architecture model, or use a profile with dev = 0, which runs no probe")
         return None
     return OptionError("--model-dir", f"--model-dir {model_dir} is not used by profile {cfg.profile_name}, whose "
                        f"seed is '{cfg.profile.seed}' (materialized under --seeds): a directory of your own is "
@@ -228,7 +237,7 @@ def _stages(run: _Run) -> None:
     cfg = run.cfg = resolve(name, o.profile)
     if o.replay is not None and not o.replay.is_file():
         raise OptionError("--replay", f"--replay {o.replay} is not a file")
-    if (refused := unused_model_dir(cfg, o.model_dir)) is not None:
+    if (refused := refused_model_dir(cfg, o.model_dir)) is not None:
         raise refused
     cfg.arm(arm)
     record.experiment, record.profile, record.arm = name, o.profile, arm

@@ -126,6 +126,9 @@ class Profile(_Strict):
     score_batch: int = 16  # test/dev cases generated together (left-padded greedy decoding)
     score_dtype: Literal["float32", "bfloat16"] = "float32"  # generation's autocast on CUDA (probes stay FP32)
     serving_requests: int | None = None  # the serving probe's requests per phase (None: the studies' 64)
+    # the replica engine's batch shape: every decode step runs this many rows (None: training/engine.py's
+    # DEFAULT_SLOTS for the device); one shape, so a task's tokens never depend on load
+    serving_slots: int | None = None
     # every kernel deterministic (torch.use_deterministic_algorithms, cuBLAS's fixed workspace): two runs of
     # the same inputs equal bit for bit on CUDA, so a recovery can be compared exactly (docs/training.md)
     deterministic: bool = False
@@ -145,6 +148,8 @@ class Profile(_Strict):
                 raise ValueError(f"{name} must be at least 1")
         if self.dev < 0:  # 0: a study without dev cases; the serving probe (its requests are dev cases) is not run
             raise ValueError("dev must be at least 0")
+        if self.serving_slots is not None and not 1 <= self.serving_slots <= 256:
+            raise ValueError("serving_slots must be between 1 and 256 (the rows of one decode step)")
         if self.serving_requests is not None and self.serving_requests < 4:
             raise ValueError("serving_requests must be at least 4, the probe's client concurrency")
         if self.pack_tokens is not None and (not self.pack or self.pack_tokens < self.max_context):
@@ -199,7 +204,7 @@ class Experiment(_Strict):
         return self
 
 
-LATER_PROFILE_KEYS = {"serving_requests", "deterministic"}
+LATER_PROFILE_KEYS = {"serving_requests", "deterministic", "serving_slots"}
 """Profile keys that came after homes were committed: left out of the resolved study while unset, so that
 every earlier home's experiment digest stands (a profile that sets one commits it)."""
 

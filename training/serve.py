@@ -1,23 +1,27 @@
 """`serve`: one HTTP replica of a selected model, for the serving probe — not a chat service.
 
 It answers only the trial's committed development task IDs (the prompt comes from the committed
-inputs, never from the client), greedily, one request at a time: requests are not batched together,
-so the tokens a replica returns for a task do not depend on what else it was asked, and every replica
-of the same model must return the same tokens. That identity is what the probe and the report check.
+inputs, never from the client), greedily. Concurrent requests share decode steps in the batching engine
+(training/engine.py: one fixed batch shape, each request prefilled alone), so a task's tokens do not
+depend on what else the replica was asked, on arrival order or on load, and every replica of the same
+model returns the same tokens. That identity is what the probe and the report check; the engine's
+tests check it bit for bit, logits included.
 
 The model is verified before anything listens: its files against the receipt the committed selection
-names, and the loaded parameters against the digest the training ranks agreed on. A replica that
-fails either check exits without opening its port.
+names, and the loaded parameters against the digest the training ranks agreed on; the engine is built
+(and on CUDA its decode step captured) before the port opens. A replica that fails any of that exits
+without opening its port, saying why.
 
 The retry cache (request ID → answer, bounded, in memory, least recently used evicted) makes a repeated
-request ID idempotent so a client may retry safely. It is a benchmark convenience: it does not
-survive a restart and it is not billing or exactly-once delivery.
+request ID idempotent so a client may retry safely; a repeat that arrives while the first is still being
+generated waits for that answer. It is a benchmark convenience: it does not survive a restart and it is
+not billing or exactly-once delivery.
 
     POST /v1/answer  {"request_id": "...", "task_id": "dev-00003"}
       200 {"request_id", "task_id", "model": {...}, "token_ids": [...], "text", "replica", "cached",
-           "generate_seconds"}
+           "generate_seconds", "queue_seconds", "first_token_seconds"}   (seconds from acceptance)
       400 malformed body · 404 unknown task ID · 409 request ID reused for another task · 413 body too big
-    GET /health → {"status": "ok", "model": {...}, "replica", "tasks"}
+    GET /health → {"status": "ok", "model": {...}, "replica", "tasks", "engine": {slots, device, ...}}
 """
 
 from __future__ import annotations
@@ -27,8 +31,8 @@ import os
 import socket
 import sys
 import threading
-import time
 from collections import OrderedDict
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,14 +42,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from starlette.concurrency import run_in_threadpool
 
 from evidence.canonical import read_json, write_json_atomic
 from evidence.commitments import CommitmentLog
 from evidence.schema import explain
 from training import lease
+from training.architecture import unservable_dir
 from training.errors import TrainError
-from training.evaluate import answer_tokens, eos_ids, generation_budget, model_dir_for, prompt_text
+from training.evaluate import eos_ids, generation_budget, model_dir_for, prompt_text
 from training.heap import long_lived
 from training.prepare import load_cases, require_prepared
 from training.seed import load_tokenizer, quiet_libraries
@@ -67,57 +71,74 @@ class ServeError(TrainError):
 
 @dataclass
 class Replica:
-    """A loaded, verified model and the committed development tasks it may answer."""
+    """A verified model in its engine, and the committed development tasks it may answer."""
 
     name: str
-    model: Any
+    engine: Any  # training.engine.Engine, running
     tokenizer: Any
     device: Any
     tasks: dict[str, dict[str, Any]]
+    prompts: dict[str, list[int]]  # each task's prompt token IDs, tokenized once
     identity: dict[str, Any]
     max_new_tokens: int
+    engine_facts: dict[str, Any] = field(default_factory=dict)
     cache_size: int = 1024
     device_lock: Any = None  # held for the life of the process (GPU only)
     _cache: OrderedDict = field(default_factory=OrderedDict)
+    _pending: dict[str, tuple[str, Future]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def answer(self, req: AnswerRequest) -> tuple[int, dict[str, Any]]:
+    def start(self, req: AnswerRequest) -> tuple[int, dict[str, Any]] | tuple[None, tuple[Future, bool]]:
+        """A refusal or a cached answer now, or the future of the answer and whether it is another
+        request's (a repeat of a request still being generated shares its future: cached, as a repeat
+        after it would be)."""
         if req.task_id not in self.tasks:
             return 404, {"error": "unknown task",
                          "detail": f"'{req.task_id}' is not a committed development task of this trial"}
-        with self._lock:  # one generation at a time: identical tokens regardless of load
+        with self._lock:
             hit = self._cache.get(req.request_id)
+            pending = self._pending.get(req.request_id)
+            task = hit["task_id"] if hit is not None else pending[0] if pending is not None else None
+            if task is not None and task != req.task_id:
+                return 409, {"error": "request ID reused", "detail": f"request '{req.request_id}' was for task {task}"}
             if hit is not None:
-                if hit["task_id"] != req.task_id:
-                    return 409, {"error": "request ID reused",
-                                 "detail": f"request '{req.request_id}' was for task {hit['task_id']}"}
                 self._cache.move_to_end(req.request_id)
                 return 200, {**hit, "cached": True}
-            t0 = time.perf_counter()
-            ids = self._generate(self.tasks[req.task_id])
+            if pending is not None:
+                return None, (pending[1], True)
+            done: Future = Future()
+            self._pending[req.request_id] = (req.task_id, done)
+        inner = self.engine.submit(self.prompts[req.task_id], self.max_new_tokens)
+        inner.add_done_callback(lambda f: self._finish(req, f, done))
+        return None, (done, False)
+
+    def _finish(self, req: AnswerRequest, f: Future, done: Future) -> None:
+        """The engine's answer into the retry cache, then to everyone waiting on it."""
+        with self._lock:
+            self._pending.pop(req.request_id, None)
+            if f.exception() is not None:
+                done.set_exception(f.exception())
+                return
+            a = f.result()
             out = {"request_id": req.request_id, "task_id": req.task_id, "model": self.identity,
-                   "token_ids": ids, "text": self.tokenizer.decode(ids, skip_special_tokens=True).strip(),
-                   "replica": self.name, "generate_seconds": time.perf_counter() - t0}
+                   "token_ids": a.tokens, "text": self.tokenizer.decode(a.tokens, skip_special_tokens=True).strip(),
+                   "replica": self.name, "generate_seconds": a.generate_seconds,
+                   "queue_seconds": a.queue_seconds, "first_token_seconds": a.first_token_seconds}
             self._cache[req.request_id] = out
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
-        return 200, {**out, "cached": False}
+        done.set_result(out)
 
-    def _generate(self, case: dict[str, Any]) -> list[int]:
-        import torch  # loaded by load_replica, under long_lived (see there)
+    def answer(self, req: AnswerRequest) -> tuple[int, dict[str, Any]]:
+        """One request, waiting for its answer (the HTTP handler awaits the same future instead)."""
+        status, got = self.start(req)
+        if status is not None:
+            return status, got
+        future, shared = got
+        return 200, {**future.result(), "cached": shared}
 
-        enc = self.tokenizer(prompt_text(self.tokenizer, case), add_special_tokens=False,
-                             return_tensors="pt").to(self.device)
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None \
-            else self.tokenizer.eos_token_id
-        eos = eos_ids(self.model, self.tokenizer)
-        with torch.no_grad():
-            # stop at every end token an answer stops at, as scoring does (training/evaluate.py): a model
-            # saved without <|im_end|> in its generation config otherwise runs every request to the
-            # budget (seen on the H200: the 135M probe's first phase did not end in 200 s)
-            gen = self.model.generate(**enc, max_new_tokens=self.max_new_tokens, do_sample=False,
-                                      pad_token_id=pad, eos_token_id=sorted(eos))
-        return answer_tokens(gen[0, enc["input_ids"].shape[1]:], eos)
+    def close(self) -> None:
+        self.engine.close()
 
 
 def load_replica(home: str | os.PathLike[str], *, arm: str | None = None, seed_dir: Path | None = None,
@@ -125,6 +146,7 @@ def load_replica(home: str | os.PathLike[str], *, arm: str | None = None, seed_d
     with long_lived():  # loaded once, kept to the end: out of the collector's sight (training/heap.py)
         import torch  # here, not at the top: no collector passes while it loads
 
+        from training.engine import DEFAULT_SLOTS, Engine, EngineError
         from training.runtime import DeviceShare, device_lock, pick_device
         from training.trainer import parameter_digest
 
@@ -147,6 +169,9 @@ def load_replica(home: str | os.PathLike[str], *, arm: str | None = None, seed_d
     with long_lived():
         from transformers import AutoModelForCausalLM  # likewise, under long_lived
 
+    if why := unservable_dir(model_dir):  # before the model loads
+        raise ServeError(f"{model_dir}: {why}; the replica cannot serve it")
+    with long_lived():
         model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     loaded = parameter_digest(model)
     agreed = receipt["meta"].get("parameters_sha256")
@@ -159,10 +184,20 @@ def load_replica(home: str | os.PathLike[str], *, arm: str | None = None, seed_d
     tasks = {cid: c for cid, c in load_cases(home).items() if c["split"] == "dev"}
     if not tasks:
         raise ServeError(f"{home} has no development tasks to serve")
-    return Replica(name=name, model=model, tokenizer=tok, device=device, tasks=tasks,
-                  identity={"arm": arm, "receipt_digest": receipt_digest, "parameters_sha256": loaded},
-                  max_new_tokens=generation_budget(tok, tasks.values()), cache_size=cache_size,
-                  device_lock=lock)
+    prompts = {cid: tok(prompt_text(tok, c), add_special_tokens=False)["input_ids"] for cid, c in tasks.items()}
+    budget = generation_budget(tok, tasks.values())
+    slots = cfg.profile.serving_slots or DEFAULT_SLOTS[device.type]
+    try:
+        with long_lived():  # the engine's weights and caches live as long as the process
+            engine = Engine(model, slots=slots, max_len=max(map(len, prompts.values())) + budget,
+                            eos=eos_ids(model, tok), device=device, threads=threads)
+    except (EngineError, RuntimeError) as e:  # a cache that does not fit, a graph that cannot be captured
+        raise ServeError(f"{name}: the serving engine could not start on {device}: {e}") from None
+    del model  # the engine holds what it multiplies
+    facts = engine.describe()
+    return Replica(name=name, engine=engine.start(), tokenizer=tok, device=device, tasks=tasks, prompts=prompts,
+                   identity={"arm": arm, "receipt_digest": receipt_digest, "parameters_sha256": loaded},
+                   max_new_tokens=budget, engine_facts=facts, cache_size=cache_size, device_lock=lock)
 
 
 def make_app(replica: Replica) -> FastAPI:
@@ -171,7 +206,7 @@ def make_app(replica: Replica) -> FastAPI:
     @app.get("/health")
     def health() -> dict[str, Any]:
         return {"status": "ok", "model": replica.identity, "replica": replica.name,
-                "tasks": len(replica.tasks)}
+                "tasks": len(replica.tasks), "engine": replica.engine_facts}
 
     @app.post("/v1/answer")
     async def answer(request: Request) -> JSONResponse:
@@ -187,8 +222,15 @@ def make_app(replica: Replica) -> FastAPI:
             req = AnswerRequest.model_validate_json(bytes(body))
         except ValidationError as e:
             return JSONResponse({"error": "malformed request", "detail": explain(e, "body")}, 400)
-        status, payload = await run_in_threadpool(replica.answer, req)
-        return JSONResponse(payload, status)
+        status, got = replica.start(req)
+        if status is not None:
+            return JSONResponse(got, status)
+        future, shared = got
+        try:
+            payload = await asyncio.wrap_future(future)
+        except Exception as e:  # noqa: BLE001 — the engine failed this request: the client may retry elsewhere
+            return JSONResponse({"error": "generation failed", "detail": f"{type(e).__name__}: {e}"[:300]}, 500)
+        return JSONResponse({**payload, "cached": shared}, 200)
 
     return app
 
@@ -228,5 +270,8 @@ def serve(replica: Replica, host: str, port: int, ready_file: Path | None = None
         await task
         watch.cancel()
 
-    asyncio.run(run())
+    try:
+        asyncio.run(run())
+    finally:
+        replica.close()
 

@@ -54,7 +54,7 @@ def validate(experiment: str = typer.Argument(..., help="an experiment's name (o
     every value with where it comes from, every experiment before it, every case of the task file read,
     split, damaged and measured in tokens (chat template applied) as prepare will. Exit 2, naming every
     problem of a file at once, when run would refuse it."""
-    from orchestrate.trial import OptionError, unused_model_dir
+    from orchestrate.trial import OptionError, refused_model_dir
     from training.config import ConfigError, address, lineage, origins
     from training.prepare import PrepareError, CaseLengths, recurring, said, task_rows
     from training.seed import SeedError, study_tokenizer
@@ -66,7 +66,7 @@ def validate(experiment: str = typer.Argument(..., help="an experiment's name (o
         chain = lineage(name, profile)
         values = origins(name, profile)
         last = chain[-1]
-        if (refused := unused_model_dir(last, model_dir)) is not None:
+        if (refused := refused_model_dir(last, model_dir)) is not None:
             raise refused
         with progress.status("reading the tokenizer…"):
             tok, measured_with = study_tokenizer(last.profile.seed, seeds, model_dir)

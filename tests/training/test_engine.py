@@ -1,0 +1,135 @@
+"""The replica's engine (training/engine.py): a request's tokens and logits, bit for bit, are the same
+alone and beside neighbours joining and leaving mid-decode, in whichever slot it lands, at every batch
+shape the engine is built with; its greedy tokens are transformers' `generate()`'s; it refuses what it
+cannot run before serving anything."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from training.architecture import unservable
+from training.engine import Engine, EngineError
+
+pytestmark = pytest.mark.unit
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_seed):
+    return AutoModelForCausalLM.from_pretrained(str(tiny_seed), dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def wider():
+    """A random Llama wider than the tiny seed (matmuls of several blocks per row and column, grouped
+    heads 8/2) — where a kernel picked per shape would show."""
+    torch.manual_seed(1)
+    cfg = LlamaConfig(vocab_size=4096, hidden_size=256, intermediate_size=688, num_hidden_layers=3,
+                      num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=512,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=True)
+    return LlamaForCausalLM(cfg).eval()
+
+
+def prompts(model, n: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    v = model.config.vocab_size
+    return [[rng.randrange(3, v) for _ in range(rng.randrange(5, 70))] for _ in range(n)]
+
+
+def run(engine: Engine, schedule: list[tuple[int, list[int], int]]) -> dict[int, object]:
+    """Step the engine by hand: schedule = (step at which it arrives, prompt, new tokens)."""
+    futures, step = {}, 0
+    pending = sorted(enumerate(schedule), key=lambda x: x[1][0])
+    while pending or not all(f.done() for f in futures.values()):
+        while pending and pending[0][1][0] <= step:
+            i, (_, p, n) = pending.pop(0)
+            futures[i] = engine.submit(p, n, keep_logits=True)
+        engine.step()
+        step += 1
+    return {i: f.result() for i, f in futures.items()}
+
+
+@pytest.mark.parametrize("slots", [1, 2, 3, 8])
+@pytest.mark.parametrize("which", ["tiny", "wider"])
+def test_a_request_is_computed_as_if_alone_whatever_joins_and_leaves(slots, which, request):
+    model = request.getfixturevalue(which)
+    engine = Engine(model, slots=slots, max_len=96, eos=set(), device=CPU)
+    ps = prompts(model, 10, seed=slots)
+    alone = {i: run(engine, [(0, p, 12)])[0] for i, p in enumerate(ps)}
+    for trial in range(3):  # arrivals at random steps, budgets that end them at different steps
+        rng = random.Random(100 * slots + trial)
+        schedule = [(rng.randrange(0, 20), p, rng.randrange(1, 13)) for p in ps]
+        together = run(engine, schedule)
+        slots_seen = {a.slot for a in together.values()}
+        for i, got in together.items():
+            ref = alone[i]
+            n = len(got.tokens)
+            assert got.tokens == ref.tokens[:n], (which, slots, trial, i)
+            for k in range(n):  # the prefill's logits (k = 0) and every decode step's, bit for bit
+                assert torch.equal(got.logits[k], ref.logits[k]), (which, slots, trial, i, k)
+        if slots > 1:
+            assert len(slots_seen) > 1  # requests did land in other slots than the one they had alone
+
+
+def test_its_greedy_tokens_are_generates(tiny):
+    engine = Engine(tiny, slots=4, max_len=128, eos={2}, device=CPU)
+    for p in prompts(tiny, 4, seed=7):
+        with torch.no_grad():
+            g = tiny.generate(torch.tensor([p]), max_new_tokens=16, do_sample=False, pad_token_id=2,
+                              eos_token_id=[2], output_logits=True, return_dict_in_generate=True)
+        want = g.sequences[0, len(p):].tolist()
+        got = run(engine, [(0, p, 16)])[0]
+        assert got.tokens == want[:len(got.tokens)] and len(got.tokens) == len(want)
+        assert max((a - b.float()).abs().max().item() for a, b in zip(got.logits, g.logits)) < 1e-4
+
+
+def test_an_answer_ends_at_its_first_end_token_or_its_budget(tiny):
+    engine = Engine(tiny, slots=2, max_len=64, eos=set(), device=CPU)
+    p = prompts(tiny, 1, seed=3)[0]
+    free = run(engine, [(0, p, 8)])[0].tokens
+    assert len(free) == 8
+    stop = free[3]
+    engine.eos = {stop}
+    ended = run(engine, [(0, p, 8)])[0].tokens
+    assert ended == free[:free.index(stop) + 1]  # the end token included, as one-at-a-time generation returns it
+
+
+def test_the_engine_thread_answers_concurrent_submitters_as_if_each_were_alone(tiny):
+    engine = Engine(tiny, slots=3, max_len=96, eos=set(), device=CPU)
+    ps = prompts(tiny, 9, seed=11)
+    alone = [run(engine, [(0, p, 10)])[0].tokens for p in ps]
+    engine.start()
+    try:
+        out: dict[int, list[int]] = {}
+
+        def ask(i: int) -> None:
+            out[i] = engine.submit(ps[i], 10).result(timeout=60).tokens
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(ps))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert [out[i] for i in range(len(ps))] == alone
+    finally:
+        engine.close()
+    with pytest.raises(EngineError, match="stopped"):
+        engine.submit(ps[0], 4)
+
+
+def test_what_it_cannot_run_is_refused_by_name(tiny):
+    base = tiny.config.to_dict()
+    assert unservable(base) is None
+    assert "Llama-architecture" in unservable({**base, "model_type": "qwen2"})
+    assert "biases" in unservable({**base, "attention_bias": True})
+    assert "'llama3'" in unservable({**base, "rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4}})
+    assert "'yarn'" in unservable({**base, "rope_parameters": None, "rope_scaling": {"type": "yarn"}})
+    with pytest.raises(EngineError, match="exceeds the engine's 32 positions"):
+        Engine(tiny, slots=1, max_len=32, eos=set(), device=CPU).submit(list(range(3, 30)), 8)
+    with pytest.raises(EngineError, match="key/value cache .* lower serving_slots"):
+        Engine(tiny, slots=256, max_len=2**24, eos=set(), device=CPU)
