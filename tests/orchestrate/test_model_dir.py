@@ -4,12 +4,14 @@ is, and what a trained model keeps of its seed is every tokenizer file and never
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
 from typer.testing import CliRunner
 
 from conftest import QuietProgress as Quiet
+from conftest import run_cli
 from evidence.canonical import read_json
 from orchestrate.stages.prepare import seed_from_model_dir
 from training.seed import SeedError
@@ -66,3 +68,22 @@ def test_a_trained_model_keeps_every_tokenizer_file_and_no_seed_weights(tmp_path
     assert kept == ["README.md", "added_tokens.json", "chat_template.jinja", "generation_config.json", "merges.txt",
                     "special_tokens_map.json", "tokenizer.json", "tokenizer.model", "tokenizer_config.json",
                     "vocab.json"]
+
+
+def test_a_model_the_probe_could_not_serve_is_refused_before_it_trains(tiny_seed, tmp_path):
+    """A directory of your own that trains but whose architecture the replica's engine cannot run: `validate`
+    and `run` refuse it at once, where the profile serves dev cases — not after training, when the probe starts."""
+    mine = tmp_path / "my-qwen"
+    shutil.copytree(tiny_seed, mine)
+    cfg = json.loads((mine / "config.json").read_text())
+    (mine / "config.json").write_text(json.dumps({**cfg, "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}))
+    for cmd in ("validate", "run"):
+        where = ["--trials", str(tmp_path / "trials"), "--seeds", str(tmp_path / "seeds")] if cmd == "run" else []
+        r = run_cli("-m", "orchestrate", cmd, "local-training-windows", "--profile", "gpu", "--model-dir", str(mine),
+                    *where, cwd=tmp_path)
+        flat = "".join((r.stdout + r.stderr).replace("│", "").split())  # a usage box folds long words
+        assert r.returncode == 2, (cmd, r.stdout, r.stderr)
+        for words in ("the serving engine runs Llama-architecture decoders", "'qwen2'", "with dev = 0"):
+            assert "".join(words.split()) in flat, (cmd, words, r.stdout, r.stderr)
+        assert "Traceback" not in flat
+    assert not (tmp_path / "trials").exists() and not (tmp_path / "seeds").exists()

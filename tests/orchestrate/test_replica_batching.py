@@ -1,0 +1,72 @@
+"""The replica with its batching engine, as the probe meets it: a real `training serve` process on
+loopback answering many requests at once with the tokens it gives one at a time; a request ID repeated
+while its answer is still being generated waits for that answer; a replica whose engine cannot start
+says so and never listens."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import run_cli
+from orchestrate.backends.local import LocalReplicas
+from training import serve as serve_module
+from training.engine import EngineError
+from training.prepare import load_cases
+
+
+@pytest.fixture(scope="module")
+def selected(tmp_path_factory, trained) -> Path:
+    home = tmp_path_factory.mktemp("batching") / "home"
+    shutil.copytree(trained, home)
+    r = run_cli("-m", "training", "select", "--home", str(home))
+    assert r.returncode == 0, r.stderr
+    return home
+
+
+async def ask(url: str, reqs: list[dict[str, str]]) -> list[httpx.Response]:
+    async with httpx.AsyncClient(timeout=120, trust_env=False) as c:
+        return await asyncio.gather(*(c.post(f"{url}/v1/answer", json=r) for r in reqs))
+
+
+def test_many_at_once_answer_what_one_at_a_time_does(selected, tmp_path):
+    dev = sorted(cid for cid, c in load_cases(selected).items() if c["split"] == "dev")
+    with LocalReplicas(selected, 1, tmp_path / "logs") as reps:
+        url = reps.endpoints[0].url
+        health = httpx.get(f"{url}/health", trust_env=False).json()
+        engine = health["engine"]
+        assert engine["slots"] == 4 and engine["device"] == "cpu" and engine["weights_bytes"] > 0
+        alone = {}
+        for k, t in enumerate(dev):
+            r = httpx.post(f"{url}/v1/answer", json={"request_id": f"alone-{k}", "task_id": t}, timeout=120,
+                           trust_env=False)
+            assert r.status_code == 200 and r.json()["cached"] is False
+            alone[t] = r.json()["token_ids"]
+        burst = [{"request_id": f"burst-{k}", "task_id": dev[k % len(dev)]} for k in range(3 * len(dev))]
+        got = asyncio.run(ask(url, burst))  # more than the engine's slots: some wait, some join mid-decode
+        assert all(r.status_code == 200 for r in got)
+        assert {r.json()["task_id"]: r.json()["token_ids"] for r in got} == alone
+        assert all(r.json()["token_ids"] == alone[r.json()["task_id"]] for r in got)
+        assert max(r.json()["queue_seconds"] for r in got) > 0  # the burst did queue behind full slots
+        assert all(0 <= r.json()["first_token_seconds"] <= r.json()["generate_seconds"] for r in got)
+
+        twice = asyncio.run(ask(url, [{"request_id": "dup", "task_id": dev[0]}] * 2
+                                + [{"request_id": "dup", "task_id": dev[1]}]))
+        assert [r.status_code for r in twice[:2]] == [200, 200]
+        assert sorted(r.json()["cached"] for r in twice[:2]) == [False, True]  # one generation, shared
+        assert twice[2].status_code == 409  # the ID is taken by another task, answered or not yet
+
+
+def test_a_replica_whose_engine_cannot_start_never_listens(selected, monkeypatch):
+    """The engine's own refusals (a cache that does not fit the device, a CUDA graph that cannot be
+    captured) reach the user as the replica's, before `serve` is ever called."""
+    def refuse(*a, **k):
+        raise EngineError("the key/value cache of 64 slots × 900 positions needs 9.9 GiB; cuda:0 has 2.0 GiB free")
+
+    monkeypatch.setattr("training.engine.Engine.__init__", refuse)
+    with pytest.raises(serve_module.ServeError, match="the serving engine could not start on cpu: the key/value"):
+        serve_module.load_replica(selected, name="replica-0")
