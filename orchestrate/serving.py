@@ -38,8 +38,13 @@ from evidence.serving import (
     MAX_ATTEMPTS,
     PHASES,
     comparisons,
+    devices_of,
+    level_figures,
+    levels_of,
     phase_figures,
     requests_of,
+    run_name,
+    sharing,
     warmup_workload,
     workload,
 )
@@ -64,7 +69,7 @@ class Endpoint:
 @dataclass
 class Timeouts:
     connect_s: float = 3.0
-    answer_s: float = 300.0  # one greedy answer, queued behind at most CONCURRENCY-1 others
+    answer_s: float = 300.0  # one greedy answer, queued behind at most (level - 1) others
     backoff_s: float = 0.05
 
 
@@ -129,22 +134,69 @@ async def _phase(requests: list[dict[str, str]], endpoints: list[Endpoint], conc
 
 
 def run_phase(requests: list[dict[str, str]], endpoints: list[Endpoint], *, concurrency: int = CONCURRENCY,
-              max_attempts: int = MAX_ATTEMPTS, timeouts: Timeouts | None = None) -> dict[str, Any]:
+              max_attempts: int = MAX_ATTEMPTS, timeouts: Timeouts | None = None,
+              devices: dict[str, str] | None = None) -> dict[str, Any]:
+    """One run of `requests` at `concurrency` in flight; its figures are a sweep's (`level_figures`)
+    where `devices` (replica → where it ran) is given, else those of a probe before the sweep."""
     records, wall = asyncio.run(_phase(requests, endpoints, concurrency, max_attempts, timeouts or Timeouts()))
     return {"endpoints": [e.__dict__ for e in endpoints], "concurrency": concurrency,
             "max_attempts": max_attempts, "wall_seconds": wall, "requests": records,
-            "figures": phase_figures(records, wall)}
+            "figures": phase_figures(records, wall) if devices is None else level_figures(records, wall, devices)}
+
+
+def warm_all(dev: list[str], endpoints: list[Endpoint], timeouts: Timeouts | None = None) -> list[dict[str, Any]]:
+    """Every replica's warmup at the same time (each its own four requests, one at a time): the
+    probe waits for the slowest replica once, not for the sum of them. Records in replica order."""
+    async def each() -> list[tuple[list[dict[str, Any]], float]]:
+        return await asyncio.gather(*(_phase(warmup_workload(dev, e.name), [e], 1, MAX_ATTEMPTS,
+                                             timeouts or Timeouts()) for e in endpoints))
+    return [r for records, _ in asyncio.run(each()) for r in records]
+
+
+def engines(endpoints: list[Endpoint], timeouts: Timeouts | None = None) -> dict[str, dict[str, Any] | None]:
+    """What each replica's GET /health says of its engine (slots, device, weights bytes, bandwidth),
+    None for a replica that reports none (one from before the batching engine) or did not answer."""
+    import httpx  # see `_phase`
+
+    t = timeouts or Timeouts()
+    out: dict[str, dict[str, Any] | None] = {}
+    for e in endpoints:
+        try:
+            r = httpx.get(f"{e.url}/health", timeout=httpx.Timeout(30.0, connect=t.connect_s), trust_env=False)
+            body = r.json() if r.status_code == 200 else {}
+        except (httpx.HTTPError, ValueError):
+            body = {}
+        eng = body.get("engine") if isinstance(body, dict) else None
+        out[e.name] = eng if isinstance(eng, dict) else None
+    return out
+
+
+def placement_of(endpoints: list[Endpoint], where: dict[str, dict[str, Any]],
+                 engine: dict[str, dict[str, Any] | None]) -> list[dict[str, Any]]:
+    """plan.json's `placement`: per replica, the host and device the backend put it on (`where`),
+    the replicas it shares that device with, and its engine as its health said (None: none said)."""
+    rows = [{"replica": e.name, "host": (where.get(e.name) or {}).get("host"),
+             "device": (where.get(e.name) or {}).get("device"), "engine": engine.get(e.name)} for e in endpoints]
+    shares = sharing(rows)
+    return [{**r, "shares_device_with": shares[r["replica"]]} for r in rows]
 
 
 class Replicas(Protocol):
     """What the probe needs of a set of replicas, wherever they run: their endpoints, a way to stop
-    one for real, and a context that stops them all on exit."""
+    one for real, and a context that stops them all on exit. A backend that knows where its replicas
+    run says so with `where()` (replica name → {"host", "device"}), and what a person reads of them
+    with `describe()`; both optional."""
 
     endpoints: list[Endpoint]
 
     def kill(self, k: int) -> dict[str, Any]: ...
     def __enter__(self) -> "Replicas": ...
     def __exit__(self, *exc: Any) -> None: ...
+
+
+def profile_device(home: Path) -> str:
+    """The committed profile's device kind ("cpu" or "cuda"), which every replica of the home runs on."""
+    return require_prepared(home)["experiment"]["profile"].get("device", "cpu")
 
 
 def check_retry(home: Path, retry: str | None) -> None:
@@ -156,13 +208,17 @@ def check_retry(home: Path, retry: str | None) -> None:
 
 def probe(home: Path, endpoints: list[Endpoint], stop: Callable[[int], dict[str, Any]], *, arm: str,
           retry: str | None = None, timeouts: Timeouts | None = None,
-          say: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
-    """Warmups, the three phases and the commitment; `stop(k)` stops endpoint k for the last phase.
-    Every attempt lives in serving/attempt-<n>/ (earlier attempts are kept)."""
+          say: Callable[[str], None] = lambda m: None, where: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Each replica's health, the warmups (all at once), then the three phases, each at every
+    concurrency level of the committed profile in ascending order, and the commitment; `stop(k)`
+    stops endpoint k once, before the failure phase's first level. `where`: replica → its host and
+    device, as the backend placed it. Every attempt lives in serving/attempt-<n>/ (earlier attempts
+    are kept)."""
     check_retry(home, retry)
     if len(endpoints) < 2:
         raise ProbeError(f"the probe needs at least 2 replicas (got {len(endpoints)}): its last phase stops one")
-    requests = requests_of(require_prepared(home))  # the committed profile's workload
+    prepared = require_prepared(home)
+    requests, levels = requests_of(prepared), levels_of(prepared)  # the committed profile's workload
     dev = sorted(cid for cid, c in load_cases(home).items() if c["split"] == "dev")
     if not dev:
         raise ProbeError(f"{home} has no development tasks")
@@ -172,8 +228,15 @@ def probe(home: Path, endpoints: list[Endpoint], stop: Callable[[int], dict[str,
     out.mkdir(parents=True)
     write_json_atomic(out / "started.json", {"attempt": n, "at": time.time(), "arm": arm, "retry_reason": retry})
     names = [e.name for e in endpoints]
-    warm = [r for e in endpoints for r in run_phase(warmup_workload(dev, e.name), [e], concurrency=1,
-                                                       timeouts=timeouts)["requests"]]
+    placement = placement_of(endpoints, where or {}, engines(endpoints, timeouts))
+    devices = devices_of(placement)
+    for p in placement:
+        e = p["engine"]
+        say(f"{p['replica']}: {p['host'] or 'host not known'}, {p['device'] or 'device not known'}"
+            + (f", shared with {', '.join(p['shares_device_with'])}" if p["shares_device_with"] else "")
+            + (f"; engine {e.get('slots')} slot(s) on {e.get('device_name') or e.get('device')}" if e else
+               "; no engine reported"))
+    warm = warm_all(dev, endpoints, timeouts)
     write_json_atomic(out / "warmup.json", {"requests": warm})
     say(f"warmup: {sum(r['outcome'] == 'ok' for r in warm)}/{len(warm)} answered on {len(endpoints)} replicas")
     stopped = None
@@ -183,24 +246,28 @@ def probe(home: Path, endpoints: list[Endpoint], stop: Callable[[int], dict[str,
             stopped = stop(len(endpoints) - 1)
             say(f"stopped {stopped['replica']} (pid {stopped.get('pid')}, {stopped.get('signal')})")
         eps = endpoints[:1] if phase == "single" else endpoints
-        data = {"phase": phase, "stopped": stopped if phase == "failure" else None,
-                **run_phase(workload(dev, phase, requests), eps, timeouts=timeouts)}
-        write_json_atomic(out / f"{phase}.json", data)
-        phases[phase] = data
-        f = data["figures"]
-        say(f"{phase}: {f['completed']}/{f['requests']} answered, {f['retries']} retries, "
-            f"{f['throughput_rps']:.2f} req/s, p50 {f['latency_seconds']['p50'] or float('nan'):.3f} s")
-    write_json_atomic(out / "plan.json", {
-        "arm": arm, "replicas": names, "requests": requests, "concurrency": CONCURRENCY,
-        "max_attempts": MAX_ATTEMPTS, "stopped": stopped, "retry_reason": retry,
-        "routing": "attempt a of request i goes to endpoint (i + a) mod N; 5xx, timeouts and "
-                   "connection errors are retried, other 4xx are not"})
+        for c in levels:
+            data = {"phase": phase, "stopped": stopped if phase == "failure" else None,
+                    **run_phase(workload(dev, phase, requests, c), eps, concurrency=c, timeouts=timeouts,
+                                devices=devices)}
+            write_json_atomic(out / f"{run_name(phase, c)}.json", data)
+            phases[run_name(phase, c)] = data
+            f = data["figures"]
+            say(f"{phase}: {c} in flight, {f['completed']}/{f['requests']} answered, {f['retries']} retries, "
+                f"{f['throughput_rps']:.2f} req/s, {f['generated_tokens_per_second'] or 0:,.0f} generated tok/s, "
+                f"p50 {f['latency_seconds']['p50'] or float('nan'):.3f} s")
+    plan = {"arm": arm, "replicas": names, "requests": requests, "levels": list(levels),
+            "max_attempts": MAX_ATTEMPTS, "stopped": stopped, "retry_reason": retry, "placement": placement,
+            "warmup": "every replica's at once, one request at a time each",
+            "routing": "attempt a of request i goes to endpoint (i + a) mod N; 5xx, timeouts and "
+                       "connection errors are retried, other 4xx are not"}
+    write_json_atomic(out / "plan.json", plan)
     receipt = make_receipt(out, meta={"kind": "serving", "attempt": n, "arm": arm}, exclude=["started.json"])
     write_json_atomic(out / "receipt.json", receipt)
     CommitmentLog(home).append("serving", str((out / "receipt.json").relative_to(home)),
                                {"attempt": n, "arm": arm, "receipt_digest": receipt["digest"],
                                 "retry_reason": retry})
-    return {"attempt": str(out.relative_to(home)), **comparisons(phases, warm)}
+    return {"attempt": str(out.relative_to(home)), **comparisons(phases, warm, plan)}
 
 
 def replicas_probe(home: Path, arm: str, replicas: int, make: Callable[[], ContextManager[Replicas]], *,
@@ -214,6 +281,8 @@ def replicas_probe(home: Path, arm: str, replicas: int, make: Callable[[], Conte
     with make() as reps:
         where = getattr(reps, "describe", None)
         say(f"{replicas} replicas listening: " + (where() if where else ", ".join(e.url for e in reps.endpoints)))
-        return probe(home, reps.endpoints, reps.kill, arm=arm, retry=retry, timeouts=timeouts, say=say)
+        placed = getattr(reps, "where", None)
+        return probe(home, reps.endpoints, reps.kill, arm=arm, retry=retry, timeouts=timeouts, say=say,
+                     where=placed() if placed else None)
 
 

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from evidence.canonical import canonical_sha256
 from evidence.errors import UserError
 from evidence.schema import problems
+from evidence.serving import REQUESTS as SERVING_REQUESTS
 from training.arms import KINDS, kind as arm_kind
 
 
@@ -125,7 +126,10 @@ class Profile(_Strict):
     pack_rows: int = 1  # that many such rows per forward (the same sum; fewer casts and accumulations)
     score_batch: int = 16  # test/dev cases generated together (left-padded greedy decoding)
     score_dtype: Literal["float32", "bfloat16"] = "float32"  # generation's autocast on CUDA (probes stay FP32)
-    serving_requests: int | None = None  # the serving probe's requests per phase (None: the studies' 64)
+    serving_requests: int | None = None  # the serving probe's requests per phase and level (None: the studies' 64)
+    # the probe's concurrency levels, ascending: each phase runs its requests at every one, that many in
+    # flight (None: the studies' sweep 1, 4, 16, 64 up to serving_requests; evidence/serving.py)
+    serving_concurrency: tuple[int, ...] | None = None
     # the replica engine's batch shape: every decode step runs this many rows (None: training/engine.py's
     # DEFAULT_SLOTS for the device); one shape, so a task's tokens never depend on load
     serving_slots: int | None = None
@@ -152,6 +156,15 @@ class Profile(_Strict):
             raise ValueError("serving_slots must be between 1 and 256 (the rows of one decode step)")
         if self.serving_requests is not None and self.serving_requests < 4:
             raise ValueError("serving_requests must be at least 4, the probe's client concurrency")
+        if self.serving_concurrency is not None:
+            levels, requests = self.serving_concurrency, self.serving_requests or SERVING_REQUESTS
+            if not levels or any(c < 1 for c in levels) or any(a >= b for a, b in zip(levels, levels[1:])):
+                raise ValueError(f"serving_concurrency = {list(levels)}: the probe's concurrency levels must be "
+                                 "at least 1 each and strictly ascending, e.g. [1, 4, 16, 64]")
+            if levels[-1] > requests:
+                raise ValueError(f"serving_concurrency = {list(levels)}: level {levels[-1]} is above the "
+                                 f"{requests} requests per phase and level (serving_requests), so it could never have "
+                                 f"that many in flight; drop it or set serving_requests to at least {levels[-1]}")
         if self.pack_tokens is not None and (not self.pack or self.pack_tokens < self.max_context):
             raise ValueError("pack_tokens needs pack = true and at least max_context tokens (a row "
                              "must hold the longest document)")
@@ -204,7 +217,7 @@ class Experiment(_Strict):
         return self
 
 
-LATER_PROFILE_KEYS = {"serving_requests", "deterministic", "serving_slots"}
+LATER_PROFILE_KEYS = {"serving_requests", "serving_concurrency", "deterministic", "serving_slots"}
 """Profile keys that came after homes were committed: left out of the resolved study while unset, so that
 every earlier home's experiment digest stands (a profile that sets one commits it)."""
 

@@ -14,13 +14,15 @@ Checks (verify), in order (the first failure stops the report with a message; no
      against the committed task answers, and the recorded verdict must match;
   5. recovery comparison receipts found under the home, against their own digests (read as the recovery
      trial's own report reads them: recovery.py);
-  6. the first committed serving probe (evidence/serving.py): its receipt, the fixed workload, the
-     attempt bound, and every stored figure against its own per-request records.
+  6. the first committed serving probe (evidence/serving.py): its receipt, the fixed workload at every
+     committed concurrency level, the replicas' placement, the attempt bound, and every stored figure
+     against its own per-request records.
   7. the gates' attainability committed before training (attainability.json, evidence/attainability.py):
      recomputed from prepared.json, verdicts and figures equal, cores as every rank recorded them
      (a home without it gets it computed from prepared.json).
 Then (compute): accuracy per arm, paired gains (exact one-sided McNemar p, one-sided bounds), retention bounds,
-the serving phases (throughput ratio, failover overhead, token and model identity), the
+the serving phases per concurrency level (throughput ratio, failover overhead, tokens/s against the
+device's memory-bandwidth bound, token and model identity), the
 experiment's gates — each listed as passed or failed (and whether it could have passed at this
 profile at all), the selection unchanged — and costs kept
 apart: active training, checkpoint, startup and whole-process seconds, allocated device-seconds,

@@ -231,4 +231,8 @@ def _serving(plt: Any, sv: dict[str, Any]) -> Any:
         a2.plot(list(ph), [f["latency_seconds"][q] or 0 for f in ph.values()], marker="o", label=q)
     a2.set_ylabel("latency s (retries included)")
     a2.legend(fontsize=7)
+    if len(ph) > 3:  # a sweep: a run per phase and concurrency level (`single-c16`)
+        for a in (a1, a2):
+            a.tick_params(axis="x", labelrotation=60, labelsize=7)
+        fig.tight_layout()
     return fig

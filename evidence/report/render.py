@@ -16,6 +16,7 @@ from evidence.placement import SERVING_PROBE
 from evidence.report.compute import Report
 from evidence.report.figures import plots
 from evidence.report.gate import Gate
+from evidence.report.serving import serving_markdown
 
 
 def markdown(rep: Report) -> str:
@@ -59,7 +60,7 @@ def markdown(rep: Report) -> str:
                      f"| {c['checkpoint_seconds']:.2f} | {c['startup_seconds']:.2f} | {c['whole_process_seconds']:.2f} "
                      f"| {c['allocated_device_seconds']:.2f} |")
     lines += ["", "Dollars: not applicable on the embedded local cluster (no price).", ""]
-    lines += _serving_markdown(rep.serving, rep.serving_attempts, rep.shared.get(SERVING_PROBE))
+    lines += serving_markdown(rep.serving, rep.serving_attempts, rep.shared.get(SERVING_PROBE))
     lines += recovery_markdown(rep.recovery_comparisons)
     return "\n".join(lines)
 
@@ -115,34 +116,6 @@ def _anchors_line(a: dict[str, Any] | None) -> str:
         return "Commitments log: hash chain checked; no evidence store was known, so its anchors were not."
     return (f"Commitments log: {a['anchored']} of {a['entries']} entries match their anchors in {a['store']}"
             + (f"; entries {a['not_anchored']} were not anchored." if a["not_anchored"] else "."))
-
-
-def _serving_markdown(sv: dict[str, Any] | None, attempts: list[str], shared: str | None = None) -> list[str]:
-    if sv is None:
-        return ["## Serving", "", "No committed serving probe." + (f" Started: {', '.join(attempts)}." if attempts else ""), ""]
-    out = ["## Serving", "",
-           f"{sv['attempt']} ({len(attempts)} probe attempt(s)); {sv['replicas']} replicas; stopped for the failure "
-           f"phase: {(sv.get('stopped') or {}).get('replica')}.", "",
-           "| phase | answered | failed | retries | wall s | req/s | p50 s | p90 s | p95 s | p99 s | generated tok/s |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for p, f in sv["phases"].items():
-        lat = f["latency_seconds"]
-        cell = lambda x: "—" if x is None else f"{x:.3f}"  # noqa: E731
-        out.append(f"| {p} | {f['completed']}/{f['requests']} | {f['failed']} | {f['retries']} | {f['wall_seconds']:.2f} "
-                   f"| {cell(f['throughput_rps'])} | {cell(lat['p50'])} | {cell(lat['p90'])} "
-                   f"| {cell(f.get('latency_p95_seconds'))} | {cell(lat['p99'])} "
-                   f"| {cell(f.get('generated_tokens_per_second'))} |")
-    out.append("")
-    if "throughput_ratio_replicas_vs_single" in sv:
-        out.append(f"- throughput, {sv['replicas']} replicas / 1 replica: {sv['throughput_ratio_replicas_vs_single']:.3f}"
-                   + (f" (the replicas shared {shared.split(' shared ')[1]}: not a measure of scaling)" if shared else ""))
-    if "failover" in sv:
-        fo = sv["failover"]
-        out.append(f"- failover: {fo['extra_retries']} extra retries, p50 latency {fo['extra_latency_p50_seconds']:+.3f} s, "
-                   f"p90 {fo['extra_latency_p90_seconds']:+.3f} s, wall × {fo['wall_ratio_failure_vs_replicas']:.3f}")
-    out.append(f"- tokens: {sv['tasks_answered']} tasks, {len(sv['tasks_with_differing_tokens'])} with differing "
-               f"tokens; model identities: {len(sv['model_identities'])} (selected: {sv['model_matches_selection']})")
-    return out + [""]
 
 
 def write(rep: Report, output: Path) -> None:

@@ -24,7 +24,7 @@ SHARED_GPUS_ENV = "TRIAL_SHARED_GPUS"  # what a rank records of its placement (t
 from evidence.receipts import verify_receipt
 from evidence.report.recovery import COMPARISON as RECOVERY_COMPARISON, recovery_verdict, summary_line
 from evidence.schedule import due_after as schedule_due
-from evidence.serving import ServingEvidenceError, check_probe, requests_of
+from evidence.serving import ServingEvidenceError, check_probe, committed_levels, requests_of
 
 
 class EvidenceError(UserError, RuntimeError):
@@ -214,7 +214,8 @@ def verify(home: str | Path, *, store: str | None = None, trial: str | None = No
         evaluations.setdefault(role, {})[arm] = checked
 
     recoveries = recovery_comparisons(home)
-    serving, serving_attempts = _serving(home, entries, selection, cases, requests_of(prepared))
+    serving, serving_attempts = _serving(home, entries, selection, cases, requests_of(prepared),
+                                         committed_levels(prepared))
     attainable, source = _attainability(home, entries, prepared, results)
     return Verified(entries=entries, selection_entry=sel_entry, anchors=anchors, prepared=prepared,
                     selection=selection, candidates=cands, not_run=skipped, results=results,
@@ -313,8 +314,8 @@ def _shared(home: Path, results: dict[str, list[dict[str, Any]]]) -> dict[str, S
     return on_shared
 
 
-def _serving(home: Path, entries: list[dict], selection: dict, cases: dict[str, dict], requests: int
-             ) -> tuple[dict[str, Any] | None, list[str]]:
+def _serving(home: Path, entries: list[dict], selection: dict, cases: dict[str, dict], requests: int,
+             levels: tuple[int, ...] | None = None) -> tuple[dict[str, Any] | None, list[str]]:
     """The first committed probe is the one reported (later ones are listed, never substituted)."""
     committed = [e for e in entries if e["kind"] == "serving"]
     started = attempts(home / "serving")
@@ -330,7 +331,7 @@ def _serving(home: Path, entries: list[dict], selection: dict, cases: dict[str, 
         arm = selection["serving"]
         comp = check_probe(home, committed[0], sorted(c for c, v in cases.items() if v["split"] == "dev"),
                            {"arm": arm, "receipt_digest": selection["candidates"].get(arm, "")},
-                           requests=requests)
+                           requests=requests, levels=levels)
     except (ServingEvidenceError, OSError, KeyError) as e:
         raise EvidenceError(f"serving: {e}") from None
     return comp, names

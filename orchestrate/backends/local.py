@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from orchestrate.launch.command import (
 from orchestrate.launch.local import local_launch
 from orchestrate.launch.supervise import GroupResult, supervise
 from orchestrate.placement import Devices, committed_share, local_devices
-from orchestrate.serving import Endpoint, ProbeError, Timeouts, replicas_probe
+from orchestrate.serving import Endpoint, ProbeError, Timeouts, profile_device, replicas_probe
 from training.config import Arm
 from training.errors import TrainError
 from training.evaluate import EvaluationSummary, evaluate
@@ -140,6 +141,14 @@ class LocalReplicas:
                                  f"(log {self.log_dir / f'replica-{k}.log'}):\n" + "\n".join(tail))
             time.sleep(0.05)
         raise ProbeError(f"replica-{k} did not listen within {self.start_timeout_s:.0f} s")
+
+    def where(self) -> dict[str, dict[str, Any]]:
+        """Every replica on this machine: on CUDA replica k on GPU k, or k mod M where the committed
+        placement shares M GPUs (as `process_env` and `pick_device` place it); on CPU all on its cores."""
+        kind, host = profile_device(self.home), socket.gethostname()
+        return {e.name: {"host": host, "device": "cpu" if kind != "cuda" else
+                         f"cuda:{k % self.share_gpus if self.share_gpus else k}"}
+                for k, e in enumerate(self.endpoints)}
 
     def kill(self, k: int) -> dict[str, Any]:
         """Stop replica k the hard way (SIGKILL, as a crashed host would) and wait until it is gone."""

@@ -57,7 +57,7 @@ from orchestrate.launch.ssh import launch_remote_group, liveness_probe, running_
 from orchestrate.launch.supervise import GroupResult, supervise
 from orchestrate.placement import Devices, hosts_devices
 from orchestrate.remote import collect, host_parts, host_python, reports_as_staged, stage_reports
-from orchestrate.serving import Endpoint, ProbeError
+from orchestrate.serving import Endpoint, ProbeError, profile_device
 from orchestrate.transport import SSHTransport, Transport, TransportError
 from training.config import Arm
 from training.evaluate import EvaluationSummary
@@ -493,6 +493,11 @@ class SshReplicas:
                         rep.t.run(f"touch {shlex.quote(rep.lease)}", timeout=10)
                     except Exception:  # noqa: BLE001 — not this time
                         pass
+
+    def where(self) -> dict[str, dict[str, Any]]:
+        """One replica per host, on the host's first device (LOCAL_RANK=0): no two share one."""
+        device = "cuda:0" if profile_device(self.home) == "cuda" else "cpu"
+        return {r.name: {"host": r.host.name, "device": device} for r in self.replicas}
 
     def describe(self) -> str:
         """Where each replica listens on its host, and the forward here that reaches it."""

@@ -89,8 +89,9 @@ def serve_probe(cfg: Resolved, home: Path, progress: Progress, retry: str | None
     with progress.status("serving probe…"):
         res = replicas_probe(home, arm.name, n, lambda: backend.replicas(home, arm.name, n), retry=retry,
                              say=lambda m: progress.line(f"  {m}"))
-    r = res.get("throughput_ratio_replicas_vs_single")
-    progress.line(f"  throughput {n} replicas / 1: {'—' if r is None else f'{r:.2f}'}; "
+    ratios = ", ".join(f"{'—' if r is None else f'{r:.2f}'} at {c} in flight" for c, r in (
+        (c, b.get("throughput_ratio_replicas_vs_single")) for c, b in res["by_level"].items()))
+    progress.line(f"  throughput {n} replicas / 1: {ratios}; "
                   f"tasks with differing tokens: {len(res['tasks_with_differing_tokens'])}; "
                   f"model identities: {len(res['model_identities'])} → {res['attempt']}")
     return res

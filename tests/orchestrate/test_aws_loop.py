@@ -252,7 +252,7 @@ def test_the_aws_loop_in_emulation(cloud, tiny_seed, tmp_path):
         assert plan["replicas"] == replicas and plan["stopped"]["replica"] == replicas[3]
         assert plan["stopped"]["host"] == names[3]
         answered = {r["response"]["replica"] for r in
-                    read_json(home / "serving" / "attempt-1" / "replicas.json")["requests"] if r["outcome"] == "ok"}
+                    read_json(home / "serving" / "attempt-1" / "replicas-c4.json")["requests"] if r["outcome"] == "ok"}
         assert answered == set(replicas)
         for k in range(1, 4):  # the model came to hosts that trained no rank 0, and was verified there
             assert (Path(desc.by_rank[k].root) / "home/runs/diloco-four/model/receipt.json").is_file()

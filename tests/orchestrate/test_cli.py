@@ -342,7 +342,8 @@ def test_names_are_resolved_loudly_and_a_bad_experiment_file_is_one_line_a_key(t
         (f"{broken}: profiles.smoke.devv: unknown key (did you mean dev? dev is required, and missing); the keys "
          "allowed in profiles.smoke: seed, device, dtype, tasks, replay, dev, test, probes, updates, global_batch, "
          "max_context, records, replay_steps, replay_parts, sync_every, dense_warmup, checkpoint_every, compile, "
-         "fused_optimizer, pack, pack_tokens, pack_rows, score_batch, score_dtype, serving_requests, deterministic, "
+         "fused_optimizer, pack, pack_tokens, pack_rows, score_batch, score_dtype, serving_requests, "
+         "serving_concurrency, serving_slots, deterministic, "
          "base")])
 
     code, _, err = cli("gates", "single")  # two experiments have it, and it is mine's primary

@@ -144,14 +144,19 @@ def test_replicas_on_the_hosts_serve_the_three_phases(hosts, placement):
     assert plan["stopped"]["replica"] == "replica-1.ns-1" and plan["stopped"]["host"] == "ns-1"
     assert plan["stopped"]["pid"] == seen["pids"]["ns-1"] and plan["stopped"]["signal"] == "SIGKILL"
     ph, n = res["phases"], plan["requests"]
-    assert n == 16  # the committed smoke profile's workload
-    assert [ph[p]["completed"] for p in PHASES] == [n, n, n]
-    assert ph["replicas"]["per_endpoint_answers"] == {"replica-0.ns-0": n // 2, "replica-1.ns-1": n // 2}
-    assert ph["failure"]["per_endpoint_answers"] == {"replica-0.ns-0": n} and ph["failure"]["retries"] == n // 2
-    for r in read_json(d / "failure.json")["requests"]:
-        if len(r["attempts"]) > 1:  # routed to the killed replica first: no connection, then the survivor
-            assert r["attempts"][0]["endpoint"] == "replica-1.ns-1" and r["attempts"][0]["status"] is None
-            assert r["attempts"][1]["endpoint"] == "replica-0.ns-0" and r["attempts"][1]["status"] == 200
+    assert n == 16 and plan["levels"] == [1, 4]  # the committed smoke profile's workload and sweep
+    # one replica per host, each on its host's CPU: no two share a device
+    assert [(p["host"], p["device"], p["shares_device_with"]) for p in plan["placement"]] == [
+        ("ns-0", "cpu", []), ("ns-1", "cpu", [])]
+    for c in plan["levels"]:
+        assert [ph[f"{p}-c{c}"]["completed"] for p in PHASES] == [n, n, n]
+        assert ph[f"replicas-c{c}"]["per_endpoint_answers"] == {"replica-0.ns-0": n // 2, "replica-1.ns-1": n // 2}
+        assert ph[f"failure-c{c}"]["per_endpoint_answers"] == {"replica-0.ns-0": n}
+        assert ph[f"failure-c{c}"]["retries"] == n // 2
+        for r in read_json(d / f"failure-c{c}.json")["requests"]:
+            if len(r["attempts"]) > 1:  # routed to the killed replica first: no connection, then the survivor
+                assert r["attempts"][0]["endpoint"] == "replica-1.ns-1" and r["attempts"][0]["status"] is None
+                assert r["attempts"][1]["endpoint"] == "replica-0.ns-0" and r["attempts"][1]["status"] == 200
     assert res["tasks_answered"] == 16 and res["tasks_with_differing_tokens"] == []
     sel = read_json(home / "selection.json")
     assert [m.split("/")[0] for m in res["model_identities"]] == [sel["candidates"]["clean-pair"]]
@@ -159,7 +164,7 @@ def test_replicas_on_the_hosts_serve_the_three_phases(hosts, placement):
     entry = CommitmentLog(home).latest("serving")
     dev = sorted(f"dev-{i:05d}" for i in range(16))
     comp = check_probe(home, entry, dev, {"arm": "clean-pair", "receipt_digest": sel["candidates"]["clean-pair"]},
-                       requests=n)
+                       requests=n, levels=(1, 4))
     assert comp["tasks_with_differing_tokens"] == [] and comp["replicas"] == 2
     # every replica stopped on exit, its log brought back; nothing of theirs left on the hosts
     assert all(gone(p) for p in seen["pids"].values()) and on_hosts(hosts) == []

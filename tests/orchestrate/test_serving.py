@@ -1,5 +1,6 @@
-"""Serving: real replica processes on loopback with the tiny seed, the three-phase probe (a real
-server process killed for the last phase), bad input, and what the report recomputes from it."""
+"""Serving: real replica processes on loopback with the tiny seed, the three-phase probe at every
+concurrency level of the smoke profile's sweep (a real server process killed for the last phase), bad
+input, and what the report recomputes from it — a probe from before the sweep included."""
 
 from __future__ import annotations
 
@@ -13,7 +14,18 @@ import pytest
 from conftest import run_cli
 from evidence.canonical import read_json, write_json_atomic
 from evidence.receipts import make_receipt
-from evidence.serving import PHASES, ServingEvidenceError, check_probe, gates, phase_figures, requests_of
+from evidence.report.serving import serving_markdown
+from evidence.serving import (
+    PHASES,
+    ServingEvidenceError,
+    check_probe,
+    committed_levels,
+    gates,
+    level_figures,
+    levels_of,
+    phase_figures,
+    requests_of,
+)
 from orchestrate.backends.local import LocalReplicas, local_probe
 from orchestrate.serving import Endpoint, ProbeError, Timeouts, run_phase
 
@@ -124,26 +136,42 @@ def test_replica_refuses_an_unservable_arm(selected):
 def test_probe_three_phases(probed):
     home, res = probed
     ph = res["phases"]
-    n = requests_of(read_json(home / "prepared.json"))  # the committed smoke profile's workload
-    assert n == 16 and read_json(home / "serving" / "attempt-1" / "plan.json")["requests"] == n
-    assert [ph[p]["completed"] for p in PHASES] == [n, n, n]
-    assert ph["single"]["per_endpoint_answers"] == {"replica-0": n}
-    assert ph["replicas"]["per_endpoint_answers"] == {"replica-0": n // 2, "replica-1": n // 2}
-    assert ph["single"]["retries"] == ph["replicas"]["retries"] == 0
-    # the killed replica really was a process that died of SIGKILL, and every request first routed
-    # to it failed at the connection and was answered by the survivor on the next attempt
-    plan = read_json(home / "serving" / "attempt-1" / "plan.json")
+    prepared = read_json(home / "prepared.json")
+    n, levels = requests_of(prepared), levels_of(prepared)  # the committed smoke profile's workload and sweep
+    d = home / "serving" / "attempt-1"
+    plan = read_json(d / "plan.json")
+    assert n == 16 and levels == (1, 4) and plan["requests"] == n and plan["levels"] == [1, 4]
+    assert "concurrency" not in plan and res["levels"] == [1, 4]
+    assert list(ph) == [f"{p}-c{c}" for p in PHASES for c in levels]  # every phase at every level, ascending
+    assert all(ph[k]["completed"] == n for k in ph)
+    for c in levels:
+        single, many, fail = (read_json(d / f"{p}-c{c}.json") for p in PHASES)
+        assert [r["request_id"] for r in single["requests"]] == [f"single-c{c}-{i:03d}" for i in range(n)]
+        assert single["concurrency"] == many["concurrency"] == fail["concurrency"] == c
+        assert not any(r["response"]["cached"] for x in (single, many, fail) for r in x["requests"])
+        assert ph[f"single-c{c}"]["per_endpoint_answers"] == {"replica-0": n}
+        assert ph[f"replicas-c{c}"]["per_endpoint_answers"] == {"replica-0": n // 2, "replica-1": n // 2}
+        assert ph[f"single-c{c}"]["retries"] == ph[f"replicas-c{c}"]["retries"] == 0
+        # the killed replica really was a process that died of SIGKILL (once, before the first level), and
+        # every request first routed to it failed at the connection and was answered by the survivor
+        retried = [r for r in fail["requests"] if len(r["attempts"]) > 1]
+        assert len(retried) == n // 2 == ph[f"failure-c{c}"]["retries"]
+        for r in retried:
+            assert r["attempts"][0]["endpoint"] == "replica-1" and r["attempts"][0]["status"] is None
+            assert r["attempts"][1] | {"seconds": 0, "started_seconds": 0} == {
+                "endpoint": "replica-0", "status": 200, "seconds": 0, "started_seconds": 0}
+        assert ph[f"failure-c{c}"]["per_endpoint_answers"] == {"replica-0": n}
+        assert ph[f"failure-c{c}"]["per_replica"].keys() == {"replica-0"}
     assert plan["stopped"]["replica"] == "replica-1" and plan["stopped"]["exit_status"] == -9
-    fail = read_json(home / "serving" / "attempt-1" / "failure.json")
-    retried = [r for r in fail["requests"] if len(r["attempts"]) > 1]
-    assert len(retried) == n // 2 == ph["failure"]["retries"]
-    for r in retried:
-        assert r["attempts"][0]["endpoint"] == "replica-1" and r["attempts"][0]["status"] is None
-        assert r["attempts"][1] | {"seconds": 0, "started_seconds": 0} == {
-            "endpoint": "replica-0", "status": 200, "seconds": 0, "started_seconds": 0}
-    assert ph["failure"]["per_endpoint_answers"] == {"replica-0": n}
+    # both replicas on this machine's CPU: recorded as sharing it, and their tokens summed per device
+    assert [(p["replica"], p["device"], p["shares_device_with"]) for p in plan["placement"]] == [
+        ("replica-0", "cpu", ["replica-1"]), ("replica-1", "cpu", ["replica-0"])]
+    assert all(p["engine"] is None or p["engine"]["slots"] >= 1 for p in plan["placement"])
+    dev = ph["replicas-c4"]["per_device"]
+    assert len(dev) == 1 and [(v["replicas"], v["shared"]) for v in dev.values()] == [(["replica-0", "replica-1"], True)]
+    assert sum(v["generated_tokens"] for v in dev.values()) == ph["replicas-c4"]["generated_tokens"] > 0
     assert res["tasks_answered"] == 16 and res["tasks_with_differing_tokens"] == []
-    assert len(res["model_identities"]) == 1 and res["throughput_ratio_replicas_vs_single"] > 0
+    assert len(res["model_identities"]) == 1 and res["by_level"]["4"]["throughput_ratio_replicas_vs_single"] > 0
 
 
 def test_report_recomputes_the_probe(probed, tmp_path):
@@ -151,9 +179,55 @@ def test_report_recomputes_the_probe(probed, tmp_path):
     r = run_cli("-m", "evidence", "report", "--home", str(home), "--output", str(tmp_path / "r.json"))
     assert r.returncode == 0, r.stderr
     rep = read_json(tmp_path / "r.json")
-    assert rep["serving"]["phases"] == res["phases"]
-    assert [g["passed"] for g in rep["gates"] if g["gate"].startswith("serving")] == [True, True, True]
-    assert "## Serving" in (tmp_path / "r.md").read_text() and (tmp_path / "r-serving.png").is_file()
+    assert {k: {x: y for x, y in v.items() if x != "bound"} for k, v in rep["serving"]["phases"].items()} == \
+        {k: {x: y for x, y in v.items() if x != "bound"} for k, v in res["phases"].items()}
+    assert rep["serving"]["phases"]["replicas-c4"]["bound"] == res["phases"]["replicas-c4"]["bound"]
+    serving = [g for g in rep["gates"] if g["gate"].startswith("serving")]
+    assert [g["passed"] for g in serving] == [True, True, True]
+    assert serving[0]["gate"] == "serving: all 16 requests answered in every phase at every concurrency level " \
+                                 "(1, 4 in flight; ≤ 4 attempts)"
+    md = (tmp_path / "r.md").read_text()
+    assert "## Serving" in md and (tmp_path / "r-serving.png").is_file()
+    assert "| replicas | 4 | 16/16 |" in md and "Against the memory-bandwidth bound" in md
+    assert "replica-0: " in md and "sharing it with replica-1 (their scaling is not a device's)" in md
+
+
+def _as_before_the_sweep(d: Path) -> None:
+    """Rewrite a sweep's attempt as a probe before the sweep wrote it: each phase once at 4 in flight
+    (the c=4 run, its request IDs `<phase>-NNN`), plan.json with one integer concurrency."""
+    for p in PHASES:
+        data = read_json(d / f"{p}-c4.json")
+        for r in data["requests"]:
+            r["request_id"] = r["request_id"].replace(f"{p}-c4-", f"{p}-")
+            r.get("response", {})["request_id"] = r["request_id"]
+        data["figures"] = phase_figures(data["requests"], data["wall_seconds"])
+        write_json_atomic(d / f"{p}.json", data)
+        for c in (1, 4):
+            (d / f"{p}-c{c}.json").unlink()
+    plan = read_json(d / "plan.json")
+    for k in ("levels", "placement", "warmup"):
+        plan.pop(k)
+    write_json_atomic(d / "plan.json", plan | {"concurrency": 4})
+
+
+def test_a_probe_from_before_the_sweep_verifies_as_before(probed, tmp_path):
+    """A home committed before the sweep: its one-level probe verifies and is shown as it always was;
+    in a home whose profile sets serving_concurrency it is refused (that probe ignored the sweep)."""
+    entry, ctx = _tampered(probed, tmp_path, _as_before_the_sweep)
+    comp = check_probe(ctx["home"], entry, ctx["dev"], ctx["model"], requests=ctx["requests"])
+    assert list(comp["phases"]) == list(PHASES) and "levels" not in comp and "placement" not in comp
+    assert comp["throughput_ratio_replicas_vs_single"] > 0 and comp["failover"]["extra_retries"] == 8
+    assert [(g["gate"], g["passed"]) for g in gates(comp)] == [
+        ("serving: all 16 requests answered in every phase (≤ 4 attempts)", True),
+        ("serving: identical greedy tokens per task across phases and replicas", True),
+        ("serving: one model identity, the selected serving model", True)]
+    md = serving_markdown(comp, ["attempt-1"])
+    assert "| phase | answered | failed | retries | wall s | req/s | p50 s | p90 s | p95 s | p99 s | generated tok/s |" \
+        in md and any(line.startswith("| failure | 16/16 | 0 | 8 |") for line in md)
+    with pytest.raises(ServingEvidenceError, match=r"ran one concurrency level \(4\), as probes before the sweep "
+                                                   r"did; the committed profile sets serving_concurrency = \[1, 4\]"):
+        check_probe(ctx["home"], entry, ctx["dev"], ctx["model"], requests=ctx["requests"],
+                    levels=committed_levels(read_json(ctx["home"] / "prepared.json")))
 
 
 def test_second_probe_needs_a_reason(probed):
@@ -176,7 +250,8 @@ def _tampered(probed, tmp_path, edit) -> tuple[Path, dict]:
     dev = sorted(f"dev-{i:05d}" for i in range(16))
     return entry, {"home": home, "dev": dev, "model": {"arm": "clean-pair",
                                                        "receipt_digest": sel["candidates"]["clean-pair"]},
-                   "requests": requests_of(read_json(home / "prepared.json"))}
+                   "requests": requests_of(read_json(home / "prepared.json")),
+                   "levels": committed_levels(read_json(home / "prepared.json"))}
 
 
 def _edit_json(path: Path, fn) -> None:
@@ -186,41 +261,108 @@ def _edit_json(path: Path, fn) -> None:
 
 
 @pytest.mark.parametrize("what, edit, match", [
-    ("figures", lambda d: _edit_json(d / "replicas.json", lambda x: x["figures"].update(throughput_rps=99.0)),
+    ("figures", lambda d: _edit_json(d / "replicas-c4.json", lambda x: x["figures"].update(throughput_rps=99.0)),
      "stored figures differ"),
-    ("workload", lambda d: _edit_json(d / "single.json", lambda x: x["requests"].reverse()),
+    # a capacity figure the records do not give: a device's tokens
+    ("tokens", lambda d: _edit_json(d / "replicas-c1.json", lambda x: [
+        v.update(generated_tokens_per_second=1e6) for v in x["figures"]["per_device"].values()]),
+     "replicas-c1.json: stored figures differ"),
+    ("workload", lambda d: _edit_json(d / "single-c4.json", lambda x: x["requests"].reverse()),
      "fixed 16-request workload"),
+    # one level's requests carrying another's IDs (a retry cache could answer them)
+    ("ids", lambda d: _edit_json(d / "single-c1.json", lambda x: [
+        r.update(request_id=r["request_id"].replace("-c1-", "-c4-")) for r in x["requests"]]),
+     "single-c1.json: not the fixed 16-request workload"),
+    # a level the committed profile does not have, or one of its levels left out
+    ("levels", lambda d: _edit_json(d / "plan.json", lambda x: x.update(levels=[1, 4, 16])),
+     r"concurrency levels \[1, 4, 16\]; the committed profile fixes \[1, 4\]"),
+    ("level missing", lambda d: (d / "failure-c4.json").unlink(), "failure-c4.json: missing"),
+    ("level", lambda d: _edit_json(d / "replicas-c4.json", lambda x: x.update(concurrency=16)),
+     "replicas at concurrency 16 over 2 endpoints; the run fixes replicas at 4"),
+    ("both formats", lambda d: _edit_json(d / "plan.json", lambda x: x.update(concurrency=4)),
+     "beside one concurrency 4"),
+    ("sharing", lambda d: _edit_json(d / "plan.json", lambda x: x["placement"][0].update(shares_device_with=[])),
+     r"replica-0 is recorded sharing its device with \[\]; its placement says \['replica-1'\]"),
+    ("placement", lambda d: _edit_json(d / "plan.json", lambda x: x["placement"].pop()),
+     "its placement does not name the replicas it advertised"),
     # a probe that ran another workload than the committed profile's (the studies' 64 at smoke)
     ("requests", lambda d: _edit_json(d / "plan.json", lambda x: x.update(requests=64)),
      "64 requests with up to 4 attempts; the committed profile fixes 16"),
-    ("outcome", lambda d: _edit_json(d / "failure.json",
+    ("outcome", lambda d: _edit_json(d / "failure-c1.json",
                                      lambda x: x["requests"][1]["attempts"][-1].update(status=503)),
      "disagrees with its attempts"),
     ("nothing stopped", lambda d: _edit_json(d / "plan.json", lambda x: x.update(stopped=None)),
      "stopped no advertised replica"),
-    ("attempts", lambda d: _edit_json(d / "failure.json",
+    ("attempts", lambda d: _edit_json(d / "failure-c4.json",
                                       lambda x: x["requests"][1]["attempts"].extend([{"status": None}] * 4)),
      "attempts; the bound is 4"),
 ])
 def test_report_refuses_inconsistent_probe(probed, tmp_path, what, edit, match):
     entry, ctx = _tampered(probed, tmp_path, edit)
     with pytest.raises(ServingEvidenceError, match=match):
-        check_probe(ctx["home"], entry, ctx["dev"], ctx["model"], requests=ctx["requests"])
+        check_probe(ctx["home"], entry, ctx["dev"], ctx["model"], requests=ctx["requests"], levels=ctx["levels"])
 
 
 def test_serving_gates_fail_on_differing_tokens_or_models(probed, tmp_path):
     def edit(d):
+        devices = {p["replica"]: f"{p['host']} {p['device']}" for p in read_json(d / "plan.json")["placement"]}
+
         def change(x):
             x["requests"][5]["response"]["token_ids"][0] += 1
             x["requests"][9]["response"]["model"]["parameters_sha256"] = "0" * 64
-            x["figures"] = phase_figures(x["requests"], x["wall_seconds"])
-        _edit_json(d / "replicas.json", change)
+            x["figures"] = level_figures(x["requests"], x["wall_seconds"], devices)
+        _edit_json(d / "replicas-c4.json", change)  # at one level only: the gates pool every level
 
     entry, ctx = _tampered(probed, tmp_path, edit)
-    comp = check_probe(ctx["home"], entry, ctx["dev"], ctx["model"], requests=ctx["requests"])
+    comp = check_probe(ctx["home"], entry, ctx["dev"], ctx["model"], requests=ctx["requests"], levels=ctx["levels"])
     assert comp["tasks_with_differing_tokens"] == ["dev-00005"]
     assert [g["passed"] for g in gates(comp)] == [True, False, False]
     assert [g["passed"] for g in gates(None)] == [False]  # no probe: the serving condition fails
+
+
+def test_placement_records_each_replicas_engine_and_who_shares_its_device():
+    """GET /health once per replica: an `engine` is recorded as the replica says it, a replica without
+    one (or one that does not answer) as None; replicas on one host's device are marked as sharing it."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from conftest import free_port
+    from orchestrate.serving import engines, placement_of
+
+    engine = {"slots": 16, "device": "cuda:0", "device_name": "NVIDIA H100 80GB HBM3", "weights_bytes": 538_000_000,
+              "bandwidth_bytes_per_s": 3.35e12, "measured_copy_bytes_per_s": None, "threads": None}
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            body = json.dumps({"status": "ok", **({"engine": engine} if self.server.server_port == port_a else {})})
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *a):
+            pass
+
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), Health) for _ in range(2)]
+    port_a = servers[0].server_port
+    for srv in servers:
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        eps = [Endpoint(f"r{k}", f"http://127.0.0.1:{srv.server_port}") for k, srv in enumerate(servers)]
+        eps.append(Endpoint("r2", f"http://127.0.0.1:{free_port()}"))  # nothing listens
+        got = engines(eps, Timeouts(connect_s=1.0))
+    finally:
+        for srv in servers:
+            srv.shutdown()
+    assert got == {"r0": engine, "r1": None, "r2": None}
+    where = {"r0": {"host": "h", "device": "cuda:0"}, "r1": {"host": "h", "device": "cuda:0"},
+             "r2": {"host": "g", "device": "cuda:0"}}
+    assert placement_of(eps, where, got) == [
+        {"replica": "r0", "host": "h", "device": "cuda:0", "engine": engine, "shares_device_with": ["r1"]},
+        {"replica": "r1", "host": "h", "device": "cuda:0", "engine": None, "shares_device_with": ["r0"]},
+        {"replica": "r2", "host": "g", "device": "cuda:0", "engine": None, "shares_device_with": []}]
+    assert placement_of(eps[:1], {}, got)[0] | {"engine": None} == {  # a backend that does not say where
+        "replica": "r0", "host": None, "device": None, "engine": None, "shares_device_with": []}
 
 
 def test_probe_with_every_endpoint_down_ends_with_failure_records(tmp_path):

@@ -222,6 +222,32 @@ def test_serving_requests_are_committed_only_where_a_profile_sets_them():
                 serving_requests=3)
 
 
+def test_serving_concurrency_is_committed_only_where_set_and_never_above_the_requests():
+    """The smoke profiles sweep 1 and 4 in flight, committed with the profile; a profile that sets no
+    levels commits what it did before the setting existed and runs the studies' sweep up to its
+    requests; a level above the requests per phase and level, or levels out of order, are refused."""
+    from pydantic import ValidationError
+
+    from evidence.serving import LEVELS, levels_of
+    from training.config import Profile
+
+    for name in experiment_names():
+        smoke, cpu = resolve(name, "smoke").as_dict(), resolve(name, "cpu").as_dict()
+        assert smoke["profile"]["serving_concurrency"] == [1, 4] and levels_of({"experiment": smoke}) == (1, 4)
+        assert "serving_concurrency" not in cpu["profile"] and levels_of({"experiment": cpu}) == LEVELS
+    base = dict(seed="tiny", tasks=8, replay=8, dev=1, test=1, probes=1, updates=2, max_context=64)
+    assert Profile(**base, serving_requests=8, serving_concurrency=[1, 8]).serving_concurrency == (1, 8)
+    with pytest.raises(ValidationError, match=r"serving_concurrency = \[1, 16\]: level 16 is above the 8 requests "
+                                              r"per phase and level \(serving_requests\), so it could never have that "
+                                              r"many in flight; drop it or set serving_requests to at least 16"):
+        Profile(**base, serving_requests=8, serving_concurrency=[1, 16])
+    with pytest.raises(ValidationError, match="level 128 is above the 64 requests"):  # the studies' 64 unless set
+        Profile(**base, serving_concurrency=[1, 128])
+    for levels in ([4, 1], [1, 1], [0, 4], []):
+        with pytest.raises(ValidationError, match="at least 1 each and strictly ascending"):
+            Profile(**base, serving_concurrency=levels)
+
+
 def test_a_new_profile_the_previous_experiment_lacks_is_refused_saying_what_to_add(tmp_path, monkeypatch):
     """Every experiment of a lineage is prepared at the run's profile, so a profile added to one experiment
     alone cannot run; the refusal names the experiment to add it to and why (it said only "no profile")."""
