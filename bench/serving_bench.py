@@ -141,7 +141,7 @@ def main() -> int:
     for slots in [int(x) for x in args.slots.split(",")]:
         t = time.perf_counter()
         engine = Engine(model, slots=slots, max_len=max(map(len, prompts)) + budget, eos=eos, device=device,
-                        threads=args.threads)
+                        threads=args.threads, prompt_lengths=[len(p) for p in prompts])
         built = time.perf_counter() - t
         facts = engine.describe()
         bw = facts["bandwidth_bytes_per_s"] or facts["measured_copy_bytes_per_s"]

@@ -147,7 +147,8 @@ class Engine:
     exactly."""
 
     def __init__(self, model: Any, *, slots: int, max_len: int, eos: set[int], device: torch.device,
-                 graphs: bool | None = None, threads: int | None = None) -> None:
+                 graphs: bool | None = None, threads: int | None = None, bucket: int | None = None,
+                 prompt_lengths: Any = ()) -> None:
         why = unservable(model.config)
         if why:
             raise EngineError(why)
@@ -155,6 +156,11 @@ class Engine:
             raise EngineError(f"the engine needs at least one slot (got {slots})")
         self.device = device
         self.slots = slots
+        # a prompt is prefilled padded to a multiple of `bucket` tokens (the padding after it, never seen
+        # by it): one shape per bucket, so on CUDA one captured graph each (`prompt_lengths`' buckets are
+        # captured at start) — the prefill of a few hundred tokens is otherwise ~1,000 kernel launches
+        # from Python, longer than the request's decode at 16 in flight. On a CPU padding is only cost.
+        self.bucket = bucket or (32 if device.type == "cuda" else 1)
         self.max_len = max_len
         self.eos = set(eos)
         self.threads = threads
@@ -182,13 +188,14 @@ class Engine:
         self.waiting: deque[Request] = deque()
         self._cv = threading.Condition()
         self.graph = None
+        self.prefills: dict[int, tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = {}
         self.steps = 0
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         with torch.inference_mode():
             self._decode()  # the first call allocates what every later one reuses
             if graphs if graphs is not None else device.type == "cuda":
-                self._capture()
+                self._capture(sorted({self._padded(n) for n in prompt_lengths}))
 
     # ---------------------------------------------------------------- the model, mirrored from Llama
 
@@ -198,15 +205,14 @@ class Engine:
         w = self.w
         freqs = pos[..., None].float() * w.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos()[:, None].to(x.dtype), emb.sin()[:, None].to(x.dtype)
+        cos, sin = emb.cos()[:, :, None].to(x.dtype), emb.sin()[:, :, None].to(x.dtype)  # [B, T, 1, d]
         b, t, _ = x.shape
         hq, hk, d = w.heads * w.head_dim, w.kv_heads * w.head_dim, w.head_dim
         for i, (ln1, qkv, o, ln2, gate_up, down) in enumerate(w.layers):
             h = F.linear(_rms(x, ln1, w.eps), qkv)
-            q = h[..., :hq].view(b, t, w.heads, d).transpose(1, 2)
-            k = h[..., hq:hq + hk].view(b, t, w.kv_heads, d).transpose(1, 2)
+            qk = _rotate(h[..., :hq + hk].view(b, t, w.heads + w.kv_heads, d), cos, sin)  # one rotation for both
             v = h[..., hq + hk:].view(b, t, w.kv_heads, d).transpose(1, 2)
-            a = attend(i, _rotate(q, cos, sin), _rotate(k, cos, sin), v)
+            a = attend(i, qk[:, :, :w.heads].transpose(1, 2), qk[:, :, w.heads:].transpose(1, 2), v)
             x = x + F.linear(a.transpose(1, 2).reshape(b, t, hq), o)
             g, u = F.linear(_rms(x, ln2, w.eps), gate_up).split(w.intermediate, dim=-1)
             x = x + F.linear(F.silu(g) * u, down)
@@ -226,21 +232,37 @@ class Engine:
         p = torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype).view(b, self.w.kv_heads, g * t, -1)
         return torch.matmul(p, v).view(b, h, t, d)
 
+    def _padded(self, n: int) -> int:
+        return min(-(-n // self.bucket) * self.bucket, self.max_len)
+
     def _prefill(self, slot: int, prompt: list[int]) -> torch.Tensor:
-        """The prompt alone (batch 1, its own length): keys and values into positions 0.. of `slot`;
-        the logits of its last position."""
-        n = len(prompt)
-        ids = torch.tensor([prompt], dtype=torch.long, device=self.device)
-        pos = self.positions[:n][None]
-        causal = (self.positions[:n, None] >= self.positions[None, :n])[None, None]
+        """The prompt alone (batch 1, padded to its bucket after its last token): keys and values into
+        positions 0.. of `slot`; the logits of its last position. Padding is seen by no position of the
+        prompt (causal) and its keys sit beyond the request's position until decoding overwrites them."""
+        n, m = len(prompt), self._padded(len(prompt))
+        if m in self.prefills:
+            graph, ids, slot_t, last, out = self.prefills[m]
+            ids.copy_(torch.tensor([prompt + [0] * (m - n)]))
+            slot_t.fill_(slot)
+            last.fill_(n - 1)
+            graph.replay()
+            return out
+        ids = torch.tensor([prompt + [0] * (m - n)], dtype=torch.long, device=self.device)
+        return self._prefill_padded(ids, torch.tensor([slot], device=self.device),
+                                    torch.tensor([n - 1], device=self.device))
+
+    def _prefill_padded(self, ids: torch.Tensor, slot: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        m = ids.shape[1]
+        pos = self.positions[:m][None]
+        causal = (self.positions[:m, None] >= self.positions[None, :m])[None, None]
 
         def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            self.k[i, slot, :, :n] = k[0]
-            self.v[i, slot, :, :n] = v[0]
+            self.k[i][:, :, :m].index_copy_(0, slot, k)
+            self.v[i][:, :, :m].index_copy_(0, slot, v)
             return self._attention(q, k, v, causal)
 
         x = self._layers(self.w.embed[ids], pos, attend)
-        return self._head(x[:, -1])[0]
+        return self._head(x[0].index_select(0, last))[0]
 
     def _decode(self) -> None:
         """One token for every slot: `tok` at `pos` -> `logits`, `next`. Fixed shapes throughout."""
@@ -256,16 +278,30 @@ class Engine:
         self.logits.copy_(self._head(x[:, 0]))
         self.next.copy_(self.logits.argmax(-1))
 
-    def _capture(self) -> None:
-        s = torch.cuda.Stream(self.device)
-        s.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(s):
-            for _ in range(2):
-                self._decode()
-        torch.cuda.current_stream(self.device).wait_stream(s)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self._decode()
+    def _capture(self, prefill_lengths: list[int]) -> None:
+        """The decode step, and the prefill of each padded length, as CUDA graphs (each its own memory
+        pool: they replay in any order)."""
+
+        def capture(run: Any) -> Any:
+            s = torch.cuda.Stream(self.device)
+            s.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(s):
+                for _ in range(2):
+                    run()
+            torch.cuda.current_stream(self.device).wait_stream(s)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = run()
+            return graph, out
+
+        self.graph, _ = capture(self._decode)
+        spare = self.slots - 1  # warm-up and capture write into the last slot's cache: it holds no request yet
+        for m in prefill_lengths:
+            ids = torch.zeros(1, m, dtype=torch.long, device=self.device)
+            slot = torch.full((1,), spare, dtype=torch.long, device=self.device)
+            last = torch.full((1,), m - 1, dtype=torch.long, device=self.device)
+            graph, out = capture(lambda: self._prefill_padded(ids, slot, last))
+            self.prefills[m] = (graph, ids, slot, last, out)
         torch.cuda.synchronize(self.device)
 
     # ---------------------------------------------------------------- scheduling

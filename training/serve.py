@@ -190,7 +190,8 @@ def load_replica(home: str | os.PathLike[str], *, arm: str | None = None, seed_d
     try:
         with long_lived():  # the engine's weights and caches live as long as the process
             engine = Engine(model, slots=slots, max_len=max(map(len, prompts.values())) + budget,
-                            eos=eos_ids(model, tok), device=device, threads=threads)
+                            eos=eos_ids(model, tok), device=device, threads=threads,
+                            prompt_lengths=[len(p) for p in prompts.values()])
     except (EngineError, RuntimeError) as e:  # a cache that does not fit, a graph that cannot be captured
         raise ServeError(f"{name}: the serving engine could not start on {device}: {e}") from None
     del model  # the engine holds what it multiplies

@@ -54,11 +54,11 @@ def run(engine: Engine, schedule: list[tuple[int, list[int], int]]) -> dict[int,
     return {i: f.result() for i, f in futures.items()}
 
 
-@pytest.mark.parametrize("slots", [1, 2, 3, 8])
+@pytest.mark.parametrize("slots,bucket", [(1, 1), (2, 1), (3, 16), (8, 1), (8, 16)])
 @pytest.mark.parametrize("which", ["tiny", "wider"])
-def test_a_request_is_computed_as_if_alone_whatever_joins_and_leaves(slots, which, request):
+def test_a_request_is_computed_as_if_alone_whatever_joins_and_leaves(slots, bucket, which, request):
     model = request.getfixturevalue(which)
-    engine = Engine(model, slots=slots, max_len=96, eos=set(), device=CPU)
+    engine = Engine(model, slots=slots, max_len=96, eos=set(), device=CPU, bucket=bucket)
     ps = prompts(model, 10, seed=slots)
     alone = {i: run(engine, [(0, p, 12)])[0] for i, p in enumerate(ps)}
     for trial in range(3):  # arrivals at random steps, budgets that end them at different steps
@@ -76,8 +76,10 @@ def test_a_request_is_computed_as_if_alone_whatever_joins_and_leaves(slots, whic
             assert len(slots_seen) > 1  # requests did land in other slots than the one they had alone
 
 
-def test_its_greedy_tokens_are_generates(tiny):
-    engine = Engine(tiny, slots=4, max_len=128, eos={2}, device=CPU)
+@pytest.mark.parametrize("bucket", [1, 16])
+def test_its_greedy_tokens_are_generates(tiny, bucket):
+    """Prefilled at its own length (CPU's default) or padded to a bucket (CUDA's, for its graphs)."""
+    engine = Engine(tiny, slots=4, max_len=128, eos={2}, device=CPU, bucket=bucket)
     for p in prompts(tiny, 4, seed=7):
         with torch.no_grad():
             g = tiny.generate(torch.tensor([p]), max_new_tokens=16, do_sample=False, pad_token_id=2,
@@ -142,9 +144,10 @@ def test_on_cuda_the_replayed_graph_computes_a_request_as_if_alone(slots, wider)
     CUDA graph: bit for bit, neighbours joining and leaving."""
     model = LlamaForCausalLM(wider.config).eval()
     model.load_state_dict(wider.state_dict())
-    engine = Engine(model.cuda(), slots=slots, max_len=96, eos=set(), device=torch.device("cuda"))
-    assert engine.graph is not None
     ps = prompts(model, 12, seed=slots)
+    engine = Engine(model.cuda(), slots=slots, max_len=96, eos=set(), device=torch.device("cuda"),
+                    prompt_lengths=[len(p) for p in ps[:6]])  # the others' buckets prefill without a graph
+    assert engine.graph is not None and engine.prefills
     alone = {i: run(engine, [(0, p, 12)])[0] for i, p in enumerate(ps)}
     rng = random.Random(slots)
     together = run(engine, [(rng.randrange(0, 20), p, rng.randrange(1, 13)) for p in ps])
