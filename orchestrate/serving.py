@@ -145,11 +145,12 @@ def run_phase(requests: list[dict[str, str]], endpoints: list[Endpoint], *, conc
 
 
 def warm_all(dev: list[str], endpoints: list[Endpoint], timeouts: Timeouts | None = None) -> list[dict[str, Any]]:
-    """Every replica's warmup at the same time (each its own four requests, one at a time): the
-    probe waits for the slowest replica once, not for the sum of them. Records in replica order."""
+    """Every replica's warmup at the same time, each its own four requests at once (a replica's engine
+    batches them): the probe waits for the slowest replica once, not for the sum of them. Records in
+    replica order."""
     async def each() -> list[tuple[list[dict[str, Any]], float]]:
-        return await asyncio.gather(*(_phase(warmup_workload(dev, e.name), [e], 1, MAX_ATTEMPTS,
-                                             timeouts or Timeouts()) for e in endpoints))
+        return await asyncio.gather(*(_phase(w, [e], len(w), MAX_ATTEMPTS, timeouts or Timeouts())
+                                      for e in endpoints for w in [warmup_workload(dev, e.name)]))
     return [r for records, _ in asyncio.run(each()) for r in records]
 
 
@@ -258,7 +259,7 @@ def probe(home: Path, endpoints: list[Endpoint], stop: Callable[[int], dict[str,
                 f"p50 {f['latency_seconds']['p50'] or float('nan'):.3f} s")
     plan = {"arm": arm, "replicas": names, "requests": requests, "levels": list(levels),
             "max_attempts": MAX_ATTEMPTS, "stopped": stopped, "retry_reason": retry, "placement": placement,
-            "warmup": "every replica's at once, one request at a time each",
+            "warmup": "every replica's at once, its four requests at once",
             "routing": "attempt a of request i goes to endpoint (i + a) mod N; 5xx, timeouts and "
                        "connection errors are retried, other 4xx are not"}
     write_json_atomic(out / "plan.json", plan)
