@@ -170,7 +170,9 @@ def serve(home: Path = typer.Option(..., help="the trial home (selection committ
     except UserError as e:
         _fail(e)
     err.print(f"{name}: {rep.identity['arm']} (receipt {rep.identity['receipt_digest'][:12]}…), "
-              f"{len(rep.tasks)} development tasks, max {rep.max_new_tokens} new tokens, on {rep.device}",
+              f"{len(rep.tasks)} development tasks, max {rep.max_new_tokens} new tokens, on {rep.device}, "
+              f"engine of {rep.engine_facts['slots']} slots"
+              + (" (decode and prefills as CUDA graphs)" if rep.engine_facts.get("cuda_graph") else ""),
               highlight=False)
     try:
         run_serve(rep, host, port, ready_file)
