@@ -193,11 +193,12 @@ def answering(phase: str, replicas: list[str], stopped: str | None) -> list[str]
     return [r for r in replicas if not (phase == "failure" and r == stopped)]
 
 
-def rows_in_flight(level: int, replicas: list[str]) -> dict[str, int]:
+def rows_in_flight(level: int, replicas: list[str]) -> dict[str, float]:
     """The level's requests in flight split evenly over the replicas answering (the probe routes
-    request i to replica i mod N): the rows each one's decode steps carry at most."""
-    k = len(replicas)
-    return {r: level // k + (1 if i < level % k else 0) for i, r in enumerate(replicas)}
+    request i to replica i mod N): the rows each one's decode steps carry on average — a fraction
+    where fewer are in flight than replicas answer (at 1 in flight over 2, each carries one half the
+    time), so that no replica that answered is bounded at zero."""
+    return {r: level / len(replicas) for r in replicas}
 
 
 def _bandwidth(engines: list[dict[str, Any]]) -> tuple[float | None, str | None]:

@@ -36,7 +36,7 @@ import math
 import threading
 from collections import deque
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -308,8 +308,8 @@ class Engine:
 
     def submit(self, prompt: list[int], max_new: int, *, keep_logits: bool = False) -> Future:
         """Queue a request; its future resolves to an `Answer` (or the exception that ended it)."""
-        if not prompt:
-            raise EngineError("an empty prompt")
+        if not prompt or max_new < 1:
+            raise EngineError(f"a request needs a prompt and at least one new token (got {len(prompt)} and {max_new})")
         if len(prompt) + max_new - 1 > self.max_len:
             raise EngineError(f"a prompt of {len(prompt)} tokens with {max_new} new ones exceeds the engine's "
                               f"{self.max_len} positions")
@@ -352,6 +352,8 @@ class Engine:
             r.slot, r.admitted = slot, time.perf_counter()
             try:
                 with torch.inference_mode():
+                    self.k[:, slot].zero_()  # nothing of an earlier request stays, not even masked (0 × NaN is NaN)
+                    self.v[:, slot].zero_()
                     logits = self._prefill(slot, r.prompt)
                     token = int(logits.argmax())
             except Exception as e:  # noqa: BLE001 — the request fails, the engine goes on
@@ -399,19 +401,30 @@ class Engine:
         return self
 
     def _run(self) -> None:
-        if self.threads:
-            torch.set_num_threads(self.threads)
-        while not self._stop.is_set():
-            if self.step() == 0:
-                with self._cv:  # idle: sleep until a request (or close) arrives
-                    while not self.waiting and not self._stop.is_set():
-                        self._cv.wait()
-        with self._cv:
-            left = [*(r for r in self.active if r is not None), *self.waiting]
-            self.waiting.clear()
-        for r in left:
-            if not r.future.done():
-                r.future.set_exception(EngineError("the engine stopped"))
+        """The engine thread. However it ends (close, or a bug outside a step's own guard), it stops taking
+        requests and fails every one it holds: nothing waits forever on a thread that is gone."""
+        why: BaseException | None = None
+        try:
+            if self.threads:
+                torch.set_num_threads(self.threads)
+            while not self._stop.is_set():
+                if self.step() == 0:
+                    with self._cv:  # idle: sleep until a request (or close) arrives
+                        while not self.waiting and not self._stop.is_set():
+                            self._cv.wait()
+        except BaseException as e:  # noqa: BLE001 — said to every request below
+            why = e
+        finally:
+            with self._cv:
+                self._stop.set()
+                left = [*(r for r in self.active if r is not None), *self.waiting]
+                self.waiting.clear()
+                self.active = [None] * self.slots
+            for r in left:
+                try:
+                    r.future.set_exception(EngineError("the engine stopped" + (f": {why!r}" if why else "")))
+                except InvalidStateError:  # resolved or cancelled meanwhile
+                    pass
 
     def close(self) -> None:
         with self._cv:

@@ -108,26 +108,38 @@ class Replica:
                 return None, (pending[1], True)
             done: Future = Future()
             self._pending[req.request_id] = (req.task_id, done)
-        inner = self.engine.submit(self.prompts[req.task_id], self.max_new_tokens)
+        try:
+            inner = self.engine.submit(self.prompts[req.task_id], self.max_new_tokens)
+        except Exception as e:  # noqa: BLE001 — a stopped engine: this request and its repeats fail, none hangs
+            with self._lock:
+                self._pending.pop(req.request_id, None)
+            done.set_exception(e)
+            return None, (done, False)
         inner.add_done_callback(lambda f: self._finish(req, f, done))
         return None, (done, False)
 
     def _finish(self, req: AnswerRequest, f: Future, done: Future) -> None:
-        """The engine's answer into the retry cache, then to everyone waiting on it."""
-        with self._lock:
-            self._pending.pop(req.request_id, None)
-            if f.exception() is not None:
-                done.set_exception(f.exception())
-                return
+        """The engine's answer into the retry cache, then to everyone waiting on it; whatever fails here
+        fails the waiters too (a callback's exception would otherwise only be logged, and they would hang)."""
+        try:
             a = f.result()
             out = {"request_id": req.request_id, "task_id": req.task_id, "model": self.identity,
                    "token_ids": a.tokens, "text": self.tokenizer.decode(a.tokens, skip_special_tokens=True).strip(),
                    "replica": self.name, "generate_seconds": a.generate_seconds,
                    "queue_seconds": a.queue_seconds, "first_token_seconds": a.first_token_seconds}
+        except BaseException as e:  # noqa: BLE001 — the engine's failure, or building the answer's
+            with self._lock:
+                self._pending.pop(req.request_id, None)
+            if not done.done():
+                done.set_exception(e if isinstance(e, Exception) else RuntimeError(repr(e)))
+            return
+        with self._lock:
+            self._pending.pop(req.request_id, None)
             self._cache[req.request_id] = out
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
-        done.set_result(out)
+        if not done.done():
+            done.set_result(out)
 
     def answer(self, req: AnswerRequest) -> tuple[int, dict[str, Any]]:
         """One request, waiting for its answer (the HTTP handler awaits the same future instead)."""
@@ -192,10 +204,10 @@ def load_replica(home: str | os.PathLike[str], *, arm: str | None = None, seed_d
             engine = Engine(model, slots=slots, max_len=max(map(len, prompts.values())) + budget,
                             eos=eos_ids(model, tok), device=device, threads=threads,
                             prompt_lengths=[len(p) for p in prompts.values()])
+        facts = engine.describe()  # its bandwidth measurement allocates too
     except (EngineError, RuntimeError) as e:  # a cache that does not fit, a graph that cannot be captured
         raise ServeError(f"{name}: the serving engine could not start on {device}: {e}") from None
     del model  # the engine holds what it multiplies
-    facts = engine.describe()
     return Replica(name=name, engine=engine.start(), tokenizer=tok, device=device, tasks=tasks, prompts=prompts,
                    identity={"arm": arm, "receipt_digest": receipt_digest, "parameters_sha256": loaded},
                    max_new_tokens=budget, engine_facts=facts, cache_size=cache_size, device_lock=lock)
@@ -228,7 +240,9 @@ def make_app(replica: Replica) -> FastAPI:
             return JSONResponse(got, status)
         future, shared = got
         try:
-            payload = await asyncio.wrap_future(future)
+            # shielded: a waiter cancelled (a client gone, the server stopping) must not cancel the answer
+            # its repeats share
+            payload = await asyncio.shield(asyncio.wrap_future(future))
         except Exception as e:  # noqa: BLE001 — the engine failed this request: the client may retry elsewhere
             return JSONResponse({"error": "generation failed", "detail": f"{type(e).__name__}: {e}"[:300]}, 500)
         return JSONResponse({**payload, "cached": shared}, 200)

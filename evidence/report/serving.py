@@ -39,11 +39,11 @@ def _engine(e: dict[str, Any] | None) -> str:
 
 def _bound_cell(dev: dict[str, Any]) -> tuple[str, str, str]:
     """The bound, the share of it reached, and where the bandwidth came from — or why not known."""
-    if dev["bound_tokens_per_second"] is None:
-        return "not known", "—", dev.get("unknown", "")
+    if not dev["bound_tokens_per_second"]:  # none reported, or (an earlier probe's) none in flight
+        return "not known", "—", dev.get("unknown", "no row in flight")
     got = dev["generated_tokens_per_second"]
     return (f"{dev['bound_tokens_per_second']:,.0f}", "—" if got is None else f"{100 * got / dev['bound_tokens_per_second']:.1f} %",
-            f"{dev['bandwidth']} {_bytes(dev['bandwidth_bytes_per_s'], '/s')}, {dev['rows_in_flight']} row(s) in flight")
+            f"{dev['bandwidth']} {_bytes(dev['bandwidth_bytes_per_s'], '/s')}, {dev['rows_in_flight']:g} row(s) in flight")
 
 
 def _sweep(sv: dict[str, Any], attempts: list[str], shared: str | None) -> list[str]:

@@ -63,8 +63,8 @@ def test_capacity_figures_per_replica_and_device():
 
 
 def test_rows_in_flight_split_evenly_over_the_replicas_answering():
-    assert rows_in_flight(1, ["a", "b"]) == {"a": 1, "b": 0}
-    assert rows_in_flight(5, ["a", "b"]) == {"a": 3, "b": 2}
+    assert rows_in_flight(1, ["a", "b"]) == {"a": 0.5, "b": 0.5}  # each carries it half the time
+    assert rows_in_flight(5, ["a", "b"]) == {"a": 2.5, "b": 2.5}
     assert rows_in_flight(16, ["a"]) == {"a": 16}
 
 
@@ -94,7 +94,8 @@ def test_one_replica_is_bounded_by_its_slots_times_bandwidth_over_weights():
         "bound_tokens_per_second": 53_600.0, "generated_tokens_per_second": 13_400.0, "fraction_of_bound": None}
     assert dev["fraction_of_bound"] == b["fraction_of_bound"] == 0.25
     two = bounds(_fig({"h0 cuda:0": 10.0, "h1 cuda:0": 10.0}), placement, 1, ["r0", "r1"])  # one row in all
-    assert [d["rows_in_flight"] for d in two["devices"]] == [1, 0] and two["bound_tokens_per_second"] == 6_700.0
+    assert [d["rows_in_flight"] for d in two["devices"]] == [0.5, 0.5] and two["bound_tokens_per_second"] == 6_700.0
+    assert [d["fraction_of_bound"] for d in two["devices"]] == [10.0 / 3_350.0] * 2  # no device bounded at zero
 
 
 def test_replicas_sharing_a_device_share_its_bound_measured_by_copy_where_unspecified():

@@ -70,3 +70,12 @@ def test_a_replica_whose_engine_cannot_start_never_listens(selected, monkeypatch
     monkeypatch.setattr("training.engine.Engine.__init__", refuse)
     with pytest.raises(serve_module.ServeError, match="the serving engine could not start on cpu: the key/value"):
         serve_module.load_replica(selected, name="replica-0")
+
+
+def test_a_stopped_engine_fails_a_request_and_its_repeats_instead_of_hanging(selected):
+    rep = serve_module.load_replica(selected, name="replica-0")
+    rep.close()
+    req = serve_module.AnswerRequest(request_id="after-stop", task_id=sorted(rep.tasks)[0])
+    for _ in range(2):  # the repeat finds no answer in flight left behind by the first
+        with pytest.raises(EngineError, match="stopped"):
+            rep.answer(req)

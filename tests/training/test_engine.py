@@ -15,7 +15,6 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 from training.architecture import unservable
 from training.engine import Engine, EngineError
 
-pytestmark = pytest.mark.unit
 CPU = torch.device("cpu")
 
 
@@ -155,3 +154,15 @@ def test_on_cuda_the_replayed_graph_computes_a_request_as_if_alone(slots, wider)
         assert got.tokens == alone[i].tokens[:len(got.tokens)]
         assert all(torch.equal(a, b) for a, b in zip(got.logits, alone[i].logits)), i
     assert len({a.slot for a in together.values()}) > 1
+
+
+def test_nothing_an_earlier_request_left_in_a_slot_reaches_the_next(tiny):
+    """A slot's stale keys and values are masked out — and a masked NaN would still poison `p @ v`
+    (0 × NaN is NaN) — so a request admitted to a slot starts from a clean one."""
+    engine = Engine(tiny, slots=1, max_len=96, eos=set(), device=CPU)
+    p = prompts(tiny, 1, seed=5)[0]
+    ref = run(engine, [(0, p, 6)])[0]
+    engine.k[:, 0].fill_(float("nan"))
+    engine.v[:, 0].fill_(float("nan"))
+    got = run(engine, [(0, p, 6)])[0]
+    assert got.tokens == ref.tokens and all(torch.equal(a, b) for a, b in zip(got.logits, ref.logits))
