@@ -50,18 +50,11 @@
 # score, serve, report, preserve; every arm's scoring speed) with --record.
 set -uo pipefail
 exec > >(tee -a "$OUT/session.log") 2>&1  # what ran so far comes back even if the call runs out of time
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TORCHINDUCTOR_CACHE_DIR=/tmp/study/inductor  # kept for call 3 while the machine is warm
-. bench/gpu_seed.sh  # SEED_WHEEL, join_seed
+. bench/lent_gpu.sh  # lent_gpu_env, SEED_WHEEL, join_seed
 STUDY=/tmp/study
 mkdir -p "$STUDY"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-[[ -f /tmp/seed-wheel/$SEED_WHEEL ]] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-  --upgrade --target /tmp/site "/tmp/seed-wheel/$SEED_WHEEL"
-export PYTHONPATH=/tmp/site:$PWD
-nvidia-smi -L
-python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'GPUs', torch.cuda.device_count())"
-git log -1 --format='commit %H %s' 2>/dev/null || true
+lent_gpu_env
 s=$SECONDS
 
 bundle() {  # bundle NAME PATH...: everything small of a step in one file under $OUT

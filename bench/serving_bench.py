@@ -30,9 +30,10 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
+from serving_cpu_bench import replica_call  # noqa: E402  (bench/ is this script's folder)
 from training.config import lineage  # noqa: E402
 from training.engine import Engine  # noqa: E402
-from training.evaluate import answer_tokens, eos_ids, generation_budget, prompt_text  # noqa: E402
+from training.evaluate import eos_ids, generation_budget, prompt_text  # noqa: E402
 from training.prepare import task_rows  # noqa: E402
 from training.seed import load_tokenizer, materialize  # noqa: E402
 
@@ -114,19 +115,10 @@ def main() -> int:
             torch.cuda.synchronize(device)
 
     ref_n = min(args.reference, len(cases))
-    enc = {k: v.to(device) for k, v in tok([prompt_text(tok, cases[0])], add_special_tokens=False,
-                                            return_tensors="pt").items()}
-    with torch.no_grad():
-        model.generate(**enc, max_new_tokens=4, do_sample=False, pad_token_id=pad)  # the first call allocates
+    replica_call(model, tok, cases[0], 4, eos, pad)  # the first call allocates
     sync()
     t = time.perf_counter()
-    reference = []  # what training/serve.py's replica did before #58, per request
-    for c in cases[:ref_n]:
-        e = tok(prompt_text(tok, c), add_special_tokens=False, return_tensors="pt").to(device)
-        with torch.no_grad():
-            gen = model.generate(**e, max_new_tokens=budget, do_sample=False, pad_token_id=pad,
-                                 eos_token_id=sorted(eos))
-        reference.append(answer_tokens(gen[0, e["input_ids"].shape[1]:], eos))
+    reference = [replica_call(model, tok, c, budget, eos, pad) for c in cases[:ref_n]]  # one at a time
     sync()
     secs = time.perf_counter() - t
     result["replica_call_before"] = {"requests": ref_n, "tokens_per_second": sum(map(len, reference)) / secs,

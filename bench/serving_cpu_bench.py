@@ -32,7 +32,7 @@ from training.seed import load_tokenizer, materialize  # noqa: E402
 
 def replica_call(model, tok, case: dict, budget: int, eos: set[int], pad: int, **extra) -> list[int]:
     """What training/serve.py's replica did for one request before its engine (#58)."""
-    enc = tok(prompt_text(tok, case), add_special_tokens=False, return_tensors="pt")
+    enc = tok(prompt_text(tok, case), add_special_tokens=False, return_tensors="pt").to(model.device)
     with torch.no_grad():
         gen = model.generate(**enc, max_new_tokens=budget, do_sample=False, pad_token_id=pad,
                              eos_token_id=sorted(eos), **extra)

