@@ -79,3 +79,26 @@ def test_a_stopped_engine_fails_a_request_and_its_repeats_instead_of_hanging(sel
     for _ in range(2):  # the repeat finds no answer in flight left behind by the first
         with pytest.raises(EngineError, match="stopped"):
             rep.answer(req)
+
+
+def test_a_request_the_engine_failed_is_not_remembered_and_its_retry_is_answered(selected, monkeypatch):
+    """What the probe's retry rests on: a failed generation leaves no answer and no request in flight
+    under its ID, so the same request ID sent again (to this replica or another) is generated afresh."""
+    rep = serve_module.load_replica(selected, name="replica-0")
+    try:
+        real, calls = rep.engine._decode, {"n": 0}
+
+        def once() -> None:
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise RuntimeError("CUDA out of memory")
+            real()
+
+        monkeypatch.setattr(rep.engine, "_decode", once)
+        req = serve_module.AnswerRequest(request_id="retried", task_id=sorted(rep.tasks)[0])
+        with pytest.raises(RuntimeError, match="out of memory"):
+            rep.answer(req)
+        status, body = rep.answer(req)
+        assert status == 200 and body["cached"] is False and body["token_ids"]
+    finally:
+        rep.close()

@@ -166,3 +166,26 @@ def test_nothing_an_earlier_request_left_in_a_slot_reaches_the_next(tiny):
     engine.v[:, 0].fill_(float("nan"))
     got = run(engine, [(0, p, 6)])[0]
     assert got.tokens == ref.tokens and all(torch.equal(a, b) for a, b in zip(got.logits, ref.logits))
+
+
+def test_a_step_that_fails_fails_its_requests_and_the_engine_goes_on(tiny, monkeypatch):
+    """A decode step that raises (on a GPU: an out-of-memory, a kernel fault) fails the requests decoding in
+    it — their clients may retry — and the next requests are answered as if nothing had happened."""
+    engine = Engine(tiny, slots=2, max_len=96, eos=set(), device=CPU)
+    ps = prompts(tiny, 3, seed=9)
+    alone = [run(engine, [(0, p, 6)])[0].tokens for p in ps]
+    real, calls = engine._decode, {"n": 0}
+
+    def once() -> None:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        real()
+
+    monkeypatch.setattr(engine, "_decode", once)
+    failed = [engine.submit(p, 6) for p in ps[:2]]
+    while not all(f.done() for f in failed):
+        engine.step()
+    assert all("illegal memory access" in str(f.exception()) for f in failed)
+    assert all(r is None for r in engine.active)  # their slots are free again
+    assert [run(engine, [(0, p, 6)])[0].tokens for p in ps] == alone
