@@ -92,7 +92,7 @@ async def _one(client: httpx.AsyncClient, i: int, req: dict[str, str], endpoints
                 except ValueError:  # a 200 that is not an answer: a failed attempt like any other
                     att["status"], att["error"] = None, f"200 with a body that is not JSON: {r.text[:200]!r}"
                     rec.pop("response", None)
-            elif r.status_code < 500:
+            else:  # a refusal (4xx) or the replica's failure (5xx: why, e.g. the engine's error), kept as said
                 att["error"] = r.text[:300]
         except httpx.HTTPError as e:
             att["status"] = None

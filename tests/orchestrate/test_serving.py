@@ -377,3 +377,43 @@ def test_probe_with_every_endpoint_down_ends_with_failure_records(tmp_path):
                for r in out["requests"] for a in r["attempts"])
     assert f["latency_seconds"]["p50"] is None and f["throughput_rps"] == 0
 
+
+
+def test_an_answer_the_engine_failed_is_retried_on_the_next_replica():
+    """A replica whose engine failed a request answers 500 (training/serve.py); the probe retries it on the
+    next endpoint and records both attempts. Two real HTTP servers on loopback: one failing, one answering."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    def server(status: int) -> ThreadingHTTPServer:
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 — the http.server hook
+                req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                body = (json.dumps({"error": "generation failed", "detail": "RuntimeError: CUDA out of memory"})
+                        if status == 500 else json.dumps({**req, "token_ids": [1, 2], "replica": "ok", "cached": False}))
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(body.encode())
+
+            def log_message(self, *a):
+                pass
+
+        s = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+        return s
+
+    bad, good = server(500), server(200)
+    try:
+        eps = [Endpoint("failing", f"http://127.0.0.1:{bad.server_port}"),
+               Endpoint("ok", f"http://127.0.0.1:{good.server_port}")]
+        res = run_phase([{"request_id": "r-0", "task_id": "dev-00000"}, {"request_id": "r-1", "task_id": "dev-00001"}],
+                        eps, concurrency=2, timeouts=Timeouts(backoff_s=0.0))
+    finally:
+        bad.shutdown(), good.shutdown()
+        bad.server_close(), good.server_close()
+    first, second = res["requests"]
+    assert [a["status"] for a in first["attempts"]] == [500, 200] and first["outcome"] == "ok"
+    assert "CUDA out of memory" in first["attempts"][0]["error"]
+    assert [a["endpoint"] for a in first["attempts"]] == ["failing", "ok"]
+    assert [a["status"] for a in second["attempts"]] == [200] and res["figures"]["retries"] == 1
