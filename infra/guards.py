@@ -6,16 +6,19 @@ create fails — does an instance exist without it. The stops that need an insta
 host as soon as that host exists, depending on it alone, never waiting for the other hosts (`cover`).
 
 Before every host:
-  deadline   an EventBridge Scheduler one-time schedule that, at the deadline, starts SSM Automation's
-             `AWS-StopEC2Instance` on every instance tagged `trial=<trial>` (rate control: `Targets` by tag,
-             `TargetParameterName` InstanceId, every instance at once, errors not stopping the rest). The
-             schedule's role may start that document and stop only instances carrying the trial's tag.
-             AWS documents each piece: Scheduler's universal target calls any API action that is not a
-             read-only one (get/describe/list...), so `ssm:startAutomationExecution` is a target; Automation
-             runs rate-controlled executions on the resources a tag selects, one per instance, as the
-             caller when no AutomationAssumeRole is given; `ec2:StopInstances` takes the condition
-             `aws:ResourceTag/${TagKey}` (docs/aws.md cites the pages). A host created after the schedule
-             is covered by it without any change to it.
+  deadline   the deadline stop (infra/sweep.py): an EventBridge Scheduler schedule, `rate(1 minute)` from the
+             deadline on (its start date) for as long as the stack exists, invoking a Lambda function that stops
+             every instance tagged `trial=<trial>` that runs — but for one inside a grace `orchestrate start
+             --grace` granted, capped by `grace_cap_minutes`. So a host pending at the deadline, one an `up`
+             creates after it, one started by hand or restarted by EC2 is stopped again within a minute or two,
+             by the cloud; each host's own check (infra/userdata.py) does the same at every boot and minute.
+             It resolves instances alone (`DescribeInstances`), so a failure means a host was not stopped, and
+             every failure is loud: the function publishes it and raises (an alarm on its `Errors` notifies),
+             an invocation Scheduler cannot deliver goes to a dead-letter queue (an alarm on its depth
+             notifies), and a failed, timed-out or cancelled run of AWS's stop runbook (the budget's spend
+             stops run it) reaches the topic through an EventBridge rule. The function's role may only look
+             instances up, stop those carrying the trial's tag, publish to the trial's topic and write its
+             logs. What AWS documents for each piece: docs/aws.md ("After the deadline").
   alerts     the SNS topic every alarm and budget notification goes to (exported: `status` asks who hears it),
   budget     an AWS Budgets budget (the region's spend, or the trial's tag) notifying at 50/80/100 % actual
              and 100 % forecast: a late backstop, never the bound.
@@ -32,40 +35,54 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from pathlib import Path
 
 import pulumi
 import pulumi_aws as aws
 
 from infra.concern import Concern
 from infra.outputs import transfer_alarm_prefix
-from infra.plan import Host, TrialConfig
+from infra.plan import SWEEP_MEMORY_MB, Host, TrialConfig, stopped_volume_usd_per_day
+from infra.sweep import SWEEP_MINUTES
 
 ALARM_PERIOD_S = 3600
-STOP_BY_TAG_TARGET = "arn:aws:scheduler:::aws-sdk:ssm:startAutomationExecution"
-STOP_DOCUMENT = "AWS-StopEC2Instance"
+STOP_DOCUMENT = "AWS-StopEC2Instance"  # what the budget's spend stops run (Budgets' STOP_EC2_INSTANCES)
+SWEEP_HANDLER = "sweep.handler"
+SWEEP_RUNTIME = "python3.12"
+AUTOMATION_FAILED = ["Failed", "TimedOut", "Cancelled"]
 
 
-def stop_by_tag_input(trial: str) -> dict:
-    """SSM StartAutomationExecution's request (the schedule's input: the API's own parameter names): AWS's stop
-    document on every instance tagged trial=<trial>, all at once, a failure on one (a terminated instance the
-    tag still names) not stopping the others."""
-    return {"DocumentName": STOP_DOCUMENT, "TargetParameterName": "InstanceId",
-            "Targets": [{"Key": "tag:trial", "Values": [trial]}], "MaxConcurrency": "100%", "MaxErrors": "100%"}
+def sweep_source() -> str:
+    """The deadline stop's code as Lambda receives it: infra/sweep.py as it is (standard library and boto3)."""
+    return (Path(__file__).resolve().parent / "sweep.py").read_text()
 
 
-def stop_by_tag_policy(trial: str, region: str) -> dict:
-    """What the deadline schedule's role may do: start the stop document, find the tagged instances, stop
-    only instances carrying the trial's tag (the automation runs with this role's permissions)."""
+def sweep_input(cfg: TrialConfig, topic_arn: str) -> dict:
+    """The schedule's input, which Scheduler hands the function as its event (infra/sweep.py reads these keys)."""
+    assert cfg.deadline is not None
+    return {"trial": cfg.trial, "region": cfg.region, "deadline": cfg.deadline.isoformat(),
+            "grace_cap_minutes": cfg.grace_cap_minutes, "topic_arn": topic_arn, "stopped_days": cfg.stopped_days,
+            "volume_usd_per_host_day": stopped_volume_usd_per_day(cfg) / len(cfg.hosts)}
+
+
+def sweep_policy(cfg: TrialConfig, topic_arn: str, function_name: str) -> dict:
+    """What the deadline stop may do: look instances up, stop only those carrying the trial's tag, publish to the
+    trial's alert topic, write its own log group."""
     return {"Version": "2012-10-17", "Statement": [
-        {"Sid": "StartTheStopDocument", "Effect": "Allow", "Action": "ssm:StartAutomationExecution",
-         "Resource": [f"arn:aws:ssm:{region}::automation-definition/{STOP_DOCUMENT}:*",
-                      f"arn:aws:ssm:{region}:*:automation-definition/{STOP_DOCUMENT}:*"]},
+        {"Sid": "FindTheTrialsHosts", "Effect": "Allow", "Action": "ec2:DescribeInstances", "Resource": "*"},
         {"Sid": "StopOnlyTheTrialsHosts", "Effect": "Allow", "Action": "ec2:StopInstances",
-         "Resource": f"arn:aws:ec2:{region}:*:instance/*",
-         "Condition": {"StringEquals": {"aws:ResourceTag/trial": trial}}},
-        {"Sid": "FindTheTaggedHosts", "Effect": "Allow",
-         "Action": ["ec2:DescribeInstances", "ec2:DescribeInstanceStatus", "tag:GetResources",
-                    "ssm:GetAutomationExecution", "ssm:DescribeAutomationExecutions"], "Resource": "*"}]}
+         "Resource": f"arn:aws:ec2:{cfg.region}:*:instance/*",
+         "Condition": {"StringEquals": {"aws:ResourceTag/trial": cfg.trial}}},
+        {"Sid": "SayWhatItDid", "Effect": "Allow", "Action": "sns:Publish", "Resource": topic_arn},
+        {"Sid": "ItsOwnLogs", "Effect": "Allow", "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
+         "Resource": f"arn:aws:logs:{cfg.region}:*:log-group:/aws/lambda/{function_name}:*"}]}
+
+
+def automation_failed_pattern() -> dict:
+    """An EventBridge pattern for runs of AWS's stop runbook that ended without stopping (SSM's
+    "EC2 Automation Execution Status-change Notification", detail Status and Definition)."""
+    return {"source": ["aws.ssm"], "detail-type": ["EC2 Automation Execution Status-change Notification"],
+            "detail": {"Status": AUTOMATION_FAILED, "Definition": [STOP_DOCUMENT]}}
 
 
 def budget_period_start(cfg: TrialConfig) -> str:
@@ -98,30 +115,76 @@ class Guards(Concern):
                                 "Version": "2012-10-17", "Statement": [{
                                     "Sid": "BudgetsAndAlarms", "Effect": "Allow", "Action": "sns:Publish",
                                     "Resource": arn,
-                                    "Principal": {"Service": ["budgets.amazonaws.com", "cloudwatch.amazonaws.com"]}}]})))
+                                    "Principal": {"Service": ["budgets.amazonaws.com", "cloudwatch.amazonaws.com",
+                                                              "events.amazonaws.com"]}}]})))
         if cfg.budget.alert_email:
             aws.sns.TopicSubscription(name("alerts-email"), topic=topic.arn, protocol="email",
                                       endpoint=cfg.budget.alert_email, opts=self.child())
         return topic
 
     def _deadline(self) -> list[pulumi.Resource]:
-        """The one-time schedule that stops every host of the trial by its tag, and its role's policy: the
-        resources a host depends on."""
-        name, cfg = self.name, self.cfg
+        """The deadline stop (the sweep, its schedule and their roles) and what makes its failures loud; returns
+        what a host depends on."""
+        name, cfg, tags = self.name, self.cfg, self.tags
         assert cfg.deadline is not None  # the plan refuses a stack without one before anything exists
-        stopper = aws.iam.Role(name("deadline"), tags=self.tags, opts=self.child(), assume_role_policy=json.dumps({
+        fname = name("deadline-sweep")
+        topic = self.topic.arn
+        runner = aws.iam.Role(fname, tags=tags, opts=self.child(), assume_role_policy=json.dumps({
+            "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
+                                                    "Principal": {"Service": "lambda.amazonaws.com"}}]}))
+        runs = aws.iam.RolePolicy(fname, role=runner.id, opts=self.child(),
+                                  policy=topic.apply(lambda arn: json.dumps(sweep_policy(cfg, arn, fname))))
+        logs = aws.cloudwatch.LogGroup(fname, name=f"/aws/lambda/{fname}", retention_in_days=30, tags=tags,
+                                       opts=self.child())
+        sweep = aws.lambda_.Function(
+            fname, name=fname, role=runner.arn, runtime=SWEEP_RUNTIME, handler=SWEEP_HANDLER,
+            code=pulumi.AssetArchive({"sweep.py": pulumi.StringAsset(sweep_source())}),
+            memory_size=SWEEP_MEMORY_MB, timeout=60, tags=tags, opts=self.child(depends_on=[runs, logs]),
+            description=f"stops every running host tagged trial={cfg.trial} from its deadline on, but in a grace")
+        dlq = aws.sqs.Queue(name("deadline-dlq"), message_retention_seconds=14 * 86400, tags=tags, opts=self.child())
+        stopper = aws.iam.Role(name("deadline"), tags=tags, opts=self.child(), assume_role_policy=json.dumps({
             "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
                                                     "Principal": {"Service": "scheduler.amazonaws.com"}}]}))
-        policy = aws.iam.RolePolicy(name("deadline-stop"), role=stopper.id, opts=self.child(),
-                                    policy=json.dumps(stop_by_tag_policy(cfg.trial, cfg.region)))
-        at = cfg.deadline.strftime("%Y-%m-%dT%H:%M:%S")
+        invoke = aws.iam.RolePolicy(name("deadline-stop"), role=stopper.id, opts=self.child(),
+                                    policy=pulumi.Output.all(sweep.arn, dlq.arn).apply(lambda a: json.dumps({
+                                        "Version": "2012-10-17", "Statement": [
+                                            {"Sid": "RunTheSweep", "Effect": "Allow", "Action": "lambda:InvokeFunction",
+                                             "Resource": [a[0], f"{a[0]}:*"]},
+                                            {"Sid": "KeepWhatItCouldNotDeliver", "Effect": "Allow",
+                                             "Action": "sqs:SendMessage", "Resource": a[1]}]})))
+        at = cfg.deadline.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         schedule = aws.scheduler.Schedule(
-            name("deadline"), schedule_expression=f"at({at})", schedule_expression_timezone="UTC",
-            flexible_time_window=aws.scheduler.ScheduleFlexibleTimeWindowArgs(mode="OFF"),
-            description=f"stop every host tagged trial={cfg.trial} at its deadline", opts=self.child(),
-            target=aws.scheduler.ScheduleTargetArgs(arn=STOP_BY_TAG_TARGET, role_arn=stopper.arn,
-                                                    input=json.dumps(stop_by_tag_input(cfg.trial))))
-        return [schedule, policy]
+            name("deadline"), schedule_expression=f"rate({SWEEP_MINUTES} minute)", schedule_expression_timezone="UTC",
+            start_date=at, flexible_time_window=aws.scheduler.ScheduleFlexibleTimeWindowArgs(mode="OFF"),
+            description=f"from the deadline on, every minute: stop every running host tagged trial={cfg.trial}",
+            opts=self.child(depends_on=[invoke]),
+            target=aws.scheduler.ScheduleTargetArgs(
+                arn=sweep.arn, role_arn=stopper.arn, input=topic.apply(lambda arn: json.dumps(sweep_input(cfg, arn))),
+                retry_policy=aws.scheduler.ScheduleTargetRetryPolicyArgs(maximum_event_age_in_seconds=300,
+                                                                         maximum_retry_attempts=2),
+                dead_letter_config=aws.scheduler.ScheduleTargetDeadLetterConfigArgs(arn=dlq.arn)))
+        # failures, loud: the function's errors; invocations Scheduler could not deliver; AWS's stop runbook failing
+        aws.cloudwatch.MetricAlarm(
+            name("deadline-sweep-errors"), name=name("deadline-sweep-errors"), comparison_operator="GreaterThanThreshold",
+            evaluation_periods=1, threshold=0, namespace="AWS/Lambda", metric_name="Errors", period=60,
+            statistic="Sum", dimensions={"FunctionName": fname}, treat_missing_data="notBreaching", tags=tags,
+            alarm_description=f"the deadline stop of trial {cfg.trial} failed: a host may run past its deadline",
+            alarm_actions=[topic], opts=self.child())
+        aws.cloudwatch.MetricAlarm(
+            name("deadline-dlq"), name=name("deadline-dlq"), comparison_operator="GreaterThanThreshold",
+            evaluation_periods=1, threshold=0, namespace="AWS/SQS", metric_name="ApproximateNumberOfMessagesVisible",
+            period=60, statistic="Maximum", dimensions={"QueueName": dlq.name}, treat_missing_data="notBreaching",
+            tags=tags, alarm_description=f"Scheduler could not run the deadline stop of trial {cfg.trial} "
+                                         "(retries exhausted: the dead-letter queue holds the invocation)",
+            alarm_actions=[topic], opts=self.child())
+        rule = aws.cloudwatch.EventRule(name("stop-failed"), tags=tags, opts=self.child(),
+                                        description=f"{STOP_DOCUMENT} ended without stopping (the spend stops of "
+                                                    f"trial {cfg.trial} run it)",
+                                        event_pattern=json.dumps(automation_failed_pattern()))
+        aws.cloudwatch.EventTarget(name("stop-failed"), rule=rule.name, arn=topic, opts=self.child())
+        self.deadline_stop = {"schedule": f"rate({SWEEP_MINUTES} minute) from {at}", "function": fname,
+                              "grace_cap_minutes": cfg.grace_cap_minutes}
+        return [schedule, runs, invoke]
 
     def _budget(self) -> tuple[aws.budgets.Budget, aws.iam.Role]:
         """A late backstop (AWS Budgets' data is refreshed at least daily, hours behind the spend), never

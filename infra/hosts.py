@@ -66,8 +66,10 @@ class Hosts(Concern):
                 subnet_id=network.subnets[h.zone].id, availability_zone=None if h.zone_is_id else h.zone,
                 vpc_security_group_ids=[network.sg.id], iam_instance_profile=profile.name,
                 key_name=key.key_name, instance_initiated_shutdown_behavior="stop",
+                # instance tags in the metadata: the host's deadline check reads its grace there (infra/userdata.py)
                 metadata_options=aws.ec2.InstanceMetadataOptionsArgs(http_tokens="required", http_endpoint="enabled",
-                                                                     http_put_response_hop_limit=1),
+                                                                     http_put_response_hop_limit=1,
+                                                                     instance_metadata_tags="enabled"),
                 root_block_device=aws.ec2.InstanceRootBlockDeviceArgs(
                     volume_type="gp3", volume_size=cfg.volume.size_gib, encrypted=True, iops=cfg.volume.iops,
                     throughput=cfg.volume.throughput_mb_s, delete_on_termination=True,
@@ -75,7 +77,7 @@ class Hosts(Concern):
                 user_data=user_data(trial=cfg.trial, rank=h.rank, deadline=cfg.deadline,
                                     read_ahead_kib=cfg.volume.read_ahead_kib, login_user=cfg.ssh_user,
                                     transfer_guard_bytes=cfg.transfer_guard_bytes if h.rank in isolated else None,
-                                    guard_fraction=cfg.guard_fraction),
+                                    guard_fraction=cfg.guard_fraction, grace_cap_minutes=cfg.grace_cap_minutes),
                 # a changed boot script must never replace a host: its disk holds unpreserved evidence
                 user_data_replace_on_change=False,
                 tags={**tags, "rank": str(h.rank), "Name": name("rank", h.rank), BUCKET_TAG: evidence.bucket.bucket},

@@ -2,7 +2,7 @@
 
     {"format": "trial-stack-v1", "trial", "region", "deadline" (ISO, UTC), "hours", "ssh_user", "host_python",
      "bucket", "prefix" ("trials/<trial>/"), "alert_topic", "security_group",
-     "transfer_guard_bytes", "guard_fraction", "isolated_ranks": [r, ...], "ami", "budget": {...}, "budget_name", "estimate": {...},
+     "transfer_guard_bytes", "guard_fraction", "grace_cap_minutes", "isolated_ranks": [r, ...], "ami", "budget": {...}, "budget_name", "estimate": {...},
      "hosts": [{"rank", "instance_id", "instance_type", "zone", "private_ip", "public_ip",
                 "vcpus", "ebs_baseline_mb_s", "volume_throughput_mb_s"}, ...]}
 
@@ -73,6 +73,8 @@ class StackOutputs(BaseModel):
     alert_topic: str
     transfer_guard_bytes: float
     guard_fraction: float = Field(GUARD_FRACTION, gt=0, le=1)  # where the controller stops (infra/userdata.py)
+    # the longest grace `orchestrate start --grace` may grant after the deadline; None: a stack made before graces
+    grace_cap_minutes: float | None = Field(None, ge=0)
     ami: str | None = None  # the image the hosts were created with: pin it as trials:cluster.ami_id
     isolated_ranks: list[int]
     budget_name: str | None = Field(None, pattern=r"^[A-Za-z0-9_.:-]{1,100}$")

@@ -27,7 +27,10 @@ from evidence.schema import problems, require_ranks
 from infra.estimate import ByReservation, Category, Estimate, Line, Traffic
 from infra.keys import operator_public_key
 from infra.prices import HOURS_PER_MONTH, PRICES, price
+from infra.sweep import SWEEP_MINUTES
 from infra.userdata import GUARD_FRACTION
+
+SWEEP_MEMORY_MB = 128
 from training.arms import kind as arm_kind
 from training.config import ConfigError, resolve
 
@@ -167,6 +170,9 @@ class TrialConfig(Strict):
     # days the stopped hosts' volumes keep billing after the deadline until `orchestrate down` (EBS bills a
     # volume while its instance is stopped)
     stopped_days: float = Field(1.0, ge=0)
+    # the longest grace `orchestrate start --grace` may grant after the deadline (to preserve what a host still
+    # holds): the cloud's sweep and each host's own check honour no longer one (infra/sweep.py); 0: none
+    grace_cap_minutes: float = Field(60, ge=0, le=24 * 60)
     # how the budget finds the trial's cost: "region" (the account's spend in the region from the day of
     # `pulumi up` — counts other work too, so it stops early, never late), "tag" (the trial=<name> cost-
     # allocation tag, which must already be active: activation works only on a key billing has seen, up to
@@ -315,6 +321,58 @@ def key_problems(cfg: TrialConfig) -> list[str]:
     return []
 
 
+HOST_CREATION = dt.timedelta(minutes=10)
+"""How long an `up` that creates hosts may take to reach them: its IAM roles, network and guards first (the
+hosts depend on the stop), then `RunInstances` and the wait for `running`, a create refused and retried."""
+DEADLINE_MARGIN = dt.timedelta(minutes=20)
+"""What a trial needs beyond its hosts' creation before the deadline can be worth reaching: keys pinned,
+staging, one arm's first updates. A deadline closer than creation + margin would stop the hosts while an
+`up` still creates them, or before anything could run on them."""
+
+
+def deadline_lead_problems(cfg: TrialConfig, now: dt.datetime, creating: list[int] | None = None) -> list[str]:
+    """An `up` that creates hosts must leave them `HOST_CREATION` + `DEADLINE_MARGIN` before the deadline.
+    `creating`: the ranks the `up` would create (the program knows them from its look-up); None: every rank (what
+    `orchestrate plan` assumes, looking nothing up). An `up` that creates no host — the same hosts kept, a guard's
+    stop undone by `orchestrate start` — is not held to it."""
+    ranks = [h.rank for h in cfg.by_rank] if creating is None else sorted(creating)
+    if cfg.deadline is None or not ranks or cfg.deadline <= now:
+        return []  # no deadline or a past one: `deadline_problems` says so
+    lead = HOST_CREATION + DEADLINE_MARGIN
+    if cfg.deadline - now >= lead:
+        return []
+    earliest = (now + lead + dt.timedelta(seconds=59)).replace(second=0, microsecond=0)
+    return [f"the deadline {cfg.deadline.isoformat()} is {(cfg.deadline - now).total_seconds() / 60:,.1f} min away: an "
+            f"`up` that creates host(s) (rank {', '.join(map(str, ranks))}) needs {lead.total_seconds() / 60:.0f} min before "
+            f"it ({HOST_CREATION.total_seconds() / 60:.0f} min to create them, {DEADLINE_MARGIN.total_seconds() / 60:.0f} min "
+            f"to use them) — the earliest deadline it accepts now is {earliest:%Y-%m-%dT%H:%M:00Z} "
+            f"(`pulumi config set --path trials:cluster.deadline {earliest:%Y-%m-%dT%H:%M:00Z}`), at most {cfg.hours:g} h away"]
+
+
+def sweep_usd_per_day(cfg: TrialConfig) -> tuple[float, list[tuple[str, float, str]]]:
+    """What the deadline stop costs a day once it runs (from the deadline until `pulumi destroy`): one Scheduler
+    invocation and one Lambda run a minute (infra/sweep.py), whose time grows with the hosts it looks at (one
+    `DescribeInstances` page; a stop call for those it finds running). Priced as if no free tier applied.
+    Returns the total and its parts (key, quantity a day, what)."""
+    runs = 24 * 60 / SWEEP_MINUTES
+    seconds = 0.4 + 0.02 * len(cfg.hosts)  # a run's billed time: Lambda start, one page of instances, a publish
+    parts = [("scheduler/invocation", runs, "Scheduler invocations"), ("lambda/request", runs, "Lambda requests"),
+             ("lambda/gb-second", runs * seconds * SWEEP_MEMORY_MB / 1024,
+              f"Lambda GB-seconds ({SWEEP_MEMORY_MB} MB x {seconds:.2f} s a run for {len(cfg.hosts)} hosts)"),
+             ("cloudwatch/alarm", 2 * 12 / 365, "its 2 failure alarms (a day's share of a month)")]
+    return sum(q * price(k, cfg.prices).usd for k, q, _ in parts), parts
+
+
+def stopped_volume_usd_per_day(cfg: TrialConfig) -> float:
+    """What every host's volume bills a day while the host is stopped (storage, and throughput and IOPS above
+    gp3's baseline): what the deadline stop's alert names once the planned `stopped_days` have passed."""
+    v, n, day = cfg.volume, len(cfg.hosts), 24 / HOURS_PER_MONTH
+    usd = n * v.size_gib * 2**30 / GB * price("ebs/gp3-storage", cfg.prices).usd * day
+    usd += n * max(v.throughput_mb_s - 125, 0) * price("ebs/gp3-throughput", cfg.prices).usd * day
+    usd += n * max(v.iops - 3000, 0) * price("ebs/gp3-iops", cfg.prices).usd * day
+    return round(usd, 4)
+
+
 def deadline_problems(cfg: TrialConfig, now: dt.datetime) -> list[str]:
     """The cloud stop must be set, come in the future, and no later than the hours the budget pays for."""
     if cfg.deadline is None:
@@ -338,9 +396,11 @@ def staging_bytes_per_host(cfg: TrialConfig, wheelhouse_bytes: int = 0) -> int:
     return 4 * cfg.parameters + wheelhouse_bytes
 
 
-def estimate(cfg: TrialConfig, now: dt.datetime, *, wheelhouse_bytes: int = 0) -> Estimate:
+def estimate(cfg: TrialConfig, now: dt.datetime, *, wheelhouse_bytes: int = 0,
+             creating: list[int] | None = None) -> Estimate:
     """The table: every line with quantity, unit price and source; totals per reservation; and every
-    problem that refuses the plan — the same list for `orchestrate plan`/`estimate` and `pulumi up`."""
+    problem that refuses the plan — the same list for `orchestrate plan`/`estimate` and `pulumi up`.
+    `creating`: the ranks an `up` creates (`deadline_lead_problems`; None: all)."""
     lines: list[Line] = []
 
     def line(category: Category, item: str, qty: float, key: str, factor: float = 1.0) -> None:
@@ -370,6 +430,15 @@ def estimate(cfg: TrialConfig, now: dt.datetime, *, wheelhouse_bytes: int = 0) -
         if v.iops > 3000:
             line("storage_other", f"stopped: {n} x {v.iops - 3000} IOPS above 3000 for {cfg.stopped_days:g} d",
                  n * (v.iops - 3000), "ebs/gp3-iops", stopped)
+    # the deadline stop runs every minute from the deadline until the stack is destroyed: priced for the days the
+    # stopped hosts are planned to stay (the volumes' days above); per day in the line's words
+    if cfg.stopped_days:
+        per_day, _ = sweep_usd_per_day(cfg)
+        lines.append(Line(category="storage_other", item=f"deadline stop after the deadline: ${per_day:.4f}/d x "
+                          f"{cfg.stopped_days:g} d", quantity=cfg.stopped_days, unit="day", unit_usd=per_day,
+                          usd=per_day * cfg.stopped_days,
+                          source="Scheduler each minute + Lambda (infra/plan.py sweep_usd_per_day; "
+                                 "infra/prices.py, 2026-12)"))
     # an auto-assigned public IPv4 address bills per hour while its host runs (released at stop)
     line("storage_other", f"{n} public IPv4 addresses x {cfg.hours:g} h", n * cfg.hours, "vpc/public-ipv4")
     line("storage_other", f"evidence bucket, {cfg.evidence_gb:g} GB for a month", cfg.evidence_gb,
@@ -391,7 +460,7 @@ def estimate(cfg: TrialConfig, now: dt.datetime, *, wheelhouse_bytes: int = 0) -
     # what the host's counters will show: the ring's bytes with protocol overhead, plus staging
     planned = {r: b * (1 + cfg.protocol_overhead) + staged for r, b in per_host.items()}
     stop_at = cfg.guard_fraction * cfg.transfer_guard_bytes
-    problems = deadline_problems(cfg, now) + key_problems(cfg)
+    problems = deadline_problems(cfg, now) + deadline_lead_problems(cfg, now, creating) + key_problems(cfg)
     if len(cfg.hosts) > MAX_HOSTS:  # a problem of the plan, not of the config: a teardown must still run
         problems.append(f"{len(cfg.hosts)} hosts: at most {MAX_HOSTS}, since each host has its own budget spend stop "
                         f"and AWS Budgets allows {MAX_HOSTS} actions per budget (infra/guards.py)")
@@ -435,8 +504,8 @@ def table(est: Estimate) -> str:
     return "\n".join(rows)
 
 
-def require_within_budget(cfg: TrialConfig, now: dt.datetime) -> Estimate:
-    est = estimate(cfg, now)
+def require_within_budget(cfg: TrialConfig, now: dt.datetime, creating: list[int] | None = None) -> Estimate:
+    est = estimate(cfg, now, creating=creating)
     if est.problems:
         raise BudgetError("refusing to create anything — the plan does not fit:\n  "
                           + "\n  ".join(est.problems) + "\n\n" + table(est))

@@ -34,6 +34,16 @@ PRICES: dict[str, Price] = {
     "vpc/public-ipv4": Price(0.005, "hour", "AWS VPC pricing: each public IPv4 address, in use or idle "
                                             "(since 2024-02-01)", "2026-11"),
     "s3/standard-storage": Price(0.023, "GB-month", "AWS S3 pricing, Standard, first 50 TB", "2026-11"),
+    # the deadline stop after the deadline: one Scheduler invocation of one Lambda run a minute (infra/sweep.py);
+    # priced as if no free tier applied (both services have one), so never under the bill
+    "scheduler/invocation": Price(1.00e-6, "invocation", "AWS EventBridge Scheduler pricing: $1.00 per million "
+                                                         "invocations after 14 million a month free", "2026-12"),
+    "lambda/request": Price(0.20e-6, "request", "AWS Lambda pricing, us-east-1: $0.20 per million requests",
+                            "2026-12"),
+    "lambda/gb-second": Price(0.0000166667, "GB-second", "AWS Lambda pricing, us-east-1, x86: $0.0000166667 per "
+                                                          "GB-second", "2026-12"),
+    "cloudwatch/alarm": Price(0.10, "alarm-month", "Amazon CloudWatch pricing: standard-resolution alarm metric",
+                              "2026-12"),
 }
 
 # Facts about instance types the plan needs beside the price (vCPUs against the G-instance quota,

@@ -33,7 +33,7 @@ from infra.guards import Guards
 from infra.hosts import Hosts
 from infra.network import Network
 from infra.outputs import OUTPUTS_FORMAT
-from infra.plan import TrialConfig, estimate, require_within_budget
+from infra.plan import BudgetError, TrialConfig, deadline_lead_problems, estimate, require_within_budget
 from infra.prices import INSTANCE_TYPES
 from infra.teardown import DeleteCheck
 
@@ -44,7 +44,8 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = 
     nothing looked up."""
     start = now or dt.datetime.now(dt.timezone.utc)
     # raises with the whole table; nothing registered yet
-    est = estimate(cfg, start) if teardown else require_within_budget(cfg, start)
+    # the deadline's lead is judged after the look-up below: only an `up` that creates hosts is held to it
+    est = estimate(cfg, start) if teardown else require_within_budget(cfg, start, creating=[])
     if teardown and cfg.deadline is None:
         raise ValueError("teardown: the stack has no deadline; it was never created by this program")
     assert cfg.deadline is not None  # a missing one is among the problems above
@@ -56,6 +57,10 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = 
                                  pulumi.ResourceHookOptions(on_dry_run=True))
     seen = None if teardown else look_up(cfg)  # a teardown looks nothing up: the state says what to delete
     if seen is not None:
+        live = {h.rank for h in seen.hosts if h.rank is not None}
+        lead = deadline_lead_problems(cfg, start, [h.rank for h in cfg.by_rank if h.rank not in live])
+        if lead:  # raises: nothing registered
+            raise BudgetError("refusing to create anything — the plan does not fit:\n  " + "\n  ".join(lead))
         allowed = refuse_host_changes(cfg, seen, session_for=session_for, dry_run=dry_run)  # raises: nothing registered
         if allowed:
             answer, changes = allowed
@@ -78,6 +83,7 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = 
         "bucket": evidence.bucket.bucket, "prefix": evidence.prefix, "alert_topic": guards.topic.arn,
         "security_group": network.sg.id,
         "transfer_guard_bytes": cfg.transfer_guard_bytes, "guard_fraction": cfg.guard_fraction,
+        "grace_cap_minutes": cfg.grace_cap_minutes, "deadline_stop": guards.deadline_stop,
         "isolated_ranks": sorted(cfg.isolated_ranks()), "ami": hosts.ami,
         "budget": cfg.budget.model_dump(exclude={"alert_email"}), "budget_name": guards.budget_name,
         "estimate": {"total_usd": est.total_usd, "totals_usd": est.totals_usd.model_dump(),

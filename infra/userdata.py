@@ -1,5 +1,13 @@
-"""The boot script every host runs: same read-ahead on every host, the on-host deadline stop (second
-line behind the cloud schedule), and — on isolated-zone hosts — the cumulative transfer guard.
+"""The boot script every host runs: same read-ahead on every host, the on-host deadline check (second
+line behind the cloud's sweep), and — on isolated-zone hosts — the cumulative transfer guard.
+
+Why a check and not a calendar timer: systemd takes an `OnCalendar=` date that has passed as having no next
+elapse (`src/core/timer.c`), so a host that first boots after the deadline, or is started again after its
+timer fired, would never be stopped by it. The check runs at every boot and every minute after (monotonic
+timers, which fire after each boot): past the deadline it powers the host off (= stop) unless the instance's
+`trial-grace` tag, read through the instance metadata, grants a grace the same rule as the cloud's sweep
+honours (infra/sweep.py: begun, not over, no longer than the stack's cap). Metadata it cannot read is no
+grace: the host stops.
 
 Why two transfer guards: a CloudWatch alarm sees only per-period sums, so it cannot bound a total
 since boot; with a one-hour period and the whole guard as its threshold it never fires on traffic
@@ -55,10 +63,37 @@ fi
 """
 
 
+DEADLINE_CHECK = r"""#!/bin/bash
+set -uo pipefail
+state=${TRIAL_GUARD_STATE:-/var/lib/trial-guard}
+imds=${TRIAL_IMDS:-http://169.254.169.254}
+now=${TRIAL_NOW:-$(date -u +%s)}
+deadline=$(date -u -d "$(cat "$state/deadline")" +%s)
+[ "$now" -lt "$deadline" ] && exit 0
+cap=$(cat "$state/grace-cap-seconds" 2>/dev/null || echo 0)
+grace=""
+token=$(curl -sf -m 2 -X PUT "$imds/latest/api/token" -H "X-aws-ec2-metadata-token-ttl-seconds: 60") \
+  && grace=$(curl -sf -m 2 -H "X-aws-ec2-metadata-token: $token" "$imds/latest/meta-data/tags/instance/trial-grace") \
+  || grace=""
+if [ -n "$grace" ] && [ "${grace#*/}" != "$grace" ]; then
+  start=$(date -u -d "${grace%%/*}" +%s 2>/dev/null || echo 0)
+  end=$(date -u -d "${grace#*/}" +%s 2>/dev/null || echo 0)
+  if [ "$start" -gt 0 ] && [ "$start" -le "$now" ] && [ "$now" -lt "$end" ] && [ $((end - start)) -le "$cap" ]; then
+    echo "inside the grace until ${grace#*/}" > "$state/deadline-check"
+    exit 0
+  fi
+fi
+logger -t trial-deadline "past the deadline $(cat "$state/deadline") and in no grace: stopping" || true
+echo "stopping at $now" > "$state/deadline-check"
+${TRIAL_STOP_COMMAND:-/sbin/shutdown -h now}
+"""
+"""Past the deadline and in no grace: power off. Testable as it is: the clock, the metadata's address, the state
+folder and the stop command can be pointed elsewhere by the environment."""
+
+
 def user_data(*, trial: str, rank: int, deadline: dt.datetime, read_ahead_kib: int,
               transfer_guard_bytes: float | None, login_user: str = "ubuntu", workdir: str = "/opt/trial",
-              guard_fraction: float = GUARD_FRACTION) -> str:
-    when = deadline.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+              guard_fraction: float = GUARD_FRACTION, grace_cap_minutes: float = 0) -> str:
     sectors = read_ahead_kib * 2  # blockdev counts 512-byte sectors
     lines = [
         "#!/bin/bash",
@@ -73,10 +108,16 @@ def user_data(*, trial: str, rank: int, deadline: dt.datetime, read_ahead_kib: i
         "  [ -e \"$dev\" ] || continue",
         f"  blockdev --setra {sectors} \"/dev/$(basename \"$dev\")\" || true",
         "done",
-        "# second line behind the cloud schedule: power off (= stop) at the deadline; unit files, so",
-        "# the timers survive a stop/start (user data runs on the first boot only)",
-        *_unit("trial-deadline", "/sbin/shutdown -h now", f"OnCalendar={when}\\nAccuracySec=1s\\nPersistent=true"),
+        "# second line behind the cloud's sweep: at every boot and every minute, past the deadline and in no",
+        "# grace, power off (= stop); unit files, so the timer survives a stop/start (user data runs once)",
         f"echo {shlex.quote(deadline.isoformat())} > /var/lib/trial-guard/deadline",
+        f"echo {int(grace_cap_minutes * 60)} > /var/lib/trial-guard/grace-cap-seconds",
+        "cat > /usr/local/sbin/trial-deadline-check <<'CHECK'",
+        DEADLINE_CHECK.rstrip(),
+        "CHECK",
+        "chmod 755 /usr/local/sbin/trial-deadline-check",
+        *_unit("trial-deadline", "/usr/local/sbin/trial-deadline-check",
+               "OnBootSec=20s\\nOnUnitActiveSec=60s\\nAccuracySec=1s"),
     ]
     if transfer_guard_bytes is not None:
         limit = int(transfer_guard_bytes)

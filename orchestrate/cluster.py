@@ -74,6 +74,8 @@ class Cluster(BaseModel):
     guarded_ranks: list[int] = []  # hosts in an isolated zone, whose traffic is billed and guarded
     budget_name: str | None = None  # the AWS Budgets budget that tracks the trial's spend
     alert_topic: str | None = None  # the SNS topic the budget and the transfer alarms notify
+    # the longest grace after the deadline `orchestrate start --grace` may grant (the stack's); written only if set
+    grace_cap_minutes: float | None = Field(None, ge=0)
     # how staging reaches the hosts: through the trial's bucket (each artifact leaves this machine
     # once; the hosts fetch it with their own credentials) or over SSH to each host; "auto" relays on
     # a stack's cluster (its hosts have the instance role) and uses SSH elsewhere
@@ -95,6 +97,8 @@ class Cluster(BaseModel):
         out = handler(self)
         if not self.shared_cores:
             out.pop("shared_cores", None)
+        if self.grace_cap_minutes is None:
+            out.pop("grace_cap_minutes", None)
         return out
 
     @field_validator("store")
@@ -183,7 +187,7 @@ def pulumi_cluster(outputs: str | dict, *, key_file: str, host_keys: dict[int, s
                        transfer_guard_bytes=out.transfer_guard_bytes, guarded_ranks=out.isolated_ranks,
                        guard_fraction=out.guard_fraction,
                        budget_name=out.budget_name, budget_usd=out.budget.get("total_usd") if out.budget else None,
-                       alert_topic=out.alert_topic,
+                       alert_topic=out.alert_topic, grace_cap_minutes=out.grace_cap_minutes,
                        hosts=[
                            Host(rank=h.rank, name=f"{out.trial}-{h.rank}", transport="ssh",
                                 address=h.public_ip or h.private_ip, private_address=h.private_ip, zone=h.zone,

@@ -70,7 +70,8 @@ def coverage(state: list[dict], cfg: TrialConfig, trial: str = TRIAL) -> list[di
         if s["type"] != HOST:
             continue
         rank = int(s["name"].rsplit("-", 1)[1])
-        rows.append({"rank": rank, "deadline": {f"{trial}-deadline", f"{trial}-deadline-stop"} <= names,
+        rows.append({"rank": rank, "deadline": {f"{trial}-deadline", f"{trial}-deadline-stop", f"{trial}-deadline-sweep"}
+                     <= names,
                      "transfer": None if rank not in isolated else
                      {f"{trial}-transfer-{rank}-in", f"{trial}-transfer-{rank}-out"} <= names,
                      "spend": f"{trial}-spend-stop-{rank}" in names})
@@ -182,7 +183,7 @@ def test_no_order_of_creates_leaves_a_host_without_its_deadline_stop(program):
     assert len(hosts) == 4
     for h in hosts:
         deps = {nodes[i].state["name"] for i, n in enumerate(nodes) if id(n) in graph.transitive_dependencies_of(h)}
-        assert {f"{TRIAL}-deadline", f"{TRIAL}-deadline-stop"} <= deps, h  # the schedule and its policy
+        assert {f"{TRIAL}-deadline", f"{TRIAL}-deadline-stop", f"{TRIAL}-deadline-sweep"} <= deps, h  # the schedule, its policies
         assert not any(d.startswith(f"{TRIAL}-rank-") for d in deps)  # no host waits for another
     for stop in [n for name, n in by_name.items() if "-transfer-" in name or "-spend-stop-" in name]:
         deps = {nodes[i].state["name"] for i, n in enumerate(nodes) if id(n) in graph.transitive_dependencies_of(stop)}
@@ -197,7 +198,7 @@ def test_no_order_of_creates_leaves_a_host_without_its_deadline_stop(program):
 
 @pytest.mark.parametrize("mode", ["cancel", "drain"])
 def test_a_first_up_that_fails_at_each_resource(program, aws, tmp_path, mode):
-    """Each of the program's 41 creates fails in turn. What exists is covered: every host by the deadline
+    """Each of the program's 50 creates fails in turn. What exists is covered: every host by the deadline
     stop. A destroy then deletes nothing while a host exists and the trial is unpreserved; with no host
     (the failure came before the first) it deletes what exists but the evidence; after preservation,
     everything but the evidence bucket and what keeps it safe."""
@@ -206,7 +207,7 @@ def test_a_first_up_that_fails_at_each_resource(program, aws, tmp_path, mode):
     aws.client("s3").create_bucket(Bucket=unpreserved)
     preserved = a_preserved_bucket(aws, tmp_path)
     points = [s for s in in_account(program.order)]
-    assert len(points) == 41
+    assert len(points) == 50
     states = {p["urn"]: failed_at(program.order, p["urn"], mode) for p in points}
     try:
         judged = judge_destroys(aws, states, program.teardown, account, unpreserved, preserved)
@@ -311,8 +312,9 @@ def test_without_the_hooks_on_every_resource_a_failed_first_up_loses_its_network
     deleted = {st["name"] for st in steps if st["outcome"] == "deleted" and st["custom"]}
     print(f"\nbefore #54, a destroy after a first up failed at rank 3: {len(deleted)} deleted before a host's hook "
           f"refused: {sorted(deleted)}")
-    assert error and {f"{TRIAL}-members-in", f"{TRIAL}-ssh-in", f"{TRIAL}-routes-us-east-1c",
-                      f"{TRIAL}-spend-stop-0"} <= deleted
+    # the deepest resources go first: the hosts' spend stops (before #64 the network's rules too; the deadline
+    # stop's chain now puts the hosts deeper): whatever the depth, something is deleted before a host refuses
+    assert error and {f"{TRIAL}-spend-stop-0", f"{TRIAL}-spend-stop-1", f"{TRIAL}-spend-stop-2"} <= deleted
     assert f"{TRIAL}-deadline" not in deleted  # the hosts depend on it now: even so, it outlives them
 
 
@@ -560,7 +562,7 @@ def test_a_preview_creates_nothing_and_knows_no_id(aws):
     pv = pulumi_run("preview", stack_of(live()), answers=moto_rules(bucket), calls=CALLS, provider="moto")
     assert pv.returncode == 0 and pv.failed is None, pv.errors
     creates = [o for o in pv.ops if o["op"] == "create"]
-    assert len([o for o in creates if o["type"].startswith("aws:")]) == 41 and all(o["preview"] for o in creates)
+    assert len([o for o in creates if o["type"].startswith("aws:")]) == 50 and all(o["preview"] for o in creates)
     assert all(r.id == "" for r in pv.resources if r.custom)
     assert pv.record["hook_calls"] == [] and live_instances(aws) == 0
     assert bucket not in {b["Name"] for b in aws.client("s3").list_buckets()["Buckets"]}

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from infra.outputs import OutputsError, parse_outputs
-from infra.plan import TrialConfig, arm_traffic, estimate
+from infra.plan import TrialConfig, arm_traffic, estimate, sweep_usd_per_day
 from infra.userdata import GUARD_SCRIPT
 from conftest import public_key
 from pulumi_engine import STACK_TYPE, Deployment, pulumi_run
@@ -107,7 +107,8 @@ def test_hosts(program):
         assert (d["volumeType"], d["volumeSize"], d["encrypted"]) == ("gp3", 300, True)
         assert (d["throughput"], d["iops"]) == (250, 3000)  # the same for every host, so every arm
         assert "blockdev --setra 8192" in i["userData"]
-        assert f"OnCalendar={deadline_of(program):%Y-%m-%d %H:%M:%S} UTC" in i["userData"]
+        assert "OnBootSec=20s" in i["userData"] and "OnUnitActiveSec=60s" in i["userData"]  # every boot, every minute
+        assert "OnCalendar" not in i["userData"] and deadline_of(program).isoformat() in i["userData"]
         # only the isolated-zone host carries the cumulative transfer guard
         assert ("LIMIT=${TRIAL_GUARD_LIMIT:-3100000000000}" in i["userData"]) == (i["availabilityZone"] == "us-east-1d")
     (kp,) = mocks.of("aws:ec2/keyPair:KeyPair")
@@ -125,7 +126,8 @@ def test_every_taggable_resource_names_the_trial(program):
                       "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
                       "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock", "aws:s3/bucketPolicy:BucketPolicy",
                       "aws:s3/bucketOwnershipControls:BucketOwnershipControls",
-                      "aws:scheduler/schedule:Schedule", "aws:costexplorer/costAllocationTag:CostAllocationTag"}
+                      "aws:scheduler/schedule:Schedule", "aws:costexplorer/costAllocationTag:CostAllocationTag",
+                      "aws:cloudwatch/eventTarget:EventTarget"}
     for r in mocks.resources:
         if r.custom and r.typ not in untagged_types:  # a component (infra/concern.py) exists in no account
             assert r.inputs.get("tags", {}).get("trial") == "ltw-four", (r.typ, r.name)
@@ -158,37 +160,52 @@ def test_ssh_from_anywhere_refused_unless_forced():
                mocks.of("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule") if r.inputs["ipProtocol"] == "-1")
 
 
-def test_deadline_schedule_stops_every_instance_by_its_tag(program):
-    """One schedule at the deadline starts SSM's stop document on every instance tagged with the trial
-    (Scheduler's universal target, Automation's targets by tag): it names no instance id, so it exists before
-    any host and covers every host created after it; its role may stop only instances carrying the tag."""
+def test_the_deadline_stop_sweeps_every_minute_from_the_deadline(program):
+    """From the deadline on, every minute for as long as the stack exists, Scheduler runs the sweep (infra/sweep.py,
+    uploaded as it is) with the schedule's input as its event: it names no instance id, so it exists before any
+    host and covers every host created after it; its role may stop only instances carrying the tag; every way it
+    can fail reaches the alert topic."""
     mocks = program
     (sched,) = mocks.of("aws:scheduler/schedule:Schedule")
     s = sched.inputs
-    assert s["scheduleExpression"] == f"at({deadline_of(program):%Y-%m-%dT%H:%M:%S})"
-    assert s["scheduleExpressionTimezone"] == "UTC"
-    assert s["flexibleTimeWindow"]["mode"] == "OFF"
-    assert s["target"]["arn"] == "arn:aws:scheduler:::aws-sdk:ssm:startAutomationExecution"
-    assert json.loads(s["target"]["input"]) == {
-        "DocumentName": "AWS-StopEC2Instance", "TargetParameterName": "InstanceId",
-        "Targets": [{"Key": "tag:trial", "Values": ["ltw-four"]}], "MaxConcurrency": "100%", "MaxErrors": "100%"}
+    assert s["scheduleExpression"] == "rate(1 minute)"
+    assert s["startDate"] == f"{deadline_of(program):%Y-%m-%dT%H:%M:%S}Z" and "endDate" not in s
+    assert s["scheduleExpressionTimezone"] == "UTC" and s["flexibleTimeWindow"]["mode"] == "OFF"
+    (fn,) = mocks.of("aws:lambda/function:Function")
+    assert s["target"]["arn"] == fn.outputs.get("arn", f"arn:aws:mock:::{fn.name}") or s["target"]["arn"].endswith(fn.name)
+    assert fn.inputs["handler"] == "sweep.handler" and fn.inputs["runtime"].startswith("python3")
+    assert "sweep.py" in json.dumps(fn.inputs["code"]) and "def handler(" in json.dumps(fn.inputs["code"])
+    event = json.loads(s["target"]["input"])
+    assert event["trial"] == "ltw-four" and event["deadline"] == deadline_of(program).isoformat()
+    assert event["grace_cap_minutes"] == 60 and event["topic_arn"].endswith("ltw-four-alerts")
+    assert s["target"]["retryPolicy"]["maximumRetryAttempts"] == 2 and s["target"]["deadLetterConfig"]["arn"]
     roles = {r.name: r for r in mocks.of("aws:iam/role:Role")}
-    assert s["target"]["roleArn"] == "arn:aws:mock:::ltw-four-deadline"
     assert "scheduler.amazonaws.com" in roles["ltw-four-deadline"].inputs["assumeRolePolicy"]
-    pol = next(json.loads(r.inputs["policy"]) for r in mocks.of("aws:iam/rolePolicy:RolePolicy")
-               if r.name == "ltw-four-deadline-stop")
-    st = {x["Sid"]: x for x in pol["Statement"]}
+    assert "lambda.amazonaws.com" in roles["ltw-four-deadline-sweep"].inputs["assumeRolePolicy"]
+    pols = {r.name: json.loads(r.inputs["policy"]) for r in mocks.of("aws:iam/rolePolicy:RolePolicy")}
+    st = {x["Sid"]: x for x in pols["ltw-four-deadline-sweep"]["Statement"]}
     assert st["StopOnlyTheTrialsHosts"] == {
         "Sid": "StopOnlyTheTrialsHosts", "Effect": "Allow", "Action": "ec2:StopInstances",
         "Resource": "arn:aws:ec2:us-east-1:*:instance/*", "Condition": {"StringEquals": {"aws:ResourceTag/trial": "ltw-four"}}}
-    assert st["StartTheStopDocument"]["Action"] == "ssm:StartAutomationExecution"
-    assert all(r.endswith("automation-definition/AWS-StopEC2Instance:*") for r in st["StartTheStopDocument"]["Resource"])
-    assert all(x["Effect"] == "Allow" and "Write" not in str(x["Action"]) for x in pol["Statement"])
-    # every instance is tagged so at launch (its tags are RunInstances' TagSpecifications) and waits for the stop
+    assert st["FindTheTrialsHosts"]["Action"] == "ec2:DescribeInstances" and st["SayWhatItDid"]["Action"] == "sns:Publish"
+    assert {x["Action"] for x in pols["ltw-four-deadline-stop"]["Statement"]} == {"lambda:InvokeFunction", "sqs:SendMessage"}
+    # loud: the function's errors, the dead-letter queue's depth, AWS's stop runbook failing — all to the topic
+    alarms = {a.name: a.inputs for a in mocks.of("aws:cloudwatch/metricAlarm:MetricAlarm")}
+    assert alarms["ltw-four-deadline-sweep-errors"]["metricName"] == "Errors"
+    assert alarms["ltw-four-deadline-dlq"]["metricName"] == "ApproximateNumberOfMessagesVisible"
+    (rule,) = mocks.of("aws:cloudwatch/eventRule:EventRule")
+    assert json.loads(rule.inputs["eventPattern"])["detail"]["Status"] == ["Failed", "TimedOut", "Cancelled"]
+    (target,) = mocks.of("aws:cloudwatch/eventTarget:EventTarget")
+    assert target.inputs["arn"].endswith("ltw-four-alerts")
+    (topic_policy,) = mocks.of("aws:sns/topicPolicy:TopicPolicy")
+    assert "events.amazonaws.com" in topic_policy.inputs["policy"]
+    # every instance is tagged so at launch (its tags are RunInstances' TagSpecifications), waits for the stop, and
+    # shows its tags to its own deadline check (instance metadata)
     for inst in mocks.of("aws:ec2/instance:Instance"):
         assert inst.inputs["tags"]["trial"] == "ltw-four"
-        assert {sched.urn, next(r.urn for r in mocks.resources if r.name == "ltw-four-deadline-stop")} \
-            <= set(inst.dependencies)
+        assert inst.inputs["metadataOptions"]["instanceMetadataTags"] == "enabled"
+        assert {sched.urn, next(r.urn for r in mocks.resources if r.name == "ltw-four-deadline-sweep"
+                                and r.typ == "aws:iam/rolePolicy:RolePolicy")} <= set(inst.dependencies)
 
 
 def test_budget_and_notifications(program):
@@ -265,7 +282,8 @@ def test_transfer_stop_rides_on_single_metric_alarms(program):
     NetworkIn and one NetworkOut alarm (half the guard each: in + out > guard ⇒ one of them > half); the
     metric-math alarm on in + out only notifies. Every name keeps the prefix `run` and `status` read."""
     mocks = program
-    alarms = {r.inputs["name"]: r.inputs for r in mocks.of("aws:cloudwatch/metricAlarm:MetricAlarm")}
+    alarms = {r.inputs["name"]: r.inputs for r in mocks.of("aws:cloudwatch/metricAlarm:MetricAlarm")
+              if "-transfer-" in r.inputs["name"]}  # the others watch the deadline stop (its own test)
     assert sorted(alarms) == ["ltw-four-transfer-3", "ltw-four-transfer-3-in", "ltw-four-transfer-3-out"]
     stop = "arn:aws:automate:us-east-1:ec2:stop"
     total = alarms["ltw-four-transfer-3"]
@@ -594,7 +612,7 @@ def test_every_delete_that_costs_something_is_checked(program):
             assert not r.hooks and r.typ.startswith("aws:s3/"), r.name  # the evidence and what keeps it safe
         else:
             assert r.hooks == {"before_delete": ["ltw-four-refuse-unpreserved"]}, r.name
-    assert len([r for r in program.resources if r.hooks.get("before_delete") == ["ltw-four-refuse-unpreserved"]]) == 35
+    assert len([r for r in program.resources if r.hooks.get("before_delete") == ["ltw-four-refuse-unpreserved"]]) == 44
     for inst in program.of("aws:ec2/instance:Instance"):
         assert inst.inputs["tags"]["evidence-bucket"] == "ltw-four-evidence-0001"  # what the check verifies
     assert program.named("ltw-four-destroy-gate").inputs["bucket"] == "ltw-four-evidence-0001"
@@ -654,9 +672,11 @@ def test_estimate_counts_stopped_volumes_and_public_ipv4():
     per_day = gb * 0.08 * 24 / 730 + 4 * 125 * 0.04 * 24 / 730
     assert per_day == pytest.approx(4.05, abs=0.01)  # four 300 GiB gp3 volumes at 250 MB/s: ≈ $4.05 a day
     running = gb * 0.08 * 3 / 730 + 4 * 125 * 0.04 * 3 / 730 + 50 * 0.023
-    assert est.totals_usd.storage_other == pytest.approx(running + days * per_day + 0.06)
+    sweep = sweep_usd_per_day(TrialConfig.model_validate(study()))[0]  # the deadline stop, a day after the deadline
+    assert lines[f"deadline stop after the deadline: ${sweep:.4f}/d x 2.5 d"].usd == pytest.approx(days * sweep)
+    assert est.totals_usd.storage_other == pytest.approx(running + days * (per_day + sweep) + 0.06)
     shipped = estimate(TrialConfig.model_validate(study()), NOW)  # the default: one day until down
-    assert shipped.stopped_days == 1 and shipped.totals_usd.storage_other == pytest.approx(running + per_day + 0.06)
+    assert shipped.stopped_days == 1 and shipped.totals_usd.storage_other == pytest.approx(running + per_day + sweep + 0.06)
     # a week stopped no longer fits the $10 storage reservation: said before anything exists
     week = estimate(TrialConfig.model_validate(study(stopped_days=7)), NOW)
     assert any(p.startswith("storage_other: $") and "> $10.00 reserved" in p for p in week.problems)

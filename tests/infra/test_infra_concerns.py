@@ -43,7 +43,15 @@ BY_CONCERN: dict[str, set[tuple[str, str]]] = {
                *{("aws:budgets/budgetAction:BudgetAction", f"{T}-spend-stop-{r}") for r in range(4)},
                ("aws:cloudwatch/metricAlarm:MetricAlarm", f"{T}-transfer-3"),
                ("aws:cloudwatch/metricAlarm:MetricAlarm", f"{T}-transfer-3-in"),
-               ("aws:cloudwatch/metricAlarm:MetricAlarm", f"{T}-transfer-3-out")},
+               ("aws:cloudwatch/metricAlarm:MetricAlarm", f"{T}-transfer-3-out"),
+               # the deadline stop became a sweep every minute from the deadline, loud when it fails (#64)
+               ("aws:iam/role:Role", f"{T}-deadline-sweep"), ("aws:iam/rolePolicy:RolePolicy", f"{T}-deadline-sweep"),
+               ("aws:cloudwatch/logGroup:LogGroup", f"{T}-deadline-sweep"),
+               ("aws:lambda/function:Function", f"{T}-deadline-sweep"), ("aws:sqs/queue:Queue", f"{T}-deadline-dlq"),
+               ("aws:cloudwatch/metricAlarm:MetricAlarm", f"{T}-deadline-sweep-errors"),
+               ("aws:cloudwatch/metricAlarm:MetricAlarm", f"{T}-deadline-dlq"),
+               ("aws:cloudwatch/eventRule:EventRule", f"{T}-stop-failed"),
+               ("aws:cloudwatch/eventTarget:EventTarget", f"{T}-stop-failed")},
 }
 # The stack outputs the flat program exported (its `outputs` dict at 4eec3dd), which orchestrate reads.
 HEAD_OUTPUTS = {"format", "trial", "region", "deadline", "hours", "ssh_user", "host_python", "bucket", "prefix",
@@ -105,6 +113,6 @@ def test_each_concern_registers_its_outputs(registered):
 
 def test_the_same_resources_and_outputs_as_the_flat_program(registered):
     aws = [(r.typ, r.name) for r in registered.resources if r.custom]
-    assert len(aws) == len(set(aws)) == 41
+    assert len(aws) == len(set(aws)) == 50
     assert set(aws) == set().union(*BY_CONCERN.values())  # every other logical name as before
-    assert set(registered.exports) == HEAD_OUTPUTS
+    assert set(registered.exports) == HEAD_OUTPUTS | {"grace_cap_minutes", "deadline_stop"}  # #64's two
