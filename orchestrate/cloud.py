@@ -125,8 +125,9 @@ def with_current_addresses(outputs: dict[str, Any], current: dict[str, dict[str,
             continue
         hosts.append({**h, "public_ip": now["public_ip"], "private_ip": now["private_ip"] or h["private_ip"]})
     if down:
-        raise ValueError(f"not running: {', '.join(down)}; start them (`aws ec2 start-instances --instance-ids ...`: "
-                         "they come back with new public addresses) and run `orchestrate up` again")
+        raise ValueError(f"not running: {', '.join(down)}; start them with `orchestrate start --cluster cluster.json` "
+                         "(after the deadline with `--grace MINUTES --home <the trial home>`: the cloud stops them again "
+                         "at its end) — they come back with new public addresses — and run `orchestrate up` again")
     return {**outputs, "hosts": hosts}
 
 
@@ -142,6 +143,69 @@ def stop_trial(session: Any, trial: str, *, wait: bool = True, delay_s: int = 5,
         ec2.get_waiter("instance_stopped").wait(InstanceIds=ids,
                                                 WaiterConfig={"Delay": delay_s, "MaxAttempts": attempts})
     return ids
+
+
+class StartRefused(UserError, ValueError):
+    """`orchestrate start` refused: nothing was started or tagged."""
+
+
+@dataclass
+class Started:
+    started: list[str]  # instance ids asked to start (stopped ones)
+    running: list[str]  # already running
+    grace: Any = None  # evidence.grace.Grace when one was granted
+
+
+def grace_for(instances: list[Instance], trial: str, deadline: dt.datetime, minutes: float, cap: float | None,
+              now: dt.datetime, reason: str, prices: dict[str, float] | None = None) -> Any:
+    """The grace `orchestrate start --grace` would grant at `now`: refused past the stack's cap (the cloud would not
+    honour it), before the deadline (no grace is needed) and for a stack made before graces (no cap exported: its
+    stop would not honour one). Priced at the plan's prices: each host's hourly rate and public address."""
+    from evidence.grace import Grace, GraceHost
+    from infra.prices import price
+
+    if cap is None:
+        raise StartRefused("this stack predates graces (its outputs name no grace_cap_minutes): its deadline stop "
+                           "would not honour one. Run `pulumi up` (it adds the sweep), then `orchestrate up` again")
+    if now < deadline:
+        raise StartRefused(f"the deadline {deadline.isoformat()} has not passed: no grace is needed (leave out --grace)")
+    if not 0 < minutes <= cap:
+        raise StartRefused(f"--grace {minutes:g}: give 1 to {cap:g} minutes (the stack's grace_cap_minutes; the cloud's "
+                           "stop honours no longer grace)")
+    hosts, end = [], now + dt.timedelta(minutes=minutes)
+    ipv4 = price("vpc/public-ipv4", prices)
+    for i in instances:
+        p = price(f"instance/{i.instance_type}", prices)
+        hosts.append(GraceHost(instance_id=i.instance_id, rank=i.rank, instance_type=i.instance_type,
+                               usd=round((p.usd + ipv4.usd) * minutes / 60, 4)))
+    return Grace(trial=trial, deadline=deadline, granted_at=now, start=now, end=end, minutes=minutes,
+                 cap_minutes=cap, reason=reason, hosts=hosts, usd=round(sum(h.usd for h in hosts), 4),
+                 price_source="infra/prices.py: each instance type's hourly price and a public IPv4 address's")
+
+
+def start_trial(session: Any, trial: str, deadline: dt.datetime, *, grace: Any = None, wait: bool = True,
+                delay_s: int = 5, attempts: int = 60) -> Started:
+    """Start the trial's stopped instances; with `grace`, each is first tagged with it (`trial-grace`), so the
+    cloud's sweep and the host's own check keep it running until the grace ends, and stop it then."""
+    from infra.sweep import GRACE_TAG, grace_value
+
+    found = trial_instances(session, trial)
+    if not found:
+        raise StartRefused(f"no instance is tagged trial={trial} in this account and region: nothing to start")
+    busy = [f"{i.instance_id} ({i.state})" for i in found if i.state in ("pending", "stopping", "shutting-down")]
+    if busy:
+        raise StartRefused(f"wait until these settle, then run again: {', '.join(busy)}")
+    ec2 = session.client("ec2")
+    ids = [i.instance_id for i in found]
+    if grace is not None:  # before any start: a host never runs past the deadline without the tag that ends it
+        ec2.create_tags(Resources=ids, Tags=[{"Key": GRACE_TAG, "Value": grace_value(grace.start, grace.end)}])
+    stopped = [i.instance_id for i in found if i.state == "stopped"]
+    if stopped:
+        ec2.start_instances(InstanceIds=stopped)
+        if wait:
+            ec2.get_waiter("instance_running").wait(InstanceIds=stopped,
+                                                    WaiterConfig={"Delay": delay_s, "MaxAttempts": attempts})
+    return Started(started=stopped, running=[i.instance_id for i in found if i.state == "running"], grace=grace)
 
 
 def console_output(session: Any, instance_id: str) -> str:

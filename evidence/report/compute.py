@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_serializer
 
 from evidence.attainability import by_gate, labelled
 from evidence.inputs import global_losses
@@ -51,6 +51,16 @@ class Report(BaseModel):
     serving: dict[str, Any] | None
     serving_attempts: list[str]
     attainability: dict[str, Any]  # {"source", "basis", "gates": {gate: figures}}: what each gate can reach
+    # time granted after the deadline to preserve the trial (evidence/grace.py); written only when there is any,
+    # so a report of a home with none is byte for byte what it was before graces existed
+    graces: list[dict[str, Any]] = []
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        out = handler(self)
+        if not self.graces:
+            out.pop("graces", None)
+        return out
 
 
 def compute(v: Verified) -> Report:
@@ -186,6 +196,7 @@ def compute(v: Verified) -> Report:
             serving=v.serving, serving_attempts=v.serving_attempts,
             attainability={"source": v.attainability_source, "basis": v.attainability["basis"],
                            "gates": {g["gate"]: g["figures"] for g in v.attainability["gates"]}},
+            graces=v.graces,
         )
     except ValidationError as e:
         raise EvidenceError(f"report: the trial's evidence does not fit the report: {e}") from None

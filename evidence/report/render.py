@@ -62,7 +62,26 @@ def markdown(rep: Report) -> str:
     lines += ["", "Dollars: not applicable on the embedded local cluster (no price).", ""]
     lines += serving_markdown(rep.serving, rep.serving_attempts, rep.shared.get(SERVING_PROBE))
     lines += recovery_markdown(rep.recovery_comparisons)
+    lines += grace_markdown(rep.graces)
     return "\n".join(lines)
+
+
+def grace_markdown(graces: list[dict[str, Any]]) -> list[str]:
+    """The "## After the deadline" section: each grace granted to preserve the trial, what it cost, and that the
+    cloud ended it (the deadline stop's sweep and each host's own check honour it only until its end)."""
+    if not graces:
+        return []
+    lines = ["", "## After the deadline", "",
+             "| granted | from | until | minutes | hosts | USD | why |", "|---|---|---|---|---|---|---|"]
+    for g in graces:
+        lines.append(f"| {g['granted_at']} | {g['start']} | {g['end']} | {g['minutes']:g} | {len(g['hosts'])} "
+                     f"| {g['usd']:.2f} | {g['reason']} |")
+    total = sum(g["usd"] for g in graces)
+    lines += ["", f"{len(graces)} grace(s), ${total:.2f} in all ({graces[0]['price_source']}); the deadline was "
+                  f"{graces[0]['deadline']}. Each ended in the cloud at its end (the deadline stop's sweep and every "
+                  "host's own check honour a grace only until then, at most the stack's cap), whatever the controller "
+                  "did.", ""]
+    return lines
 
 
 def recovery_markdown(comparisons: list[dict[str, Any]]) -> list[str]:

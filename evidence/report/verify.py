@@ -6,13 +6,14 @@ the statistics (`compute`) read nothing from disk and raise nothing about eviden
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from evidence.anchors import AnchorError, verify_anchors
 from evidence.attempts import attempt_number, attempts
 from evidence.canonical import EvidenceFileError, file_sha256, read_json, read_jsonl
+from evidence.grace import read_graces
 from evidence.checker import check_answer
 from evidence.commitments import CommitmentLog
 from evidence.errors import UserError
@@ -158,6 +159,7 @@ class Verified:
     serving_attempts: list[str]
     attainability: dict[str, Any]  # what each gate can reach at this profile (evidence/attainability.py)
     attainability_source: str  # where it came from: the committed record, or prepared.json
+    graces: list[dict[str, Any]] = field(default_factory=list)  # time after the deadline granted (evidence/grace.py)
 
     @property
     def experiment(self) -> dict[str, Any]:
@@ -221,7 +223,8 @@ def verify(home: str | Path, *, store: str | None = None, trial: str | None = No
                     selection=selection, candidates=cands, not_run=skipped, results=results,
                     shared=_shared(home, results),
                     evaluations=evaluations, recoveries=recoveries, serving=serving,
-                    serving_attempts=serving_attempts, attainability=attainable, attainability_source=source)
+                    serving_attempts=serving_attempts, attainability=attainable, attainability_source=source,
+                    graces=[g.model_dump(mode="json") for g in read_graces(home)])
 
 
 def recovery_comparisons(home: Path) -> list[dict[str, Any]]:

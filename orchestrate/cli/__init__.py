@@ -33,7 +33,7 @@ def _root() -> None:
 for name, command in [("run", trial.run), ("up", cloud.up), ("probe", trial.probe), ("estimate", plan.estimate),
                       ("plan", plan.plan), ("gates", plan.gates), ("wheelhouse", plan.wheelhouse),
                       ("status", cloud.status), ("preserve", homes.preserve), ("down", cloud.down),
-                      ("stop", cloud.stop), ("remove", homes.remove), ("list", study.list_cmd),
+                      ("stop", cloud.stop), ("start", cloud.start), ("remove", homes.remove), ("list", study.list_cmd),
                       ("validate", study.validate), ("recovery-trial", trial.recovery_trial_cmd)]:
     app.command(name)(command)
 

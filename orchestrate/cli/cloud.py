@@ -113,6 +113,77 @@ def stop(cluster: Path = typer.Option(Path("cluster.json"), help="the trial's cl
               highlight=False)
 
 
+def start(cluster: Path = typer.Option(Path("cluster.json"), help="the trial's cluster.json (a stack's)"),
+          grace: Optional[float] = typer.Option(None, help="after the deadline: minutes the hosts may run (at most the "
+                                                           "stack's grace_cap_minutes); the cloud stops them at its end"),
+          home: Optional[Path] = typer.Option(None, help="--grace: the trial home it serves (the grace is recorded "
+                                                         "there, preserved with it and shown by its report)"),
+          reason: str = typer.Option("preserve what the hosts still hold", help="--grace: why, in the record"),
+          yes: bool = typer.Option(False, "--yes", help="--grace: grant it without asking")) -> None:
+    """Start a stack's stopped hosts. Before the deadline: start them. After it: only inside a grace — the hosts
+    are tagged with it first, and the cloud's deadline stop and each host's own check stop them at its end, whether
+    or not this machine is still there. Then `orchestrate up` for their new addresses."""
+    import datetime as dt
+
+    from evidence.grace import write_grace
+    from orchestrate.cloud import StartRefused, grace_for, start_trial, trial_instances
+    from orchestrate.cluster import ClusterError, load
+
+    with refusing(ClusterError, StartRefused, ValueError):
+        desc = load(cluster)
+        if desc.source != "pulumi" or not desc.trial or not desc.region or desc.deadline is None:
+            raise StartRefused(f"{cluster} is not a stack's cluster (no trial, region or deadline): only a stack's "
+                               "hosts are started")
+        if grace is not None and home is None:
+            raise StartRefused("--grace needs --home: the trial home whose evidence it serves, where it is recorded")
+        if home is not None and not (home / "commitments.jsonl").exists():
+            raise StartRefused(f"{home} is not a trial home (no commitments.jsonl)")
+        now = dt.datetime.now(dt.timezone.utc)
+        if grace is None and now >= desc.deadline:
+            cap = desc.grace_cap_minutes
+            raise StartRefused(f"the deadline {desc.deadline.isoformat()} has passed: the cloud stops any host of trial "
+                               f"{desc.trial} that runs within a minute or two. To preserve what the hosts hold, grant a "
+                               f"grace: orchestrate start --cluster {cluster} --grace MINUTES --home <trial home>"
+                               + (f" (at most {cap:g} min)" if cap is not None else ""))
+        import boto3  # start-up: AWS only (boto3 ~0.9 s)
+
+        session = boto3.Session(region_name=desc.region)
+        found = trial_instances(session, desc.trial)
+        granted = None
+        if grace is not None:
+            granted = grace_for(found, desc.trial, desc.deadline, grace, desc.grace_cap_minutes, now, reason)
+            say("grace", f"{grace:g} min for {len(found)} host(s) of {desc.trial}, until {granted.end:%Y-%m-%d %H:%M:%S} "
+                f"UTC: ${granted.usd:.2f} (" + ", ".join(f"{h.instance_id} {h.instance_type} ${h.usd:.2f}"
+                                                         for h in granted.hosts) + ")")
+            if not yes and not typer.confirm("grant it and start the hosts?", default=False):
+                raise StartRefused("not granted: nothing was started or tagged")
+            path = write_grace(home, granted)  # type: ignore[arg-type]  # the record before any host starts
+            say("recorded", f"{path}")
+        done = start_trial(session, desc.trial, desc.deadline, grace=granted)
+    say("started", f"{len(done.started)} host(s){': ' + ', '.join(done.started) if done.started else ''}; "
+        f"{len(done.running)} already running")
+    if granted is not None:
+        say("until", f"{granted.end:%Y-%m-%d %H:%M:%S} UTC: then the cloud's deadline stop and each host's own check "
+            "stop them again, whether or not this machine is still up")
+        _report_again(home)  # type: ignore[arg-type]
+    say("next", f"orchestrate up --stack <stack> (their new addresses), then orchestrate preserve --home "
+        f"{home or '<trial home>'}")
+
+
+def _report_again(home: Path) -> None:
+    """The home's report recomputed with the grace in it (a preserved report.json is kept: the next free name)."""
+    from evidence.report import EvidenceError, write_report_numbered
+
+    if not (home / "report.json").exists():
+        say("report", "none yet in the home: the grace is in its evidence, and the report will show it")
+        return
+    try:
+        _, out = write_report_numbered(home, home / "report.json")
+        say("report", f"{out} (with the grace and its cost)")
+    except (EvidenceError, OSError) as e:
+        say("warning:", f"the report was not recomputed ({e}); the grace is recorded in the home", style="bold yellow")
+
+
 def down(home: Path = typer.Option(..., help="the trial home"),
          aws_trial: Optional[str] = typer.Option(None, help="stop and reconcile this trial's AWS hosts by tag"),
          region: Optional[str] = typer.Option(None, help="AWS region of --aws-trial")) -> None:
