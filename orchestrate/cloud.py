@@ -131,6 +131,28 @@ def with_current_addresses(outputs: dict[str, Any], current: dict[str, dict[str,
     return {**outputs, "hosts": hosts}
 
 
+def hosts_not_running(cluster: Any, session: Any = None) -> list[str]:
+    """A stack cluster's hosts EC2 does not report running (stopped by the deadline, a guard, by hand): what a
+    command that must reach them refuses on, naming each, before it tries SSH and times out."""
+    if cluster.source != "pulumi" or not cluster.region:
+        return []
+    if session is None:
+        import boto3  # start-up: AWS only (boto3 ~0.9 s)
+
+        session = boto3.Session(region_name=cluster.region)
+    ids = {h.instance_id: h for h in cluster.hosts if h.instance_id}
+    now = current_addresses(session, list(ids)) if ids else {}
+    return [f"{h.name} ({iid}: {now[iid]['state'] if iid in now else 'not found'})"
+            for iid, h in ids.items() if now.get(iid, {}).get("state") != "running"]
+
+
+def start_command(cluster: Any, cluster_path: str, home: str) -> str:
+    """The one command that starts a stack's stopped hosts, with a grace once its deadline has passed."""
+    past = cluster.deadline is not None and dt.datetime.now(dt.timezone.utc) >= cluster.deadline
+    return (f"orchestrate start --cluster {cluster_path}" + (f" --grace MINUTES --home {home}" if past else "")
+            + " (then `orchestrate up` for their new addresses)")
+
+
 def stop_trial(session: Any, trial: str, *, wait: bool = True, delay_s: int = 5, attempts: int = 60) -> list[str]:
     """Stop every live instance of the trial (stopped hosts keep their disks: evidence survives);
     with `wait`, return only once EC2 reports them stopped."""
@@ -172,6 +194,7 @@ def grace_for(instances: list[Instance], trial: str, deadline: dt.datetime, minu
     if not 0 < minutes <= cap:
         raise StartRefused(f"--grace {minutes:g}: give 1 to {cap:g} minutes (the stack's grace_cap_minutes; the cloud's "
                            "stop honours no longer grace)")
+    now = now.replace(microsecond=0)  # the tag holds whole seconds: the record says exactly what the cloud honours
     hosts, end = [], now + dt.timedelta(minutes=minutes)
     ipv4 = price("vpc/public-ipv4", prices)
     for i in instances:

@@ -3,12 +3,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS=0
-# The SSH and network-namespace tests need a real sshd, iproute2 and iptables (and root). As root,
-# install them if missing; otherwise those tests skip and say why.
-if [ "$(id -u)" = 0 ] && { [ ! -x /usr/sbin/sshd ] || ! command -v ip >/dev/null || ! command -v iptables >/dev/null; }; then
-  echo "[test] installing openssh-server iproute2 iptables"
-  (apt-get install -y -q openssh-server iproute2 iptables >/dev/null 2>&1 \
-    || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q openssh-server iproute2 iptables >/dev/null; })
+# The SSH and network-namespace tests need a real sshd, iproute2 and iptables (and root); the AWS loop runs one
+# command with its clock moved past the deadline (faketime). As root, install them if missing; otherwise those
+# tests skip and say why.
+if [ "$(id -u)" = 0 ] && { [ ! -x /usr/sbin/sshd ] || ! command -v ip >/dev/null || ! command -v iptables >/dev/null \
+                           || ! command -v faketime >/dev/null; }; then
+  echo "[test] installing openssh-server iproute2 iptables faketime"
+  (apt-get install -y -q openssh-server iproute2 iptables faketime >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q openssh-server iproute2 iptables faketime >/dev/null; })
 fi
 bash scripts/bootstrap.sh
 . .venv/bin/activate

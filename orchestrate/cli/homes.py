@@ -30,6 +30,20 @@ def preserve(home: Path = typer.Option(..., help="the trial home"),
     hosts = None
     try:
         desc = load(cluster) if cluster else None
+        if desc is not None and leave_host_payloads is None:
+            from orchestrate.cloud import hosts_not_running, start_command
+            from orchestrate.homes import Refused
+
+            try:
+                down = hosts_not_running(desc)
+            except Exception as e:  # noqa: BLE001 - no credentials, no endpoint: the hosts will say for themselves
+                down = []
+                say("warning:", f"could not ask EC2 whether the hosts run ({type(e).__name__}: {e}); trying them",
+                    style="bold yellow")
+            if down:
+                raise Refused(f"not running: {', '.join(down)} — their payloads cannot be preserved from there. Start "
+                              f"them: {start_command(desc, str(cluster), str(home))}; or preserve without them, "
+                              "saying why (--leave-host-payloads REASON)")
         if desc is not None and any(h.transport == "ssh" for h in desc.hosts):
             hosts = SshHostParts(desc, say=lambda m: say("preserve", m))
         url = store or (desc.store if desc else FileStore.url_for(home.resolve().parent / 'store'))

@@ -69,7 +69,8 @@ def plan(arm: str = typer.Argument(..., help="an arm the stack plans, e.g. diloc
     """Cost, hours and bytes of ARM's experiment (the arm and its controls) against the budget split,
     the hosts' vCPUs against the account's G-instance quota, and what staging sends from this machine.
     Exit 1 when anything does not fit."""
-    from infra.plan import GB, table
+    from infra.plan import GB, sweep_usd_per_day, table
+    from infra.prices import price
     from orchestrate.stages.plan import PlanError, plan_arm
     from training.config import ConfigError
 
@@ -135,7 +136,15 @@ def plan(arm: str = typer.Argument(..., help="an arm the stack plans, e.g. diloc
     else:
         print("stopped volumes: not counted (stopped_days = 0): they bill every day after the deadline until "
               "`orchestrate down`")
-    print(f"stops: the cloud schedule at the deadline (every host tagged trial={cfg.trial}, from its first moment) "
+    sweep, parts = sweep_usd_per_day(cfg)
+    print(f"deadline stop: from the deadline on, every minute until `pulumi destroy`, the cloud stops every running host "
+          f"tagged trial={cfg.trial} (in the state or not; pending, late, started by hand or by EC2) but inside a grace "
+          f"of at most {cfg.grace_cap_minutes:g} min (`orchestrate start --grace`); each host checks too, at every boot "
+          f"and minute. It costs ${sweep:.4f} a day for {len(cfg.hosts)} hosts ("
+          + ", ".join(f"{q:,.1f} {what} x ${price(k, cfg.prices).usd:.7f}" for k, q, what in parts) + "; no free tier "
+          f"counted). A grace costs ${sum(price(f'instance/{h.instance_type}', cfg.prices).usd + price('vpc/public-ipv4', cfg.prices).usd for h in cfg.hosts) / 60:.3f} "
+          f"a minute for the {len(cfg.hosts)} hosts")
+    print(f"stops: the deadline stop (every host tagged trial={cfg.trial}, from its first moment) "
           "and the transfer guards are the bounds. The budget "
           f"(${cfg.budget.total_usd:g}, {'the region' if cfg.budget_filter == 'region' else 'the trial tag'}'s spend) "
           "and its stop action are a late backstop: AWS Budgets sees costs hours late (its data is refreshed at "

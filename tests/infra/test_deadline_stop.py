@@ -209,3 +209,25 @@ def test_the_sweep_honours_a_grace_only_as_written():
     assert honoured_grace(grace_value(now - m, now + 60 * m), now, 60) is None  # 61 min > the cap
     assert honoured_grace(grace_value(now - m, now + 10 * m), now, 0) is None  # a stack without graces
     assert honoured_grace("2026-12-07T01:00:00Z", now, 60) is None and honoured_grace(None, now, 60) is None
+
+
+def test_a_deadline_no_up_can_meet_is_refused_before_anything_exists(tmp_path):
+    """A deadline 2 minutes away: `orchestrate plan` and `pulumi up` refuse it with the earliest they accept; an
+    `up` that creates no host (every rank already live) is not held to it; `plan` prices the deadline stop."""
+    from conftest import example_stack, run_cli
+    from test_infra import live, run_program
+
+    soon = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(minutes=2)).isoformat()
+    stack = example_stack(tmp_path, deadline=soon)
+    r = run_cli("-m", "orchestrate", "plan", "diloco-four", "--stack", str(stack), "--no-quota")
+    said = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode == 1 and "min away: an `up` that creates host(s) (rank 0, 1, 2, 3) needs 30 min" in said, said
+    assert "the earliest deadline it accepts now is" in said
+    assert "deadline stop: from the deadline on, every minute" in said and "a day for 4 hosts" in said
+    refused = run_program(live(deadline=soon))
+    assert refused.returncode != 0 and "the earliest deadline it accepts now is" in refused.errors
+    assert refused.resources == [] or all(not r.custom for r in refused.resources)  # nothing registered
+    first = run_program(live())
+    again = run_program(live(deadline=soon), state=first.state)  # every rank live: this up creates no host
+    assert again.returncode == 0 and again.failed is None, again.errors
+    assert not [o for o in again.ops if o["type"] == "aws:ec2/instance:Instance" and o["op"] == "create"]

@@ -528,3 +528,14 @@ def run_until(until: dt.datetime, clock: Clock, *parts: Any, step_s: float = 5,
             todo.pop(0)[1]()
         for p in parts:
             p.tick()
+
+
+def at_time(when: dt.datetime) -> list[str]:
+    """A command's argv prefix that runs it with its clock at `when` and moving on (libfaketime: every
+    `clock_gettime` of the process shifted, its monotonic clock left alone so its timeouts keep real time)."""
+    import shutil
+
+    if shutil.which("faketime") is None:
+        raise RuntimeError("faketime is not installed (scripts/test.sh installs it: apt-get install faketime)")
+    offset = int((when - dt.datetime.now(UTC)).total_seconds())
+    return ["env", "FAKETIME_DONT_FAKE_MONOTONIC=1", "faketime", "-f", f"{offset:+d}"]

@@ -361,6 +361,10 @@ class NetnsHosts:
         """Take host k off the network (its link goes down), as a failed host or network would."""
         _sh("ip", "link", "set", f"tv{self.tag}{k}", "down")
 
+    def reconnect(self, k: int) -> None:
+        """Host k's link up again (a stopped instance started: reachable at the same address here)."""
+        _sh("ip", "link", "set", f"tv{self.tag}{k}", "up")
+
     def cut_controller(self, cut: bool = True) -> None:
         """Drop every packet between this machine (the controller, at the operator's address) and the
         hosts, both ways, while the hosts still reach one another: a laptop's Wi-Fi change or a VPN

@@ -50,7 +50,7 @@ def test_plan_says_when_the_quota_cannot_be_read(aws, tmp_path):
     assert [t["arm"] for t in got["traffic"]] == ["single", "ddp-four", "diloco-four"]
     assert got["vcpu"]["hosts_vcpus"] == 16 and got["vcpu"]["quota"] is None
     assert "quota not readable" in got["vcpu"]["note"]  # moto has no EC2 quotas: said, not guessed
-    assert got["total_usd"] == pytest.approx(83.95, abs=0.01) and got["problems"] == []  # with stopped volumes, IPv4
+    assert got["total_usd"] == pytest.approx(83.96, abs=0.01) and got["problems"] == []  # with stopped volumes, IPv4
 
 
 def test_plan_refuses_over_the_quota(monkeypatch, tmp_path):
