@@ -41,17 +41,24 @@ class Grace(BaseModel):
 
 
 def grace_path(home: Path, granted_at: dt.datetime) -> Path:
-    return Path(home) / GRACE_DIR / f"grace-{granted_at.astimezone(dt.timezone.utc):%Y%m%dT%H%M%S%fZ}.json"
+    return Path(home) / GRACE_DIR / f"grace-{granted_at.astimezone(dt.timezone.utc):%Y%m%dT%H%M%SZ}.json"
 
 
 def write_grace(home: Path, grace: Grace) -> Path:
-    """The record, under a name of its own: refuses one that exists (evidence is never overwritten)."""
-    path = grace_path(home, grace.granted_at)
-    if path.exists():
-        raise FileExistsError(f"{path} exists: a grace record is never overwritten")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, grace.model_dump(mode="json"))
-    return path
+    """The record, under a name of its own (the next free one when two grants share a second): evidence is never
+    overwritten."""
+    first = grace_path(home, grace.granted_at)
+    first.parent.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        path = first if n == 1 else first.with_name(f"{first.stem}-{n}.json")
+        try:
+            with open(path, "x"):  # claims the name, or fails if another grant holds it
+                pass
+        except FileExistsError:
+            continue
+        write_json_atomic(path, grace.model_dump(mode="json"))
+        return path
+    raise FileExistsError(f"{first}: no free name beside it")
 
 
 def read_graces(home: Path) -> list[Grace]:

@@ -62,7 +62,8 @@ def sweep_input(cfg: TrialConfig, topic_arn: str) -> dict:
     assert cfg.deadline is not None
     return {"trial": cfg.trial, "region": cfg.region, "deadline": cfg.deadline.isoformat(),
             "grace_cap_minutes": cfg.grace_cap_minutes, "topic_arn": topic_arn, "stopped_days": cfg.stopped_days,
-            "volume_usd_per_host_day": stopped_volume_usd_per_day(cfg) / len(cfg.hosts)}
+            "volume_usd_per_host_day": stopped_volume_usd_per_day(cfg) / len(cfg.hosts),
+            "scheduled_time": "<aws.scheduler.scheduled-time>"}  # Scheduler's context attribute, filled per run
 
 
 def sweep_policy(cfg: TrialConfig, topic_arn: str, function_name: str) -> dict:
@@ -141,6 +142,14 @@ class Guards(Concern):
             code=pulumi.AssetArchive({"sweep.py": pulumi.StringAsset(sweep_source())}),
             memory_size=SWEEP_MEMORY_MB, timeout=60, tags=tags, opts=self.child(depends_on=[runs, logs]),
             description=f"stops every running host tagged trial={cfg.trial} from its deadline on, but in a grace")
+        # Scheduler hands each run to Lambda's asynchronous queue: a run throttled or failing past its retries is
+        # not Scheduler's failure and reaches no dead-letter queue — Lambda sends it to the topic instead, and drops
+        # a run older than two minutes (the next minute's run replaces it) rather than stop hosts hours late
+        aws.lambda_.FunctionEventInvokeConfig(
+            fname, function_name=sweep.name, maximum_event_age_in_seconds=120, maximum_retry_attempts=2,
+            destination_config=aws.lambda_.FunctionEventInvokeConfigDestinationConfigArgs(
+                on_failure=aws.lambda_.FunctionEventInvokeConfigDestinationConfigOnFailureArgs(destination=topic)),
+            opts=self.child())
         dlq = aws.sqs.Queue(name("deadline-dlq"), message_retention_seconds=14 * 86400, tags=tags, opts=self.child())
         stopper = aws.iam.Role(name("deadline"), tags=tags, opts=self.child(), assume_role_policy=json.dumps({
             "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",

@@ -7,6 +7,7 @@ trial's evidence objects and read only those and the trial's staging relay (infr
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 
 import pulumi
@@ -80,7 +81,11 @@ class Hosts(Concern):
                                     guard_fraction=cfg.guard_fraction, grace_cap_minutes=cfg.grace_cap_minutes),
                 # a changed boot script must never replace a host: its disk holds unpreserved evidence
                 user_data_replace_on_change=False,
-                tags={**tags, "rank": str(h.rank), "Name": name("rank", h.rank), BUCKET_TAG: evidence.bucket.bucket},
+                # the deadline and the grace cap as the stack has them now: the host's own check reads these
+                # (infra/userdata.py), so a moved deadline reaches a host whose boot script is never re-run
+                tags={**tags, "rank": str(h.rank), "Name": name("rank", h.rank), BUCKET_TAG: evidence.bucket.bucket,
+                      "trial-deadline": f"{cfg.deadline.astimezone(dt.timezone.utc):%Y-%m-%dT%H:%M:%SZ}",
+                      "trial-grace-cap-seconds": str(int(cfg.grace_cap_minutes * 60))},
                 opts=self.child(ignore_changes=["userData", "ami"], depends_on=guards.before_hosts))
             self.instances.append((h, inst))
             guards.cover(h, inst)

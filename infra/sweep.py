@@ -4,7 +4,8 @@ grace the operator granted — run by the cloud every minute from the deadline o
 This file is the AWS Lambda function's whole code (infra/guards.py uploads it as it is), so it imports only the
 standard library and boto3, which Lambda's Python runtime ships. EventBridge Scheduler invokes it once a minute
 from the deadline (`rate(1 minute)` with the deadline as the schedule's start date) with the schedule's input as
-the event (`Spec`'s keys). Why a sweep and not a one-time stop: a one-time stop misses every host that is not
+the event (the keys `sweep` reads; `scheduled_time` is Scheduler's `<aws.scheduler.scheduled-time>` context
+attribute). Why a sweep and not a one-time stop: a one-time stop misses every host that is not
 running at that moment — one still `pending` (EC2 refuses to stop it), one an `up` creates after it, one started
 again by hand or by EC2 — and a host's own `OnCalendar=` timer never fires again once its date has passed.
 Why a function and not SSM Automation: Automation bills every step of every child execution (a sweep by tag
@@ -148,9 +149,14 @@ def sweep(ec2: Any, spec: dict[str, Any], now: dt.datetime, publish: Callable[[s
                 + ". These hosts still run and bill: stop them (`orchestrate down`) and check the stop's role.")
         raise RuntimeError(f"deadline stop failed for {', '.join(failed)}")
     days = float(spec.get("stopped_days", 0))
-    past = (now - deadline).total_seconds()
-    # once a day (the pass in the deadline's own minute of the day) after the days the plan priced: the volumes
-    # of stopped hosts bill until `orchestrate down`
+    # once a day (the run scheduled in the deadline's own minute of the day: Scheduler's `scheduled-time`, exact
+    # whatever its precision made the run's own clock) after the days the plan priced: the volumes of stopped
+    # hosts bill until `orchestrate down`
+    try:
+        scheduled = utc(spec["scheduled_time"]) if spec.get("scheduled_time") else now
+    except ValueError:
+        scheduled = now
+    past = (scheduled - deadline).total_seconds()
     if found and past >= days * 86400 and past % 86400 < SWEEP_MINUTES * 60:
         per_day = float(spec.get("volume_usd_per_host_day", 0.0)) * len(found)
         publish(f"trial {trial}: {len(found)} stopped host(s) still bill for their volumes",

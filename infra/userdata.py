@@ -6,8 +6,11 @@ elapse (`src/core/timer.c`), so a host that first boots after the deadline, or i
 timer fired, would never be stopped by it. The check runs at every boot and every minute after (monotonic
 timers, which fire after each boot): past the deadline it powers the host off (= stop) unless the instance's
 `trial-grace` tag, read through the instance metadata, grants a grace the same rule as the cloud's sweep
-honours (infra/sweep.py: begun, not over, no longer than the stack's cap). Metadata it cannot read is no
-grace: the host stops.
+honours (infra/sweep.py: begun, not over, no longer than the stack's cap; only the exact `<ISO>Z/<ISO>Z` form,
+never a date `date -d` would make of other words). Metadata it cannot read is no grace: the host stops. The
+deadline and the cap come from the instance's `trial-deadline` and `trial-grace-cap-seconds` tags, which Pulumi
+updates in place when the stack's change (the boot script is never re-run: `ignore_changes`), else from what
+the boot script wrote.
 
 Why two transfer guards: a CloudWatch alarm sees only per-period sums, so it cannot bound a total
 since boot; with a one-hour period and the whole guard as its threshold it never fires on traffic
@@ -68,14 +71,18 @@ set -uo pipefail
 state=${TRIAL_GUARD_STATE:-/var/lib/trial-guard}
 imds=${TRIAL_IMDS:-http://169.254.169.254}
 now=${TRIAL_NOW:-$(date -u +%s)}
-deadline=$(date -u -d "$(cat "$state/deadline")" +%s)
-[ "$now" -lt "$deadline" ] && exit 0
-cap=$(cat "$state/grace-cap-seconds" 2>/dev/null || echo 0)
-grace=""
-token=$(curl -sf -m 2 -X PUT "$imds/latest/api/token" -H "X-aws-ec2-metadata-token-ttl-seconds: 60") \
-  && grace=$(curl -sf -m 2 -H "X-aws-ec2-metadata-token: $token" "$imds/latest/meta-data/tags/instance/trial-grace") \
-  || grace=""
-if [ -n "$grace" ] && [ "${grace#*/}" != "$grace" ]; then
+iso='[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(Z|[+-]00:00)'
+token=$(curl -sf -m 2 -X PUT "$imds/latest/api/token" -H "X-aws-ec2-metadata-token-ttl-seconds: 60") || token=""
+tag() {  # an instance tag through the metadata; empty when it cannot be read
+  [ -n "$token" ] && curl -sf -m 2 -H "X-aws-ec2-metadata-token: $token" "$imds/latest/meta-data/tags/instance/$1" || true
+}
+# the deadline and the cap as the stack has them now (its tags: a moved deadline reaches the host), else as at boot
+deadline=$(tag trial-deadline); [[ "$deadline" =~ ^$iso$ ]] || deadline=$(cat "$state/deadline")
+cap=$(tag trial-grace-cap-seconds); [[ "$cap" =~ ^[0-9]{1,6}$ ]] || cap=$(cat "$state/grace-cap-seconds" 2>/dev/null || echo 0)
+dl=$(date -u -d "$deadline" +%s 2>/dev/null || echo 0)
+[ "$now" -lt "$dl" ] && exit 0
+grace=$(tag trial-grace)
+if [[ "$grace" =~ ^($iso)/($iso)$ ]]; then
   start=$(date -u -d "${grace%%/*}" +%s 2>/dev/null || echo 0)
   end=$(date -u -d "${grace#*/}" +%s 2>/dev/null || echo 0)
   if [ "$start" -gt 0 ] && [ "$start" -le "$now" ] && [ "$now" -lt "$end" ] && [ $((end - start)) -le "$cap" ]; then
@@ -83,7 +90,7 @@ if [ -n "$grace" ] && [ "${grace#*/}" != "$grace" ]; then
     exit 0
   fi
 fi
-logger -t trial-deadline "past the deadline $(cat "$state/deadline") and in no grace: stopping" || true
+logger -t trial-deadline "past the deadline $deadline and in no grace: stopping" || true
 echo "stopping at $now" > "$state/deadline-check"
 ${TRIAL_STOP_COMMAND:-/sbin/shutdown -h now}
 """

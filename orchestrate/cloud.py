@@ -178,6 +178,19 @@ class Started:
     grace: Any = None  # evidence.grace.Grace when one was granted
 
 
+STOP_LATENCY_MINUTES = 2
+"""How late after a grace's end the cloud's stop may come: the sweep's minute and Scheduler's minute of precision."""
+
+
+def startable(found: list[Instance], trial: str) -> None:
+    """Refuses, before anything is recorded or tagged, what `start_trial` could not do now."""
+    if not found:
+        raise StartRefused(f"no instance is tagged trial={trial} in this account and region: nothing to start")
+    busy = [f"{i.instance_id} ({i.state})" for i in found if i.state in ("pending", "stopping", "shutting-down")]
+    if busy:
+        raise StartRefused(f"wait until these settle (a minute or two), then run again: {', '.join(busy)}")
+
+
 def grace_for(instances: list[Instance], trial: str, deadline: dt.datetime, minutes: float, cap: float | None,
               now: dt.datetime, reason: str, prices: dict[str, float] | None = None) -> Any:
     """The grace `orchestrate start --grace` would grant at `now`: refused past the stack's cap (the cloud would not
@@ -187,8 +200,10 @@ def grace_for(instances: list[Instance], trial: str, deadline: dt.datetime, minu
     from infra.prices import price
 
     if cap is None:
-        raise StartRefused("this stack predates graces (its outputs name no grace_cap_minutes): its deadline stop "
-                           "would not honour one. Run `pulumi up` (it adds the sweep), then `orchestrate up` again")
+        raise StartRefused("this stack predates graces (its outputs name no grace_cap_minutes): its deadline stop would "
+                           "not honour one. Move trials:cluster.deadline to a time at least 30 min from now and run "
+                           "`pulumi up` (it adds the sweep and creates no host), `orchestrate up`, then `orchestrate "
+                           "start` before that deadline")
     if now < deadline:
         raise StartRefused(f"the deadline {deadline.isoformat()} has not passed: no grace is needed (leave out --grace)")
     if not 0 < minutes <= cap:
@@ -196,14 +211,20 @@ def grace_for(instances: list[Instance], trial: str, deadline: dt.datetime, minu
                            "stop honours no longer grace)")
     now = now.replace(microsecond=0)  # the tag holds whole seconds: the record says exactly what the cloud honours
     hosts, end = [], now + dt.timedelta(minutes=minutes)
+    billed = max(minutes + STOP_LATENCY_MINUTES, 1)  # EC2 bills a start a minute at least; the stop comes late
     ipv4 = price("vpc/public-ipv4", prices)
     for i in instances:
-        p = price(f"instance/{i.instance_type}", prices)
+        try:
+            p = price(f"instance/{i.instance_type}", prices)
+        except KeyError:
+            raise StartRefused(f"{i.instance_id} is a {i.instance_type}, which infra/prices.py does not price: the "
+                               "grace's cost cannot be said, so none is granted") from None
         hosts.append(GraceHost(instance_id=i.instance_id, rank=i.rank, instance_type=i.instance_type,
-                               usd=round((p.usd + ipv4.usd) * minutes / 60, 4)))
+                               usd=round((p.usd + ipv4.usd) * billed / 60, 4)))
     return Grace(trial=trial, deadline=deadline, granted_at=now, start=now, end=end, minutes=minutes,
                  cap_minutes=cap, reason=reason, hosts=hosts, usd=round(sum(h.usd for h in hosts), 4),
-                 price_source="infra/prices.py: each instance type's hourly price and a public IPv4 address's")
+                 price_source=f"infra/prices.py: each instance type's hourly price and a public IPv4 address's, for the "
+                              f"grace's minutes and the {STOP_LATENCY_MINUTES} min its stop may come after its end")
 
 
 def start_trial(session: Any, trial: str, deadline: dt.datetime, *, grace: Any = None, wait: bool = True,
@@ -213,11 +234,7 @@ def start_trial(session: Any, trial: str, deadline: dt.datetime, *, grace: Any =
     from infra.sweep import GRACE_TAG, grace_value
 
     found = trial_instances(session, trial)
-    if not found:
-        raise StartRefused(f"no instance is tagged trial={trial} in this account and region: nothing to start")
-    busy = [f"{i.instance_id} ({i.state})" for i in found if i.state in ("pending", "stopping", "shutting-down")]
-    if busy:
-        raise StartRefused(f"wait until these settle, then run again: {', '.join(busy)}")
+    startable(found, trial)
     ec2 = session.client("ec2")
     ids = [i.instance_id for i in found]
     if grace is not None:  # before any start: a host never runs past the deadline without the tag that ends it

@@ -123,43 +123,24 @@ def start(cluster: Path = typer.Option(Path("cluster.json"), help="the trial's c
     """Start a stack's stopped hosts. Before the deadline: start them. After it: only inside a grace — the hosts
     are tagged with it first, and the cloud's deadline stop and each host's own check stop them at its end, whether
     or not this machine is still there. Then `orchestrate up` for their new addresses."""
-    import datetime as dt
+    from botocore.exceptions import BotoCoreError, ClientError, WaiterError
 
-    from evidence.grace import write_grace
-    from orchestrate.cloud import StartRefused, grace_for, start_trial, trial_instances
-    from orchestrate.cluster import ClusterError, load
+    from evidence.errors import UserError
+    from orchestrate.cloud import StartRefused
+    from orchestrate.cluster import ClusterError
 
-    with refusing(ClusterError, StartRefused, ValueError):
-        desc = load(cluster)
-        if desc.source != "pulumi" or not desc.trial or not desc.region or desc.deadline is None:
-            raise StartRefused(f"{cluster} is not a stack's cluster (no trial, region or deadline): only a stack's "
-                               "hosts are started")
-        if grace is not None and home is None:
-            raise StartRefused("--grace needs --home: the trial home whose evidence it serves, where it is recorded")
-        if home is not None and not (home / "commitments.jsonl").exists():
-            raise StartRefused(f"{home} is not a trial home (no commitments.jsonl)")
-        now = dt.datetime.now(dt.timezone.utc)
-        if grace is None and now >= desc.deadline:
-            cap = desc.grace_cap_minutes
-            raise StartRefused(f"the deadline {desc.deadline.isoformat()} has passed: the cloud stops any host of trial "
-                               f"{desc.trial} that runs within a minute or two. To preserve what the hosts hold, grant a "
-                               f"grace: orchestrate start --cluster {cluster} --grace MINUTES --home <trial home>"
-                               + (f" (at most {cap:g} min)" if cap is not None else ""))
-        import boto3  # start-up: AWS only (boto3 ~0.9 s)
-
-        session = boto3.Session(region_name=desc.region)
-        found = trial_instances(session, desc.trial)
-        granted = None
-        if grace is not None:
-            granted = grace_for(found, desc.trial, desc.deadline, grace, desc.grace_cap_minutes, now, reason)
-            say("grace", f"{grace:g} min for {len(found)} host(s) of {desc.trial}, until {granted.end:%Y-%m-%d %H:%M:%S} "
-                f"UTC: ${granted.usd:.2f} (" + ", ".join(f"{h.instance_id} {h.instance_type} ${h.usd:.2f}"
-                                                         for h in granted.hosts) + ")")
-            if not yes and not typer.confirm("grant it and start the hosts?", default=False):
-                raise StartRefused("not granted: nothing was started or tagged")
-            path = write_grace(home, granted)  # type: ignore[arg-type]  # the record before any host starts
-            say("recorded", f"{path}")
-        done = start_trial(session, desc.trial, desc.deadline, grace=granted)
+    try:
+        granted, done = _start(cluster, grace, home, reason, yes)
+    except (ClusterError, StartRefused, ValueError, UserError) as e:
+        say("error:", str(e), style="bold red")
+        raise typer.Exit(2) from None
+    except WaiterError as e:
+        say("error:", f"the hosts did not reach `running` ({e}): `orchestrate status` says where they are",
+            style="bold red")
+        raise typer.Exit(1) from None
+    except (BotoCoreError, ClientError) as e:
+        say("error:", f"EC2 refused ({e}); nothing is recorded as started", style="bold red")
+        raise typer.Exit(1) from None
     say("started", f"{len(done.started)} host(s){': ' + ', '.join(done.started) if done.started else ''}; "
         f"{len(done.running)} already running")
     if granted is not None:
@@ -167,11 +148,56 @@ def start(cluster: Path = typer.Option(Path("cluster.json"), help="the trial's c
             "stop them again, whether or not this machine is still up")
         _report_again(home)  # type: ignore[arg-type]
     say("next", f"orchestrate up --stack <stack> (their new addresses), then orchestrate preserve --home "
-        f"{home or '<trial home>'}")
+        f"{home or '<trial home>'} --cluster {cluster}")
+
+
+def _start(cluster: Path, grace: Optional[float], home: Optional[Path], reason: str, yes: bool) -> tuple:
+    """`start`'s refusals and work: (the grace granted or None, what was started)."""
+    import datetime as dt
+
+    from evidence.grace import write_grace
+    from orchestrate.cloud import StartRefused, grace_for, start_trial, startable, trial_instances
+    from orchestrate.cluster import load
+
+    desc = load(cluster)
+    if desc.source != "pulumi" or not desc.trial or not desc.region or desc.deadline is None:
+        raise StartRefused(f"{cluster} is not a stack's cluster (no trial, region or deadline): only a stack's "
+                           "hosts are started")
+    if grace is not None and home is None:
+        raise StartRefused("--grace needs --home: the trial home whose evidence it serves, where it is recorded")
+    if home is not None and not (home / "commitments.jsonl").exists():
+        raise StartRefused(f"{home} is not a trial home (no commitments.jsonl)")
+    now = dt.datetime.now(dt.timezone.utc)
+    if grace is None and now >= desc.deadline:
+        cap = desc.grace_cap_minutes
+        raise StartRefused(f"the deadline {desc.deadline.isoformat()} has passed: the cloud stops any host of trial "
+                           f"{desc.trial} that runs within a minute or two. To preserve what the hosts hold, grant a "
+                           f"grace: orchestrate start --cluster {cluster} --grace MINUTES --home <trial home>"
+                           + (f" (at most {cap:g} min)" if cap is not None else ""))
+    import boto3  # start-up: AWS only (boto3 ~0.9 s)
+
+    session = boto3.Session(region_name=desc.region)
+    found = trial_instances(session, desc.trial)
+    startable(found, desc.trial)  # before anything is recorded or tagged
+    granted = None
+    if grace is not None:
+        asked = grace_for(found, desc.trial, desc.deadline, grace, desc.grace_cap_minutes, now, reason)
+        say("grace", f"{grace:g} min for {len(found)} host(s) of {desc.trial}: ${asked.usd:.2f} (" + ", ".join(
+            f"{h.instance_id} {h.instance_type} ${h.usd:.2f}" for h in asked.hosts) + "; the minutes and the "
+            "2 min its stop may come late)")
+        if not yes and not typer.confirm("grant it and start the hosts?", default=False):
+            raise StartRefused("not granted: nothing was started or tagged")
+        # from now, not from before the question: the grace is whole however long it was pondered
+        granted = grace_for(found, desc.trial, desc.deadline, grace, desc.grace_cap_minutes,
+                            dt.datetime.now(dt.timezone.utc), reason)
+        path = write_grace(home, granted)  # type: ignore[arg-type]  # the record before any host starts
+        say("recorded", f"{path} (until {granted.end:%Y-%m-%d %H:%M:%S} UTC)")
+    return granted, start_trial(session, desc.trial, desc.deadline, grace=granted)
 
 
 def _report_again(home: Path) -> None:
     """The home's report recomputed with the grace in it (a preserved report.json is kept: the next free name)."""
+    from evidence.errors import UserError
     from evidence.report import EvidenceError, write_report_numbered
 
     if not (home / "report.json").exists():
@@ -180,7 +206,7 @@ def _report_again(home: Path) -> None:
     try:
         _, out = write_report_numbered(home, home / "report.json")
         say("report", f"{out} (with the grace and its cost)")
-    except (EvidenceError, OSError) as e:
+    except (EvidenceError, UserError, OSError) as e:
         say("warning:", f"the report was not recomputed ({e}); the grace is recorded in the home", style="bold yellow")
 
 

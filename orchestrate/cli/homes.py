@@ -42,8 +42,9 @@ def preserve(home: Path = typer.Option(..., help="the trial home"),
                     style="bold yellow")
             if down:
                 raise Refused(f"not running: {', '.join(down)} — their payloads cannot be preserved from there. Start "
-                              f"them: {start_command(desc, str(cluster), str(home))}; or preserve without them, "
-                              "saying why (--leave-host-payloads REASON)")
+                              f"the stopped ones: {start_command(desc, str(cluster), str(home))} (a pending one is "
+                              "starting: run again in a minute); or preserve without them, saying why "
+                              "(--leave-host-payloads REASON)")
         if desc is not None and any(h.transport == "ssh" for h in desc.hosts):
             hosts = SshHostParts(desc, say=lambda m: say("preserve", m))
         url = store or (desc.store if desc else FileStore.url_for(home.resolve().parent / 'store'))

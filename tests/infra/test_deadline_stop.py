@@ -34,6 +34,24 @@ def test_every_host_that_runs_after_the_deadline_is_stopped_within_minutes(world
         assert r.minutes_after <= 3.5, r
         assert r.stopped_by == {"cloud alone": "cloud", "host alone": "host"}.get(r.mode, r.stopped_by)
     assert next(r for r in rows if r.case.startswith("pending when a sweep") and r.mode == "cloud alone").seen_pending
+    # every AWS call the function's code made is one its role allows (moto enforces no IAM: checked here)
+    from infra.guards import sweep_policy
+    from infra.plan import TrialConfig
+    from test_infra import live
+
+    allowed = {a for st in sweep_policy(TrialConfig.model_validate(live()), world.topic, f"{TRIAL}-deadline-sweep")
+               ["Statement"] for a in ([st["Action"]] if isinstance(st["Action"], str) else st["Action"])}
+    with emulated(world, world.deadline, tmp_path / "calls") as (clock, life, cloud, hosts):
+        iid = life.launch(ec2, TRIAL, 0)
+        life.tick()
+        clock.now += dt.timedelta(seconds=95)
+        life.tick()
+        run_until(clock.now + dt.timedelta(minutes=3), clock, life, cloud)
+        (fn,) = cloud.functions.values()
+        assert {"ec2:DescribeInstances", "ec2:StopInstances", "sns:Publish"} <= fn.calls <= allowed, fn.calls
+        ec2.terminate_instances(InstanceIds=[iid])
+    for r in rows:
+        assert r.stopped_by in ("cloud", "host"), r
     got = alerts(sqs, world)  # the cloud said what it stopped, with the minutes after the deadline
     assert any("deadline stop stopped" in a["subject"] for a in got) and not any("FAILED" in a["subject"] for a in got)
 
@@ -54,6 +72,7 @@ def test_a_stop_that_fails_is_loud(world, moto_module, tmp_path):
         run_until(D + dt.timedelta(minutes=4), clock, life, cloud, hosts)
         assert life.state(iid) == "running"
         got = alerts(sqs, world)
+        print("\nthe role denied, the operator receives:", *[f"  {a['subject']}: {a['message'][:160]}" for a in got], sep="\n")
         assert any(f"{TRIAL}: deadline stop FAILED for 1 host(s)" in a["subject"] and "UnauthorizedOperation"
                    in a["message"] for a in got), got
         assert any(a["subject"] == f'ALARM: "{TRIAL}-deadline-sweep-errors" in us-east-1' for a in got), got
@@ -67,12 +86,16 @@ def test_a_stop_that_fails_is_loud(world, moto_module, tmp_path):
         cloud.unreachable.add(next(iter(cloud.functions)))
         run_until(D + dt.timedelta(minutes=9), clock, life, cloud, hosts)
         assert cloud.dead_letters and cloud.dead_letters[0]["attempts"] == 3  # the first try and 2 retries
-        assert any(a["subject"] == f'ALARM: "{TRIAL}-deadline-dlq" in us-east-1' for a in alerts(sqs, world))
+        got = alerts(sqs, world)
+        print("Scheduler unable to invoke, the operator receives:", *[f"  {a['subject']}" for a in got], sep="\n")
+        assert any(a["subject"] == f'ALARM: "{TRIAL}-deadline-dlq" in us-east-1' for a in got)
         # AWS-StopEC2Instance on a host still pending: EC2 refuses both of its steps; the run ends Failed
         cloud.unreachable.clear()
         late = life.launch(ec2, TRIAL, 1)
         assert run_stop_document(ec2, [late], clock, cloud) == "Failed"
         got = alerts(sqs, world)
+        print("AWS-StopEC2Instance failed, the operator receives:", *[f"  {a['subject']}: {a['message'][:200]}" for a in got],
+              sep="\n")
         assert any(a["subject"] == "EC2 Automation Execution Status-change Notification"
                    and '"Status": "Failed"' in a["message"] for a in got), got
         assert run_stop_document(ec2, [iid], clock, cloud) == "Success"  # a stopped one: nothing to say
@@ -95,7 +118,8 @@ def test_a_grace_runs_to_its_end_and_no_further(world, moto_module, tmp_path):
         assert life.state(iid) == "stopped"
         found = trial_instances(moto_module, TRIAL)
         g = grace_for(found, TRIAL, D, 20, 60, clock.now, "preserve the payloads")
-        assert g.usd == pytest.approx((1.861 + 0.005) * 20 / 60, abs=1e-3) and g.end == clock.now + dt.timedelta(minutes=20)
+        # the minutes and the 2 its stop may come late, at the plan's prices
+        assert g.usd == pytest.approx((1.861 + 0.005) * 22 / 60, abs=1e-3) and g.end == clock.now + dt.timedelta(minutes=20)
         with pytest.raises(ValueError, match="give 1 to 60 minutes"):
             grace_for(found, TRIAL, D, 61, 60, clock.now, "too long")
         with pytest.raises(ValueError, match="predates graces"):
@@ -105,6 +129,8 @@ def test_a_grace_runs_to_its_end_and_no_further(world, moto_module, tmp_path):
         granted_at = clock.now
         run_until(g.end + dt.timedelta(minutes=3), clock, life, cloud, hosts)
         stops = [s for s in life.stops if s.instance_id == iid and s.at > granted_at]
+        print(f"\ngrace {g.start:%H:%M:%S}–{g.end:%H:%M:%S} (${g.usd:.3f}); stopped again by the {stops[0].by} at "
+              f"{stops[0].at:%H:%M:%S}, {(stops[0].at - g.end).total_seconds():.0f} s after its end")
         assert stops and stops[0].by in ("cloud", "host") and g.end <= stops[0].at <= g.end + dt.timedelta(minutes=2)
         # a grace nobody granted through `orchestrate` (longer than the cap): not honoured
         ec2.create_tags(Resources=[iid], Tags=[{"Key": "trial-grace", "Value":
@@ -131,6 +157,7 @@ def test_stopped_volumes_are_announced_once_a_day_after_the_planned_days(world, 
         clock.now = cloud.last = D + dt.timedelta(hours=23, minutes=50)  # a day later, nothing ran meanwhile
         run_until(D + dt.timedelta(days=1, minutes=10), clock, life, cloud, step_s=30)
         got = [a for a in alerts(sqs, world) if "still bill" in a["subject"]]
+        print("\na day after the deadline:", *[f"  {a['subject']}: {a['message']}" for a in got], sep="\n")
         assert len(got) == 1 and "orchestrate down" in got[0]["message"] and "$" in got[0]["message"], got
         ec2.terminate_instances(InstanceIds=[iid])
 
@@ -149,7 +176,7 @@ def test_the_hosts_check_as_bash_runs_it(tmp_path):
     script, deadline, cap = check_script(user_data(trial="t", rank=0, deadline=D, read_ahead_kib=4096,
                                                    transfer_guard_bytes=None, grace_cap_minutes=60))
     assert cap == "3600" and deadline == D.isoformat()
-    tag: dict[str, str] = {}
+    tags: dict[str, str] = {}
 
     class IMDS(http.server.BaseHTTPRequestHandler):
         def log_message(self, *a):
@@ -161,11 +188,12 @@ def test_the_hosts_check_as_bash_runs_it(tmp_path):
             self.wfile.write(b"tok")
 
         def do_GET(self):
-            ok = self.headers.get("X-aws-ec2-metadata-token") == "tok" and self.path.endswith("/trial-grace") and tag
+            key = self.path.rsplit("/", 1)[-1]
+            ok = self.headers.get("X-aws-ec2-metadata-token") == "tok" and key in tags
             self.send_response(200 if ok else 404)
             self.end_headers()
             if ok:
-                self.wfile.write(tag["v"].encode())
+                self.wfile.write(tags[key].encode())
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), IMDS)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -185,14 +213,23 @@ def test_the_hosts_check_as_bash_runs_it(tmp_path):
     try:
         m = dt.timedelta(minutes=1)
         assert not stops(D - m) and stops(D) and stops(D + 90 * m)
-        tag["v"] = grace_value(D + 30 * m, D + 50 * m)
+        tags["trial-grace"] = grace_value(D + 30 * m, D + 50 * m)
         assert stops(D + 29 * m) and not stops(D + 30 * m) and not stops(D + 49 * m) and stops(D + 50 * m)
-        tag["v"] = grace_value(D + 30 * m, D + 91 * m)  # over the cap: no grace at all
+        tags["trial-grace"] = grace_value(D + 30 * m, D + 91 * m)  # over the cap: no grace at all
         assert stops(D + 31 * m)
-        tag["v"] = "not a grace"
-        assert stops(D + 31 * m)
-        tag["v"] = grace_value(D + 30 * m, D + 50 * m)
+        tags["trial-grace-cap-seconds"] = "7200"  # the stack's cap raised since boot: its tag says so
+        assert not stops(D + 31 * m)
+        del tags["trial-grace-cap-seconds"]
+        for text in ("not a grace", "-1 minute/+58 minutes", "/2026-12-07T02:00:00Z"):  # only the exact form
+            tags["trial-grace"] = text
+            assert stops(D + 31 * m), text
+        tags["trial-grace"] = grace_value(D + 30 * m, D + 50 * m)
         assert stops(D + 31 * m, imds="http://127.0.0.1:9")  # metadata unreachable: no grace
+        del tags["trial-grace"]
+        tags["trial-deadline"] = f"{D + 60 * m:%Y-%m-%dT%H:%M:%S}Z"  # the deadline moved later since boot
+        assert not stops(D + 30 * m) and stops(D + 60 * m)
+        tags["trial-deadline"] = "tomorrow"  # not a time: the one written at boot
+        assert stops(D + 30 * m)
     finally:
         server.shutdown()
         server.server_close()

@@ -122,7 +122,7 @@ def test_a_refused_destroy_deletes_nothing(stack, aws):
     deleted = [s for s in cloud(d.steps) if s["outcome"] not in ("failed", "not started")]
     print(f"\nrefused destroy: {len(deleted)} of N = {n} resources deleted; "
           f"{len(d.record['waves'])} waves, the first: {[u.split('::')[-1] for u in d.record['waves'][0]]}")
-    assert deleted == [] and n == 50 and live_instances(aws) == 4
+    assert deleted == [] and n == 51 and live_instances(aws) == 4
     assert {s["outcome"] for s in d.steps if s["name"] != GATE} == {"not started"}
     assert len(cloud(d.state)) == n  # the stack still holds every resource
     # --continue-on-error does not get past it either: every later step depends on nothing that failed but
@@ -210,7 +210,7 @@ def test_a_plain_destroy_is_refused_by_the_engine(stack):
         d = pulumi_run(op, config, state=up.state, run_program=False)
         assert d.returncode != 0 and not d.record["program_ran"] and d.steps == [] and d.state == up.state
         assert "You must run with the `--run-program` flag to use delete hooks during destroy." in d.failed
-        assert d.failed.count("Resource has delete hooks registered") == 45  # 44 resources and the gate
+        assert d.failed.count("Resource has delete hooks registered") == 46  # 45 resources and the gate
 
 
 def test_a_destroy_preview_refuses_before_it_asks(stack, aws):

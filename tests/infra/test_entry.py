@@ -48,7 +48,7 @@ def test_the_program_runs_as_the_engine_starts_it(operation, env):
     d = pulumi_run(operation, stack_of(live()), answers=answers(), calls=CALLS, env=env)
     assert d.returncode == 0, d.errors + d.stderr[-3000:]
     assert d.record["sys_path"][0] == str(EXEC.parent)  # the exec's directory, as the real script's; run_path adds "."
-    assert len([r for r in d.resources if r.custom]) == 50 and d.resources[0].typ == STACK_TYPE
+    assert len([r for r in d.resources if r.custom]) == 51 and d.resources[0].typ == STACK_TYPE
     assert d.modules["top-level from the program directory"] == []
     assert {n: Path(d.modules[n]).resolve() for n in ("infra", "evidence", "training")} == \
         {n: ROOT / n / "__init__.py" for n in ("infra", "evidence", "training")}  # the packages, not a shadow

@@ -198,7 +198,7 @@ def test_no_order_of_creates_leaves_a_host_without_its_deadline_stop(program):
 
 @pytest.mark.parametrize("mode", ["cancel", "drain"])
 def test_a_first_up_that_fails_at_each_resource(program, aws, tmp_path, mode):
-    """Each of the program's 50 creates fails in turn. What exists is covered: every host by the deadline
+    """Each of the program's 51 creates fails in turn. What exists is covered: every host by the deadline
     stop. A destroy then deletes nothing while a host exists and the trial is unpreserved; with no host
     (the failure came before the first) it deletes what exists but the evidence; after preservation,
     everything but the evidence bucket and what keeps it safe."""
@@ -207,7 +207,7 @@ def test_a_first_up_that_fails_at_each_resource(program, aws, tmp_path, mode):
     aws.client("s3").create_bucket(Bucket=unpreserved)
     preserved = a_preserved_bucket(aws, tmp_path)
     points = [s for s in in_account(program.order)]
-    assert len(points) == 50
+    assert len(points) == 51
     states = {p["urn"]: failed_at(program.order, p["urn"], mode) for p in points}
     try:
         judged = judge_destroys(aws, states, program.teardown, account, unpreserved, preserved)
@@ -562,7 +562,7 @@ def test_a_preview_creates_nothing_and_knows_no_id(aws):
     pv = pulumi_run("preview", stack_of(live()), answers=moto_rules(bucket), calls=CALLS, provider="moto")
     assert pv.returncode == 0 and pv.failed is None, pv.errors
     creates = [o for o in pv.ops if o["op"] == "create"]
-    assert len([o for o in creates if o["type"].startswith("aws:")]) == 50 and all(o["preview"] for o in creates)
+    assert len([o for o in creates if o["type"].startswith("aws:")]) == 51 and all(o["preview"] for o in creates)
     assert all(r.id == "" for r in pv.resources if r.custom)
     assert pv.record["hook_calls"] == [] and live_instances(aws) == 0
     assert bucket not in {b["Name"] for b in aws.client("s3").list_buckets()["Buckets"]}

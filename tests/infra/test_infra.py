@@ -127,7 +127,8 @@ def test_every_taggable_resource_names_the_trial(program):
                       "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock", "aws:s3/bucketPolicy:BucketPolicy",
                       "aws:s3/bucketOwnershipControls:BucketOwnershipControls",
                       "aws:scheduler/schedule:Schedule", "aws:costexplorer/costAllocationTag:CostAllocationTag",
-                      "aws:cloudwatch/eventTarget:EventTarget"}
+                      "aws:cloudwatch/eventTarget:EventTarget",
+                      "aws:lambda/functionEventInvokeConfig:FunctionEventInvokeConfig"}
     for r in mocks.resources:
         if r.custom and r.typ not in untagged_types:  # a component (infra/concern.py) exists in no account
             assert r.inputs.get("tags", {}).get("trial") == "ltw-four", (r.typ, r.name)
@@ -195,6 +196,9 @@ def test_the_deadline_stop_sweeps_every_minute_from_the_deadline(program):
     assert alarms["ltw-four-deadline-dlq"]["metricName"] == "ApproximateNumberOfMessagesVisible"
     (rule,) = mocks.of("aws:cloudwatch/eventRule:EventRule")
     assert json.loads(rule.inputs["eventPattern"])["detail"]["Status"] == ["Failed", "TimedOut", "Cancelled"]
+    (invoke,) = mocks.of("aws:lambda/functionEventInvokeConfig:FunctionEventInvokeConfig")  # a dropped run: loud
+    assert invoke.inputs["destinationConfig"]["onFailure"]["destination"].endswith("ltw-four-alerts")
+    assert invoke.inputs["maximumEventAgeInSeconds"] == 120
     (target,) = mocks.of("aws:cloudwatch/eventTarget:EventTarget")
     assert target.inputs["arn"].endswith("ltw-four-alerts")
     (topic_policy,) = mocks.of("aws:sns/topicPolicy:TopicPolicy")
@@ -204,6 +208,8 @@ def test_the_deadline_stop_sweeps_every_minute_from_the_deadline(program):
     for inst in mocks.of("aws:ec2/instance:Instance"):
         assert inst.inputs["tags"]["trial"] == "ltw-four"
         assert inst.inputs["metadataOptions"]["instanceMetadataTags"] == "enabled"
+        assert inst.inputs["tags"]["trial-deadline"] == f"{deadline_of(program):%Y-%m-%dT%H:%M:%S}Z"  # the host reads it
+        assert inst.inputs["tags"]["trial-grace-cap-seconds"] == "3600"
         assert {sched.urn, next(r.urn for r in mocks.resources if r.name == "ltw-four-deadline-sweep"
                                 and r.typ == "aws:iam/rolePolicy:RolePolicy")} <= set(inst.dependencies)
 
@@ -612,7 +618,7 @@ def test_every_delete_that_costs_something_is_checked(program):
             assert not r.hooks and r.typ.startswith("aws:s3/"), r.name  # the evidence and what keeps it safe
         else:
             assert r.hooks == {"before_delete": ["ltw-four-refuse-unpreserved"]}, r.name
-    assert len([r for r in program.resources if r.hooks.get("before_delete") == ["ltw-four-refuse-unpreserved"]]) == 44
+    assert len([r for r in program.resources if r.hooks.get("before_delete") == ["ltw-four-refuse-unpreserved"]]) == 45
     for inst in program.of("aws:ec2/instance:Instance"):
         assert inst.inputs["tags"]["evidence-bucket"] == "ltw-four-evidence-0001"  # what the check verifies
     assert program.named("ltw-four-destroy-gate").inputs["bucket"] == "ltw-four-evidence-0001"

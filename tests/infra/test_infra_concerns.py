@@ -51,7 +51,8 @@ BY_CONCERN: dict[str, set[tuple[str, str]]] = {
                ("aws:cloudwatch/metricAlarm:MetricAlarm", f"{T}-deadline-sweep-errors"),
                ("aws:cloudwatch/metricAlarm:MetricAlarm", f"{T}-deadline-dlq"),
                ("aws:cloudwatch/eventRule:EventRule", f"{T}-stop-failed"),
-               ("aws:cloudwatch/eventTarget:EventTarget", f"{T}-stop-failed")},
+               ("aws:cloudwatch/eventTarget:EventTarget", f"{T}-stop-failed"),
+               ("aws:lambda/functionEventInvokeConfig:FunctionEventInvokeConfig", f"{T}-deadline-sweep")},
 }
 # The stack outputs the flat program exported (its `outputs` dict at 4eec3dd), which orchestrate reads.
 HEAD_OUTPUTS = {"format", "trial", "region", "deadline", "hours", "ssh_user", "host_python", "bucket", "prefix",
@@ -113,6 +114,6 @@ def test_each_concern_registers_its_outputs(registered):
 
 def test_the_same_resources_and_outputs_as_the_flat_program(registered):
     aws = [(r.typ, r.name) for r in registered.resources if r.custom]
-    assert len(aws) == len(set(aws)) == 50
+    assert len(aws) == len(set(aws)) == 51
     assert set(aws) == set().union(*BY_CONCERN.values())  # every other logical name as before
     assert set(registered.exports) == HEAD_OUTPUTS | {"grace_cap_minutes", "deadline_stop"}  # #64's two

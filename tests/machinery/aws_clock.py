@@ -190,6 +190,8 @@ class Function:
         self.source = archive_text(i["code"], f"{module_name}.py")
         self.errors: list[dt.datetime] = []
         self.runs: list[tuple[dt.datetime, Any]] = []
+        self.calls: set[str] = set()  # "service:Operation" of every AWS call its code made
+        self.session: Any = None
         self.broken: str | None = None  # a test makes every run raise this (a role denied, a bad deploy)
 
     def _module(self) -> types.ModuleType:
@@ -199,7 +201,15 @@ class Function:
         return mod
 
     def run(self, event: dict[str, Any]) -> bool:
-        """One attempt; False when it raised (counted in Errors)."""
+        """One attempt; False when it raised (counted in Errors). boto3's default session is the runtime's own for
+        the run: every call the code makes on it is recorded (`calls`)."""
+        import boto3
+
+        if self.session is None:  # one runtime for every run, as a warm Lambda keeps its process
+            self.session = boto3.Session()
+            self.session.events.register("before-call", lambda model, **_: self.calls.add(
+                f"{model.service_model.signing_name or model.service_model.endpoint_prefix}:{model.name}"))
+        was, boto3.DEFAULT_SESSION = boto3.DEFAULT_SESSION, self.session
         try:
             if self.broken:
                 raise RuntimeError(self.broken)
@@ -210,6 +220,8 @@ class Function:
             self.runs.append((self.clock.now, f"error: {e}"))
             self.errors.append(self.clock.now)
             return False
+        finally:
+            boto3.DEFAULT_SESSION = was
 
 
 @dataclass
@@ -217,6 +229,21 @@ class Invocation:
     schedule: str
     due: dt.datetime  # when Scheduler sends it (precision and window applied)
     attempt: int = 0
+    nominal: dt.datetime | None = None  # the schedule's own time for it (`<aws.scheduler.scheduled-time>`)
+
+
+def with_context(value: Any, inv: Invocation) -> Any:
+    """The input with Scheduler's context attributes filled in (scheduler/latest/UserGuide/
+    managing-schedule-context-attributes.html): scheduled-time, attempt-number."""
+    if isinstance(value, dict):
+        return {k: with_context(v, inv) for k, v in value.items()}
+    if isinstance(value, list):
+        return [with_context(v, inv) for v in value]
+    if value == "<aws.scheduler.scheduled-time>":
+        return f"{(inv.nominal or inv.due):%Y-%m-%dT%H:%M:%SZ}"
+    if value == "<aws.scheduler.attempt-number>":
+        return str(inv.attempt)
+    return value
 
 
 @dataclass
@@ -283,10 +310,17 @@ class Cloud:
         self.alarms = [r.inputs for r in deployment.of("aws:cloudwatch/metricAlarm:MetricAlarm")
                        if r.inputs.get("namespace") in ("AWS/Lambda", "AWS/SQS")]
         self.alarm_state = {a["name"]: "OK" for a in self.alarms}
-        self.rules = {r.inputs.get("name") or r.name: json.loads(r.inputs["eventPattern"])
+        self.rules = {r.outputs.get("name") or r.inputs.get("name") or r.name: json.loads(r.inputs["eventPattern"])
                       for r in deployment.of("aws:cloudwatch/eventRule:EventRule")}
         self.rule_targets = [(t.inputs["rule"], t.inputs["arn"]) for t in deployment.of("aws:cloudwatch/eventTarget:EventTarget")]
         self.queue_urls = {q.outputs.get("arn"): q.outputs.get("url") for q in deployment.of("aws:sqs/queue:Queue")}
+        # Lambda's asynchronous settings per function: (retries, maximum event age, on-failure destination)
+        self.async_config: dict[str, tuple[int, float, str | None]] = {}
+        for c in deployment.of("aws:lambda/functionEventInvokeConfig:FunctionEventInvokeConfig"):
+            i = c.inputs
+            dest = ((i.get("destinationConfig") or {}).get("onFailure") or {}).get("destination")
+            self.async_config[i["functionName"]] = (int(i.get("maximumRetryAttempts", 2)),
+                                                    float(i.get("maximumEventAgeInSeconds", 21600)), dest)
         self.pending: list[Invocation] = []
         self.lambda_retries: list[tuple[dt.datetime, Function, dict[str, Any], int]] = []
         self.unreachable: set[str] = set()  # target ARNs Scheduler cannot invoke (a test's fault)
@@ -306,7 +340,7 @@ class Cloud:
             for s in self.schedules:
                 for t in s.fire_times(self.last, now):
                     late = dt.timedelta(seconds=self.precision_s + (self.rng.uniform(0, s.window_min * 60) if s.window_min else 0))
-                    self.pending.append(Invocation(s.name, t + late))
+                    self.pending.append(Invocation(s.name, t + late, nominal=t))
         self.last = now
         for inv in sorted([i for i in self.pending if i.due <= now], key=lambda i: i.due):
             self.pending.remove(inv)
@@ -314,8 +348,17 @@ class Cloud:
         for item in sorted([r for r in self.lambda_retries if r[0] <= now], key=lambda r: r[0]):
             self.lambda_retries.remove(item)
             _, fn, event, attempt = item
-            if not self._run(fn, event) and attempt < 2:
+            retries, max_age, dest = self.async_config.get(fn.name, (2, 21600.0, None))
+            if self._run(fn, event):
+                continue
+            first = item[0] - dt.timedelta(minutes=sum(range(1, attempt + 1)))
+            if attempt < retries and (now - first).total_seconds() + (attempt + 1) * 60 <= max_age:
                 self.lambda_retries.append((now + dt.timedelta(minutes=attempt + 1), fn, event, attempt + 1))
+            elif dest:  # Lambda's on-failure destination: the invocation record
+                self._publish(dest, f"Lambda {fn.name}: an invocation failed {attempt + 1} time(s)",
+                              json.dumps({"requestContext": {"functionArn": fn.name, "condition": "RetriesExhausted",
+                                                             "approximateInvokeCount": attempt + 1},
+                                          "requestPayload": event, "responsePayload": fn.runs[-1][1]}))
         self._alarms()
 
     def _send(self, inv: Invocation) -> None:
@@ -324,15 +367,17 @@ class Cloud:
         if fn is None or s.target_arn in self.unreachable:  # Scheduler's own failure: retried, then dead-lettered
             age = (self.clock.now - inv.due).total_seconds() + inv.attempt * 60
             if inv.attempt < s.retries and age < s.max_age_s:
-                self.pending.append(Invocation(inv.schedule, self.clock.now + dt.timedelta(minutes=1), inv.attempt + 1))
+                self.pending.append(Invocation(inv.schedule, self.clock.now + dt.timedelta(minutes=1), inv.attempt + 1,
+                                               inv.nominal))
             elif s.dlq_arn:
                 body = {"schedule": s.name, "target": s.target_arn, "error": "the target could not be invoked",
                         "attempts": inv.attempt + 1}
                 self.sqs.send_message(QueueUrl=self.queue_urls[s.dlq_arn], MessageBody=json.dumps(body))
                 self.dead_letters.append(body)
             return
-        if not self._run(fn, s.input):  # asynchronous: Lambda's own retries
-            self.lambda_retries.append((self.clock.now + dt.timedelta(minutes=1), fn, s.input, 1))
+        event = with_context(s.input, inv)
+        if not self._run(fn, event):  # asynchronous: Lambda's own retries, then its on-failure destination
+            self.lambda_retries.append((self.clock.now + dt.timedelta(minutes=1), fn, event, 1))
 
     def _run(self, fn: Function, event: dict[str, Any]) -> bool:
         if self.lifecycle is None:
@@ -341,7 +386,12 @@ class Cloud:
             return fn.run(event)
 
     def _alarms(self) -> None:
+        """Each alarm evaluated once a minute (CloudWatch evaluates per period; these have 60 s)."""
         now = self.clock.now
+        minute = now.replace(second=0, microsecond=0)
+        if getattr(self, "_evaluated", None) == minute:
+            return
+        self._evaluated = minute
         for a in self.alarms:
             period = dt.timedelta(seconds=float(a.get("period", 60)))
             if a["namespace"] == "AWS/Lambda":
@@ -365,7 +415,7 @@ class Cloud:
         """Deliver an event to every rule it matches; returns the rules."""
         hit = [name for name, pattern in self.rules.items() if matches(pattern, event)]
         for rule, arn in self.rule_targets:
-            if any(rule == h or rule.startswith(h) or h.startswith(rule) for h in hit):
+            if rule in hit:
                 self._publish(arn, event["detail-type"], json.dumps(event))
         return hit
 

@@ -353,9 +353,12 @@ def test_the_aws_loop_in_emulation(cloud, tiny_seed, tmp_path):
             assert r.returncode == 2 and "not running:" in said(r) and "orchestrate start --cluster" in said(r) \
                 and "--grace MINUTES" in said(r), said(r)
             assert not (late / "preserved.json").exists()
+            print(f"\n[#64] at {clock.now:%H:%M:%S}, {(clock.now - deadline).total_seconds() / 60:.1f} min after the "
+                  f"deadline, preserve (exit {r.returncode}): {said(r)[:400]}")
             r = at_now("-m", "orchestrate", "start", "--cluster", str(tmp_path / "cluster.json"), "--grace", "20",
                        "--home", str(late), "--yes")
             assert r.returncode == 0 and "grace 20 min for 4 host(s)" in said(r) and "started 4 host(s)" in said(r), said(r)
+            print(f"[#64] start --grace 20 (exit {r.returncode}): {said(r)[:900]}")
             (record,) = (late / "cloud").glob("grace-*.json")
             grace = read_json(record)
             assert grace["minutes"] == 20 and len(grace["hosts"]) == 4 and grace["usd"] > 0
@@ -382,6 +385,8 @@ def test_the_aws_loop_in_emulation(cloud, tiny_seed, tmp_path):
             assert [life.state(i) for i in ids] == ["stopped"] * 4 and {x.by for x in again} == {"cloud"}, \
                 (end, life.stops)
             assert max(x.at for x in again) <= end + dt.timedelta(minutes=2)
+            print(f"[#64] preserve (exit 0): {said(r)[-300:]}\n[#64] grace ended {end:%H:%M:%S}: stopped by the "
+                  + ", ".join(f"{x.by} at {x.at:%H:%M:%S}" for x in again) + f"; the report: ${grace['usd']:.2f}")
             # the hosts are started again for the rest of the loop, the deadline as the program set it
             ec2.delete_tags(Resources=ids, Tags=[{"Key": "trial-grace"}])
             ec2.start_instances(InstanceIds=ids)
