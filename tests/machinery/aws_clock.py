@@ -14,8 +14,9 @@ What each piece follows (read, not copied; docs/aws-emulation.md says where it s
   (managing-schedule-flexible-time-windows.html). A target that cannot be reached is retried by the retry policy
   until its attempts or the event's age run out, then sent to the dead-letter queue (configuring-schedule-dlq.html).
 * Lambda targets are invoked asynchronously (lambda/latest/dg/with-eventbridge-scheduler.html): a function that
-  raises is not Scheduler's failure; Lambda retries it twice (1 and 2 minutes later: the async default) and
-  counts each error in the function's `Errors` metric.
+  raises is not Scheduler's failure; Lambda retries it (1, then 2 minutes later: the async default) while its
+  retries and its maximum event age (the program's `FunctionEventInvokeConfig`) allow, then sends the record to
+  the on-failure destination; each error counts in the function's `Errors` metric.
 * The function is the program's registration: its `code` archive's text executed as a module and its `handler`
   called with the schedule's input as the event, `datetime.now` reading the virtual clock; boto3 reaches moto.
 * EC2: an instance launched or started is `pending` for `boot_s`, then `running`; `StopInstances` naming a pending
@@ -352,11 +353,13 @@ class Cloud:
             if self._run(fn, event):
                 continue
             first = item[0] - dt.timedelta(minutes=sum(range(1, attempt + 1)))
-            if attempt < retries and (now - first).total_seconds() + (attempt + 1) * 60 <= max_age:
+            too_old = (now - first).total_seconds() + (attempt + 1) * 60 > max_age  # the next retry would be
+            if attempt < retries and not too_old:
                 self.lambda_retries.append((now + dt.timedelta(minutes=attempt + 1), fn, event, attempt + 1))
             elif dest:  # Lambda's on-failure destination: the invocation record
                 self._publish(dest, f"Lambda {fn.name}: an invocation failed {attempt + 1} time(s)",
-                              json.dumps({"requestContext": {"functionArn": fn.name, "condition": "RetriesExhausted",
+                              json.dumps({"requestContext": {"functionArn": fn.name, "condition":
+                                                             "EventAgeExceeded" if too_old else "RetriesExhausted",
                                                              "approximateInvokeCount": attempt + 1},
                                           "requestPayload": event, "responsePayload": fn.runs[-1][1]}))
         self._alarms()
