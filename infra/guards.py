@@ -43,7 +43,7 @@ import pulumi_aws as aws
 from infra.concern import Concern
 from infra.outputs import transfer_alarm_prefix
 from infra.plan import SWEEP_MEMORY_MB, Host, TrialConfig, stopped_volume_usd_per_day
-from infra.sweep import SWEEP_MINUTES
+from infra.sweep import SWEEP_MINUTES, utc_text
 
 ALARM_PERIOD_S = 3600
 STOP_DOCUMENT = "AWS-StopEC2Instance"  # what the budget's spend stops run (Budgets' STOP_EC2_INSTANCES)
@@ -161,7 +161,7 @@ class Guards(Concern):
                                              "Resource": [a[0], f"{a[0]}:*"]},
                                             {"Sid": "KeepWhatItCouldNotDeliver", "Effect": "Allow",
                                              "Action": "sqs:SendMessage", "Resource": a[1]}]})))
-        at = cfg.deadline.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        at = utc_text(cfg.deadline)
         schedule = aws.scheduler.Schedule(
             name("deadline"), schedule_expression=f"rate({SWEEP_MINUTES} minute)", schedule_expression_timezone="UTC",
             start_date=at, flexible_time_window=aws.scheduler.ScheduleFlexibleTimeWindowArgs(mode="OFF"),

@@ -7,7 +7,6 @@ trial's evidence objects and read only those and the trial's staging relay (infr
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 
 import pulumi
@@ -19,6 +18,7 @@ from infra.guards import Guards
 from infra.network import Network
 from infra.plan import Host, TrialConfig
 from infra.teardown import BUCKET_TAG
+from infra.sweep import utc_text
 from infra.userdata import user_data
 
 
@@ -84,7 +84,7 @@ class Hosts(Concern):
                 # the deadline and the grace cap as the stack has them now: the host's own check reads these
                 # (infra/userdata.py), so a moved deadline reaches a host whose boot script is never re-run
                 tags={**tags, "rank": str(h.rank), "Name": name("rank", h.rank), BUCKET_TAG: evidence.bucket.bucket,
-                      "trial-deadline": f"{cfg.deadline.astimezone(dt.timezone.utc):%Y-%m-%dT%H:%M:%SZ}",
+                      "trial-deadline": utc_text(cfg.deadline),
                       "trial-grace-cap-seconds": str(int(cfg.grace_cap_minutes * 60))},
                 opts=self.child(ignore_changes=["userData", "ami"], depends_on=guards.before_hosts))
             self.instances.append((h, inst))

@@ -41,9 +41,14 @@ def utc(text: str) -> dt.datetime:
     return t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)
 
 
+def utc_text(t: dt.datetime) -> str:
+    """A time as the deadline stop writes it everywhere (its schedule's start, the hosts' tags): UTC, whole seconds."""
+    return f"{t.astimezone(dt.timezone.utc):%Y-%m-%dT%H:%M:%SZ}"
+
+
 def grace_value(start: dt.datetime, end: dt.datetime) -> str:
     """The tag's value: `<start>/<end>`, both UTC to the second (EC2 tag values may hold `/`, `:`, `+`)."""
-    return f"{start.astimezone(dt.timezone.utc):%Y-%m-%dT%H:%M:%SZ}/{end.astimezone(dt.timezone.utc):%Y-%m-%dT%H:%M:%SZ}"
+    return f"{utc_text(start)}/{utc_text(end)}"
 
 
 def honoured_grace(value: str | None, now: dt.datetime, cap_minutes: float) -> dt.datetime | None:

@@ -227,14 +227,13 @@ def grace_for(instances: list[Instance], trial: str, deadline: dt.datetime, minu
                               f"grace's minutes and the {STOP_LATENCY_MINUTES} min its stop may come after its end")
 
 
-def start_trial(session: Any, trial: str, deadline: dt.datetime, *, grace: Any = None, wait: bool = True,
+def start_trial(session: Any, found: list[Instance], *, grace: Any = None, wait: bool = True,
                 delay_s: int = 5, attempts: int = 60) -> Started:
-    """Start the trial's stopped instances; with `grace`, each is first tagged with it (`trial-grace`), so the
+    """Start the stopped ones of the trial's instances `found` (the look-up `startable` judged, so nothing is
+    recorded for a start that is then refused); with `grace`, each is first tagged with it (`trial-grace`), so the
     cloud's sweep and the host's own check keep it running until the grace ends, and stop it then."""
     from infra.sweep import GRACE_TAG, grace_value
 
-    found = trial_instances(session, trial)
-    startable(found, trial)
     ec2 = session.client("ec2")
     ids = [i.instance_id for i in found]
     if grace is not None:  # before any start: a host never runs past the deadline without the tag that ends it

@@ -192,7 +192,7 @@ def _start(cluster: Path, grace: Optional[float], home: Optional[Path], reason: 
                             dt.datetime.now(dt.timezone.utc), reason)
         path = write_grace(home, granted)  # type: ignore[arg-type]  # the record before any host starts
         say("recorded", f"{path} (until {granted.end:%Y-%m-%d %H:%M:%S} UTC)")
-    return granted, start_trial(session, desc.trial, desc.deadline, grace=granted)
+    return granted, start_trial(session, found, grace=granted)
 
 
 def _report_again(home: Path) -> None:

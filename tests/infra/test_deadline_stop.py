@@ -127,7 +127,7 @@ def test_a_grace_runs_to_its_end_and_no_further(world, moto_module, tmp_path):
             grace_for(found, TRIAL, D, 61, 60, clock.now, "too long")
         with pytest.raises(ValueError, match="predates graces"):
             grace_for(found, TRIAL, D, 20, None, clock.now, "an old stack")
-        start_trial(moto_module, TRIAL, D, grace=g, wait=False)
+        start_trial(moto_module, found, grace=g, wait=False)
         life._pending(iid)  # EC2: pending, then running
         granted_at = clock.now
         run_until(g.end + dt.timedelta(minutes=3), clock, life, cloud, hosts)
@@ -271,3 +271,23 @@ def test_a_deadline_no_up_can_meet_is_refused_before_anything_exists(tmp_path):
     again = run_program(live(deadline=soon), state=first.state)  # every rank live: this up creates no host
     assert again.returncode == 0 and again.failed is None, again.errors
     assert not [o for o in again.ops if o["type"] == "aws:ec2/instance:Instance" and o["op"] == "create"]
+
+
+def test_one_host_the_stop_cannot_stop_does_not_shield_the_others(world, moto_module, tmp_path):
+    """A host with stop protection (EC2 refuses `StopInstances` for it, and so the whole call naming it): the sweep
+    stops the others one by one and names the protected one as not stopped, loudly, every minute."""
+    ec2, sqs = moto_module.client("ec2"), moto_module.client("sqs")
+    alerts(sqs, world)
+    D = world.deadline
+    with emulated(world, D - dt.timedelta(minutes=3), tmp_path) as (clock, life, cloud, hosts):
+        ids = [life.launch(ec2, TRIAL, r) for r in range(3)]
+        run_until(D - dt.timedelta(seconds=30), clock, life)
+        ec2.modify_instance_attribute(InstanceId=ids[1], DisableApiStop={"Value": True})
+        run_until(D + dt.timedelta(minutes=3), clock, life, cloud)
+        assert [life.state(i) for i in ids] == ["stopped", "running", "stopped"]
+        got = alerts(sqs, world)
+        failed = [a for a in got if "deadline stop FAILED for 1 host(s)" in a["subject"]]
+        assert failed and ids[1] in failed[0]["message"] and ids[0] not in failed[0]["message"], got
+        assert any("stopped 2 host(s)" in a["subject"] for a in got), got
+        ec2.modify_instance_attribute(InstanceId=ids[1], DisableApiStop={"Value": False})
+        ec2.terminate_instances(InstanceIds=ids)
