@@ -175,7 +175,6 @@ class StartRefused(UserError, ValueError):
 class Started:
     started: list[str]  # instance ids asked to start (stopped ones)
     running: list[str]  # already running
-    grace: Any = None  # evidence.grace.Grace when one was granted
 
 
 STOP_LATENCY_MINUTES = 2
@@ -197,11 +196,14 @@ def grace_for(instances: list[Instance], trial: str, deadline: dt.datetime, minu
     honour it), before the deadline (no grace is needed) and for a stack made before graces (no cap exported: its
     stop would not honour one). Priced at the plan's prices: each host's hourly rate and public address."""
     from evidence.grace import Grace, GraceHost
+    from infra.plan import DEADLINE_MARGIN, HOST_CREATION
     from infra.prices import price
+
+    lead = (HOST_CREATION + DEADLINE_MARGIN).total_seconds() / 60
 
     if cap is None:
         raise StartRefused("this stack predates graces (its outputs name no grace_cap_minutes): its deadline stop would "
-                           "not honour one. Move trials:cluster.deadline to a time at least 30 min from now and run "
+                           f"not honour one. Move trials:cluster.deadline to a time at least {lead:.0f} min from now and run "
                            "`pulumi up` (it adds the sweep and creates no host), `orchestrate up`, then `orchestrate "
                            "start` before that deadline")
     if now < deadline:
@@ -244,7 +246,7 @@ def start_trial(session: Any, found: list[Instance], *, grace: Any = None, wait:
         if wait:
             ec2.get_waiter("instance_running").wait(InstanceIds=stopped,
                                                     WaiterConfig={"Delay": delay_s, "MaxAttempts": attempts})
-    return Started(started=stopped, running=[i.instance_id for i in found if i.state == "running"], grace=grace)
+    return Started(started=stopped, running=[i.instance_id for i in found if i.state == "running"])
 
 
 def console_output(session: Any, instance_id: str) -> str:

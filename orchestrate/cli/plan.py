@@ -69,7 +69,7 @@ def plan(arm: str = typer.Argument(..., help="an arm the stack plans, e.g. diloc
     """Cost, hours and bytes of ARM's experiment (the arm and its controls) against the budget split,
     the hosts' vCPUs against the account's G-instance quota, and what staging sends from this machine.
     Exit 1 when anything does not fit."""
-    from infra.plan import GB, sweep_usd_per_day, table
+    from infra.plan import GB, stopped_volume_usd_per_day, sweep_usd_per_day, table
     from infra.prices import price
     from orchestrate.stages.plan import PlanError, plan_arm
     from training.config import ConfigError
@@ -127,7 +127,7 @@ def plan(arm: str = typer.Argument(..., help="an arm the stack plans, e.g. diloc
     print(f"transfer guard: the controller stops a group at {cfg.guard_fraction:.0%} (guard_fraction, the same number on "
           f"the hosts) of each isolated host's {cfg.transfer_guard_bytes / 1e12:.3f} TB; the host's own guard and its "
           "NetworkIn/NetworkOut alarms stop it at 100 %")
-    per_day = sum(ln.usd for ln in est.lines if ln.item.startswith("stopped:")) / (cfg.stopped_days or 1)
+    per_day = stopped_volume_usd_per_day(cfg)
     left = est.reserved_usd.storage_other - est.totals_usd.storage_other
     if cfg.stopped_days:
         print(f"stopped volumes: ${per_day:.2f} a day after the deadline until `orchestrate down` ({cfg.stopped_days:g} "
