@@ -257,6 +257,49 @@ def released_prefixes(store: Store, trial: str) -> set[str]:
     return {f"{_prefix(trial)}{first}/" for first in _released(store, trial, _chains(store, trial))}
 
 
+class TrialAnchors(BaseModel):
+    """What a store holds under one trial name: what decides, before a run writes anything, whether a
+    new log of that name can anchor there (`orchestrate/names.py`), and what `remove --unpreserved` may
+    let go. A name is held by every chain not released; it is held for good once any preservation index
+    of the trial is there (a preserved chain is never released)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    url: str
+    trial: str
+    chains: dict[str, int]  # the chains not released: first entry's hash → its anchors
+    released: list[str]  # the first entries' hashes of released chains
+    indexes: dict[str, str]  # each preservation index of the trial → the first entry's hash it preserved ("": none)
+
+    def others(self, first: str | None) -> dict[str, int]:
+        """The chains not released but the one that starts at `first` (a home's own log): a log of
+        this name that starts at `first` is refused as long as any is there (`_one_chain`)."""
+        return {f: n for f, n in self.chains.items() if f != first}
+
+    def preserved(self, first: str | None) -> bool:
+        """Whether a preservation index of the trial may have preserved the chain that starts at `first`:
+        one recorded it, or one recorded no chain (a preservation without anchors: which log it was is
+        not known) while that chain is anchored here. A log never anchored was never preserved."""
+        return first is not None and (first in self.indexes.values()
+                                      or ("" in self.indexes.values() and first in self.chains))
+
+
+def trial_anchors(store: Store, trial: str) -> TrialAnchors:
+    """The store's anchors, releases and preservation indexes of `trial`, each release checked as
+    anchoring checks it. Raises AnchorError for a damaged record or a store that cannot be read."""
+    try:
+        chains = _chains(store, trial)
+        released = _released(store, trial, chains)
+        indexes = {k: str(a.get("prefix", "")).removeprefix(_prefix(trial)).rstrip("/")
+                   for k, a in _indexed_anchors(store, trial).items()}
+    except AnchorError:
+        raise
+    except Exception as e:  # noqa: BLE001 — an unreachable or unusable store
+        raise AnchorError(f"cannot read the anchors of trial {trial} in {store.url}: {e}") from None
+    return TrialAnchors(url=store.url, trial=trial, released=sorted(released), indexes=indexes,
+                        chains={f: len(keys) for f, keys in sorted(chains.items()) if f not in released})
+
+
 def releasable(store: Store, trial: str) -> dict[str, int]:
     """The chains of `trial` in the store not yet released (first entry's hash → its anchors): what
     `release` would let go. Refused while the store holds any preservation index of the trial."""

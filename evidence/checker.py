@@ -25,6 +25,10 @@ are `not_a_number`) equal to the expected one as an exact decimal (`5`, `5.0` an
 number; `5.0000000000000001` is not), else `wrong_value`. A `"text"` answer is the expected text exactly, once surrounding JSON whitespace is
 stripped from both, else `wrong_value`: no case, spacing or punctuation is forgiven inside it.
 
+A reason that names a key is `<kind>:<key>` (`wrong_value:total`): the kind before the first `:`, the
+key after it — a field of the schema (`missing_key`, `wrong_type`, `wrong_value`) or, for `extra_key`
+and `duplicate_key`, a key the answer wrote. `failure_counts` and `reason_parts` read them so.
+
 The family semantics the expected answers follow (missing lookups are `null`, zero quantities are
 0 and still count as listed, ties in priority order break by ascending id) live in `tasks.py`.
 """
@@ -33,6 +37,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -152,3 +158,16 @@ def check_answer(text: str, schema: dict[str, str] | str, expected: Any) -> Verd
         if value[k] != expected[k]:
             return Verdict(False, f"wrong_value:{k}")
     return Verdict(True, "ok")
+
+
+def reason_parts(reason: str) -> tuple[str, str | None]:
+    """A reason's kind and the key it names (None where it names none): `wrong_value:total` →
+    (`wrong_value`, `total`); `malformed_json` → (`malformed_json`, None)."""
+    kind, sep, key = reason.partition(":")
+    return kind, key if sep else None
+
+
+def failure_counts(reasons: Iterable[str]) -> dict[str, int]:
+    """Wrong answers by their reason, `{reason: count}` with the reasons sorted: what an evaluation's
+    summary keeps (`failures`) and the report breaks down (evidence/report/compute.py)."""
+    return dict(sorted(Counter(reasons).items()))

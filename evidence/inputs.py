@@ -1,9 +1,10 @@
 """A prepared home's committed inputs, read the same way by the host stages and by the report:
-the check that every input still has its committed hash, the task cases, and the global loss of an
-update recomputed from every rank's records."""
+the check that every input still has its committed hash, the task cases (and the id a user's task
+file gave each), and the global loss of an update recomputed from every rank's records."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,21 @@ def changed_input(home: Path, prepared: dict[str, Any]) -> Path | None:
 def load_cases(home: str | Path) -> dict[str, dict[str, Any]]:
     """Every task case of the home (all splits), by case id."""
     return {row["case_id"]: row for row in read_jsonl(Path(home) / "inputs" / "tasks.jsonl")}
+
+
+def user_id(case: dict[str, Any]) -> Any:
+    """The id the user's task file gave this case (its `id`, any JSON value), or None: a case of the
+    generated families, or a line without one. A case from a task file names its file and line in
+    `question` (training/sources.py, `JsonlFile.cases`); a generated case's `question` never does."""
+    q = case.get("question")
+    if isinstance(q, dict) and "file" in q and "line" in q:
+        return q.get("id")
+    return None
+
+
+def id_text(uid: Any) -> str:
+    """A user's id as a command line names it: a string as it is, any other JSON value as JSON (`17`)."""
+    return uid if isinstance(uid, str) else json.dumps(uid, ensure_ascii=False)
 
 
 def global_losses(rank_updates: list[list[dict[str, Any]]]) -> list[float]:

@@ -1,13 +1,17 @@
 """A trial home once its evidence is preserved: verified before anything is torn down, and removed from
 this machine only when every file in it is in its verified evidence index. And a home that was never
 preserved (a run that failed after prepare, a task file changed since): discarded, with its trial's
-name released in the store so that the name can be used again (`evidence.anchors.release`).
+name released in the store so that the name can be used again (`evidence.anchors.release`) — unless
+the store holds a preservation of that trial name (a home half made beside a preserved trial of its
+name): then the home is discarded and nothing is released, since a preserved chain never is, and the
+name stays taken there.
 
-Each refuses with `Refused`, naming the home and what to do, and changes nothing: a home never
-preserved, held by a run, whose evidence does not verify in its store, or (for removal) holding a
-file its index does not hold as it is now (a later run's report, a changed file); for discarding, a
-home that was preserved or whose trial the store holds a preservation of, or a path that is no trial
-home.
+Each refuses with `Refused`, naming the home and a command that works in that state (judged by
+orchestrate/names.py, as `run` judges it), and changes nothing: a home never preserved, held by a
+run, whose evidence does not verify in its store, or (for removal) holding a file its index does not
+hold as it is now (a later run's report, a changed file); for discarding, a home that was preserved
+(its record there, or its log the chain a preservation index recorded), a path that is no trial home,
+or an answer other than yes when asked.
 """
 
 from __future__ import annotations
@@ -15,16 +19,17 @@ from __future__ import annotations
 import shutil
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, Optional
 
 from pydantic import BaseModel, ConfigDict
 
-from evidence.anchors import AnchorError, release, releasable
+from evidence.anchors import AnchorError, release, trial_anchors
 from evidence.canonical import EvidenceFileError, file_sha256
 from evidence.commitments import CommitmentError, CommitmentLog
 from evidence.errors import UserError
-from evidence.stores import (PRESERVED, FileStore, PreservationError, Preserved, Verified, open_store, read_preserved,
+from evidence.stores import (PRESERVED, PreservationError, Preserved, Verified, open_store, read_preserved,
                              verify_index)
+from orchestrate.names import TAKEN_WAYS, default_store, first_entry, preserved_by, unpreserved_advice
 from orchestrate.progress import Progress
 from training.hold import HeldError, hold
 
@@ -53,6 +58,11 @@ class Discarded(BaseModel):
     bytes: int
     store: str
     released: list[str]  # the release records written, each a URL
+    taken_by: Optional[str] = None  # the preservation index that keeps the name taken in the store (none released)
+
+
+class Kept(Refused):
+    """Asked before deleting, the answer was not yes: nothing was deleted or released."""
 
 
 def _hold(held: ExitStack, home: Path) -> None:
@@ -86,9 +96,9 @@ def remove_home(home: Path, progress: Progress) -> Removed:
     """Delete `home` once every file in it is in its verified index (the store is not touched): how old
     trials leave the disk. Raises Refused, or OSError when the disk fails part way (the record is
     deleted last, so `remove` can verify and finish what is left)."""
-    with verified_home(home, f"run `orchestrate preserve --home {home}` first — nothing of it would survive "
-                             f"its removal; or, to let it go unpreserved and use its name again, `orchestrate "
-                             f"remove --unpreserved --home {home}`", progress) as (rec, v):
+    if not (home / PRESERVED).is_file():  # what works instead, judged against the store (`names`)
+        raise Refused(f"{home} has not been preserved (no {PRESERVED}); {unpreserved_advice(home)}")
+    with verified_home(home, "`orchestrate remove` again says what works now", progress) as (rec, v):
         files = [p for p in sorted(home.rglob("*")) if p.is_file() or p.is_symlink()]
         size = sum(p.stat().st_size for p in files if p.is_file())
         with progress.status(f"comparing {len(files)} files with the index…"):  # a link is never preserved
@@ -109,16 +119,16 @@ DISCARD_REASON = "discarded unpreserved by orchestrate remove --unpreserved"
 LOG = "commitments.jsonl"
 
 
-def default_store(home: Path) -> str:
-    """The store `orchestrate run` anchors a home's log in without --store or --cluster: beside the homes."""
-    return FileStore.url_for(home.resolve().parent / "store")
+def discard_home(home: Path, url: str, progress: Progress, confirm: Callable[[], bool]) -> Discarded:
+    """Delete a home that was never preserved, after saying what goes and asking (`confirm`: False
+    keeps everything, `Kept`), and release its trial's anchors in the store at `url`: its trial name
+    (the home's folder name) can then be anchored anew there. A path that no longer exists is let go
+    too when the store holds anchors of its name (a home deleted by hand).
 
-
-def discard_home(home: Path, url: str, progress: Progress) -> Discarded:
-    """Delete a home that was never preserved and release its trial's anchors in the store at `url`, after
-    saying what goes. Its trial name (the home's folder name) can then be anchored anew there. A path
-    that no longer exists is let go too when the store holds anchors of its name (a home deleted by
-    hand). Raises Refused; OSError when the disk fails part way (the release is written first, so
+    Where the store holds a preservation index of the trial, nothing is released (a preserved chain
+    never is) and the name stays taken there; the home is still discarded, unless its own log is the
+    chain that was preserved (its preserved.json deleted since: that home is the preserved trial).
+    Raises Refused; OSError when the disk fails part way (the release is written first, so
     `remove --unpreserved` again finishes the deletion)."""
     trial = home.resolve().name
     if (home / PRESERVED).exists():
@@ -132,10 +142,25 @@ def discard_home(home: Path, url: str, progress: Progress) -> Discarded:
             raise Refused(f"{home} has been preserved ({PRESERVED}) just now: `orchestrate remove --home {home}`")
         try:
             store = open_store(url)
-            chains = releasable(store, trial)
+            anchors = trial_anchors(store, trial)
         except (AnchorError, PreservationError) as e:
             raise Refused(f"{home}: {e}") from None
         ours = home.is_dir() and any((home / n).exists() for n in (LOG, "prepared.json"))
+        first = first_entry(home) if ours else None
+        taken = bool(anchors.indexes)  # a preserved chain is never released: the name stays taken
+        chains = {} if taken else anchors.chains
+        if taken and anchors.preserved(first):
+            raise Refused(f"{home} is trial {trial} as {store.url} preserved it (its log is the chain "
+                          f"{preserved_by(anchors)} recorded), its {PRESERVED} deleted since: what was preserved is "
+                          f"never discarded — `orchestrate preserve --home {home}"
+                          + ("" if url.rstrip("/") == default_store(home).rstrip("/") else f" --store {url}")
+                          + f"` preserves it again (writing {PRESERVED}), then `orchestrate remove --home {home}` "
+                          "deletes it from this machine")
+        if taken and not ours:
+            raise Refused(f"{home} " + (f"is not a trial home (no {LOG} or prepared.json in it)" if home.exists()
+                                        else "is gone")
+                          + f": nothing to discard, nothing to release — {store.url} holds a preservation of trial "
+                          f"{trial} ({preserved_by(anchors)}), which keeps the name there for good: {TAKEN_WAYS}")
         if not ours and not (chains and not home.exists()):
             raise Refused(f"{home} is not a trial home (no {LOG} or prepared.json in it"
                           + (f", and {store.url} holds no anchors of trial {trial}" if not home.exists() else "")
@@ -149,15 +174,24 @@ def discard_home(home: Path, url: str, progress: Progress) -> Discarded:
             said = f"a commitments log that does not verify ({e})"
         progress.say("discard", f"{home}: {len(files)} files, {size / 1e6:,.1f} MB, {said} — deleted from this "
                      "machine" if home.exists() else f"{home}: gone already")
-        for first, count in chains.items():
-            progress.say("release", f"trial {trial}'s anchors {store.url}anchors/{trial}/{first}/ ({count} "
+        for first_hash, count in chains.items():
+            progress.say("release", f"trial {trial}'s anchors {store.url}anchors/{trial}/{first_hash}/ ({count} "
                          "anchor(s)): kept in the store, released with a record beside them — the name is free again")
-        if not chains:
+        if taken:
+            progress.say("keep", f"{store.url} holds a preservation of trial {trial} ({preserved_by(anchors)}): "
+                         "nothing is released (a preserved chain never is), and the name stays taken there")
+        elif not chains:
             progress.say("release", f"{store.url} holds no anchors of trial {trial} still its own: nothing to release")
-        try:
-            keys = release(store, trial, home=str(home.resolve()), files=len(files), size=size, reason=DISCARD_REASON)
-        except AnchorError as e:
-            raise Refused(f"{home}: {e}") from None
+        if not confirm():
+            raise Kept(f"{home}: nothing deleted, nothing released")
+        keys = []
+        if not taken:
+            try:
+                keys = release(store, trial, home=str(home.resolve()), files=len(files), size=size,
+                               reason=DISCARD_REASON)
+            except AnchorError as e:
+                raise Refused(f"{home}: {e}") from None
         if home.exists():
             shutil.rmtree(home)  # its lock goes as the hold ends (`training.hold`)
-    return Discarded(files=len(files), bytes=size, store=store.url, released=[f"{store.url}{k}" for k in keys])
+    return Discarded(files=len(files), bytes=size, store=store.url, released=[f"{store.url}{k}" for k in keys],
+                     taken_by=preserved_by(anchors) if taken else None)

@@ -149,7 +149,7 @@ def recovery_trial(base: Path, *, experiment_chain: list, arm: str, model_dir: P
                    share_gpus: bool = False, control: bool = True) -> RecoveryComparison:
     cfg = experiment_chain[-1]
     a = cfg.arm(arm)
-    world, updates, every = a.world_size, cfg.profile.updates, cfg.profile.checkpoint_every
+    world, updates, every = a.world_size, cfg.profile.updates, cfg.checkpoint_interval
     if not every or from_step % every or not 0 < from_step < kill_after < updates:
         raise ValueError(f"need checkpoints (profile has checkpoint_every={every}) and "
                          f"0 < from_step ({from_step}, a multiple of it) < kill_after ({kill_after}) "

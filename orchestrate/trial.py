@@ -1,7 +1,7 @@
 """The trial as one typed call: `run_trial(options) -> TrialOutcome`.
 
-It owns what no single stage can: the stage order (seed → prepare → place → train → select → score
-→ serve → report → preserve), the run record written however the run ends, and which failure ends
+It owns what no single stage can: the stage order (judge → seed → prepare → place → train → select →
+score → serve → report → preserve; the study and its trial names judged before anything is written), the run record written however the run ends, and which failure ends
 the run with which exit status. The CLI parses options into `TrialOptions`, calls this and renders
 the outcome; a benchmark calls it the same way, with a quiet `Progress` if it wants one.
 
@@ -31,6 +31,7 @@ from evidence.placement import SERVING_PROBE, committed_placement, not_run
 from evidence.stores import FileStore
 from orchestrate.backends import Backend, make_backend
 from orchestrate.interrupted import interrupted
+from orchestrate.names import Planned, Where, judge_names
 from orchestrate.progress import Progress
 from orchestrate.stages import Stage
 from orchestrate.stages.clock import StageClock
@@ -39,6 +40,7 @@ from orchestrate.stages.evaluate import evaluate_test, select_primary, serve_onc
 from orchestrate.stages.prepare import materialize_seed, prepare, seed_from_model_dir
 from orchestrate.stages.preserve import anchor_home, guard_stop, preserve_home
 from orchestrate.stages.train import GuardStopped, place_arms, train_arms
+from orchestrate.study import judge_study, profile_named
 from training.architecture import unservable_dir
 from training.config import Resolved, address, lineage, resolve
 from training.hold import hold
@@ -64,7 +66,7 @@ class TrialOptions(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     arm: str = Field(description="ARM, EXPERIMENT/ARM, or an experiment's name (its primary arm)")
-    profile: str = "cpu"
+    profile: Optional[str] = Field(None, description="None: not given, the default profile (`orchestrate.study`)")
     trials: Path = Path("trials")
     seeds: Path = Path(".seeds")
     model_dir: Optional[Path] = None
@@ -228,27 +230,50 @@ def refused_model_dir(cfg: Resolved, model_dir: Optional[Path]) -> OptionError |
                        "trained only by a profile with seed = \"local\" (e.g. gpu)")
 
 
+def rerun_args(o: TrialOptions) -> list[str]:
+    """`orchestrate run`'s arguments for these options, less --trials and --store: what a refusal adds
+    the one option that works to."""
+    args = [o.arm, *(["--profile", o.profile] if o.profile else [])]
+    for flag, value in (("--model-dir", o.model_dir), ("--seeds", o.seeds if o.seeds != Path(".seeds") else None),
+                        ("--replay", o.replay), ("--cluster", o.cluster), ("--wheelhouse", o.wheelhouse)):
+        if value is not None:
+            args += [flag, str(value)]
+    return args + ["--share-gpus"] * o.share_gpus + ["--no-serve"] * o.no_serve
+
+
 def _stages(run: _Run) -> None:
-    """The stage order: seed → prepare → place → train → select → score → serve → report → preserve."""
+    """The stage order: judge → seed → prepare → place → train → select → score → serve → report →
+    preserve. Nothing is written before the seed stage: a study or a trial name refused by the judge
+    leaves no home, lock, record or seed copy."""
     o, view, record, clock = run.options, run.view, run.record, run.clock
     desc = load_cluster(o.cluster, view)
     run.store_url = o.store or (desc.store if desc else FileStore.url_for(o.trials.resolve() / "store"))
     name, arm = address(o.arm, judged=True)  # a trial judges the primary: another arm is refused by name
-    cfg = run.cfg = resolve(name, o.profile)
+    profile = profile_named(name, o.profile)
+    cfg = run.cfg = resolve(name, profile)
     if o.replay is not None and not o.replay.is_file():
         raise OptionError("--replay", f"--replay {o.replay} is not a file")
     if (refused := refused_model_dir(cfg, o.model_dir)) is not None:
         raise refused
+    if cfg.profile.seed == "local" and o.model_dir is None:
+        raise OptionError("--model-dir", f"profile {profile} trains a local seed: pass --model-dir")
     cfg.arm(arm)
-    record.experiment, record.profile, record.arm = name, o.profile, arm
-    chain = lineage(name, o.profile)
-    home_of = lambda s: o.trials / f"{s.experiment.name}-{o.profile}"  # noqa: E731
+    record.experiment, record.profile, record.arm = name, profile, arm
+    chain = lineage(name, profile)
+    home_of = lambda s: o.trials / f"{s.experiment.name}-{profile}"  # noqa: E731
     run.target = home_of(chain[-1])
+    with clock(Stage.JUDGE):  # the cases before the seed's copy; the names before any home, lock or anchor
+        # the seed stage verifies the seed next; prepare says the warnings, as it finds them again
+        judged = judge_study(chain, o.seeds, o.model_dir, view, home_of=home_of, verify=False)
+        judge_names([Planned(home=home_of(s), digest=s.digest(), task_source=ts,
+                             replay=o.replay if s is chain[-1] else None)
+                     for s, ts in zip(chain, judged.task_sources)],
+                    Where(trials=o.trials, store=run.store_url, store_given=o.store is not None or desc is not None,
+                          rerun=rerun_args(o)))
     for step in chain:  # one run per home
         run.held.enter_context(hold(home_of(step), f"trial home {home_of(step)}"))
     if cfg.profile.seed == "local":
-        if o.model_dir is None:
-            raise OptionError("--model-dir", f"profile {o.profile} trains a local seed: pass --model-dir")
+        assert o.model_dir is not None
         with clock(Stage.SEED):
             md = seed_from_model_dir(o.model_dir, o.seeds, view)
     else:

@@ -15,6 +15,7 @@ from rich.text import Text
 
 from evidence.checker import check_answer
 from evidence.errors import USER_ERROR_EXIT, UserError
+from evidence.inputs import id_text, user_id
 from training.config import ConfigError, Resolved, resolve
 from training.results import finished, load_results, summarize
 from training.seed import materialize, seed_parameters
@@ -195,21 +196,43 @@ def summary(home: Path = typer.Option(..., help="the trial home"),
 
 
 @app.command()
-def check(home: Path = typer.Option(...), case: str = typer.Option(..., help="case id, e.g. test-00003")) -> None:
+def check(home: Path = typer.Option(...),
+          case: str = typer.Option(..., help="the case: its case id (test-00003), or the id your task file gave it")
+          ) -> None:
     """Strictly check the answer text on stdin against CASE; print one JSON line."""
-    from training.prepare import PrepareError, load_cases, require_prepared  # start-up
+    from training.prepare import load_cases, require_prepared  # start-up
 
     try:
         require_prepared(home)
-        cases = load_cases(home)
-        if case not in cases:
-            raise PrepareError(f"no case '{case}' in {home}/inputs/tasks.jsonl "
-                               f"(ids look like {next(iter(cases))})")
+        row = _case(load_cases(home), case, home)
     except UserError as e:
         _fail(e)
-    row = cases[case]
     verdict = check_answer(sys.stdin.read(), row["schema"], row["answer"])
-    print(json.dumps({"case": case, **verdict.as_dict()}))
+    uid = user_id(row)  # the task file's id beside the case id, where it gave one (as answers.jsonl has it)
+    print(json.dumps({"case": row["case_id"], **({"id": uid} if uid is not None else {}), **verdict.as_dict()}))
+
+
+def _case(cases: dict[str, dict], name: str, home: Path) -> dict:
+    """The case `name` names: a case id (test-00003) first, as the home names its cases; else the id a task
+    file gave a case (a non-string id as JSON: `17`). An id that several cases carry (a file prepared
+    before ids had to be unique) is refused, naming their case ids."""
+    from training.prepare import PrepareError  # start-up
+
+    if name in cases:
+        return cases[name]
+    found = [c for c in cases.values() if user_id(c) is not None and id_text(user_id(c)) == name]
+    if len(found) == 1:
+        return found[0]
+    where = f"{home}/inputs/tasks.jsonl"
+    if found:
+        raise PrepareError(f"the id '{name}' is given to {len(found)} cases in {where} "
+                           f"({', '.join(c['case_id'] for c in found)}): name one by its case id")
+    example = next((c["case_id"] for c in cases.values() if c["split"] == "test"), next(iter(cases), "test-00000"))
+    own = next((user_id(c) for c in cases.values() if user_id(c) is not None), None)
+    raise PrepareError(f"no case '{name}' in {where}: --case takes a case id (e.g. {example})"
+                       + (f" or the id your task file gave a case (e.g. {id_text(own)})" if own is not None else
+                          " or the id a task file gave a case (this home's cases have none: e.g. \"q-17\" for a "
+                          "line {\"id\": \"q-17\", …})"))
 
 
 def _committed(home: Path) -> Resolved:

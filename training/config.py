@@ -118,7 +118,12 @@ class Profile(_Strict):
     replay_parts: tuple[int, int] = (1, 1)
     sync_every: int | None = None  # scales DiLoCo's H with the number of updates
     dense_warmup: int | None = None  # scales PowerSGD's dense warmup with the number of updates
-    checkpoint_every: int | None = None  # publish a group checkpoint every N updates (and the last)
+    # publish a group checkpoint every N updates (and the last); 0: none; unset: `Resolved.checkpoint_interval`'s
+    # default, applied at run time and kept out of the digest, so a stopped arm of any profile resumes
+    checkpoint_every: int | None = None
+    # the exact cases of a task file, per split: a JSON file {"train": [ids], "dev": [...], "test": [...]} of
+    # the file's own `id`s, relative to the experiment's TOML (unset: a seeded draw; `training.sources`)
+    case_ids: str | None = None
     compile: bool = False  # torch.compile the training step's model (fuses norms, RoPE, SwiGLU)
     fused_optimizer: bool = False  # AdamW's fused CUDA kernel instead of the foreach one
     pack: bool = False  # a microbatch's documents in one row (no padding); FlexAttention on CUDA
@@ -150,6 +155,8 @@ class Profile(_Strict):
         for name in ("tasks", "replay", "test", "probes", "updates", "max_context", "score_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
+        if self.checkpoint_every is not None and self.checkpoint_every < 0:
+            raise ValueError("checkpoint_every must be at least 0 (0: no checkpoints; unset: a quarter of the updates)")
         if self.dev < 0:  # 0: a study without dev cases; the serving probe (its requests are dev cases) is not run
             raise ValueError("dev must be at least 0")
         if self.serving_slots is not None and not 1 <= self.serving_slots <= 256:
@@ -217,9 +224,13 @@ class Experiment(_Strict):
         return self
 
 
-LATER_PROFILE_KEYS = {"serving_requests", "serving_concurrency", "deterministic", "serving_slots"}
+LATER_PROFILE_KEYS = {"serving_requests", "serving_concurrency", "deterministic", "serving_slots", "case_ids"}
 """Profile keys that came after homes were committed: left out of the resolved study while unset, so that
 every earlier home's experiment digest stands (a profile that sets one commits it)."""
+
+
+DEFAULT_CHECKPOINTS = 4
+"""Group checkpoints per arm where a profile sets no `checkpoint_every`: a stop loses at most a quarter."""
 
 
 class Resolved(_Strict):
@@ -241,6 +252,24 @@ class Resolved(_Strict):
     def split_counts(self) -> dict[str, int]:
         """How many cases each split takes from the task source."""
         return {"train": self.profile.tasks, "dev": self.profile.dev, "test": self.profile.test}
+
+    @property
+    def checkpoint_interval(self) -> int:
+        """The updates between group checkpoints that run (0: none): the profile's `checkpoint_every`, else
+        `DEFAULT_CHECKPOINTS` of them over the arm. A profile its writer never gave checkpoints still resumes
+        a stopped arm from its last quarter, not from update 0; the default stays out of the digest (the
+        profile's own value, null, is what is committed), so every home prepared before it stands."""
+        if self.profile.checkpoint_every is not None:
+            return self.profile.checkpoint_every
+        return -(-self.profile.updates // DEFAULT_CHECKPOINTS)
+
+    def case_ids_path(self) -> Path | None:
+        """The profile's pinned case ids (`case_ids`), beside the experiment's TOML."""
+        if self.profile.case_ids is None:
+            return None
+        if self.experiment._directory is None:
+            raise ConfigError(f"experiment {self.experiment.name}'s case_ids are read only beside its TOML")
+        return (self.experiment._directory / self.profile.case_ids).resolve()
 
     @property
     def epochs(self) -> int:
@@ -399,6 +428,9 @@ def load_experiment(name: str, directory: Path | None = None) -> Experiment:
         if unused:
             raise ConfigError(f"{path}: {', '.join(unused)} shape(s) the generated task families, and this "
                               f"experiment's cases come from its task_file {exp.task_file}: remove them")
+    elif pinned := sorted(p for p, prof in exp.profiles.items() if prof.case_ids is not None):
+        raise ConfigError(f"{path}: profile(s) {', '.join(pinned)} pin case_ids, and this experiment has no task_file: "
+                          "the generated task families have no ids to pin — remove case_ids, or give a task_file")
     exp._directory = d
     return exp
 
@@ -439,6 +471,10 @@ def origins(name: str, profile: str, directory: Path | None = None) -> dict[str,
                 out[f"arms.{a.name}.{k}"] = (v, f"arm {a.name}" if k in written else "default")
     for k, v in r.profile.model_dump(mode="json").items():
         out[f"profile.{k}"] = (v, written_in(k))
+        if k == "checkpoint_every" and v is None:  # what runs, though the digest holds the profile's null
+            out[f"profile.{k}"] = (r.checkpoint_interval, f"default: a checkpoint every {r.checkpoint_interval} of "
+                                   f"the {r.profile.updates} updates (1/{DEFAULT_CHECKPOINTS} of them; not in the "
+                                   "digest: set checkpoint_every to choose, 0 for none)")
         if k in out and v is not None:  # a profile's value of an experiment's key is the one that runs
             out[k] = (v, f"{written_in(k)}, replacing the experiment's {json.dumps(out[k][0])}")
     if r.experiment.task_file is not None:  # defaults only the generated families read (written, they are refused)

@@ -2,7 +2,7 @@
 retention probes' response loss — each attempt kept, none silently replaced.
 
     evaluations/<role>/<arm>/attempt-<n>/started.json    written first: a crashed attempt stays visible
-    evaluations/<role>/<arm>/attempt-<n>/answers.jsonl   every raw answer with its verdict
+    evaluations/<role>/<arm>/attempt-<n>/answers.jsonl   every raw answer with its verdict (`answer_record`)
     evaluations/<role>/<arm>/attempt-<n>/probes.jsonl    response loss (nats per target token) per probe
     evaluations/<role>/<arm>/attempt-<n>/summary.json
     evaluations/<role>/<arm>/attempt-<n>/receipt.json    then committed as '<role>-evaluation'
@@ -26,8 +26,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from evidence.attempts import attempts, next_attempt
 from evidence.canonical import read_json, write_json_atomic
-from evidence.checker import check_answer
+from evidence.checker import Verdict, check_answer, failure_counts
 from evidence.commitments import CommitmentLog
+from evidence.inputs import user_id
 from evidence.receipts import make_receipt
 from training.corpus import Corpus
 from training.errors import TrainError
@@ -70,11 +71,27 @@ class EvaluationSummary(BaseModel):
     cases: int
     correct: int
     accuracy: float
+    # the wrong answers by the checker's reason ({"malformed_json": 3, "wrong_value:total": 2}; {} when none
+    # is wrong): the report's breakdown of why answers failed. A summary written before it was kept has
+    # none (no key), and the report of its home shows no breakdown, as before
+    failures: dict[str, int] | None = Field(default=None, exclude_if=lambda v: v is None)
     probe_mean_loss: float  # retention probes' response loss, nats per target token
     max_new_tokens: int
     seconds: float
     scoring: Scoring | None = Field(default=None, exclude_if=lambda v: v is None)
     retry_reason: str | None
+
+
+def answer_record(case: dict[str, Any], text: str, token_ids: list[int], verdict: Verdict) -> dict[str, Any]:
+    """One line of answers.jsonl: the case, the raw answer (its text and tokens) and the checker's verdict;
+    and `id`, the id the user's task file gave the case, only where it gave one — a generated case's
+    record, or one of a line without an id, is what it always was."""
+    row = {"case_id": case["case_id"], "family": case["family"], "heldout_variant": case["heldout_variant"],
+           "text": text, "token_ids": token_ids, **verdict.as_dict()}
+    uid = user_id(case)
+    if uid is not None:
+        row["id"] = uid
+    return row
 
 
 def attempts_dir(home: Path, role: str, arm: str) -> Path:
@@ -235,9 +252,7 @@ def evaluate(home: str | os.PathLike[str], arm: str, role: str, *, seed_dir: Pat
     rows = []
     for c, ids in zip(cases, answers):
         text = tok.decode(ids, skip_special_tokens=True).strip()
-        v = check_answer(text, c["schema"], c["answer"])
-        rows.append({"case_id": c["case_id"], "family": c["family"], "heldout_variant": c["heldout_variant"],
-                     "text": text, "token_ids": ids, **v.as_dict()})
+        rows.append(answer_record(c, text, ids, check_answer(text, c["schema"], c["answer"])))
     with open(out / "answers.jsonl", "w", encoding="utf-8") as f:
         for r in rows:
             f.write(json.dumps(r, sort_keys=True) + "\n")
@@ -262,6 +277,7 @@ def evaluate(home: str | os.PathLike[str], arm: str, role: str, *, seed_dir: Pat
     summary = EvaluationSummary(
         arm=arm, role=role, attempt=n, model_receipt=receipt_digest, cases=len(rows), correct=correct,
         accuracy=correct / max(1, len(rows)),
+        failures=failure_counts(r["reason"] for r in rows if not r["correct"]),
         probe_mean_loss=sum(r["loss"] for r in probe_rows) / max(1, len(probe_rows)),
         max_new_tokens=max_new, seconds=time.perf_counter() - t0,
         scoring=Scoring(device=str(device), batch=batch, generation_dtype=score_dtype if cast else "float32",

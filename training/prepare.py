@@ -53,13 +53,15 @@ class PrepareError(UserError, RuntimeError):
     """Prepare cannot proceed; the message names the thing and the fix."""
 
 
-def task_source(cfg: Resolved, measure: CaseLengths | None = None) -> TaskSource:
+def task_source(cfg: Resolved, measure: CaseLengths | None = None, *, legacy: bool = False) -> TaskSource:
     """The experiment's cases: its task_file's, else the generated families'. With `measure`, every
-    case of the file is measured against the profile's max_context in the same pass as its lines."""
+    case of the file is measured against the profile's max_context in the same pass as its lines;
+    `legacy`: drawn by the rule of a home prepared before rules were recorded (`drawn_before`)."""
     exp, prof = cfg.experiment, cfg.profile
     if exp.task_file is not None:
         try:
-            return JsonlFile(exp.task_path(), exp.generator_seed, measure=measure)
+            return JsonlFile(exp.task_path(), exp.generator_seed, measure=measure, pinned=cfg.case_ids_path(),
+                             legacy=legacy)
         except TaskFileError as e:
             raise PrepareError(str(e)) from None
     return Generated(exp.generator_seed, tuple(prof.records), exp.heldout_test_fraction)
@@ -99,7 +101,18 @@ class CaseLengths:
         return found
 
 
-def task_rows(cfg: Resolved, tok: Any = None, *, measured: CaseLengths | None = None
+def drawn_before(home: Path) -> bool:
+    """Whether `home` was prepared from a task file before the draw's rule was recorded with it: its
+    prepared.json's task_source has no `draw`. Such a home keeps the rule it was prepared by, so that a
+    later run of it prepares the same cases (and is not refused as another study)."""
+    try:
+        ts = read_json(home / PREPARED).get("task_source")
+    except (OSError, ValueError):
+        return False
+    return isinstance(ts, dict) and "draw" not in ts
+
+
+def task_rows(cfg: Resolved, tok: Any = None, *, measured: CaseLengths | None = None, legacy: bool = False
               ) -> tuple[TaskSource, list[dict[str, Any]], list[int]]:
     """(the source, every case as `inputs/tasks.jsonl` holds it, the indices of the damaged ones): the
     damaged-target control's share of the training cases carry a wrong answer and its target. With the
@@ -108,7 +121,7 @@ def task_rows(cfg: Resolved, tok: Any = None, *, measured: CaseLengths | None = 
     `prepare` both call: they refuse the same inputs with the same words."""
     exp, prof = cfg.experiment, cfg.profile
     measure = measured or (CaseLengths(tok, cfg) if tok is not None else None)
-    source = task_source(cfg, measure)
+    source = task_source(cfg, measure, legacy=legacy)
     try:
         rows = source.cases(cfg.split_counts)
         wrong = source.damage(rows, round(exp.damaged_fraction * prof.tasks), exp.generator_seed,
@@ -183,7 +196,7 @@ def _fit(tok: Any, pool: list[dict[str, Any]], max_context: int) -> tuple[list[d
 
 def build_inputs(cfg: Resolved, model_dir: Path, out: Path, *, replay_file: Path | None,
                  previous_home: Path | None, timer: dict[str, float],
-                 warnings: list[str] | None = None) -> dict[str, Any]:
+                 warnings: list[str] | None = None, legacy: bool = False) -> dict[str, Any]:
     """prepared.json's content, every input written under `out`; what is used as written but should be
     seen (`TaskSource.warnings`) appended to `warnings`."""
     exp, prof = cfg.experiment, cfg.profile
@@ -197,7 +210,7 @@ def build_inputs(cfg: Resolved, model_dir: Path, out: Path, *, replay_file: Path
     timer["seed_verify_and_tokenizer"] = time.monotonic() - t0
 
     t0 = time.monotonic()
-    source, rows, damaged_idx = task_rows(cfg, tok)
+    source, rows, damaged_idx = task_rows(cfg, tok, legacy=legacy)
     if warnings is not None:
         warnings += [said(source, w) for w in source.warnings]
     timer["generate_tasks"] = time.monotonic() - t0
@@ -421,7 +434,7 @@ def _prepare_locked(cfg: Resolved, home: Path, model_dir: Path, replay_file: str
     try:
         prepared = build_inputs(cfg, model_dir, tmp, replay_file=Path(replay_file) if replay_file else None,
                                 previous_home=Path(previous_home) if previous_home else None,
-                                timer=timer, warnings=warnings)
+                                timer=timer, warnings=warnings, legacy=drawn_before(home))
         digest = canonical_sha256(prepared)
         existing = home / PREPARED
         if existing.exists():

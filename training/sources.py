@@ -16,9 +16,17 @@ A JSONL file (`task_file` in the experiment) has one case per line:
 string, an object of integers, strings and lists of strings). `wrong_answer` is a plausible wrong
 answer of the same schema, trained on by the damaged-target control. `split` (train, dev or test)
 is given on every line or on none; without it the cases are split by the experiment's generator
-seed. `family` groups cases in the answers (default "jsonl"); `id` is kept with the case. Any other
-key, a repeated prompt, an answer its own schema refuses, or a wrong answer the checker accepts is
-refused with its line number: nothing in the file is silently dropped or reinterpreted.
+seed. `family` groups cases in the answers (default "jsonl"); `id` (a string or an integer, each
+case's own) is kept with the case and its answers. Any other key, a repeated prompt or id, an answer
+its own schema refuses, or a wrong answer the checker accepts is refused with its line number:
+nothing in the file is silently dropped or reinterpreted.
+
+Where a profile takes fewer cases than a split holds, the cases are drawn, never taken in file order
+(a file sorted by date, difficulty or source would bias the study): a seeded draw per split,
+stratified by family, from the experiment's generator seed — or the exact ids a profile pins
+(`case_ids`). The rule is recorded in prepared.json's `task_source.draw`; a home prepared before
+rules were recorded (no `draw`) keeps the one it was prepared by (`JsonlFile(legacy=True)`: a
+labelled file's first cases in file order), so it re-prepares and recomputes as it was.
 """
 
 from __future__ import annotations
@@ -125,6 +133,27 @@ def prompt_hash(prompt: str) -> str:
     return canonical_sha256({"prompt": prompt})
 
 
+def drawn(described: dict[str, Any]) -> str:
+    """How a task file's cases were chosen, in one line, from prepared.json's `task_source` (what
+    `validate`, `run` and the report say)."""
+    d, used = described.get("draw"), described.get("used", {})
+    of = lambda s, n: f"{s} {used.get(s, 0)} of {n}"  # noqa: E731
+    if d is None:
+        return ("cases: the first of each split in file order (the rule of a home prepared before draws were recorded)"
+                if described.get("split_by") == "file" else "cases: test, dev, then train from one shuffle by the "
+                "generator seed (a home prepared before draws were recorded)")
+    if d["rule"] == "pinned":
+        return (f"cases: pinned by case_ids {d['file']} (sha256 {d['sha256'][:12]}…): "
+                + ", ".join(of(s, d["from"][s]) for s in SPLITS)
+                if "file" not in d["from"] else f"cases: pinned by case_ids {d['file']} (sha256 {d['sha256'][:12]}…)")
+    if d["rule"] == "seeded":
+        fams = lambda s: ", ".join(f"{f} {a}/{b}" for f, (a, b) in d["families"][s].items())  # noqa: E731
+        return (f"cases: drawn per split by generator seed {d['seed']}, stratified by family, never in file order — "
+                + "; ".join(f"{of(s, d['from'][s])} ({fams(s)})" for s in SPLITS if used.get(s)))
+    return (f"cases: test, dev, then train from one shuffle of the file's {d['from']['file']} by generator seed "
+            f"{d['seed']}")
+
+
 # -- the user's JSONL file --------------------------------------------------------------------
 def _inferred_schema(answer: Any) -> dict[str, str] | str | None:
     if type(answer) is str:
@@ -143,6 +172,19 @@ def _inferred_schema(answer: Any) -> dict[str, str] | str | None:
             else:
                 return None
         return fields
+    return None
+
+
+def _untold_field(answer: Any) -> str | None:
+    """The first field of an object answer whose type no schema field type takes, said with what it holds:
+    a refusal that names the field, not only the answer."""
+    if not isinstance(answer, dict):
+        return None
+    for k, v in answer.items():
+        if not (type(v) in (int, str) or (type(v) is list and all(type(x) is str for x in v))):
+            what = ("an object" if isinstance(v, dict) else "a list with a non-string item" if isinstance(v, list)
+                    else "null" if v is None else f"a {type(v).__name__}")
+            return f"field {json.dumps(k, ensure_ascii=False)} holds {what}"
     return None
 
 
@@ -183,6 +225,18 @@ def refusal(path: Path, findings: list[Finding]) -> TaskFileError:
     return err
 
 
+def _int_or(text: str) -> Any:
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def _id_key(value: Any) -> str | None:
+    """One key per id, its type kept (the id 5 and the id "5" are two ids, as the file wrote them)."""
+    return None if value is None else json.dumps(value)
+
+
 class _Bad(Exception):
     """One line refused, for `JsonlFile._read` to collect."""
 
@@ -196,13 +250,17 @@ class JsonlFile:
     """The user's cases, read and checked line by line when the source is made; every line refused
     is found in the one pass (`TaskFileError.findings`)."""
 
-    def __init__(self, path: Path, seed: int, measure: Callable[[list[dict[str, Any]]], list[Finding]] | None = None):
+    def __init__(self, path: Path, seed: int, measure: Callable[[list[dict[str, Any]]], list[Finding]] | None = None,
+                 *, pinned: Path | None = None, legacy: bool = False):
         """`measure`: findings about the cases read (their length in tokens, which needs the model's
-        tokenizer), made in the same pass as the lines' own, so a file is judged whole at once."""
-        self.path, self.seed, self.measure = Path(path), seed, measure
+        tokenizer), made in the same pass as the lines' own, so a file is judged whole at once.
+        `pinned`: the profile's `case_ids` file; `legacy`: the rule of a home prepared before rules were
+        recorded (its prepared.json's task_source has no `draw`), so that home prepares as it was."""
+        self.path, self.seed, self.measure, self.pinned, self.legacy = Path(path), seed, measure, pinned, legacy
         self.collisions = 0
         self.rows = self._read()
         self.used: dict[str, int] = {}
+        self.draw: dict[str, Any] | None = None  # how `plan` chose the cases (prepared.json's task_source.draw)
 
     @staticmethod
     def _plain_text(key: str, text: str) -> None:
@@ -231,8 +289,11 @@ class JsonlFile:
         answer = row["answer"]
         schema = row.get("schema", _inferred_schema(answer))
         if schema is None:
-            raise _Bad("the answer's schema cannot be told from the answer (give \"schema\": "
-                       f"\"number\", \"text\", or an object's fields typed {', '.join(FIELD_TYPES)})")
+            field = _untold_field(answer)
+            raise _Bad("the answer's schema cannot be told from the answer"
+                       + (f": its {field}, and a field is an integer, a string or a list of strings (nested "
+                          "objects are not checked: flatten them into fields of their own)" if field else "")
+                       + f" (give \"schema\": \"number\", \"text\", or an object's fields typed {', '.join(FIELD_TYPES)})")
         if not _schema_ok(schema):
             raise _Bad(f"\"schema\" {json.dumps(schema)} is none of \"number\", \"text\" or an "
                        f"object's fields typed {', '.join(FIELD_TYPES)}")
@@ -250,7 +311,9 @@ class JsonlFile:
         if not isinstance(case["family"], str) or not case["family"]:
             raise _Bad("\"family\" must be a non-empty string")
         if case["split"] is not None and case["split"] not in SPLITS:
-            raise _Bad(f"\"split\" must be one of {', '.join(SPLITS)}")
+            raise _Bad(f"\"split\" must be one of {', '.join(SPLITS)}, not {json.dumps(case['split'], ensure_ascii=False)}")
+        if case["id"] is not None and not (type(case["id"]) is int or (isinstance(case["id"], str) and case["id"])):
+            raise _Bad(f"\"id\" must be a non-empty string or an integer, not {json.dumps(case['id'], ensure_ascii=False)}")
         if "wrong_answer" in row:
             wrong = row["wrong_answer"]
             if schema == TEXT and type(wrong) is not str:
@@ -276,6 +339,7 @@ class JsonlFile:
         out: list[dict[str, Any]] = []
         found: list[Finding] = []
         first_line: dict[str, int] = {}
+        id_line: dict[str, int] = {}
         # lines end at LF (and an optional CR) only: JSON strings may hold U+2028, U+0085 … unescaped
         for lineno, line in enumerate(text.split("\n"), 1):
             line = line.removesuffix("\r")
@@ -286,10 +350,15 @@ class JsonlFile:
                 if case["prompt"] in first_line:
                     raise _Bad(f"the prompt of line {first_line[case['prompt']]} again (every case is scored "
                                "once: a repeated prompt would count twice or cross splits)")
+                if (key := _id_key(case["id"])) in id_line:
+                    raise _Bad(f"the id {json.dumps(case['id'], ensure_ascii=False)} of line {id_line[key]} again "
+                               "(an id names one case: its answers, `training check --case` and `case_ids` find it)")
             except _Bad as e:
                 found.append(Finding(lineno, str(e)))
                 continue
             first_line[case["prompt"]] = lineno
+            if key is not None:
+                id_line[key] = lineno
             out.append(case)
         if not out and not found:
             found.append(Finding(None, "it holds no cases (it is empty, or only blank lines): one JSON object "
@@ -341,16 +410,47 @@ class JsonlFile:
             out.setdefault(c["family"], Counter())[check_kind(c["schema"]) + (" (given)" if c["schema_given"] else "")] += 1
         return {f: dict(sorted(k.items())) for f, k in out.items()}
 
+    def shapes(self) -> dict[str, dict[str, Any]]:
+        """Per family, what its answers must be and how the model is taught to write one: each distinct
+        schema with its count (an object's fields with their types, as given or inferred from the
+        answer) and the first case's training text exactly as it is trained (`target`, JSON in the file's
+        key order for an object). What `validate` shows, so a researcher sees the fields the checker
+        will demand before any run."""
+        out: dict[str, dict[str, Any]] = {}
+        for c in self.rows:
+            fam = out.setdefault(c["family"], {"schemas": [], "example": {"line": c["line"], "id": c["id"],
+                                                                          "target": c["target"]}})
+            for entry in fam["schemas"]:
+                if entry["schema"] == c["schema"] and entry["given"] == c["schema_given"]:
+                    entry["cases"] += 1
+                    break
+            else:
+                fam["schemas"].append({"schema": c["schema"], "given": c["schema_given"], "cases": 1})
+        return out
+
     def describe(self) -> dict[str, Any]:
-        return {"kind": "jsonl", "file": self.path.name, "sha256": self.sha256, "cases": len(self.rows),
-                "split_by": "file" if self.rows and self.rows[0]["split"] else "generator_seed",
-                "used": dict(self.used), "unused": len(self.rows) - sum(self.used.values()),
-                "wrong_answers": sum("wrong_answer" in c for c in self.rows)}
+        out = {"kind": "jsonl", "file": self.path.name, "sha256": self.sha256, "cases": len(self.rows),
+               "split_by": "file" if self.labelled else "generator_seed",
+               "used": dict(self.used), "unused": len(self.rows) - sum(self.used.values()),
+               "wrong_answers": sum("wrong_answer" in c for c in self.rows)}
+        if self.draw is not None:  # a home prepared before rules were recorded keeps its form
+            out["draw"] = self.draw
+        return out
+
+    @property
+    def labelled(self) -> bool:
+        return bool(self.rows) and self.rows[0]["split"] is not None
 
     def plan(self, counts: dict[str, int]) -> dict[str, list[dict[str, Any]]]:
-        """The cases of each split: the first `counts[split]` of that split in file order, or (no
-        split in the file) test, dev, then train drawn from one shuffle by the generator seed."""
-        if self.rows and self.rows[0]["split"]:
+        """The cases of each split: the ids the profile pins; else, in a file that labels its splits, a
+        seeded draw per split, stratified by family (`_drawn`); else test, dev, then train drawn from one
+        shuffle by the generator seed. Sets `draw`, the rule as prepared.json records it."""
+        if self.pinned is not None:
+            plan = self._pinned(counts)
+            self.draw = {"rule": "pinned", "file": self.pinned.name, "sha256": self._pins_sha256,
+                         "from": self._split_sizes()}
+            return plan
+        if self.labelled:
             by = {s: [c for c in self.rows if c["split"] == s] for s in SPLITS}
             short = [f"{s}: {len(by[s])} of {counts[s]}" for s in SPLITS if len(by[s]) < counts[s]]
             if short:
@@ -359,7 +459,14 @@ class JsonlFile:
                                     "add cases or lower the profile's tasks, dev and test"
                                     + ("; a file without dev cases runs with the profile's dev = 0 (the serving "
                                        "probe, whose requests are dev cases, is then not run)" if none == ["dev"] else ""))
-            return {s: by[s][:counts[s]] for s in SPLITS}
+            if self.legacy:
+                return {s: by[s][:counts[s]] for s in SPLITS}
+            plan, families = {}, {}
+            for s in SPLITS:
+                plan[s], families[s] = self._drawn(s, by[s], counts[s])
+            self.draw = {"rule": "seeded", "seed": self.seed, "stratified_by": "family",
+                         "from": self._split_sizes(), "families": families}
+            return plan
         need = sum(counts.values())
         if len(self.rows) < need:
             raise TaskFileError(f"task file {self.path} has {len(self.rows)} cases; the profile needs "
@@ -369,7 +476,82 @@ class JsonlFile:
         random.Random(f"jsonl-split/{self.seed}").shuffle(order)
         test, dev = order[:counts["test"]], order[counts["test"]:counts["test"] + counts["dev"]]
         train = order[counts["test"] + counts["dev"]:need]
+        if not self.legacy:
+            self.draw = {"rule": "shuffled", "seed": self.seed, "from": {"file": len(self.rows)}}
         return {"train": train, "dev": dev, "test": test}
+
+    def _split_sizes(self) -> dict[str, int]:
+        if not self.labelled:
+            return {"file": len(self.rows)}
+        return {s: sum(c["split"] == s for c in self.rows) for s in SPLITS}
+
+    def _drawn(self, split: str, pool: list[dict[str, Any]], k: int) -> tuple[list[dict[str, Any]], dict[str, list[int]]]:
+        """`k` of a split's cases, drawn without regard to their place in the file: each family gets its
+        share of `k` (by largest remainder, a tie to the family written first), drawn from its own seeded
+        generator, so one family's cases never move another's. Returned in file order, with {family:
+        [drawn, of]}. The same on every machine: `random.Random` with a string seed is fixed by Python."""
+        fams: dict[str, list[dict[str, Any]]] = {}
+        for c in pool:
+            fams.setdefault(c["family"], []).append(c)
+        n = len(pool)
+        share = {f: k * len(cs) // n for f, cs in fams.items()} if n else {}
+        rest = k - sum(share.values())
+        order = sorted(fams, key=lambda f: (-(k * len(fams[f]) % n), list(fams).index(f)))
+        for f in order[:rest]:
+            share[f] += 1
+        chosen: list[dict[str, Any]] = []
+        for f, cs in fams.items():
+            chosen += random.Random(f"jsonl-draw/{self.seed}/{split}/{f}").sample(cs, share[f])
+        return sorted(chosen, key=lambda c: c["line"]), {f: [share[f], len(cs)] for f, cs in fams.items()}
+
+    def _pinned(self, counts: dict[str, int]) -> dict[str, list[dict[str, Any]]]:
+        """The cases the profile's `case_ids` file names, split by split, in its order: exactly as many as
+        the profile takes (a pinned id left unused would be set and ignored), each the file's own id, in
+        the split the file gives it (where it gives one), none twice."""
+        where = f"case_ids {self.pinned}"
+        try:
+            data = self.pinned.read_bytes()
+            pins = json.loads(data.decode("utf-8-sig"))
+        except OSError as e:
+            raise TaskFileError(f"{where} is unreadable: {e}") from None
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise TaskFileError(f"{where} is not JSON ({e}): write {{\"train\": [ids], \"dev\": [ids], "
+                                "\"test\": [ids]}") from None
+        self._pins_sha256 = hashlib.sha256(data).hexdigest()
+        if not isinstance(pins, dict) or set(pins) - set(SPLITS):
+            raise TaskFileError(f"{where} must be one object {{\"train\": [ids], \"dev\": [ids], \"test\": [ids]}}"
+                                + (f"; it has {', '.join(sorted(map(str, set(pins) - set(SPLITS))))}"
+                                   if isinstance(pins, dict) else ""))
+        by_id = {_id_key(c["id"]): c for c in self.rows if c["id"] is not None}
+        found, seen, plan = [], {}, {}
+        for s in SPLITS:
+            ids = pins.get(s, [])
+            if not isinstance(ids, list):
+                raise TaskFileError(f"{where}: \"{s}\" must be a list of the task file's ids")
+            if len(ids) != counts[s]:
+                found.append(f"{s} pins {len(ids)} case(s) and the profile takes {counts[s]} "
+                             f"({'tasks' if s == 'train' else s} = {counts[s]}): pin exactly as many")
+            plan[s] = []
+            for v in ids:
+                key = _id_key(v)
+                c = by_id.get(key)
+                if key in seen:
+                    found.append(f"{s}: the id {key} is pinned already ({seen[key]})")
+                elif c is None:
+                    found.append(f"{s}: the id {key} is no case's id in task file {self.path.name}"
+                                 + (" (ids are matched with their type: 5 and \"5\" are two ids)"
+                                    if _id_key(str(v) if not isinstance(v, str) else _int_or(v)) in by_id else ""))
+                elif c["split"] is not None and c["split"] != s:
+                    found.append(f"{s}: the id {key} is a {c['split']} case of the task file (line {c['line']})")
+                else:
+                    plan[s].append(c)
+                seen.setdefault(key, s)
+        if found:
+            more = len(found) - FINDINGS_SHOWN
+            raise TaskFileError(f"{where}: {len(found)} problem(s)" + (f" (the first {FINDINGS_SHOWN}, {more} more)"
+                                                                      if more > 0 else "") + ":\n"
+                                + "\n".join(f"  {f}" for f in found[:FINDINGS_SHOWN]))
+        return plan
 
     def cases(self, counts: dict[str, int]) -> list[dict[str, Any]]:
         plan = self.plan(counts)

@@ -352,7 +352,7 @@ class RankRun:
         """Resume from the latest step every rank holds (`--resume`); its figures for the result."""
         from training.checkpoint import group  # torch: see the class's docstring
 
-        return group.restore(trainer, self.rank_dir, self.info.rank, self.cfg.profile.checkpoint_every,
+        return group.restore(trainer, self.rank_dir, self.info.rank, self.cfg.checkpoint_interval,
                        spec.updates, self.device, self.say)
 
     def compile(self, trainer: Any, spec: Any) -> None:
@@ -371,7 +371,7 @@ class RankRun:
         """The updates, a checkpoint published every `checkpoint_every`; returns their figures."""
         from training.checkpoint import group  # torch: see the class's docstring
 
-        every = self.cfg.profile.checkpoint_every
+        every = self.cfg.checkpoint_interval
         heartbeat = self.rank_dir / "heartbeat.json"
         fault = FaultPlan.from_env(self.rank_dir, self.info.rank)
         checkpoints: list[dict[str, Any]] = []
@@ -426,7 +426,7 @@ class RankRun:
         from training import runtime  # torch: see the class's docstring
 
         info, device, arm = self.info, self.device, self.arm
-        every = self.cfg.profile.checkpoint_every
+        every = self.cfg.checkpoint_interval
         return {
             "format": RESULT_FORMAT,
             "experiment": self.cfg.experiment.name, "profile": self.cfg.profile_name,

@@ -11,7 +11,8 @@ Checks (verify), in order (the first failure stops the report with a message; no
   3. each rank's documents per update against the committed global schedule (its contiguous slice)
      and, for DiLoCo, its outer steps against the sync schedule (every H updates and the last);
   4. every evaluation attempt's files against its receipt; every raw answer re-checked strictly
-     against the committed task answers, and the recorded verdict must match;
+     against the committed task answers, and the recorded verdict (and reason) must match, as must the
+     user's id where a record carries one and the summary's failure counts where it keeps them;
   5. recovery comparison receipts found under the home, against their own digests (read as the recovery
      trial's own report reads them: recovery.py);
   6. the first committed serving probe (evidence/serving.py): its receipt, the fixed workload at every
@@ -20,7 +21,8 @@ Checks (verify), in order (the first failure stops the report with a message; no
   7. the gates' attainability committed before training (attainability.json, evidence/attainability.py):
      recomputed from prepared.json, verdicts and figures equal, cores as every rank recorded them
      (a home without it gets it computed from prepared.json).
-Then (compute): accuracy per arm, paired gains (exact one-sided McNemar p, one-sided bounds), retention bounds,
+Then (compute): accuracy per arm and why its answers failed (by the checker's reason, and per field),
+paired gains (exact one-sided McNemar p, one-sided bounds), retention bounds,
 the serving phases per concurrency level (throughput ratio, failover overhead, tokens/s against the
 device's memory-bandwidth bound, token and model identity), the
 experiment's gates — each listed as passed or failed (and whether it could have passed at this

@@ -1,7 +1,7 @@
 """The report's second step: the statistics and gates, from evidence `verify` has checked — accuracy
-per arm, paired gains (exact one-sided McNemar p, one-sided bounds), retention bounds, the serving
-gates, the experiment's gates (passed, failed or not evaluated, the selection unchanged) and costs
-kept apart. Nothing here reads a file: the same `Verified` gives the same `Report`.
+per arm and why its answers failed (`breakdown`), paired gains (exact one-sided McNemar p, one-sided
+bounds), retention bounds, the serving gates, the experiment's gates (passed, failed or not evaluated,
+the selection unchanged) and costs kept apart. Nothing here reads a file: the same `Verified` gives the same `Report`.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, model_serializer
 
 from evidence.attainability import by_gate, labelled
+from evidence.checker import failure_counts, reason_parts
 from evidence.inputs import global_losses
 from evidence.placement import SERVING_PROBE, not_comparable, not_evaluated, shared_text, unevaluated_gates
 from evidence.report.gate import Gate
@@ -54,13 +55,34 @@ class Report(BaseModel):
     # time granted after the deadline to preserve the trial (evidence/grace.py); written only when there is any,
     # so a report of a home with none is byte for byte what it was before graces existed
     graces: list[dict[str, Any]] = []
+    # per scored arm, why its test answers failed (`breakdown`): only for arms whose scoring kept its failures
+    # (summary.json's `failures`), so a report of a home scored before then is byte for byte what it was
+    failures: dict[str, dict[str, Any]] = {}
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> dict[str, Any]:
         out = handler(self)
-        if not self.graces:
-            out.pop("graces", None)
+        for optional in ("graces", "failures"):
+            if not getattr(self, optional):
+                out.pop(optional, None)
         return out
+
+
+def breakdown(reasons: list[str]) -> dict[str, Any]:
+    """Why answers failed, from the checker's reasons of the wrong ones (evidence/checker.py): how many
+    (`wrong`), how many for each kind of reason (`reasons`: `wrong_value`, `malformed_json`, …) and, for
+    a reason that names a key (`wrong_value:total`), how many for each key (`fields`: {"wrong_value":
+    {"total": 8, "unit": 4}}) — an object answer's field, or for `extra_key`/`duplicate_key` a key the
+    answer wrote."""
+    kinds: dict[str, int] = {}
+    keys: dict[str, dict[str, int]] = {}
+    for reason, n in failure_counts(reasons).items():
+        kind, key = reason_parts(reason)
+        kinds[kind] = kinds.get(kind, 0) + n
+        if key is not None:
+            keys.setdefault(kind, {})[key] = n
+    return {"wrong": len(reasons), "reasons": dict(sorted(kinds.items())),
+            "fields": {k: dict(sorted(v.items())) for k, v in sorted(keys.items())}}
 
 
 def compute(v: Verified) -> Report:
@@ -107,7 +129,7 @@ def compute(v: Verified) -> Report:
         return None
 
     base = selection["baseline"]
-    accuracy, comparisons, gates = {}, {}, []
+    accuracy, comparisons, gates, failures = {}, {}, [], {}
     test_base = used("test", base)
     for arm in [base, *cands]:
         a = used("test", arm)
@@ -115,6 +137,8 @@ def compute(v: Verified) -> Report:
             accuracy[arm] = {"cases": len(a["answers"]), "correct": sum(x["correct"] for x in a["answers"]),
                              "accuracy": sum(x["correct"] for x in a["answers"]) / len(a["answers"]),
                              "attempts": len(evaluations["test"][arm])}
+            if "failures" in a["summary"]:  # its reasons re-checked, and the summary's counts equal, by verify
+                failures[arm] = breakdown([x["reason"] for x in a["answers"] if not x["correct"]])
     conf = acc.get("confidence", 0.99)
 
     def paired(a_arm: str, b_arm: str) -> dict[str, Any] | None:
@@ -196,7 +220,7 @@ def compute(v: Verified) -> Report:
             serving=v.serving, serving_attempts=v.serving_attempts,
             attainability={"source": v.attainability_source, "basis": v.attainability["basis"],
                            "gates": {g["gate"]: g["figures"] for g in v.attainability["gates"]}},
-            graces=v.graces,
+            graces=v.graces, failures=failures,
         )
     except ValidationError as e:
         raise EvidenceError(f"report: the trial's evidence does not fit the report: {e}") from None

@@ -5,6 +5,7 @@ own numbers; nothing else is read.
 
 from __future__ import annotations
 
+import json
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ def markdown(rep: Report) -> str:
     lines += ["", "## Test accuracy", "", "| arm | correct / cases | accuracy | attempts |", "|---|---|---|---|"]
     for arm, a in rep.accuracy.items():
         lines.append(f"| {arm} | {a['correct']} / {a['cases']} | {a['accuracy']:.3f} | {a['attempts']} |")
+    lines += failures_markdown(rep.failures, rep.accuracy)
     lines += ["", "## Paired comparisons", "",
               "| comparison | Δ accuracy | one-sided lower | McNemar p | Δ retention loss upper |", "|---|---|---|---|---|"]
     for k, c in rep.comparisons.items():
@@ -64,6 +66,48 @@ def markdown(rep: Report) -> str:
     lines += recovery_markdown(rep.recovery_comparisons)
     lines += grace_markdown(rep.graces)
     return "\n".join(lines)
+
+
+FIELDS_SHOWN = 6  # keys named per reason on a line; the rest are counted
+
+
+def failures_markdown(failures: dict[str, dict[str, Any]], accuracy: dict[str, dict[str, Any]]) -> list[str]:
+    """The "## Why answers failed" section: per arm, its wrong test answers by the checker's reason, most first,
+    and for a reason that names a key the keys it names (`wrong_value 12 (total 8, unit 4)`). None for a report
+    without a breakdown (its arms scored before one was kept)."""
+    if not failures:
+        return []
+    lines = ["", "## Why answers failed", "",
+             "The checker's reason for each wrong test answer (evidence/checker.py) and, where it names one, the "
+             "field (or the key the answer wrote); every answer is in "
+             "`evaluations/test/<arm>/attempt-<n>/answers.jsonl`.",
+             ""]
+    for arm in [*(a for a in accuracy if a in failures), *(a for a in failures if a not in accuracy)]:
+        f, cases = failures[arm], accuracy.get(arm, {}).get("cases")  # in the accuracy table's order, from JSON too
+        head = f"- {arm}: {f['wrong']}" + (f" of {cases}" if cases is not None else "") + " wrong"
+        parts = []
+        for kind, n in _most_first(f["reasons"]):
+            keys = _most_first(f["fields"].get(kind, {}))
+            named = [f"{_shown_key(k)} {m}" for k, m in keys[:FIELDS_SHOWN]]
+            if len(keys) > FIELDS_SHOWN:
+                named.append(f"{len(keys) - FIELDS_SHOWN} more keys {sum(m for _, m in keys[FIELDS_SHOWN:])}")
+            whole = n - sum(m for _, m in keys)
+            if keys and whole:
+                named.append(f"no field {whole}")
+            parts.append(f"{kind} {n}" + (f" ({', '.join(named)})" if named else ""))
+        lines.append(head + (f" — {', '.join(parts)}" if parts else ""))
+    return lines
+
+
+def _most_first(counts: dict[str, int]) -> list[tuple[str, int]]:
+    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+def _shown_key(key: str) -> str:
+    """A key as a line shows it: as written when short and plain, else as JSON, cut short."""
+    if key and len(key) <= 24 and key.isprintable() and not any(c in key for c in ",()`|"):
+        return key
+    return json.dumps(key[:21] + ("…" if len(key) > 21 else ""), ensure_ascii=False)
 
 
 def grace_markdown(graces: list[dict[str, Any]]) -> list[str]:

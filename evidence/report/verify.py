@@ -6,18 +6,19 @@ the statistics (`compute`) read nothing from disk and raise nothing about eviden
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from evidence.anchors import AnchorError, verify_anchors
 from evidence.attempts import attempt_number, attempts
-from evidence.canonical import EvidenceFileError, file_sha256, read_json, read_jsonl
+from evidence.canonical import EvidenceFileError, canonical_bytes, file_sha256, read_json, read_jsonl
 from evidence.grace import read_graces
-from evidence.checker import check_answer
+from evidence.checker import check_answer, failure_counts
 from evidence.commitments import CommitmentLog
 from evidence.errors import UserError
-from evidence.inputs import changed_input, load_cases
+from evidence.inputs import changed_input, load_cases, user_id
 from evidence.attainability import ATTAINABILITY, analyse, disagreement
 from evidence.placement import PlacementRecord, Shared, committed_placement, not_run, shared
 
@@ -125,19 +126,49 @@ def _check_attempt(home: Path, d: Path, role: str, arm: str, cases: dict[str, di
         raise EvidenceError(f"{d / 'summary.json'}: scored model {summary.get('model_receipt')} is not "
                             f"the selected {model_receipt}")
     answers = read_jsonl(d / "answers.jsonl")
+    check_answers(d / "answers.jsonl", answers, cases, role)
+    if "failures" in summary:  # kept since the report breaks failures down: a summary before then has none
+        got = failure_counts(a["reason"] for a in answers if not a["correct"])
+        if summary["failures"] != got:
+            raise EvidenceError(f"{d / 'summary.json'}: its failures {json.dumps(summary['failures'], sort_keys=True)} "
+                                f"are not its answers' {json.dumps(got, sort_keys=True)}")
+    return {"attempt": d.name, "complete": True, "answers": answers,
+            "probes": read_jsonl(d / "probes.jsonl"), "summary": summary}
+
+
+ANSWER_KEYS = ("case_id", "text", "correct", "reason")  # what every answer record has held (training/evaluate.py)
+
+
+def check_answers(path: Path, answers: list[dict[str, Any]], cases: dict[str, dict], role: str) -> None:
+    """An attempt's answer records (`path`: answers.jsonl) against the committed cases: every case of
+    the role answered exactly once; each raw answer re-checked strictly, its recorded verdict (right or
+    wrong, and the reason) the re-check's; and the user's id, where a record carries one (`id`, since
+    the answers kept it), the one inputs/tasks.jsonl gives that case. A record without `id` is one
+    written before, or of a case without one: accepted as it always was."""
+    for n, a in enumerate(answers, 1):
+        missing = [k for k in ANSWER_KEYS if k not in a]
+        if missing:
+            raise EvidenceError(f"{path}:{n}: an answer record without {', '.join(missing)}")
     want = sorted(cid for cid, c in cases.items() if c["split"] == role)
     got = [a["case_id"] for a in answers]
     if sorted(got) != want:
-        raise EvidenceError(f"{d / 'answers.jsonl'}: answers {len(got)} cases, the {role} split has "
+        raise EvidenceError(f"{path}: answers {len(got)} cases, the {role} split has "
                             f"{len(want)} (each exactly once)")
     for a in answers:
         c = cases[a["case_id"]]
         v = check_answer(a["text"], c["schema"], c["answer"]).as_dict()
         if v["correct"] != a["correct"]:
-            raise EvidenceError(f"{d / 'answers.jsonl'}: case {a['case_id']} is recorded as "
+            raise EvidenceError(f"{path}: case {a['case_id']} is recorded as "
                                 f"{'correct' if a['correct'] else 'wrong'} but re-checks as {v}")
-    return {"attempt": d.name, "complete": True, "answers": answers,
-            "probes": read_jsonl(d / "probes.jsonl"), "summary": summary}
+        if v["reason"] != a["reason"]:
+            raise EvidenceError(f"{path}: case {a['case_id']} is recorded with reason {a['reason']!r} "
+                                f"but re-checks as {v['reason']!r}")
+        if "id" in a:
+            uid = user_id(c)
+            if uid is None or canonical_bytes(a["id"]) != canonical_bytes(uid):
+                raise EvidenceError(f"{path}: case {a['case_id']} is recorded with id {json.dumps(a['id'])}, but "
+                                    f"inputs/tasks.jsonl's case {a['case_id']} has "
+                                    + (f"id {json.dumps(uid)}" if uid is not None else "no id of the task file's"))
 
 
 @dataclass(frozen=True)

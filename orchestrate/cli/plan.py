@@ -156,19 +156,20 @@ def plan(arm: str = typer.Argument(..., help="an arm the stack plans, e.g. diloc
 
 def gates(arm: str = typer.Argument(..., help="an experiment's name, an arm (e.g. diloco-four) or EXPERIMENT/ARM: "
                                               "the gates are those of the arm's experiment, judged on its primary"),
-          profile: str = typer.Option("cpu", help="one of the experiment's profiles (`orchestrate list` shows "
-                                                  "each experiment's)"),
+          profile: Optional[str] = typer.Option(None, help="one of the experiment's profiles (`orchestrate list` "
+                                                            "shows each experiment's; default: cpu)"),
           as_json: bool = typer.Option(False, "--json")) -> None:
     """What each gate of ARM's experiment can reach at PROFILE on the embedded local cluster — the
     analysis `run` commits as attainability.json before training (evidence/attainability.py): whether
     it can pass at all, and the smallest effect it can detect. Nothing is prepared or trained."""
     from evidence.attainability import analyse
     from orchestrate.attainability import cluster_basis
+    from orchestrate.study import profile_named
     from training.config import ConfigError, address, not_judged, resolve
 
     with refusing(ConfigError):
         name, named = address(arm)
-        cfg = resolve(name, profile)
+        cfg = resolve(name, profile_named(name, profile))
     if why := not_judged(cfg.experiment, named):  # the arm selects nothing of its own here: said, not ignored
         say("note:", f"{why}: the gates below are {cfg.experiment.acceptance.primary}'s", style="bold yellow")
     rec = analyse(cfg.as_dict(), cluster_basis("local", shared_cores=True))

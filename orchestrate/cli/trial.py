@@ -18,8 +18,8 @@ from orchestrate.cli.render import CliView
 def run(arm: str = typer.Argument(..., help="the experiment to trial: its name, its primary arm (e.g. diloco-four) "
                                              "or EXPERIMENT/PRIMARY; the trial trains every arm of the "
                                              "experiment and judges its primary"),
-        profile: str = typer.Option("cpu", help="one of the experiment's profiles (`orchestrate list` shows "
-                                                "each experiment's)"),
+        profile: Optional[str] = typer.Option(None, help="one of the experiment's profiles (`orchestrate list` "
+                                                          "shows each experiment's; default: cpu)"),
         trials: Path = typer.Option(Path("trials"), help="where trial homes are created"),
         seeds: Path = typer.Option(Path(".seeds"), help="where seed models are materialized"),
         model_dir: Optional[Path] = typer.Option(None, help="a profile with seed = \"local\": your model, a Hugging "
@@ -45,9 +45,11 @@ def run(arm: str = typer.Argument(..., help="the experiment to trial: its name, 
                                       "placement.json at the home's first run; the report shows the serving "
                                       "gates not evaluated, with this reason)")
         ) -> None:
-    """Run ARM's experiment: seed → prepare → commit → place → train every arm the cluster can place →
-    select → score → serve → report → preserve, on the embedded local cluster or a cluster's SSH hosts.
-    An arm whose ranks cannot each get their own GPU (or host) is reported as not run, never launched."""
+    """Run ARM's experiment: judge → seed → prepare → commit → place → train every arm the cluster can
+    place → select → score → serve → report → preserve, on the embedded local cluster or a cluster's SSH
+    hosts. The study and its trial names are judged first, as `validate` judges them: a refusal there
+    leaves nothing written. An arm whose ranks cannot each get their own GPU (or host) is reported as
+    not run, never launched."""
     from orchestrate.interrupted import resume_command
     from orchestrate.launch.supervise import LeftRunning
     from orchestrate.placement import NO_SERVE
@@ -128,7 +130,7 @@ def probe(home: Path = typer.Option(..., help="a trial home with a committed sel
 
 def recovery_trial_cmd(
         arm: str = typer.Option("diloco-four", help="the arm to interrupt"),
-        profile: str = typer.Option("recovery", help="a profile with checkpoint_every set"),
+        profile: str = typer.Option("recovery", help="a profile whose arms publish group checkpoints (any whose checkpoint_every is not 0)"),
         from_step: int = typer.Option(64, help="the uninterrupted run's checkpoint to start from"),
         kill_rank: int = typer.Option(1, help="the rank to kill"),
         kill_after: int = typer.Option(75, help="kill it after this many updates"),

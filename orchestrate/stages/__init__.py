@@ -7,6 +7,8 @@ calls it too, never the CLI.
 
     plan                 stages/plan.py       plan_arm (`plan`), staging_upload
     cluster              stages/cluster.py    write_cluster (`up`), kept_host_keys, load_cluster, alarm_check
+    judge                orchestrate/study.py judge_study (also `validate`), and orchestrate/names.py
+                                              judge_names: the cases and the trial names, nothing written
     seed, prepare        stages/prepare.py    materialize_seed, prepare
     stage, place, train  stages/train.py      place_arms (the placement and the gates'
                                               attainability committed), train_arms (GuardStopped)
@@ -28,6 +30,7 @@ class Stage(str, Enum):
     """The stages `orchestrate run` times; their values are the keys of the run record's
     `stages_seconds`, so a record reads the same whichever code wrote it."""
 
+    JUDGE = "judge"
     SEED = "seed"
     PREPARE = "prepare"
     PLACEMENT = "placement"

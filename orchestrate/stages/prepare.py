@@ -11,6 +11,7 @@ from evidence.receipts import RECEIPT_NAME
 from orchestrate.progress import Progress
 from orchestrate.stages.preserve import anchor_home
 from training.prepare import prepare_chain
+from training.sources import drawn
 from training.seed import SeedError, import_files, materialize, verify_seed
 
 if TYPE_CHECKING:
@@ -76,6 +77,7 @@ def prepare(cfg: Resolved, chain: list[Resolved], home_of: Callable[[Resolved], 
                 progress.say("prepare", f"  tasks: {ts['file']} (sha256 {ts['sha256'][:12]}…): train {u['train']}, "
                              f"dev {u['dev']}, test {u['test']} of its {ts['cases']} cases ({ts['unused']} not used); "
                              f"{res['prepared']['corruption']['count']} damaged targets from its wrong answers")
+                progress.say("prepare", f"  {drawn(ts)}")
             for w in res["warnings"]:
                 progress.say("warning", w, style="bold yellow")
             src = res["prepared"].get("replay_source") or {}

@@ -128,7 +128,7 @@ def train_arms(cfg: Resolved, home: Path, backend: Backend, progress: Progress,
             progress.say("train", f"{a.name} ({a.kind}, {a.world_size} rank"
                          f"{'s' if a.world_size > 1 else ''}) → {home / 'runs' / a.name}")
             # with group checkpoints, a failed group is restarted once from the common manifest
-            attempts = backend.train(home, a, max_restarts=1 if cfg.profile.checkpoint_every else 0,
+            attempts = backend.train(home, a, max_restarts=1 if cfg.checkpoint_interval else 0,
                                        echo=lambda line: progress.line(f"  {line}"))
             if attempts and not attempts[-1].ok:  # none: it had finished on the hosts and was collected
                 if attempts[-1].reason == "guard":

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import SMOKE_ARMS as ARMS
 from conftest import run_cli, score
-from evidence.canonical import read_json
+from evidence.canonical import read_json, read_jsonl
 from evidence.report import EvidenceError, compute, verify
 
 
@@ -209,3 +209,66 @@ def test_evidence_of_the_wrong_type_is_refused_as_evidence(copy):
     compute(v)  # the trial as it is fits
     with pytest.raises(EvidenceError, match=r"(?s)does not fit the report.*not_run"):
         compute(dataclasses.replace(v, not_run={**v.not_run, "some-arm": 3}))
+
+
+def test_why_answers_failed_is_counted_from_the_answers(copy, tmp_path):
+    """Each scored arm's wrong test answers by the checker's reason and field, in report.json and report.md;
+    a built-in study's answer records carry no id (its cases have none of a task file's)."""
+    from evidence.report.compute import breakdown
+
+    assert report(copy, tmp_path / "r.json").returncode == 0
+    rep = read_json(tmp_path / "r.json")
+    assert set(rep["failures"]) == set(rep["accuracy"])
+    md = (tmp_path / "r.md").read_text()
+    assert "## Why answers failed" in md
+    for arm, f in rep["failures"].items():
+        rows = read_jsonl(copy / "evaluations" / "test" / arm / "attempt-1" / "answers.jsonl")
+        assert not any("id" in r for r in rows)
+        assert f == breakdown([r["reason"] for r in rows if not r["correct"]])
+        assert f["wrong"] == rep["accuracy"][arm]["cases"] - rep["accuracy"][arm]["correct"]
+        assert f"- {arm}: {f['wrong']} of {rep['accuracy'][arm]['cases']} wrong" in md
+
+
+def test_a_home_scored_before_the_breakdown_reports_as_it_did(copy, tmp_path):
+    """Summaries written before `failures` was kept: the report has no breakdown, and is otherwise the same
+    (the log rewritten to commit the older summaries moves its head, nothing else)."""
+    (tmp_path / "new").mkdir()
+    (tmp_path / "old").mkdir()
+    assert report(copy, tmp_path / "new" / "r.json").returncode == 0
+    new = read_json(tmp_path / "new" / "r.json")
+    for d in sorted((copy / "evaluations" / "test").glob("*/attempt-*")):
+        recommit(copy, d, lambda s: {k: v for k, v in s.items() if k != "failures"})
+    r = report(copy, tmp_path / "old" / "r.json")
+    assert r.returncode == 0, r.stderr
+    old = read_json(tmp_path / "old" / "r.json")
+    assert "failures" in new and "failures" not in old
+    assert {k: v for k, v in old.items() if k != "commitments_head"} == \
+        {k: v for k, v in new.items() if k not in ("failures", "commitments_head")}
+    md = (tmp_path / "old" / "r.md").read_text()
+    assert "Why answers failed" not in md
+    new_md = (tmp_path / "new" / "r.md").read_text()
+    start = new_md.index("\n\n## Why answers failed\n")
+    assert md == new_md[:start] + new_md[new_md.index("\n\n## ", start + 2):]  # that section alone is new
+
+
+def recommit(home, d, edit_summary) -> None:
+    """Rewrite an evaluation attempt's summary.json and commit it as `evaluate` would have (a new receipt, its log
+    entry and the chain from there rehashed): evidence as another version of the code could have written it."""
+    from evidence.canonical import canonical_bytes, file_sha256, write_json_atomic
+    from evidence.commitments import GENESIS, CommitmentLog, _entry_hash
+    from evidence.receipts import make_receipt
+
+    write_json_atomic(d / "summary.json", edit_summary(read_json(d / "summary.json")))
+    receipt = make_receipt(d, meta=read_json(d / "receipt.json")["meta"], exclude=["started.json"])
+    write_json_atomic(d / "receipt.json", receipt)
+    subject = str((d / "receipt.json").relative_to(home))
+    log = CommitmentLog(home)
+    prev, lines = GENESIS, []
+    for e in log.entries():
+        if e["subject"] == subject:
+            e = {**e, "sha256": file_sha256(d / "receipt.json"),
+                 "data": {**e["data"], "receipt_digest": receipt["digest"]}}
+        e = {k: v for k, v in e.items() if k != "hash"} | {"prev": prev}
+        e["hash"] = prev = _entry_hash(e)
+        lines.append(canonical_bytes(e))
+    log.path.write_bytes(b"\n".join(lines) + b"\n")

@@ -182,11 +182,11 @@ def test_run_reports_an_arm_the_gpus_cannot_place_and_runs_the_rest(tmp_path, ti
     assert "placement.json" in index["files"]
     rec = read_json(record)
     assert rec["exit"] == 0 and rec["not_run"] == rep["not_run"] and rec["arm"] == "clean-single"
-    assert set(rec["stages_seconds"]) == {"seed", "prepare", "placement", "train", "select", "score", "serve",
-                                          "report", "preserve"}
+    assert set(rec["stages_seconds"]) == {"judge", "seed", "prepare", "placement", "train", "select", "score",
+                                          "serve", "report", "preserve"}
     assert set(rec["scoring"]) == {"seed", "clean-single", "damaged-single"}
     assert all(s["scoring"]["generated_tokens"] > 0 for s in rec["scoring"].values())
-    assert "stages: seed" in out and f"record {record}" in out
+    assert "stages: judge" in out and f"record {record}" in out
 
 
 def test_a_terminated_run_stops_its_ranks_and_says_so(tmp_path, tiny_seed):
@@ -341,7 +341,7 @@ def test_names_are_resolved_loudly_and_a_bad_experiment_file_is_one_line_a_key(t
         f'error: {broken}: arms.clean-pair.world_size = "two": expected an integer',
         (f"{broken}: profiles.smoke.devv: unknown key (did you mean dev? dev is required, and missing); the keys "
          "allowed in profiles.smoke: seed, device, dtype, tasks, replay, dev, test, probes, updates, global_batch, "
-         "max_context, records, replay_steps, replay_parts, sync_every, dense_warmup, checkpoint_every, compile, "
+         "max_context, records, replay_steps, replay_parts, sync_every, dense_warmup, checkpoint_every, case_ids, compile, "
          "fused_optimizer, pack, pack_tokens, pack_rows, score_batch, score_dtype, serving_requests, "
          "serving_concurrency, serving_slots, deterministic, "
          "base")])
@@ -378,4 +378,4 @@ def test_names_are_resolved_loudly_and_a_bad_experiment_file_is_one_line_a_key(t
     code, out, _ = cli("run", "--help")
     said = " ".join(w for w in out.split() if w != "│")
     assert code == 0 and "--profile <str> one of the experiment's profiles (`orchestrate list` shows each " \
-                         "experiment's)" in said and "smoke | cpu" not in said
+                         "experiment's; default: cpu)" in said and "smoke | cpu" not in said

@@ -85,3 +85,9 @@ def test_the_walk_from_an_empty_folder_to_a_preserved_report(tmp_path):
     # preserved, then removed from this machine: the store keeps it
     assert not (study / "trials" / "my-study-smoke").exists()
     assert list((study / "trials" / "store" / "indexes" / "my-study-smoke").glob("*.json"))
+    # a changed study under the name the store keeps: refused before anything is written, naming the folder that
+    # works, which validates
+    assert re.search(r"error: trial name my-study-smoke is taken in file://\S+/my-study/trials/store/: a trial of that "
+                     r"name was preserved there .* `orchestrate run my-study --profile smoke --model-dir my-llama "
+                     r"--trials trials-2`", out), out
+    assert "home trials-2/my-study-smoke: to be made; " in out and not (study / "trials-2").exists()

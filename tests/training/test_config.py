@@ -405,3 +405,24 @@ def test_the_stack_config_and_cluster_json_are_refused_in_the_same_lines(tmp_pat
     with pytest.raises(ClusterError) as e:
         load(path)
     assert str(e.value) == f'{path}: hosts.local-1.rank = "one": expected an integer'
+
+
+def test_a_profile_without_checkpoint_every_checkpoints_by_default_outside_the_digest():
+    """A profile its writer gave no checkpoints resumes a stopped arm from its last quarter, not update 0:
+    a quarter of the updates, shown with its origin, while the digest holds the profile's own null (every
+    home prepared before stands); 0 turns it off; a profile's own value runs as written."""
+    from training.config import Profile, origins
+
+    cfg = resolve("cooperative-learning", "cpu")
+    assert cfg.profile.checkpoint_every is None and cfg.profile.updates == 8 and cfg.checkpoint_interval == 2
+    assert cfg.as_dict()["profile"]["checkpoint_every"] is None
+    assert cfg.digest().startswith("3e9bb1fcca1b")  # as committed before the default (7af96ad)
+    value, origin = origins("cooperative-learning", "cpu")["profile.checkpoint_every"]
+    assert value == 2 and origin.startswith("default: a checkpoint every 2 of the 8 updates") and "not in the digest" in origin
+    assert resolve("cooperative-learning", "smoke").checkpoint_interval == 8  # its own
+    off = cfg.model_copy(update={"profile": cfg.profile.model_copy(update={"checkpoint_every": 0})})
+    assert off.checkpoint_interval == 0
+    odd = cfg.model_copy(update={"profile": cfg.profile.model_copy(update={"updates": 10})})
+    assert odd.checkpoint_interval == 3  # rounded up: at most four checkpoints and the last
+    with pytest.raises(ValueError, match="checkpoint_every must be at least 0"):
+        Profile(seed="tiny", tasks=8, replay=8, dev=1, test=1, probes=1, updates=2, max_context=64, checkpoint_every=-1)

@@ -116,6 +116,15 @@ def test_optional_parts_stay_absent():
     assert s.scoring is None and s.model_dump(mode="json") == old
 
 
+def test_the_failures_follow_the_accuracy_and_dump_back():
+    """A summary that keeps its wrong answers by reason (`failures`) has them after `accuracy`, as built, and
+    reads and dumps back to itself."""
+    data = json.loads(SUMMARY) | {"failures": {"malformed_json": 900, "wrong_value:skus": 10}}
+    dumped = EvaluationSummary.model_validate(data).model_dump(mode="json")
+    assert list(dumped)[5:9] == ["correct", "accuracy", "failures", "probe_mean_loss"]
+    assert typed(dumped) == typed(data)
+
+
 def test_a_printout_that_is_no_summary_is_refused():
     """What a host printed is validated (orchestrate/backends/ssh.py): a missing or unknown key is a
     ValueError, as a printout that is not JSON at all is."""

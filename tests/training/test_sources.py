@@ -49,9 +49,14 @@ def test_a_files_own_splits_are_kept_and_the_surplus_is_counted(tmp_path):
             + [{"prompt": f"test {i}", "answer": i, "split": "test"} for i in range(5)])
     src = JsonlFile(write(tmp_path / "t.jsonl", rows), seed=1)
     cases = src.cases(COUNTS)
-    assert [c["prompt"] for c in cases if c["split"] == "test"] == [f"test {i}" for i in range(4)]
-    assert [c["question"]["line"] for c in cases if c["split"] == "train"] == [1, 2, 3, 4, 5, 6]
+    assert all(c["prompt"].startswith("test ") for c in cases if c["split"] == "test")
     assert src.describe()["split_by"] == "file" and src.describe()["unused"] == 3
+    # a home prepared before the draw was recorded keeps the rule it had: the first cases in file order
+    old = JsonlFile(tmp_path / "t.jsonl", seed=1, legacy=True)
+    kept = old.cases(COUNTS)
+    assert [c["prompt"] for c in kept if c["split"] == "test"] == [f"test {i}" for i in range(4)]
+    assert [c["question"]["line"] for c in kept if c["split"] == "train"] == [1, 2, 3, 4, 5, 6]
+    assert "draw" not in old.describe() and src.describe()["draw"]["rule"] == "seeded"
     with pytest.raises(TaskFileError, match=r"too few cases for the profile \(dev: 2 of 3\)"):
         JsonlFile(tmp_path / "t.jsonl", seed=1).cases({**COUNTS, "dev": 3})
 
@@ -73,7 +78,11 @@ def test_a_files_own_splits_are_kept_and_the_surplus_is_counted(tmp_path):
     ([{"prompt": "a", "answer": 4, "wrong_answer": 4.0}], "line 1: \"wrong_answer\" is accepted as correct"),
     ([{"prompt": "a", "answer": 4, "wrong_answer": "5"}], r"line 1: \"wrong_answer\" is not an answer of the case's schema \(not_a_number\)"),
     ([{"prompt": "a", "answer": {"n": 1}, "wrong_answer": {"m": 1}}], r"not an answer of the case's schema \(missing_key:n\)"),
-    ([{"prompt": "a", "answer": 1, "split": "valid"}], "line 1: \"split\" must be one of train, dev, test"),
+    ([{"prompt": "a", "answer": 1, "split": "valid"}], "line 1: \"split\" must be one of train, dev, test, not \"valid\""),
+    ([{"prompt": "a", "answer": {"n": 1, "size": {"w": 2}}}], "line 1: .*its field \"size\" holds an object"),
+    ([{"prompt": "a", "answer": 1, "id": "x"}, {"prompt": "b", "answer": 2, "id": "x"}],
+     "line 2: the id \"x\" of line 1 again"),
+    ([{"prompt": "a", "answer": 1, "id": ["x"]}], "line 1: \"id\" must be a non-empty string or an integer"),
     ([{"prompt": "a", "answer": 1}, "", {"prompt": "a", "answer": 2}], "line 3: the prompt of line 1 again"),
     ([{"prompt": "a", "answer": 1, "split": "test"}, {"prompt": "b", "answer": 2}],
      r"1 of 2 cases give a \"split\" \(line 2 does not\)"),
@@ -320,3 +329,83 @@ def test_a_file_without_dev_cases_runs_with_dev_0_and_no_probe(tmp_path, tiny_se
     assert p["splits"] == {"train": 24, "dev": 0, "test": 8}
     rec = placement_record(cfg, local_devices(None, "cpu"))
     assert not rec.serving.runs and rec.serving.reason == NO_DEV and all(a.runs for a in rec.arms)
+
+
+def graded(n_per: dict[str, int]) -> list[dict]:
+    """A file sorted by difficulty within each split, as a researcher's export often is: the easy cases first."""
+    rows = []
+    for split, n in n_per.items():
+        for i in range(n):
+            fam = ("easy", "mid", "hard")[min(2, 3 * i // n)] if split != "dev" else "mid"
+            rows.append({"prompt": f"{split} case {i}", "answer": i, "split": split, "family": fam,
+                         "id": f"{split}-{i}"})
+    return rows
+
+
+def test_a_labelled_file_is_drawn_per_split_and_family_never_taken_in_file_order(tmp_path):
+    """The first cases of a sorted file are not the study: each split is drawn, each family its share,
+    by the generator seed; the same draw on every run and machine (pinned here: a change to the rule
+    would move every later home's cases), another seed another draw."""
+    path = write(tmp_path / "t.jsonl", graded({"train": 300, "dev": 30, "test": 300}))
+    counts = {"train": 100, "dev": 10, "test": 100}
+    src = JsonlFile(path, seed=7)
+    cases = src.cases(counts)
+    test = [c for c in cases if c["split"] == "test"]
+    fams = {f: sum(c["family"] == f for c in test) for f in ("easy", "mid", "hard")}
+    assert fams == {"easy": 34, "mid": 33, "hard": 33}  # 100 of 300 by family, a remainder to the first written
+    lines = [c["question"]["line"] for c in test]
+    assert lines == sorted(lines) and lines != list(range(331, 431))  # file order kept, first 100 not taken
+    assert max(lines) > 600  # the hard end of the file is in the study
+    draw = src.describe()["draw"]
+    assert draw == {"rule": "seeded", "seed": 7, "stratified_by": "family",
+                    "from": {"train": 300, "dev": 30, "test": 300},
+                    "families": {"train": {"easy": [34, 100], "mid": [33, 100], "hard": [33, 100]},
+                                 "dev": {"mid": [10, 30]},
+                                 "test": {"easy": [34, 100], "mid": [33, 100], "hard": [33, 100]}}}
+    assert [c["question"]["id"] for c in test[:5]] == ['test-2', 'test-5', 'test-10', 'test-11', 'test-13']
+    assert JsonlFile(path, seed=7).cases(counts) == cases
+    assert [c["question"]["id"] for c in JsonlFile(path, seed=8).cases(counts)] != [c["question"]["id"] for c in cases]
+
+
+def test_pinned_ids_are_the_exact_cases_or_refused_with_every_problem(tmp_path):
+    path = write(tmp_path / "t.jsonl", graded({"train": 8, "dev": 3, "test": 6}))
+    pins = tmp_path / "ids.json"
+    pins.write_text(json.dumps({"train": [f"train-{i}" for i in (7, 1, 3, 0, 5, 2)], "dev": ["dev-2", "dev-0"],
+                                "test": ["test-5", "test-0", "test-3", "test-1"]}))
+    src = JsonlFile(path, seed=1, pinned=pins)
+    cases = src.cases(COUNTS)
+    assert [c["question"]["id"] for c in cases if c["split"] == "train"] == [f"train-{i}" for i in (7, 1, 3, 0, 5, 2)]
+    assert src.describe()["draw"]["rule"] == "pinned" and src.describe()["draw"]["file"] == "ids.json"
+    pins.write_text(json.dumps({"train": ["train-1", "train-1", "test-0", "nope", 5], "dev": ["dev-0", "dev-1"],
+                                "test": ["test-0", "test-1", "test-2", "test-3"]}))
+    with pytest.raises(TaskFileError) as e:
+        JsonlFile(path, seed=1, pinned=pins).cases(COUNTS)
+    said = str(e.value)
+    assert "train pins 5 case(s) and the profile takes 6 (tasks = 6)" in said
+    assert 'the id "train-1" is pinned already' in said and 'the id "test-0" is a test case' in said
+    assert 'train: the id "nope" is no case\'s id' in said and "the id 5 is no case's id" in said
+
+
+def test_a_home_prepared_before_the_draw_keeps_its_rule(tmp_path, tiny_seed, monkeypatch):
+    """A labelled file's cases as the code before the draw took them (its first cases in file order) hash
+    to what that code wrote (b53b2ff, the same study); a home whose prepared.json records no `draw` is
+    prepared again by that rule, unchanged, while a new home of the same study is drawn."""
+    import hashlib
+
+    import training.prepare as tp
+
+    rows = [{**r, "split": "train" if i < 30 else "dev" if i < 36 else "test"} for i, r in enumerate(mixed(48))]
+    d = study(tmp_path, rows)
+    cfg = resolve("own", "smoke", d)
+    _, old_rows, damaged = tp.task_rows(cfg, legacy=True)
+    text = "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in old_rows)
+    assert len(damaged) == 6
+    assert hashlib.sha256(text.encode()).hexdigest() == "95cc500a3e5c4413480cdf199f80f4a19f3cf384b441c0030cc505270d80a0bd"
+    with monkeypatch.context() as m:  # a home as that code prepared it: no draw recorded
+        m.setattr(tp, "drawn_before", lambda home: True)
+        before = prepare(cfg, tmp_path / "old", tiny_seed)["prepared"]
+    assert "draw" not in before["task_source"]
+    again = prepare(cfg, tmp_path / "old", tiny_seed)
+    assert again["status"] == "unchanged"
+    new = prepare(cfg, tmp_path / "new", tiny_seed)["prepared"]
+    assert new["task_source"]["draw"]["rule"] == "seeded" and new["inputs"]["tasks.jsonl"] != before["inputs"]["tasks.jsonl"]
