@@ -41,6 +41,7 @@ from typing import Any, Callable, NamedTuple, Protocol
 from evidence.canonical import canonical_sha256
 from evidence.checker import FIELD_TYPES, INT, JSON_WS, NUMBER, STR, STR_LIST, TEXT, check_answer, is_number
 from evidence.errors import UserError
+from evidence.inputs import drawn  # noqa: F401 — said where a task source is shown
 from training.tasks import FAMILIES, HELDOUT_VARIANTS, TRAIN_VARIANTS, damage, generate_task
 
 SPLITS = ("train", "dev", "test")
@@ -131,27 +132,6 @@ class Generated:
 
 def prompt_hash(prompt: str) -> str:
     return canonical_sha256({"prompt": prompt})
-
-
-def drawn(described: dict[str, Any]) -> str:
-    """How a task file's cases were chosen, in one line, from prepared.json's `task_source` (what
-    `validate`, `run` and the report say)."""
-    d, used = described.get("draw"), described.get("used", {})
-    of = lambda s, n: f"{s} {used.get(s, 0)} of {n}"  # noqa: E731
-    if d is None:
-        return ("cases: the first of each split in file order (the rule of a home prepared before draws were recorded)"
-                if described.get("split_by") == "file" else "cases: test, dev, then train from one shuffle by the "
-                "generator seed (a home prepared before draws were recorded)")
-    if d["rule"] == "pinned":
-        return (f"cases: pinned by case_ids {d['file']} (sha256 {d['sha256'][:12]}…): "
-                + ", ".join(of(s, d["from"][s]) for s in SPLITS)
-                if "file" not in d["from"] else f"cases: pinned by case_ids {d['file']} (sha256 {d['sha256'][:12]}…)")
-    if d["rule"] == "seeded":
-        fams = lambda s: ", ".join(f"{f} {a}/{b}" for f, (a, b) in d["families"][s].items())  # noqa: E731
-        return (f"cases: drawn per split by generator seed {d['seed']}, stratified by family, never in file order — "
-                + "; ".join(f"{of(s, d['from'][s])} ({fams(s)})" for s in SPLITS if used.get(s)))
-    return (f"cases: test, dev, then train from one shuffle of the file's {d['from']['file']} by generator seed "
-            f"{d['seed']}")
 
 
 # -- the user's JSONL file --------------------------------------------------------------------

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_serializer
 
 from evidence.attainability import by_gate, labelled
 from evidence.checker import failure_counts, reason_parts
-from evidence.inputs import global_losses
+from evidence.inputs import drawn, global_losses
 from evidence.placement import SERVING_PROBE, not_comparable, not_evaluated, shared_text, unevaluated_gates
 from evidence.report.gate import Gate
 from evidence.report.verify import EvidenceError, Verified
@@ -58,14 +58,26 @@ class Report(BaseModel):
     # per scored arm, why its test answers failed (`breakdown`): only for arms whose scoring kept its failures
     # (summary.json's `failures`), so a report of a home scored before then is byte for byte what it was
     failures: dict[str, dict[str, Any]] = {}
+    # how the task file's cases were chosen (prepared.json's task_source.draw, `evidence.inputs.drawn`): only
+    # where prepare recorded the rule, so a report of a home prepared before then is byte for byte what it was
+    cases: dict[str, Any] = {}
 
     @model_serializer(mode="wrap")
     def _dump(self, handler: Any) -> dict[str, Any]:
         out = handler(self)
-        for optional in ("graces", "failures"):
+        for optional in ("graces", "failures", "cases"):
             if not getattr(self, optional):
                 out.pop(optional, None)
         return out
+
+
+def drawn_cases(prepared: dict[str, Any]) -> dict[str, Any]:
+    """The task file's draw as prepared.json committed it, with how many each split used, said in one line:
+    {} for the generated families and for a home prepared before the rule was recorded."""
+    ts = prepared.get("task_source")
+    if not isinstance(ts, dict) or "draw" not in ts:
+        return {}
+    return {"file": ts["file"], "sha256": ts["sha256"], "used": ts["used"], "draw": ts["draw"], "said": drawn(ts)}
 
 
 def breakdown(reasons: list[str]) -> dict[str, Any]:
@@ -220,7 +232,7 @@ def compute(v: Verified) -> Report:
             serving=v.serving, serving_attempts=v.serving_attempts,
             attainability={"source": v.attainability_source, "basis": v.attainability["basis"],
                            "gates": {g["gate"]: g["figures"] for g in v.attainability["gates"]}},
-            graces=v.graces, failures=failures,
+            graces=v.graces, failures=failures, cases=drawn_cases(prepared),
         )
     except ValidationError as e:
         raise EvidenceError(f"report: the trial's evidence does not fit the report: {e}") from None

@@ -45,6 +45,9 @@ def markdown(rep: Report) -> str:
     lines += ["", "## Test accuracy", "", "| arm | correct / cases | accuracy | attempts |", "|---|---|---|---|"]
     for arm, a in rep.accuracy.items():
         lines.append(f"| {arm} | {a['correct']} / {a['cases']} | {a['accuracy']:.3f} | {a['attempts']} |")
+    if rep.cases:
+        lines += ["", f"Test cases from {rep.cases['file']} (sha256 {rep.cases['sha256'][:12]}…): "
+                      f"{rep.cases['said'].removeprefix('cases: ')}."]
     lines += failures_markdown(rep.failures, rep.accuracy)
     lines += ["", "## Paired comparisons", "",
               "| comparison | Δ accuracy | one-sided lower | McNemar p | Δ retention loss upper |", "|---|---|---|---|---|"]

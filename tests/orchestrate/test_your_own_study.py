@@ -90,4 +90,18 @@ def test_the_walk_from_an_empty_folder_to_a_preserved_report(tmp_path):
     assert re.search(r"error: trial name my-study-smoke is taken in file://\S+/my-study/trials/store/: a trial of that "
                      r"name was preserved there .* `orchestrate run my-study --profile smoke --model-dir my-llama "
                      r"--trials trials-2`", out), out
-    assert "home trials-2/my-study-smoke: to be made; " in out and not (study / "trials-2").exists()
+    assert "home trials-2/my-study-smoke: to be made; " in out
+    # the second study, in the folder named: the changed file's cases, its own store, the first kept in its own
+    second = study / "trials-2" / "my-study-smoke"
+    ts = json.loads((second / "prepared.json").read_text())["task_source"]
+    assert ts["cases"] == 201 and ts["unused"] == 1 and ts["draw"]["rule"] == "shuffled"
+    assert "cases: test, dev, then train from one shuffle of the file's 201 by generator seed 7" in out
+    assert list((study / "trials-2" / "store" / "indexes" / "my-study-smoke").glob("*.json"))
+    assert len(list((study / "trials" / "store" / "indexes" / "my-study-smoke").glob("*.json"))) == 1
+    # validate showed what an answer must be and one answer as it is trained; the user's id is in every answer
+    assert re.search(r"  sum: number ×100 \(told from the answer\)\n", out) and re.search(r"  parity: trained as \(line 2, id \"case-1\"\): (even|odd)\n", out), out
+    answers = [json.loads(line) for line in
+               (second / "evaluations" / "test" / "single" / "attempt-1" / "answers.jsonl").read_text().splitlines()]
+    assert all(a["id"].startswith("case-") for a in answers[:-1] if "id" in a) and sum("id" in a for a in answers) >= 63
+    check = json.loads(out.split('{"case": ', 1)[1].split("\n", 1)[0].join(['{"case": ', '']))
+    assert check["id"] == "case-4" and check["correct"] is False and check["reason"] == "wrong_value"
