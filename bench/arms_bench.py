@@ -98,10 +98,10 @@ def adjust(cfg, ranks: int | None, checkpoint_every: int | None, pack_tokens: in
         arms = [a.model_copy(update={"world_size": ranks}) if a.world_size > 1 else a
                 for a in cfg.experiment.arms]
         cfg = cfg.model_copy(update={"experiment": cfg.experiment.model_copy(update={"arms": arms})})
-    update = {k: v for k, v in (("checkpoint_every", checkpoint_every), ("pack_tokens", pack_tokens),
-                                ("pack_rows", pack_rows), ("updates", updates), ("deterministic", deterministic)) if v}
-    if checkpoint_every is None and cfg.profile.checkpoint_every is None:
-        update["checkpoint_every"] = 0  # a step benchmark times steps: not the checkpoints a profile gets by default
+    update = {k: v for k, v in (("pack_tokens", pack_tokens), ("pack_rows", pack_rows), ("updates", updates),
+                                ("deterministic", deterministic)) if v}
+    if checkpoint_every is not None:  # 0 too: none, as asked
+        update["checkpoint_every"] = checkpoint_every
     if update:  # validated again, as a profile read from TOML would be
         cfg = cfg.model_copy(update={"profile": type(cfg.profile).model_validate(
             {**cfg.profile.model_dump(), **update})})

@@ -64,7 +64,12 @@ class Where(BaseModel):
     trials: Path
     store: str  # the store URL the run anchors in
     store_given: bool  # --store or the cluster's: a new trials folder keeps the same store
+    cluster: bool = False  # the hosts preserve into the cluster's store themselves: only a new name is free there
     rerun: list[str]  # `orchestrate run`'s arguments as given, less --trials and --store
+
+    def new_name(self) -> str:
+        """"; or under a new name", where `elsewhere` did not say it already."""
+        return "" if self.cluster else f"; {NEW_NAME}"
 
     def command(self, *extra: str) -> str:
         return shlex.join(["orchestrate", "run", *self.rerun, *extra])
@@ -77,7 +82,12 @@ class Where(BaseModel):
         return Path(f"{self.trials}-{n}")
 
     def elsewhere(self) -> str:
-        """A run that no home or anchor of this folder and store touches."""
+        """A run that no home or anchor of this folder and store touches. On a cluster, a new name: its hosts
+        preserve their checkpoint payloads into the cluster's store themselves (on AWS the stack's bucket, the
+        only one their role may write), where another trials folder keeps the same name."""
+        if self.cluster:
+            return ("under a new name — a new profile, or a new experiment name (the cluster's hosts preserve into "
+                    f"its store {self.store}, which keeps this one; or another cluster)")
         other = self.other_trials()
         if self.store_given:
             return f"in a new trials folder with another store: `{self.command('--trials', str(other), '--store', 'URL')}`"
@@ -165,12 +175,12 @@ def _judge(p: Planned, where: Where, held: TrialAnchors) -> str:
         if preserved:
             raise NameRefused(f"{home} holds another study, preserved: {what}. A home keeps the study it was "
                               f"prepared with, and what was preserved keeps its name for good — run the changed "
-                              f"study {where.elsewhere()}; {NEW_NAME}")
+                              f"study {where.elsewhere()}{where.new_name()}")
         if held.indexes:
             raise NameRefused(f"{home} holds another study, never preserved: {what}. A home keeps the study it was "
                               f"prepared with, and {url} holds a preservation of trial {trial} "
                               f"({preserved_by(held)}), which keeps the name there for good — run the changed "
-                              f"study {where.elsewhere()}; {NEW_NAME}. The home itself may go: `{discard}`")
+                              f"study {where.elsewhere()}{where.new_name()}. The home itself may go: `{discard}`")
         raise NameRefused(f"{home} holds another study, never preserved: {what}. A home keeps the study it was "
                           f"prepared with: let it go — `{discard}` (it says what goes, asks, then deletes it and "
                           f"frees the name) — then run again; or run {where.elsewhere()}")
@@ -182,10 +192,10 @@ def _judge(p: Planned, where: Where, held: TrialAnchors) -> str:
         if held.indexes:
             gone = "" if there else f"; its home {home} is gone"
             rest = (f"; {home}, never preserved, may go: `{discard}`" if there and not preserved else "")
-            store_too = "" if there else " or with another store (`--store URL`)"
+            store_too = "" if there or where.cluster else " or with another store (`--store URL`)"
             raise NameRefused(f"trial name {trial} is taken in {url}: a trial of that name was preserved there "
                               f"({preserved_by(held)}{gone}), and what was preserved keeps its name for good — "
-                              f"run {where.elsewhere()}{store_too}; {NEW_NAME}{rest}")
+                              f"run {where.elsewhere()}{store_too}{where.new_name()}{rest}")
         n = sum(others.values())
         if there:
             raise NameRefused(f"{url} holds the anchors of another log of trial {trial} than {home}'s ({n} "

@@ -269,6 +269,7 @@ def _stages(run: _Run) -> None:
                              replay=o.replay if s is chain[-1] else None)
                      for s, ts in zip(chain, judged.task_sources)],
                     Where(trials=o.trials, store=run.store_url, store_given=o.store is not None or desc is not None,
+                          cluster=desc is not None and any(h.transport == "ssh" for h in desc.hosts),
                           rerun=rerun_args(o)))
     for step in chain:  # one run per home
         run.held.enter_context(hold(home_of(step), f"trial home {home_of(step)}"))

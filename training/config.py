@@ -230,7 +230,8 @@ every earlier home's experiment digest stands (a profile that sets one commits i
 
 
 DEFAULT_CHECKPOINTS = 4
-"""Group checkpoints per arm where a profile sets no `checkpoint_every`: a stop loses at most a quarter."""
+"""Group checkpoints per arm where a profile of a task-file study sets no `checkpoint_every`: a stop loses at
+most a quarter."""
 
 
 class Resolved(_Strict):
@@ -255,12 +256,17 @@ class Resolved(_Strict):
 
     @property
     def checkpoint_interval(self) -> int:
-        """The updates between group checkpoints that run (0: none): the profile's `checkpoint_every`, else
-        `DEFAULT_CHECKPOINTS` of them over the arm. A profile its writer never gave checkpoints still resumes
-        a stopped arm from its last quarter, not from update 0; the default stays out of the digest (the
-        profile's own value, null, is what is committed), so every home prepared before it stands."""
+        """The updates between group checkpoints that run (0: none): the profile's `checkpoint_every`, else,
+        for a study of the user's own cases (a `task_file`), `DEFAULT_CHECKPOINTS` of them over the arm: a
+        profile its writer never gave checkpoints still resumes a stopped arm from its last quarter, not from
+        update 0. The default stays out of the digest (the profile's own value, null, is what is committed),
+        so every home prepared before it stands. The built-in studies' profiles keep what they chose: a full
+        state is gigabytes per rank and every checkpoint is kept as evidence, so each sized its own (the
+        main job's cpu profile writes none)."""
         if self.profile.checkpoint_every is not None:
             return self.profile.checkpoint_every
+        if self.experiment.task_file is None:  # the built-in studies: each profile's disk chose (docs/gpu-study.md)
+            return 0
         return -(-self.profile.updates // DEFAULT_CHECKPOINTS)
 
     def case_ids_path(self) -> Path | None:
@@ -471,7 +477,7 @@ def origins(name: str, profile: str, directory: Path | None = None) -> dict[str,
                 out[f"arms.{a.name}.{k}"] = (v, f"arm {a.name}" if k in written else "default")
     for k, v in r.profile.model_dump(mode="json").items():
         out[f"profile.{k}"] = (v, written_in(k))
-        if k == "checkpoint_every" and v is None:  # what runs, though the digest holds the profile's null
+        if k == "checkpoint_every" and v is None and r.checkpoint_interval:  # what runs; the digest holds null
             out[f"profile.{k}"] = (r.checkpoint_interval, f"default: a checkpoint every {r.checkpoint_interval} of "
                                    f"the {r.profile.updates} updates (1/{DEFAULT_CHECKPOINTS} of them; not in the "
                                    "digest: set checkpoint_every to choose, 0 for none)")

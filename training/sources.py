@@ -214,7 +214,7 @@ def _int_or(text: str) -> Any:
 
 def _id_key(value: Any) -> str | None:
     """One key per id, its type kept (the id 5 and the id "5" are two ids, as the file wrote them)."""
-    return None if value is None else json.dumps(value)
+    return None if value is None else json.dumps(value, ensure_ascii=False)
 
 
 class _Bad(Exception):
@@ -292,7 +292,8 @@ class JsonlFile:
             raise _Bad("\"family\" must be a non-empty string")
         if case["split"] is not None and case["split"] not in SPLITS:
             raise _Bad(f"\"split\" must be one of {', '.join(SPLITS)}, not {json.dumps(case['split'], ensure_ascii=False)}")
-        if case["id"] is not None and not (type(case["id"]) is int or (isinstance(case["id"], str) and case["id"])):
+        if (not self.legacy and case["id"] is not None
+                and not (type(case["id"]) is int or (isinstance(case["id"], str) and case["id"]))):
             raise _Bad(f"\"id\" must be a non-empty string or an integer, not {json.dumps(case['id'], ensure_ascii=False)}")
         if "wrong_answer" in row:
             wrong = row["wrong_answer"]
@@ -330,7 +331,7 @@ class JsonlFile:
                 if case["prompt"] in first_line:
                     raise _Bad(f"the prompt of line {first_line[case['prompt']]} again (every case is scored "
                                "once: a repeated prompt would count twice or cross splits)")
-                if (key := _id_key(case["id"])) in id_line:
+                if (key := _id_key(case["id"])) in id_line and not self.legacy:
                     raise _Bad(f"the id {json.dumps(case['id'], ensure_ascii=False)} of line {id_line[key]} again "
                                "(an id names one case: its answers, `training check --case` and `case_ids` find it)")
             except _Bad as e:
@@ -338,7 +339,7 @@ class JsonlFile:
                 continue
             first_line[case["prompt"]] = lineno
             if key is not None:
-                id_line[key] = lineno
+                id_line.setdefault(key, lineno)
             out.append(case)
         if not out and not found:
             found.append(Finding(None, "it holds no cases (it is empty, or only blank lines): one JSON object "
@@ -515,7 +516,9 @@ class JsonlFile:
             for v in ids:
                 key = _id_key(v)
                 c = by_id.get(key)
-                if key in seen:
+                if not (type(v) is int or (isinstance(v, str) and v)):
+                    found.append(f"{s}: {key} is not an id (a case's id is a non-empty string or an integer)")
+                elif key in seen:
                     found.append(f"{s}: the id {key} is pinned already ({seen[key]})")
                 elif c is None:
                     found.append(f"{s}: the id {key} is no case's id in task file {self.path.name}"

@@ -352,8 +352,7 @@ class RankRun:
         """Resume from the latest step every rank holds (`--resume`); its figures for the result."""
         from training.checkpoint import group  # torch: see the class's docstring
 
-        return group.restore(trainer, self.rank_dir, self.info.rank, self.cfg.checkpoint_interval,
-                       spec.updates, self.device, self.say)
+        return group.restore(trainer, self.rank_dir, self.info.rank, spec.updates, self.device, self.say)
 
     def compile(self, trainer: Any, spec: Any) -> None:
         """Under compile, one warm-up pass before the loop, entered by every rank together."""

@@ -407,22 +407,30 @@ def test_the_stack_config_and_cluster_json_are_refused_in_the_same_lines(tmp_pat
     assert str(e.value) == f'{path}: hosts.local-1.rank = "one": expected an integer'
 
 
-def test_a_profile_without_checkpoint_every_checkpoints_by_default_outside_the_digest():
-    """A profile its writer gave no checkpoints resumes a stopped arm from its last quarter, not update 0:
-    a quarter of the updates, shown with its origin, while the digest holds the profile's own null (every
-    home prepared before stands); 0 turns it off; a profile's own value runs as written."""
+def test_a_profile_without_checkpoint_every_checkpoints_by_default_outside_the_digest(tmp_path):
+    """A profile of a study of the user's own cases that its writer gave no checkpoints resumes a stopped arm
+    from its last quarter, not update 0: a quarter of the updates, shown with its origin, while the digest
+    holds the profile's own null (every home prepared before stands); 0 turns it off; a profile's own value
+    runs as written. The built-in studies' profiles keep what they chose (a full state is gigabytes)."""
     from training.config import Profile, origins
 
-    cfg = resolve("cooperative-learning", "cpu")
+    src = (shutil.os.path.dirname(__file__) + "/../../config/experiments/cooperative-learning.toml")
+    text = open(src).read().replace('name = "cooperative-learning"', 'name = "own"', 1)
+    text = text.replace("heldout_test_fraction", "# heldout_test_fraction")
+    text = "task_file = \"cases.jsonl\"\n" + "\n".join(line for line in text.splitlines() if not line.startswith("records"))
+    (tmp_path / "own.toml").write_text(text)
+    cfg = resolve("own", "cpu", tmp_path)
     assert cfg.profile.checkpoint_every is None and cfg.profile.updates == 8 and cfg.checkpoint_interval == 2
     assert cfg.as_dict()["profile"]["checkpoint_every"] is None
-    assert cfg.digest().startswith("3e9bb1fcca1b")  # as committed before the default (7af96ad)
-    value, origin = origins("cooperative-learning", "cpu")["profile.checkpoint_every"]
+    value, origin = origins("own", "cpu", tmp_path)["profile.checkpoint_every"]
     assert value == 2 and origin.startswith("default: a checkpoint every 2 of the 8 updates") and "not in the digest" in origin
-    assert resolve("cooperative-learning", "smoke").checkpoint_interval == 8  # its own
+    assert resolve("own", "smoke", tmp_path).checkpoint_interval == 8  # its own
     off = cfg.model_copy(update={"profile": cfg.profile.model_copy(update={"checkpoint_every": 0})})
     assert off.checkpoint_interval == 0
     odd = cfg.model_copy(update={"profile": cfg.profile.model_copy(update={"updates": 10})})
     assert odd.checkpoint_interval == 3  # rounded up: at most four checkpoints and the last
+    built_in = resolve("cooperative-learning", "cpu")
+    assert built_in.checkpoint_interval == 0 and origins("cooperative-learning", "cpu")["profile.checkpoint_every"] == (None, "default")
+    assert built_in.digest().startswith("3e9bb1fcca1b")  # as committed before the default (7af96ad)
     with pytest.raises(ValueError, match="checkpoint_every must be at least 0"):
         Profile(seed="tiny", tasks=8, replay=8, dev=1, test=1, probes=1, updates=2, max_context=64, checkpoint_every=-1)

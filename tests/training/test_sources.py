@@ -409,3 +409,14 @@ def test_a_home_prepared_before_the_draw_keeps_its_rule(tmp_path, tiny_seed, mon
     assert again["status"] == "unchanged"
     new = prepare(cfg, tmp_path / "new", tiny_seed)["prepared"]
     assert new["task_source"]["draw"]["rule"] == "seeded" and new["inputs"]["tasks.jsonl"] != before["inputs"]["tasks.jsonl"]
+
+
+def test_a_home_prepared_before_ids_were_checked_keeps_its_ids(tmp_path):
+    """A file the code before (b53b2ff) accepted — ids repeated, or not strings or integers — still reads as
+    it did for a home prepared then (`legacy`), so that home runs on; a new one refuses them by line."""
+    rows = [{"prompt": f"q{i}", "answer": i, "id": v} for i, v in enumerate(["a", "a", 1.5, "", True, None, [1]])]
+    path = write(tmp_path / "t.jsonl", rows)
+    assert [c["id"] for c in JsonlFile(path, seed=1, legacy=True).rows] == ["a", "a", 1.5, "", True, None, [1]]
+    with pytest.raises(TaskFileError) as e:
+        JsonlFile(path, seed=1)
+    assert "5 problems" in str(e.value) and 'line 2: the id "a" of line 1 again' in str(e.value)

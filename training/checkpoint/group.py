@@ -146,11 +146,13 @@ def publish(trainer: Any, rank_dir: Path, step: int, identity: dict[str, Any], d
     return fig
 
 
-def restore(trainer: Any, rank_dir: Path, rank: int, every: int | None, updates: int, device: Any,
+def restore(trainer: Any, rank_dir: Path, rank: int, updates: int, device: Any,
             say: Callable[[str], None]) -> dict[str, Any]:
     """Resume from the latest step every rank holds an identical manifest for (or stop, naming why)."""
     t0 = time.perf_counter()
-    candidates = sorted(set(range(every, updates + 1, every)) | {updates}) if every else [updates]
+    # every step, not only the interval's: a home stopped under another interval (a default that changed, a
+    # profile edited since) still resumes from what its ranks published — the manifests decide, not the profile
+    candidates = list(range(1, updates + 1))
     step = common_step(rank_dir, candidates, device)
     with all_or_none("verifying the checkpoint to resume from", device):
         if step is None:
