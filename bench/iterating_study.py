@@ -10,7 +10,8 @@ cases, the small random Llama `my-llama`); each sequence then copies that folder
 and works there alone:
 
   A  stranded name: run (preserved) → append one case to cases.jsonl → validate → run (refused) → the
-     command the refusal names, parsed from its backquotes and run as it is.
+     command the refusal names, parsed from its backquotes and run as it is; then validate again, in the
+     default folder (what it names now) and in the folder it named.
   B  the same after `orchestrate remove --home trials/my-study-smoke` (the page's order): run → remove →
      append a case → validate → run (refused) → the command it names.
   C  Ctrl-C: the page's smoke profile sets no checkpoint_every (64 updates: a group checkpoint every 16 by
@@ -236,6 +237,14 @@ def seq_a(base: Path) -> Path:
     if named:
         rc, _ = cmd(a, named, label="named")
         expect(rc == 0, "A: the command the refusal names runs the changed study")
+    # the changed study now lives in trials-2: what the default folder's refusal names now, and trials-2 judged
+    rc, out = cmd(a, ["-m", "orchestrate", "validate", *STUDY], label="validate-after")
+    again = named_command(out)
+    print(f"  the refusal names: {shown(again, ROOT) if again else '(no command in backquotes)'}")
+    rc, out = cmd(a, ["-m", "orchestrate", "validate", *STUDY, "--trials", "trials-2"], label="validate-trials-2")
+    for ln in out.splitlines():
+        if ln.startswith("home "):
+            print(f"    | {ln}")
     return a
 
 
@@ -266,6 +275,16 @@ def seq_b(base: Path) -> None:
 def _plain_sigint() -> None:  # as a terminal's foreground job has it (tests/conftest.py `_plain_sigint`)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the pid exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid > 0
 
 
 def interrupt_at(folder: Path, argv: list[str], beat: Path, at: int) -> tuple[int, str, int, float, Path]:
@@ -323,8 +342,11 @@ def seq_c(base: Path, a: Optional[Path]) -> None:
     expect(rc == 130, "C: the interrupted run exits 130")
     m = re.search(r"ddp-pair resumes from update (\d+)", out)
     expect(m is not None, "C: the interrupted run says ddp-pair resumes from an update")
-    beats = {p.parent.name: json.loads(p.read_text()).get("update")
-             for p in sorted((home / "runs" / "ddp-pair").glob("rank-*/heartbeat.json"))}
+    beats = {p.parent.name: json.loads(p.read_text()) for p in sorted((home / "runs" / "ddp-pair").glob("rank-*/heartbeat.json"))}
+    alive = {r: _alive(int(b.get("pid", 0))) for r, b in beats.items()}
+    print(f"  ddp-pair's rank processes (the heartbeats' pids) still alive after the run ended: {alive}")
+    expect(not any(alive.values()), "C: no rank of the interrupted run still runs")
+    beats = {r: b.get("update") for r, b in beats.items()}
     ckpts = sorted(p.name for p in (home / "runs" / "ddp-pair" / "rank-0" / "checkpoints").glob("step-*"))
     print(f"  ddp-pair on disk: heartbeats {beats}; rank-0 checkpoints {ckpts}")
     disk(c)
@@ -468,6 +490,22 @@ def seq_d(base: Path) -> None:
         print(f"    | {ln}")
     rows = [json.loads(x) for x in (home / "inputs" / "tasks.jsonl").read_text().splitlines()] if home.is_dir() else []
     test = [r for r in rows if r.get("split") == "test"]
+    expected = {r["case_id"]: r["answer"] for r in test}
+    print("  every field counted (not the checker's first failing one), over the answers that parse as a JSON object:")
+    for arm_dir in sorted((home / "evaluations" / "test").glob("*")):
+        att = sorted(arm_dir.glob("attempt-*"))[-1:]
+        recs = [json.loads(x) for x in (att[0] / "answers.jsonl").read_text().splitlines()] if att else []
+        objs = []
+        for r in recs:
+            try:
+                v = json.loads(r["text"])
+            except ValueError:
+                continue
+            if isinstance(v, dict):
+                objs.append((v, expected.get(r["case_id"], {})))
+        wrong = {k: sum(1 for v, e in objs if v.get(k) != e.get(k)) for k in ("total", "unit")}
+        print(f"    {arm_dir.name}: {len(objs)} of {len(recs)} answers are objects; total wrong in {wrong['total']}, "
+              f"unit wrong in {wrong['unit']}")
     if not test:
         expect(False, "D: the home has test cases")
         return
@@ -534,7 +572,10 @@ def seq_e(base: Path, old: Path) -> None:
     print(f"  prepared.json task_source keys: {sorted(ts)}; draw: {ts.get('draw', '(none recorded)')}")
     rows = [json.loads(x) for x in (home / "inputs" / "tasks.jsonl").read_text().splitlines()] if home.is_dir() else []
     ids = [r["question"]["id"] for r in rows if r.get("split") == "test"]
-    print(f"  its test cases (first 6 of {len(ids)}): {ids[:6]}")
+    lines = [json.loads(x) for x in (e / "cases.jsonl").read_text().splitlines()]
+    first = [r["id"] for r in lines if r["split"] == "test"][:len(ids)]
+    print(f"  its test cases (first 6 of {len(ids)}): {ids[:6]}; the first {len(ids)} test-labelled lines in file "
+          f"order: {sorted(ids) == sorted(first)}")
     report_before = (home / "report.json").read_bytes() if (home / "report.json").is_file() else b""
     rc, _ = cmd(e, ["-m", "evidence", "verify", "--home", "trials-old/my-study-smoke"], label="verify")
     expect(rc == 0, "E: evidence verify passes on the old home")
@@ -562,6 +603,9 @@ def seq_e(base: Path, old: Path) -> None:
             print(f"    | {ln}   (a home not yet made, for comparison)")
     rc, out = cmd(e, ["-m", "orchestrate", "run", *STUDY, "--trials", "trials-old"], label="run-old-again")
     expect(rc == 0, "E: run in the old home is not refused and ends 0")
+    for ln in out.splitlines():
+        if ln.startswith("prepare") and ("cases:" in ln or "tasks:" in ln or "→" in ln):
+            print(f"    | {ln}")
     after = (home / "report.json").read_bytes() if (home / "report.json").is_file() else b""
     print(f"  the home's report.json after this run: {'unchanged' if after == report_before else 'rewritten'}"
           + ("" if after == report_before else

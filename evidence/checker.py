@@ -160,6 +160,20 @@ def check_answer(text: str, schema: dict[str, str] | str, expected: Any) -> Verd
     return Verdict(True, "ok")
 
 
+def fields_wrong(text: str, schema: dict[str, str] | str, expected: Any) -> list[str]:
+    """Every field of an object answer that is wrong in any way (missing, of the wrong type, or of another
+    value), in the schema's order; [] where the answer is no JSON object or the schema none. The verdict
+    names only the first failing field; a researcher asking "which fields does the model get wrong" needs
+    each (the report's `wrong_fields`)."""
+    if not isinstance(schema, dict):
+        return []
+    value, problem = parse_strict(text)
+    if problem or not isinstance(value, dict):
+        return []
+    return [k for k, code in schema.items()
+            if k not in value or not _type_ok(code, value[k]) or value[k] != expected[k]]
+
+
 def reason_parts(reason: str) -> tuple[str, str | None]:
     """A reason's kind and the key it names (None where it names none): `wrong_value:total` →
     (`wrong_value`, `total`); `malformed_json` → (`malformed_json`, None)."""

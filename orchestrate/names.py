@@ -81,10 +81,28 @@ class Where(BaseModel):
             n += 1
         return Path(f"{self.trials}-{n}")
 
-    def elsewhere(self) -> str:
+    def holding(self, planned: "Planned") -> Optional[Path]:
+        """A sibling trials folder (`<trials>-N`, as `other_trials` names them) whose home of this name holds
+        this very study already: a run there goes on from it, where a new folder would train it again."""
+        n = 2
+        while (folder := Path(f"{self.trials}-{n}")).exists():
+            home = folder / planned.home.name
+            try:
+                prepared = read_json(home / "prepared.json") if (home / "prepared.json").is_file() else None
+            except (EvidenceFileError, OSError, ValueError):
+                prepared = None
+            if isinstance(prepared, dict) and not changes(prepared, planned.model_copy(update={"home": home})):
+                return folder
+            n += 1
+        return None
+
+    def elsewhere(self, planned: "Optional[Planned]" = None) -> str:
         """A run that no home or anchor of this folder and store touches. On a cluster, a new name: its hosts
         preserve their checkpoint payloads into the cluster's store themselves (on AWS the stack's bucket, the
         only one their role may write), where another trials folder keeps the same name."""
+        if not self.store_given and planned is not None and (folder := self.holding(planned)) is not None:
+            return (f"in {folder}, whose {planned.home.name} holds this study already (a run there goes on from "
+                    f"it): `{self.command('--trials', str(folder))}`")
         if self.cluster:
             return ("under a new name — a new profile, or a new experiment name (the cluster's hosts preserve into "
                     f"its store {self.store}, which keeps this one; or another cluster)")
@@ -175,18 +193,18 @@ def _judge(p: Planned, where: Where, held: TrialAnchors) -> str:
         if preserved:
             raise NameRefused(f"{home} holds another study, preserved: {what}. A home keeps the study it was "
                               f"prepared with, and what was preserved keeps its name for good — run the changed "
-                              f"study {where.elsewhere()}{where.new_name()}")
+                              f"study {where.elsewhere(p)}{where.new_name()}")
         if held.indexes:
             raise NameRefused(f"{home} holds another study, never preserved: {what}. A home keeps the study it was "
                               f"prepared with, and {url} holds a preservation of trial {trial} "
                               f"({preserved_by(held)}), which keeps the name there for good — run the changed "
-                              f"study {where.elsewhere()}{where.new_name()}. The home itself may go: `{discard}`")
+                              f"study {where.elsewhere(p)}{where.new_name()}. The home itself may go: `{discard}`")
         raise NameRefused(f"{home} holds another study, never preserved: {what}. A home keeps the study it was "
                           f"prepared with: let it go — `{discard}` (it says what goes, asks, then deletes it and "
-                          f"frees the name) — then run again; or run {where.elsewhere()}")
+                          f"frees the name) — then run again; or run {where.elsewhere(p)}")
     if first is not None and first in held.released:
         raise NameRefused(f"{home}'s log was let go in {url} (released/{trial}/{first}.json): it can never anchor "
-                          f"there again — `{discard}` deletes the home, then run again; or run {where.elsewhere()}")
+                          f"there again — `{discard}` deletes the home, then run again; or run {where.elsewhere(p)}")
     others = held.others(first)
     if others:
         if held.indexes:
@@ -195,17 +213,17 @@ def _judge(p: Planned, where: Where, held: TrialAnchors) -> str:
             store_too = "" if there or where.cluster else " or with another store (`--store URL`)"
             raise NameRefused(f"trial name {trial} is taken in {url}: a trial of that name was preserved there "
                               f"({preserved_by(held)}{gone}), and what was preserved keeps its name for good — "
-                              f"run {where.elsewhere()}{store_too}{where.new_name()}{rest}")
+                              f"run {where.elsewhere(p)}{store_too}{where.new_name()}{rest}")
         n = sum(others.values())
         if there:
             raise NameRefused(f"{url} holds the anchors of another log of trial {trial} than {home}'s ({n} "
                               f"anchor(s), never preserved): {home} cannot anchor there until they are let go — "
                               f"`{discard}` (it deletes {home} and releases the old anchors; the store keeps "
-                              f"them), then run again; or run {where.elsewhere()}")
+                              f"them), then run again; or run {where.elsewhere(p)}")
         raise NameRefused(f"{url} holds the anchors of an earlier trial {trial} ({n} anchor(s), never preserved), "
                           f"whose home {home} is gone: a new home of that name cannot anchor there until they are "
                           f"let go — `{discard}` (it releases them; the store keeps them), then run again; or run "
-                          f"{where.elsewhere()}")
+                          f"{where.elsewhere(p)}")
     if prepared is not None:
         return f"{home}: prepared with this study{', preserved' if preserved else ''} — a run goes on from it"
     if there:

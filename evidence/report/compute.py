@@ -6,6 +6,8 @@ the selection unchanged) and costs kept apart. Nothing here reads a file: the sa
 
 from __future__ import annotations
 
+from collections import Counter
+
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_serializer
@@ -15,7 +17,7 @@ from evidence.checker import failure_counts, reason_parts
 from evidence.inputs import drawn, global_losses
 from evidence.placement import SERVING_PROBE, not_comparable, not_evaluated, shared_text, unevaluated_gates
 from evidence.report.gate import Gate
-from evidence.report.verify import EvidenceError, Verified
+from evidence.report.verify import FIELDS_WRONG, EvidenceError, Verified
 from evidence.serving import gate_names as serving_gate_names
 from evidence.serving import gates as serving_gates
 from evidence.serving import requests_of
@@ -80,12 +82,14 @@ def drawn_cases(prepared: dict[str, Any]) -> dict[str, Any]:
     return {"file": ts["file"], "sha256": ts["sha256"], "used": ts["used"], "draw": ts["draw"], "said": drawn(ts)}
 
 
-def breakdown(reasons: list[str]) -> dict[str, Any]:
+def breakdown(reasons: list[str], fields_wrong: list[list[str]] | None = None) -> dict[str, Any]:
     """Why answers failed, from the checker's reasons of the wrong ones (evidence/checker.py): how many
     (`wrong`), how many for each kind of reason (`reasons`: `wrong_value`, `malformed_json`, …) and, for
     a reason that names a key (`wrong_value:total`), how many for each key (`fields`: {"wrong_value":
     {"total": 8, "unit": 4}}) — an object answer's field, or for `extra_key`/`duplicate_key` a key the
-    answer wrote."""
+    answer wrote. The checker's reason names an object answer's first failing field only; `wrong_fields`
+    counts, per field, the wrong answers that get it wrong in any way (`evidence.checker.fields_wrong`: an
+    answer wrong in two fields counts under both), given where any wrong answer is an object."""
     kinds: dict[str, int] = {}
     keys: dict[str, dict[str, int]] = {}
     for reason, n in failure_counts(reasons).items():
@@ -93,8 +97,12 @@ def breakdown(reasons: list[str]) -> dict[str, Any]:
         kinds[kind] = kinds.get(kind, 0) + n
         if key is not None:
             keys.setdefault(kind, {})[key] = n
-    return {"wrong": len(reasons), "reasons": dict(sorted(kinds.items())),
-            "fields": {k: dict(sorted(v.items())) for k, v in sorted(keys.items())}}
+    out = {"wrong": len(reasons), "reasons": dict(sorted(kinds.items())),
+           "fields": {k: dict(sorted(v.items())) for k, v in sorted(keys.items())}}
+    every = Counter(f for fs in fields_wrong or [] for f in fs)
+    if every:
+        out["wrong_fields"] = dict(sorted(every.items()))
+    return out
 
 
 def compute(v: Verified) -> Report:
@@ -150,7 +158,8 @@ def compute(v: Verified) -> Report:
                              "accuracy": sum(x["correct"] for x in a["answers"]) / len(a["answers"]),
                              "attempts": len(evaluations["test"][arm])}
             if "failures" in a["summary"]:  # its reasons re-checked, and the summary's counts equal, by verify
-                failures[arm] = breakdown([x["reason"] for x in a["answers"] if not x["correct"]])
+                wrong = [x for x in a["answers"] if not x["correct"]]
+                failures[arm] = breakdown([x["reason"] for x in wrong], [x.get(FIELDS_WRONG, []) for x in wrong])
     conf = acc.get("confidence", 0.99)
 
     def paired(a_arm: str, b_arm: str) -> dict[str, Any] | None:

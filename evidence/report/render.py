@@ -82,7 +82,8 @@ def failures_markdown(failures: dict[str, dict[str, Any]], accuracy: dict[str, d
         return []
     lines = ["", "## Why answers failed", "",
              "The checker's reason for each wrong test answer (evidence/checker.py) and, where it names one, the "
-             "field (or the key the answer wrote); every answer is in "
+             "field (or the key the answer wrote) — an object answer's first failing field; then, for object "
+             "answers, every field wrong; every answer is in "
              "`evaluations/test/<arm>/attempt-<n>/answers.jsonl`.",
              ""]
     for arm in [*(a for a in accuracy if a in failures), *(a for a in failures if a not in accuracy)]:
@@ -98,7 +99,10 @@ def failures_markdown(failures: dict[str, dict[str, Any]], accuracy: dict[str, d
             if keys and whole:
                 named.append(f"no field {whole}")
             parts.append(f"{kind} {n}" + (f" ({', '.join(named)})" if named else ""))
-        lines.append(head + (f" — {', '.join(parts)}" if parts else ""))
+        every = _most_first(f.get("wrong_fields", {}))
+        lines.append(head + (f" — {', '.join(parts)}" if parts else "")
+                     + (f"; fields wrong, each answer under every field it gets wrong: "
+                        f"{', '.join(f'{_shown_key(k)} {m}' for k, m in every)}" if every else ""))
     return lines
 
 

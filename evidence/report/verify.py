@@ -15,7 +15,7 @@ from evidence.anchors import AnchorError, verify_anchors
 from evidence.attempts import attempt_number, attempts
 from evidence.canonical import EvidenceFileError, canonical_bytes, file_sha256, read_json, read_jsonl
 from evidence.grace import read_graces
-from evidence.checker import check_answer, failure_counts
+from evidence.checker import check_answer, failure_counts, fields_wrong
 from evidence.commitments import CommitmentLog
 from evidence.errors import UserError
 from evidence.inputs import changed_input, load_cases, user_id
@@ -163,12 +163,18 @@ def check_answers(path: Path, answers: list[dict[str, Any]], cases: dict[str, di
         if v["reason"] != a["reason"]:
             raise EvidenceError(f"{path}: case {a['case_id']} is recorded with reason {a['reason']!r} "
                                 f"but re-checks as {v['reason']!r}")
+        if not v["correct"] and isinstance(c["schema"], dict):  # in memory only: what the report counts per field
+            a[FIELDS_WRONG] = fields_wrong(a["text"], c["schema"], c["answer"])
         if "id" in a:
             uid = user_id(c)
             if uid is None or canonical_bytes(a["id"]) != canonical_bytes(uid):
                 raise EvidenceError(f"{path}: case {a['case_id']} is recorded with id {json.dumps(a['id'])}, but "
                                     f"inputs/tasks.jsonl's case {a['case_id']} has "
                                     + (f"id {json.dumps(uid)}" if uid is not None else "no id of the task file's"))
+
+
+FIELDS_WRONG = "_fields_wrong"
+"""The key `check_answers` adds, in memory, to a wrong object answer's record: every field it gets wrong."""
 
 
 @dataclass(frozen=True)

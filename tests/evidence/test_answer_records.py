@@ -261,3 +261,18 @@ def test_the_summary_must_count_what_the_answers_say(scored_own, tmp_path):
     committed = {1: next(e for e in CommitmentLog(home).entries() if e["kind"] == "test-evaluation")}
     with pytest.raises(EvidenceError, match=r"summary.json: its failures .*not_a_number.* are not its answers'"):
         _check_attempt(home, d, "test", "seed", load_cases(home), committed, CommitmentLog(home), model)
+
+
+def test_every_wrong_field_of_an_object_answer_is_counted_not_only_the_first():
+    """The checker names an object answer's first failing field; the report also counts, per field, every
+    wrong answer that gets it wrong (a unit wrong beside a wrong total was counted nowhere)."""
+    from evidence.checker import fields_wrong
+    from evidence.report.compute import breakdown
+
+    schema, want = {"total": "int", "unit": "str"}, {"total": 26, "unit": "g"}
+    assert fields_wrong('{"total": 12, "unit": "kg"}', schema, want) == ["total", "unit"]
+    assert fields_wrong('{"total": "26"}', schema, want) == ["total", "unit"]
+    assert fields_wrong("12 kg", schema, want) == [] and fields_wrong("12", "number", 26) == []
+    got = breakdown(["wrong_value:total", "wrong_value:total", "malformed_json"], [["total", "unit"], ["total"], []])
+    assert got["fields"] == {"wrong_value": {"total": 2}} and got["wrong_fields"] == {"total": 2, "unit": 1}
+    assert "wrong_fields" not in breakdown(["wrong_value"], [[]])

@@ -424,6 +424,18 @@ def test_each_home_is_judged_with_the_command_that_works(tmp_path):
     assert f"`orchestrate remove --unpreserved --home {home}`" in said and f"--trials {trials}-2`" in said
     with pytest.raises(NameRefused, match=r"--trials \S+-2 --store URL`"):  # a store given: it goes with the run
         judge_names([same.model_copy(update={"digest": "c" * 64})], where.model_copy(update={"store_given": True}))
+    # the changed study already run in the folder a refusal named: that folder is named again, not a third one
+    sibling = Path(f"{trials}-2") / home.name
+    sibling.mkdir(parents=True)
+    (sibling / "prepared.json").write_text(json.dumps({"experiment_digest": "c" * 64, "task_source": ts,
+                                                       "replay_source": {"kind": "generated"}}))
+    with pytest.raises(NameRefused) as e:
+        judge_names([same.model_copy(update={"digest": "c" * 64})], where)
+    assert f"in {trials}-2, whose my-study-smoke holds this study already (a run there goes on from it): " \
+           f"`orchestrate run my-study --profile smoke --trials {trials}-2`" in str(e.value), str(e.value)
+    with pytest.raises(NameRefused, match=r"--trials \S+-3`"):  # a third study: a folder of its own
+        judge_names([same.model_copy(update={"digest": "d" * 64})], where)
+    shutil.rmtree(sibling.parent)
 
     shutil.rmtree(home)  # as a user deletes a home by hand
     with pytest.raises(NameRefused) as e:
