@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
@@ -26,13 +27,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+os.environ["ATEN_CPU_CAPABILITY"] = "default"  # as `training serve` runs a replica (training/engine.py)
 
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 from serving_cpu_bench import replica_call  # noqa: E402  (bench/ is this script's folder)
 from training.config import lineage  # noqa: E402
-from training.engine import Engine  # noqa: E402
+from training.engine import Engine, compare_tokens, step_bound  # noqa: E402
 from training.evaluate import eos_ids, generation_budget, prompt_text  # noqa: E402
 from training.prepare import task_rows  # noqa: E402
 from training.seed import load_tokenizer, materialize  # noqa: E402
@@ -77,6 +79,42 @@ def level(engine: Engine, prompts: list[list[int]], budget: int, c: int, n: int,
             "answers": answers}
 
 
+def profile(engine: Engine, steps: int) -> dict:
+    """Where a decode step's time goes: the captured graph replayed alone (no host work), each prefill
+    bucket's graph, and the kernels of `steps` replays by total time (torch.profiler, CUPTI)."""
+    from torch.profiler import ProfilerActivity, profile as prof
+
+    def timed(fn, n: int) -> float:
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t) / n
+
+    out = {"decode_step_replay_ms": 1e3 * timed(engine.graph.replay, 200),
+           "prefill_replay_ms": {str(m): 1e3 * timed(g[0].replay, 20) for m, g in sorted(engine.prefills.items())}}
+    with prof(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(steps):
+            engine.graph.replay()
+        torch.cuda.synchronize()
+    rows = []
+    for e in p.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t:
+            rows.append({"kernel": e.key[:90], "calls": e.count, "ms_per_step": t / 1e3 / steps})
+    rows.sort(key=lambda r: -r["ms_per_step"])
+    out["kernels_per_step"] = sum(r["calls"] for r in rows) / steps
+    out["kernel_ms_per_step"] = sum(r["ms_per_step"] for r in rows)
+    out["top_kernels"] = rows[:20]
+    print(f"profile: decode step replay {out['decode_step_replay_ms']:.3f} ms, {out['kernels_per_step']:.0f} kernels "
+          f"({out['kernel_ms_per_step']:.3f} ms of kernel time) per step; prefill replays "
+          + ", ".join(f"{m}: {v:.2f} ms" for m, v in out["prefill_replay_ms"].items()), flush=True)
+    for r in rows[:12]:
+        print(f"  {r['ms_per_step']:.4f} ms  x{r['calls'] // steps}  {r['kernel']}", flush=True)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--experiment", default="local-training-windows")
@@ -88,6 +126,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     ap.add_argument("--reference", type=int, default=4, help="prompts answered by the replica's call before #58")
     ap.add_argument("--logit-cases", type=int, default=4)
+    ap.add_argument("--profile-steps", type=int, default=0, help="CUDA: profile this many decode-step replays")
+    ap.add_argument("--no-compile", action="store_true", help="CUDA: the decode step's graph without the compiler")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the serving precision")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.threads:
@@ -98,7 +139,7 @@ def main() -> int:
     materialize(cfg.profile.seed, md)
     cases = [r for r in task_rows(cfg)[1] if r["split"] == "dev"]
     tok = load_tokenizer(md, verified=True)
-    model = AutoModelForCausalLM.from_pretrained(str(md), dtype=torch.float32).eval().to(device)
+    model = AutoModelForCausalLM.from_pretrained(str(md), dtype=getattr(torch, args.dtype)).eval().to(device)
     budget = generation_budget(tok, cases)
     eos = eos_ids(model, tok)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -107,8 +148,12 @@ def main() -> int:
     print(f"{len(cases)} dev cases of {args.experiment}/{args.profile}, prompts {min(map(len, prompts))}–"
           f"{max(map(len, prompts))} tokens, budget {budget}, {name}, torch {torch.__version__}, "
           f"threads {torch.get_num_threads()}", flush=True)
+    import transformers
+
     result: dict = {"experiment": args.experiment, "profile": args.profile, "device": name, "budget": budget,
-                    "torch": torch.__version__, "threads": torch.get_num_threads(), "shapes": []}
+                    "torch": torch.__version__, "transformers": transformers.__version__, "dtype": args.dtype,
+                    "threads": torch.get_num_threads(), "shapes": []}
+    print(f"transformers {transformers.__version__}, serving precision {args.dtype}", flush=True)
 
     def sync() -> None:
         if device.type == "cuda":
@@ -133,13 +178,23 @@ def main() -> int:
     for slots in [int(x) for x in args.slots.split(",")]:
         t = time.perf_counter()
         engine = Engine(model, slots=slots, max_len=max(map(len, prompts)) + budget, eos=eos, device=device,
-                        threads=args.threads, prompt_lengths=[len(p) for p in prompts])
+                        threads=args.threads, prompt_lengths=[len(p) for p in prompts],
+                        compile=False if args.no_compile else None)
         built = time.perf_counter() - t
         facts = engine.describe()
-        bw = facts["bandwidth_bytes_per_s"] or facts["measured_copy_bytes_per_s"]
+        sb = step_bound(facts)
         engine.start()
-        alone = [engine.submit(p, budget, keep_logits=True).result() for p in prompts[:args.logit_cases]]
-        shape = {"slots": slots, "engine_seconds": built, "facts": facts, "levels": []}
+        alone = [engine.submit(p, budget, keep_logits=True).result()
+                 for p in prompts[:max(args.logit_cases, ref_n)]]
+        verdicts = [compare_tokens(a.tokens, a.logits, r) for a, r in zip(alone, reference)]
+        shape = {"slots": slots, "engine_seconds": built, "facts": facts, "step_bound": sb, "levels": [],
+                 "against_generate": {"requests": len(verdicts), "equal": verdicts.count("equal"),
+                                      "near_ties": verdicts.count("near-tie"), "differ": verdicts.count("differs")}}
+        print(f"engine of {slots} slots built in {built:.1f} s (decode step compiled in "
+              f"{facts['compile_seconds']:.1f} s); step bound {sb['seconds'] * 1e3:.3f} ms ({sb['bound_by']}: "
+              f"weights {facts['weights_bytes'] / 1e6:.0f} MB + cache {facts['cache_bytes'] / 1e6:.0f} MB, "
+              f"{facts['step_flops'] / 1e9:.1f} GFLOP); against generate(): {shape['against_generate']}",
+              flush=True)
         for c in [int(x) for x in args.levels.split(",")]:
             lv = level(engine, prompts, budget, c, max(args.requests, c), args.logit_cases)
             answers = lv.pop("answers")
@@ -150,22 +205,26 @@ def main() -> int:
                 same, diff = (same + 1, diff) if a.tokens == want else (same, diff + 1)
             bits = sum(all(torch.equal(x, y) for x, y in zip(a.logits, alone[i].logits))
                        and len(a.logits) == len(alone[i].logits) for i, a in enumerate(answers[:args.logit_cases]))
-            bound = min(c, slots) * bw / facts["weights_bytes"]
+            bound = min(c, slots) / sb["seconds"]
             lv.update(tokens_identical=same, tokens_differing=diff, logits_bit_identical=bits,
                       logits_compared=min(args.logit_cases, len(answers)), bound_tokens_per_second=bound,
-                      bound_from="spec" if facts["bandwidth_bytes_per_s"] else "measured copy")
+                      bound_from=sb["bandwidth_from"])
             shape["levels"].append(lv)
             print(f"| {slots} | {c} | {lv['tokens_per_second']:.1f} | {lv['requests_per_second']:.2f} | "
                   f"{lv['latency_p50']:.3f} | {lv['latency_p95']:.3f} | {lv['first_token_p50']:.3f} | "
                   f"{bound:,.0f} | {100 * lv['tokens_per_second'] / bound:.1f} % |", flush=True)
         engine.close()
+        if args.profile_steps and device.type == "cuda":
+            shape["profile"] = profile(engine, args.profile_steps)
         result["shapes"].append(shape)
     same_ref = sum(first_tokens[i] == r for i, r in enumerate(reference))
+    print(f"against generate() one at a time ({ref_n} tasks, near-tie gap per training/engine.py NEAR_TIE): "
+          + "; ".join(f"{s['slots']} slots {s['against_generate']}" for s in result["shapes"]), flush=True)
     result["identical_to_replica_call_before"] = f"{same_ref}/{len(reference)}"
     total_diff = sum(lv["tokens_differing"] for s in result["shapes"] for lv in s["levels"])
     print(f"\ntokens: {total_diff} answers differ from their task's first answer across every shape and level; "
           f"the engine's tokens equal the replica's call before #58 on {same_ref} of {len(reference)} tasks; "
-          f"weights per decode step {facts['weights_bytes'] / 1e6:.1f} MB; bandwidth "
+          f"weights per decode step {facts['weights_bytes'] / 1e6:.1f} MB, cache {facts['cache_bytes'] / 1e6:.1f} MB; bandwidth "
           f"{(facts['bandwidth_bytes_per_s'] or 0) / 1e9:.0f} GB/s spec, "
           f"{facts['measured_copy_bytes_per_s'] / 1e9:.0f} GB/s measured copy", flush=True)
     if args.out:

@@ -215,17 +215,19 @@ class _Run:
                             total_seconds=r.total_seconds, record=self.record_path)
 
 
-def refused_model_dir(cfg: Resolved, model_dir: Optional[Path]) -> OptionError | None:
+def refused_model_dir(cfg: Resolved, model_dir: Optional[Path], no_serve: bool = False) -> OptionError | None:
     """--model-dir given to a profile that would not train it: refused (by `run` and `validate`), not
-    ignored; one whose architecture the serving probe's engine cannot run, where the profile serves:
-    refused before it trains, not when the probe starts its replicas."""
+    ignored; one whose architecture the serving probe's engine cannot run (training/architecture.py), where
+    the profile serves and the probe is not left out with --no-serve: refused before it trains, not when
+    the probe starts its replicas."""
     if model_dir is None:
         return None
     if cfg.profile.seed == "local":
-        if cfg.profile.dev > 0 and (why := unservable_dir(model_dir)):
+        if cfg.profile.dev > 0 and not no_serve and (why := unservable_dir(model_dir)):
             return OptionError("--model-dir", f"{model_dir}: {why}, so the serving probe could not serve it "
-                               f"(profile {cfg.profile_name} serves {cfg.profile.dev} dev cases): bring a "
-                               "Llama-architecture model, or use a profile with dev = 0, which runs no probe")
+                               f"(profile {cfg.profile_name} serves {cfg.profile.dev} dev cases): bring a model "
+                               "the engine serves (docs/serving-models.md), or pass --no-serve to train and score "
+                               "it without the serving probe")
         return None
     return OptionError("--model-dir", f"--model-dir {model_dir} is not used by profile {cfg.profile_name}, whose "
                        f"seed is '{cfg.profile.seed}' (materialized under --seeds): a directory of your own is "
@@ -256,7 +258,7 @@ def _stages(run: _Run) -> None:
     cfg = run.cfg = resolve(name, profile)
     if o.replay is not None and not o.replay.is_file():
         raise OptionError("--replay", f"--replay {o.replay} is not a file")
-    if (refused := refused_model_dir(cfg, o.model_dir)) is not None:
+    if (refused := refused_model_dir(cfg, o.model_dir, o.no_serve)) is not None:
         raise refused
     if cfg.profile.seed == "local" and o.model_dir is None:
         raise OptionError("--model-dir", f"profile {profile} trains a local seed: pass --model-dir")

@@ -162,6 +162,9 @@ def serve(home: Path = typer.Option(..., help="the trial home (selection committ
           threads: Optional[int] = typer.Option(None, help="torch CPU threads"),
           cache_size: int = typer.Option(1024, help="retry cache entries (request IDs)")) -> None:
     """Serve the selected model's greedy answers to committed development task IDs over HTTP."""
+    # before torch loads: the engine computes a row as if alone on a CPU only with ATen's default kernels
+    # (training/engine.py ROW_INVARIANT_CPU_KERNELS); CPU kernels barely matter to a GPU replica
+    os.environ["ATEN_CPU_CAPABILITY"] = "default"
     from training.serve import load_replica, serve as run_serve  # start-up
 
     try:
@@ -173,7 +176,9 @@ def serve(home: Path = typer.Option(..., help="the trial home (selection committ
     err.print(f"{name}: {rep.identity['arm']} (receipt {rep.identity['receipt_digest'][:12]}…), "
               f"{len(rep.tasks)} development tasks, max {rep.max_new_tokens} new tokens, on {rep.device}, "
               f"engine of {rep.engine_facts['slots']} slots"
-              + (" (decode and prefills as CUDA graphs)" if rep.engine_facts.get("cuda_graph") else ""),
+              + (" (decode and prefills as CUDA graphs)" if rep.engine_facts.get("cuda_graph") else "")
+              + (f", decode step compiled in {rep.engine_facts['compile_seconds']:.0f} s"
+                 if rep.engine_facts.get("compiled") else ""),
               highlight=False)
     try:
         run_serve(rep, host, port, ready_file)

@@ -138,6 +138,10 @@ class Profile(_Strict):
     # the replica engine's batch shape: every decode step runs this many rows (None: training/engine.py's
     # DEFAULT_SLOTS for the device); one shape, so a task's tokens never depend on load
     serving_slots: int | None = None
+    # the precision the replica serves in (weights, activations, key/value cache): its parameters are loaded
+    # and checked against the digest the ranks agreed on in FP32, then cast; None: float32, whatever `dtype`
+    # trained the model (training keeps FP32 master weights; bf16 serving reads half the bytes per step)
+    serving_dtype: Literal["float32", "bfloat16"] | None = None
     # every kernel deterministic (torch.use_deterministic_algorithms, cuBLAS's fixed workspace): two runs of
     # the same inputs equal bit for bit on CUDA, so a recovery can be compared exactly (docs/training.md)
     deterministic: bool = False
@@ -224,7 +228,8 @@ class Experiment(_Strict):
         return self
 
 
-LATER_PROFILE_KEYS = {"serving_requests", "serving_concurrency", "deterministic", "serving_slots", "case_ids"}
+LATER_PROFILE_KEYS = {"serving_requests", "serving_concurrency", "deterministic", "serving_slots", "case_ids",
+                      "serving_dtype"}
 """Profile keys that came after homes were committed: left out of the resolved study while unset, so that
 every earlier home's experiment digest stands (a profile that sets one commits it)."""
 

@@ -191,7 +191,7 @@ def load_replica(home: str | os.PathLike[str], *, arm: str | None = None, seed_d
         raise ServeError(f"{model_dir}/receipt.json does not name the parameters the ranks agreed on")
     if agreed is not None and loaded != agreed:
         raise ServeError(f"{model_dir}: loaded parameters hash to {loaded}, the ranks agreed on {agreed}")
-    model.to(device)
+    model.to(device=device, dtype=getattr(torch, cfg.profile.serving_dtype or "float32"))  # after the digest
     tok = load_tokenizer(model_dir, verified=True)
     tasks = {cid: c for cid, c in load_cases(home).items() if c["split"] == "dev"}
     if not tasks:

@@ -56,6 +56,8 @@ def validate(experiment: str = typer.Argument(..., help="an experiment's name (o
                                                             "run's without --cluster: file://<trials>/store)"),
              replay: Optional[Path] = typer.Option(None, help="the `run --replay` file, if any: a home prepared with "
                                                    "another replay is another study"),
+             no_serve: bool = typer.Option(False, "--no-serve", help="as `run --no-serve`: the serving probe left "
+                                           "out, so a --model-dir the replica's engine cannot serve is not refused"),
              as_json: bool = typer.Option(False, "--json")) -> None:
     """The study `orchestrate run` would run, resolved and judged without running or writing anything:
     every value with where it comes from, every experiment before it, every case of the task file read,
@@ -77,7 +79,7 @@ def validate(experiment: str = typer.Argument(..., help="an experiment's name (o
         chain = lineage(name, profile)
         values = origins(name, profile)
         last = chain[-1]
-        if (refused := refused_model_dir(last, model_dir)) is not None:
+        if (refused := refused_model_dir(last, model_dir, no_serve)) is not None:
             raise refused
         if replay is not None and not replay.is_file():
             raise OptionError("--replay", f"--replay {replay} is not a file")
@@ -91,7 +93,8 @@ def validate(experiment: str = typer.Argument(..., help="an experiment's name (o
                                   rerun=[experiment, "--profile", profile,
                                          *(["--model-dir", str(model_dir)] if model_dir else []),
                                          *(["--seeds", str(seeds)] if seeds != Path(".seeds") else []),
-                                         *(["--replay", str(replay)] if replay else [])]))
+                                         *(["--replay", str(replay)] if replay else []),
+                                         *(["--no-serve"] if no_serve else [])]))
     cases = judged.task_sources[-1]
     if cases is not None:
         cases = {**cases, "path": str(last.experiment.task_path())}

@@ -60,8 +60,9 @@ def run(arm: str = typer.Argument(..., help="the experiment to trial: its name, 
                            replay=replay, no_serve=no_serve)
     try:
         out = run_trial(options, CliView(con))
-    except OptionError as e:
-        raise typer.BadParameter(str(e))
+    except OptionError as e:  # read like every other refusal, not as a usage error
+        say("error:", str(e), style="bold red")
+        raise typer.Exit(2) from None
     except LeftRunning as e:  # ranks detached on SSH hosts: they were left running, on purpose
         say("interrupted:", f"{len(e.where)} rank(s) keep running on their hosts, detached:", style="bold yellow")
         for w in e.where:
@@ -154,8 +155,9 @@ def recovery_trial_cmd(
                               control=control)
     try:
         rep = run_recovery(options, progress)
-    except OptionError as e:
-        raise typer.BadParameter(str(e))
+    except OptionError as e:  # read like every other refusal, not as a usage error
+        say("error:", str(e), style="bold red")
+        raise typer.Exit(2) from None
     except (UserError, ValueError, RuntimeError) as e:
         say("error:", str(e), style="bold red")
         raise typer.Exit(2)

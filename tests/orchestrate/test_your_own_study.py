@@ -68,7 +68,7 @@ def test_the_walk_from_an_empty_folder_to_a_preserved_report(tmp_path):
     assert "tasks: cases.jsonl" in out and "30 damaged targets from its wrong answers" in out
     assert "← default; not used: the cases come from task_file" in out  # validate: what the file leaves unread
     assert "checks: sum: number ×100; parity: text ×100" in out  # how each family's answers are checked
-    assert re.search(r"lengths: every case fits max_context 320 .*; the longest \d+ tokens — tokenizer: my-llama", out)
+    assert re.search(r"lengths: every case fits max_context 320 .*; the longest \d+ tokens — tokenizer: my-qwen2", out)
     # the refusal a reader meets: both slips of the file in one pass, in the page's words, and nothing kept
     assert re.search(r"error: task file \S+/my-study/cases.jsonl: 2 problems; fix every one, then validate again:\n"
                      r"  line 201: not JSON \(Extra data, column 42\)\n  line 202: the prompt of line 1 again", out), out
@@ -88,7 +88,7 @@ def test_the_walk_from_an_empty_folder_to_a_preserved_report(tmp_path):
     # a changed study under the name the store keeps: refused before anything is written, naming the folder that
     # works, which validates
     assert re.search(r"error: trial name my-study-smoke is taken in file://\S+/my-study/trials/store/: a trial of that "
-                     r"name was preserved there .* `orchestrate run my-study --profile smoke --model-dir my-llama "
+                     r"name was preserved there .* `orchestrate run my-study --profile smoke --model-dir my-qwen2 "
                      r"--trials trials-2`", out), out
     assert "home trials-2/my-study-smoke: to be made; " in out
     # the second study, in the folder named: the changed file's cases, its own store, the first kept in its own
