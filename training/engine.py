@@ -345,6 +345,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._forward = self._decode_forward
+        self._prefill_fn = self._prefill_forward
         with torch.inference_mode():
             try:
                 self._decode()  # the first call allocates the cache; every later one reuses it
@@ -353,10 +354,11 @@ class Engine:
             except (TypeError, ValueError, AttributeError, NotImplementedError) as e:
                 raise EngineError(f"{type(model).__name__} cannot run in the engine: {e}") from None
             self.weights_bytes = weights_bytes(model)
+            lengths = sorted({self._padded(n) for n in prompt_lengths})
+            if compile if compile is not None else device.type == "cuda":
+                self._compile(max(lengths) if lengths else None)
             if graphs if graphs is not None else device.type == "cuda":
-                if compile if compile is not None else device.type == "cuda":
-                    self._compile()
-                self._capture(sorted({self._padded(n) for n in prompt_lengths}))
+                self._capture(lengths)
 
     # ---------------------------------------------------------------- the model's own forward, per row
 
@@ -371,19 +373,30 @@ class Engine:
         """One token for every slot: `tok` at `pos` -> `logits`, `next`. Fixed shapes throughout."""
         self._forward()
 
-    def _compile(self) -> None:
+    def _compile(self, prefill_length: int | None) -> None:
         """The decode step through inductor: one fixed shape (dynamic=False), the whole forward in one graph,
         and inductor's deterministic mode, which skips the on-device benchmarking that could pick another
-        kernel (another reduction order) on another replica. Its first call compiles."""
+        kernel (another reduction order) on another replica. The prefill once more, its prompt length
+        dynamic: one compilation serves every bucket (each bucket is then captured as its own graph). A
+        request's arithmetic never depends on its neighbours either way: the decode step has one shape, and
+        a prefill runs alone. Each first call compiles."""
         import torch._inductor.config as inductor
 
         t = time.perf_counter()
-        fn = torch.compile(self._decode_forward, fullgraph=True, dynamic=False)
         settings = {"deterministic": True} if hasattr(inductor, "deterministic") else {"triton.autotune_pointwise": False}
         with inductor.patch(settings):
+            fn = torch.compile(self._decode_forward, fullgraph=True, dynamic=False)
             fn()
             fn()
-        self._forward = fn
+            self._forward = fn
+            if prefill_length is not None:
+                pf = torch.compile(self._prefill_forward, fullgraph=True, dynamic=None)
+                m = min(self._padded(prefill_length), self.max_len - 1)
+                ids = torch.zeros(1, m, dtype=torch.long, device=self.device)
+                torch._dynamo.mark_dynamic(ids, 1, min=2, max=self.max_len - 1)
+                spare = torch.full((1,), self.slots - 1, dtype=torch.long, device=self.device)
+                pf(ids, spare, torch.full((1,), m - 1, dtype=torch.long, device=self.device))
+                self._prefill_fn = pf
         self.compiled = True
         self.compile_seconds = time.perf_counter() - t
 
@@ -407,6 +420,11 @@ class Engine:
                                     torch.tensor([n - 1], device=self.device))
 
     def _prefill_padded(self, ids: torch.Tensor, slot: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        if not 2 <= ids.shape[1] < self.max_len:  # the compiled prefill's dynamic range (1 and the whole cache
+            return self._prefill_forward(ids, slot, last)  # specialize); such a prompt is prefilled eager
+        return self._prefill_fn(ids, slot, last)
+
+    def _prefill_forward(self, ids: torch.Tensor, slot: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
         m = ids.shape[1]
         rows = _Rows("prefill", slot=slot, positions=self.positions)
         out = self.model(input_ids=ids, position_ids=self.positions[:m][None], cache=self.cache, use_cache=True,

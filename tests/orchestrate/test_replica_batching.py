@@ -74,7 +74,14 @@ def test_a_replica_whose_engine_cannot_start_never_listens(selected, monkeypatch
         serve_module.load_replica(selected, name="replica-0")
 
 
-def test_a_stopped_engine_fails_a_request_and_its_repeats_instead_of_hanging(selected):
+@pytest.fixture
+def in_process(monkeypatch):
+    """A replica in the test's process, whose CPU kernels are the vectorized ones the engine refuses
+    (`training serve` starts with the default ones): these tests look at failures, not at a row's bits."""
+    monkeypatch.setattr("training.engine.cpu_kernels", lambda: "DEFAULT")
+
+
+def test_a_stopped_engine_fails_a_request_and_its_repeats_instead_of_hanging(selected, in_process):
     rep = serve_module.load_replica(selected, name="replica-0")
     rep.close()
     req = serve_module.AnswerRequest(request_id="after-stop", task_id=sorted(rep.tasks)[0])
@@ -83,7 +90,7 @@ def test_a_stopped_engine_fails_a_request_and_its_repeats_instead_of_hanging(sel
             rep.answer(req)
 
 
-def test_a_request_the_engine_failed_is_not_remembered_and_its_retry_is_answered(selected, monkeypatch):
+def test_a_request_the_engine_failed_is_not_remembered_and_its_retry_is_answered(selected, monkeypatch, in_process):
     """What the probe's retry rests on: a failed generation leaves no answer and no request in flight
     under its ID, so the same request ID sent again (to this replica or another) is generated afresh."""
     rep = serve_module.load_replica(selected, name="replica-0")

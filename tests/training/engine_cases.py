@@ -231,3 +231,12 @@ def test_a_step_that_fails_fails_its_requests_and_the_engine_goes_on(tiny, monke
     assert all("illegal memory access" in str(f.exception()) for f in failed)
     assert all(r is None for r in engine.active)  # their slots are free again
     assert [run(engine, [(0, p, 6)])[0].tokens for p in ps] == alone
+
+
+@pytest.mark.parametrize("name", ["gemma2", "qwen2"])
+def test_compiled_the_engine_keeps_generates_tokens_and_a_request_alone(name):
+    """The decode step and the prefill through inductor (as on CUDA; here its C++ backend): the same
+    properties, a prefill of every bucket from one compilation of a dynamic prompt length."""
+    row = table_row(name, CPU, compile=True, bucket=8)
+    assert row["compiled"] and row["differ"] == 0, row
+    assert row["bit_identical_beside_neighbours"] == row["requests"] and row["slots_used"] > 1, row
