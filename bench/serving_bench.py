@@ -34,7 +34,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 
 from serving_cpu_bench import replica_call  # noqa: E402  (bench/ is this script's folder)
 from training.config import lineage  # noqa: E402
-from training.engine import Engine, compare_tokens, step_bound  # noqa: E402
+from training.engine import Engine, cast_for_serving, compare_tokens, step_bound  # noqa: E402
 from training.evaluate import eos_ids, generation_budget, prompt_text  # noqa: E402
 from training.prepare import task_rows  # noqa: E402
 from training.seed import load_tokenizer, materialize  # noqa: E402
@@ -139,7 +139,8 @@ def main() -> int:
     materialize(cfg.profile.seed, md)
     cases = [r for r in task_rows(cfg)[1] if r["split"] == "dev"]
     tok = load_tokenizer(md, verified=True)
-    model = AutoModelForCausalLM.from_pretrained(str(md), dtype=getattr(torch, args.dtype)).eval().to(device)
+    model = AutoModelForCausalLM.from_pretrained(str(md), dtype=torch.float32).eval().to(device)
+    cast_for_serving(model, getattr(torch, args.dtype))  # as the replica does (training/serve.py)
     budget = generation_budget(tok, cases)
     eos = eos_ids(model, tok)
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -186,7 +187,7 @@ def main() -> int:
         engine.start()
         alone = [engine.submit(p, budget, keep_logits=True).result()
                  for p in prompts[:max(args.logit_cases, ref_n)]]
-        verdicts = [compare_tokens(a.tokens, a.logits, r) for a, r in zip(alone, reference)]
+        verdicts = [compare_tokens(a.tokens, a.logits, r, engine.dtype) for a, r in zip(alone, reference)]
         shape = {"slots": slots, "engine_seconds": built, "facts": facts, "step_bound": sb, "levels": [],
                  "against_generate": {"requests": len(verdicts), "equal": verdicts.count("equal"),
                                       "near_ties": verdicts.count("near-tie"), "differ": verdicts.count("differs")}}

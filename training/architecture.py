@@ -34,12 +34,31 @@ BATCH_DEPENDENT_ROPE = {"dynamic", "longrope"}
 (modeling_rope_utils.py `dynamic_rope_update`): a row's arithmetic would depend on its neighbours."""
 
 
+LEARNED_POSITIONS = {"gpt2": "n_positions"}
+"""Served types whose positions are a learned table (its size, by config key): a position past it is a
+device-side fault, so the engine refuses a `max_len` beyond it."""
+
+
 def _rope_types(c: Mapping[str, Any]) -> set[str]:
-    rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
-    if not isinstance(rope, Mapping):
-        return set()
-    inner = [v for v in rope.values() if isinstance(v, Mapping)]  # per layer type (e.g. Gemma 3)
-    return {str(r.get("rope_type") or r.get("type") or "default") for r in (inner or [rope])}
+    """Every rotary type the config names, in `rope_scaling` (the legacy key, which transformers 5.24 reads
+    first: modeling_rope_utils.py) and `rope_parameters` (possibly one per layer type, e.g. Gemma 3); Phi-3's
+    legacy "su" and "yarn" are what its config class turns into "longrope" (configuration_phi3.py)."""
+    found: set[str] = set()
+    for rope in (c.get("rope_scaling"), c.get("rope_parameters")):
+        if not isinstance(rope, Mapping):
+            continue
+        inner = [v for v in rope.values() if isinstance(v, Mapping)]
+        for r in inner or [rope]:
+            kind = str(r.get("rope_type") or r.get("type") or "default")
+            found.add("longrope" if c.get("model_type") == "phi3" and kind in ("su", "yarn") else kind)
+    return found
+
+
+def learned_positions(config: Mapping[str, Any] | Any) -> int | None:
+    """The size of the model's learned position table, where it has one."""
+    c = config if isinstance(config, Mapping) else config.to_dict()
+    key = LEARNED_POSITIONS.get(c.get("model_type", ""))
+    return c.get(key) if key else None
 
 
 def unservable(config: Mapping[str, Any] | Any) -> str | None:
@@ -55,6 +74,9 @@ def unservable(config: Mapping[str, Any] | Any) -> str | None:
     if kind not in SERVED:
         return (f"the serving engine runs the architectures it is tested with ({', '.join(sorted(SERVED))}; "
                 f"docs/serving-models.md); this model's model_type is {kind!r}")
+    if c.get("use_bidirectional_attention") or c.get("is_causal") is False:
+        return ("the model attends bidirectionally (use_bidirectional_attention / is_causal); the serving engine "
+                "decodes causal LMs")
     if bad := sorted(_rope_types(c) & BATCH_DEPENDENT_ROPE):
         return (f"the model's rotary embedding is {bad[0]!r}, whose angles transformers computes from the "
                 "batch's largest position, so a request's tokens would depend on its neighbours")

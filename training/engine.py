@@ -60,7 +60,7 @@ from typing import Any
 
 import torch
 
-from training.architecture import unservable
+from training.architecture import learned_positions, unservable
 from training.errors import TrainError
 
 BANDWIDTH_BYTES_PER_S = {  # the vendors' spec sheets (HBM/GDDR peak), by device name fragment
@@ -276,13 +276,24 @@ def weights_bytes(model: Any) -> int:
     return total
 
 
-def compare_tokens(got: list[int], got_logits: list[torch.Tensor], want: list[int]) -> str:
-    """'equal', 'near-tie' (the first differing pick is a near-tie in the engine's logits) or 'differs'."""
+def compare_tokens(got: list[int], got_logits: list[torch.Tensor], want: list[int],
+                   dtype: torch.dtype = torch.float32) -> str:
+    """'equal', 'near-tie' (the first differing pick is a near-tie in the engine's logits, by the gap of the
+    precision it served in, `dtype`: its logits come out as FP32 whatever it is) or 'differs'."""
     for i, (a, b) in enumerate(zip(got, want)):
         if a != b:
             lg = got_logits[i].float()
-            return "near-tie" if (lg[a] - lg[b]).abs().item() < NEAR_TIE.get(got_logits[i].dtype, 1e-3) else "differs"
+            return "near-tie" if (lg[a] - lg[b]).abs().item() < NEAR_TIE.get(dtype, 1e-3) else "differs"
     return "equal" if len(got) == len(want) else "differs"
+
+
+def cast_for_serving(model: Any, dtype: torch.dtype) -> Any:
+    """The model's parameters in the serving precision, its buffers as they are: `nn.Module.to(dtype)` would
+    round the rotary embedding's FP32 frequencies too (`inv_freq`, a buffer), an error in every angle that
+    grows with the position — `from_pretrained(dtype=...)` keeps them FP32, and so does this."""
+    for p in model.parameters():
+        p.data = p.data.to(dtype)
+    return model
 
 
 class Engine:
@@ -322,6 +333,10 @@ class Engine:
                               "AttentionInterface, the seam the engine runs it by")
         self.model = model.to(device).eval().requires_grad_(False)
         self.dtype = next(model.parameters()).dtype
+        table = learned_positions(model.config)
+        if table is not None and max_len > table:
+            raise EngineError(f"a prompt and its new tokens need {max_len} positions; the model's learned position "
+                              f"table has {table} (a position past it is a device-side fault, not an answer)")
         layers = getattr(model.config, "num_hidden_layers", None)
         if not isinstance(layers, int) or layers < 1:
             raise EngineError("the model's config names no num_hidden_layers")
@@ -351,7 +366,7 @@ class Engine:
                 self._decode()  # the first call allocates the cache; every later one reuses it
             except EngineError:
                 raise
-            except (TypeError, ValueError, AttributeError, NotImplementedError) as e:
+            except (TypeError, ValueError, AttributeError, NotImplementedError, IndexError, KeyError) as e:
                 raise EngineError(f"{type(model).__name__} cannot run in the engine: {e}") from None
             self.weights_bytes = weights_bytes(model)
             lengths = sorted({self._padded(n) for n in prompt_lengths})
@@ -383,20 +398,24 @@ class Engine:
         import torch._inductor.config as inductor
 
         t = time.perf_counter()
-        settings = {"deterministic": True} if hasattr(inductor, "deterministic") else {"triton.autotune_pointwise": False}
-        with inductor.patch(settings):
-            fn = torch.compile(self._decode_forward, fullgraph=True, dynamic=False)
-            fn()
-            fn()
-            self._forward = fn
-            if prefill_length is not None:
-                pf = torch.compile(self._prefill_forward, fullgraph=True, dynamic=None)
-                m = min(self._padded(prefill_length), self.max_len - 1)
-                ids = torch.zeros(1, m, dtype=torch.long, device=self.device)
-                torch._dynamo.mark_dynamic(ids, 1, min=2, max=self.max_len - 1)
-                spare = torch.full((1,), self.slots - 1, dtype=torch.long, device=self.device)
-                pf(ids, spare, torch.full((1,), m - 1, dtype=torch.long, device=self.device))
-                self._prefill_fn = pf
+        # process-wide, not patched around the first calls: a later recompile (a guard that fails) would
+        # otherwise run without it. A replica's process compiles nothing else.
+        if hasattr(inductor, "deterministic"):
+            inductor.deterministic = True
+        else:  # an older torch: no on-device benchmarking of pointwise configs at least
+            inductor.triton.autotune_pointwise = False
+        fn = torch.compile(self._decode_forward, fullgraph=True, dynamic=False)
+        fn()
+        fn()
+        self._forward = fn
+        if prefill_length is not None:
+            pf = torch.compile(self._prefill_forward, fullgraph=True, dynamic=None)
+            m = min(self._padded(prefill_length), self.max_len - 1)
+            ids = torch.zeros(1, m, dtype=torch.long, device=self.device)
+            torch._dynamo.mark_dynamic(ids, 1, min=2, max=self.max_len - 1)
+            spare = torch.full((1,), self.slots - 1, dtype=torch.long, device=self.device)
+            pf(ids, spare, torch.full((1,), m - 1, dtype=torch.long, device=self.device))
+            self._prefill_fn = pf
         self.compiled = True
         self.compile_seconds = time.perf_counter() - t
 

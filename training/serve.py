@@ -158,7 +158,7 @@ def load_replica(home: str | os.PathLike[str], *, arm: str | None = None, seed_d
     with long_lived():  # loaded once, kept to the end: out of the collector's sight (training/heap.py)
         import torch  # here, not at the top: no collector passes while it loads
 
-        from training.engine import DEFAULT_SLOTS, Engine, EngineError
+        from training.engine import DEFAULT_SLOTS, Engine, EngineError, cast_for_serving
         from training.runtime import DeviceShare, device_lock, pick_device
         from training.trainer import parameter_digest
 
@@ -191,7 +191,7 @@ def load_replica(home: str | os.PathLike[str], *, arm: str | None = None, seed_d
         raise ServeError(f"{model_dir}/receipt.json does not name the parameters the ranks agreed on")
     if agreed is not None and loaded != agreed:
         raise ServeError(f"{model_dir}: loaded parameters hash to {loaded}, the ranks agreed on {agreed}")
-    model.to(device=device, dtype=getattr(torch, cfg.profile.serving_dtype or "float32"))  # after the digest
+    cast_for_serving(model.to(device), getattr(torch, cfg.profile.serving_dtype or "float32"))  # after the digest
     tok = load_tokenizer(model_dir, verified=True)
     tasks = {cid: c for cid, c in load_cases(home).items() if c["split"] == "dev"}
     if not tasks:

@@ -140,7 +140,11 @@ def test_what_it_cannot_run_is_refused_by_name(tiny):
                                                                    "factor": 2.0}})
     assert "'longrope'" in unservable({**base, "model_type": "phi3", "rope_parameters": None,
                                        "rope_scaling": {"type": "longrope"}})
+    assert "'longrope'" in unservable({**base, "model_type": "phi3", "rope_scaling": {"type": "su"}})  # its legacy name
+    assert "bidirectionally" in unservable({**base, "model_type": "gemma2", "use_bidirectional_attention": True})
     assert unservable({**base, "rope_parameters": {"rope_type": "llama3", "rope_theta": 1e4}}) is None
+    with pytest.raises(EngineError, match="learned position table has 256"):
+        Engine(build("gpt2"), slots=1, max_len=300, eos=set(), device=CPU)
     with pytest.raises(EngineError, match="exceeds the engine's 32 positions"):
         Engine(tiny, slots=1, max_len=32, eos=set(), device=CPU).submit(list(range(3, 30)), 8)
     with pytest.raises(EngineError, match="key/value cache .* lower serving_slots"):
@@ -240,3 +244,16 @@ def test_compiled_the_engine_keeps_generates_tokens_and_a_request_alone(name):
     row = table_row(name, CPU, compile=True, bucket=8)
     assert row["compiled"] and row["differ"] == 0, row
     assert row["bit_identical_beside_neighbours"] == row["requests"] and row["slots_used"] > 1, row
+
+
+def test_served_in_bfloat16_the_rotary_frequencies_stay_fp32_and_the_properties_hold():
+    """A profile's serving_dtype = "bfloat16": parameters cast, buffers (the rotary `inv_freq`) kept FP32 as
+    `from_pretrained(dtype=...)` keeps them; near-ties counted at bf16's gap."""
+    from training.engine import cast_for_serving
+
+    model = cast_for_serving(build("qwen2"), torch.bfloat16)
+    assert next(model.parameters()).dtype == torch.bfloat16
+    assert model.model.rotary_emb.inv_freq.dtype == torch.float32
+    row = table_row("qwen2", CPU, dtype=torch.bfloat16)
+    assert row["dtype"] == "bfloat16" and row["differ"] == 0, row
+    assert row["bit_identical_beside_neighbours"] == row["requests"], row

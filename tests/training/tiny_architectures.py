@@ -61,7 +61,8 @@ def drive(engine: Any, schedule: list[tuple[int, list[int], int]]) -> dict[int, 
     return {i: f.result() for i, f in futures.items()}
 
 
-def table_row(name: str, device: Any, *, slots: int = 3, n: int = 6, new: int = 12, **engine_kw: Any) -> dict:
+def table_row(name: str, device: Any, *, slots: int = 3, n: int = 6, new: int = 12, dtype: Any = None,
+              **engine_kw: Any) -> dict:
     """One architecture against transformers' own `generate()` (greedy, its default attention, on the same
     device) and against itself: each request alone, then all of them arriving at random steps with random
     budgets (neighbours joining and leaving). Counts, so a table can print them and a test assert them."""
@@ -70,9 +71,11 @@ def table_row(name: str, device: Any, *, slots: int = 3, n: int = 6, new: int = 
 
     import torch
 
-    from training.engine import Engine, compare_tokens
+    from training.engine import Engine, cast_for_serving, compare_tokens
 
     model = build(name).to(device)
+    if dtype is not None:  # as the replica serves a profile's serving_dtype (training/serve.py)
+        cast_for_serving(model, dtype)
     ps = prompts(model.config.vocab_size, n, seed=len(name))
     want = []
     with torch.no_grad():
@@ -85,12 +88,13 @@ def table_row(name: str, device: Any, *, slots: int = 3, n: int = 6, new: int = 
                     prompt_lengths=[len(p) for p in ps], **engine_kw)
     built = time.perf_counter() - t
     alone = {i: drive(engine, [(0, p, new)])[0] for i, p in enumerate(ps)}
-    verdicts = [compare_tokens(alone[i].tokens, alone[i].logits, want[i]) for i in range(n)]
+    verdicts = [compare_tokens(alone[i].tokens, alone[i].logits, want[i], engine.dtype) for i in range(n)]
     rng = random.Random(7)
     together = drive(engine, [(rng.randrange(0, 10), p, rng.randrange(1, new + 1)) for p in ps])
     bits = sum(got.tokens == alone[i].tokens[:len(got.tokens)]
                and all(torch.equal(a, b) for a, b in zip(got.logits, alone[i].logits)) for i, got in together.items())
     return {"architecture": name, "model_type": model.config.model_type, "device": str(device),
+            "dtype": str(engine.dtype).removeprefix("torch."),
             "requests": n, "equal_to_generate": verdicts.count("equal"), "near_ties": verdicts.count("near-tie"),
             "differ": verdicts.count("differs"), "bit_identical_beside_neighbours": bits,
             "slots_used": len({a.slot for a in together.values()}), "engine_seconds": round(built, 2),
