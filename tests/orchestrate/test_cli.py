@@ -343,7 +343,7 @@ def test_names_are_resolved_loudly_and_a_bad_experiment_file_is_one_line_a_key(t
          "allowed in profiles.smoke: seed, device, dtype, tasks, replay, dev, test, probes, updates, global_batch, "
          "max_context, records, replay_steps, replay_parts, sync_every, dense_warmup, checkpoint_every, case_ids, compile, "
          "fused_optimizer, pack, pack_tokens, pack_rows, score_batch, score_dtype, serving_requests, "
-         "serving_concurrency, serving_slots, deterministic, "
+         "serving_concurrency, serving_slots, serving_dtype, deterministic, "
          "base")])
 
     code, _, err = cli("gates", "single")  # two experiments have it, and it is mine's primary
