@@ -79,6 +79,26 @@ def level(engine: Engine, prompts: list[list[int]], budget: int, c: int, n: int,
             "answers": answers}
 
 
+def random_135m(device: torch.device) -> tuple:
+    """The anchor's model (../shared/anchors/serving/serve_bench.py `build_model`): SmolLM2-135M's shape, random
+    weights from seed 0, the end token's embedding zeroed (never the argmax), and its prompts' lengths."""
+    import random
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                      num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True, max_position_embeddings=8192,
+                      rope_parameters={"rope_type": "default", "rope_theta": 100000.0}, rms_norm_eps=1e-5,
+                      initializer_range=0.041666666666666664, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).to(device=device, dtype=torch.float32).eval()
+    with torch.no_grad():
+        model.get_input_embeddings().weight[2].zero_()
+    rng = random.Random(1234)
+    prompts = [[1] + [rng.randrange(3, 49152) for _ in range(rng.randint(280, 320) - 1)] for _ in range(64)]
+    return model, prompts, 64
+
+
 def profile(engine: Engine, steps: int) -> dict:
     """Where a decode step's time goes: the captured graph replayed alone (no host work), each prefill
     bucket's graph, and the kernels of `steps` replays by total time (torch.profiler, CUPTI)."""
@@ -129,22 +149,31 @@ def main() -> int:
     ap.add_argument("--profile-steps", type=int, default=0, help="CUDA: profile this many decode-step replays")
     ap.add_argument("--no-compile", action="store_true", help="CUDA: the decode step's graph without the compiler")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="the serving precision")
+    ap.add_argument("--random-135m", metavar="DEVICE", help="no seed: a random model of SmolLM2-135M's shape (as "
+                    "../shared/anchors/serving does: end token unreachable), 64 random prompts of 280-320 tokens, "
+                    "64 new tokens, on DEVICE")
     ap.add_argument("--out")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    cfg = lineage(args.experiment, args.profile)[-1]
-    device = torch.device(cfg.profile.device)
-    md = Path(args.seeds) / cfg.profile.seed
-    materialize(cfg.profile.seed, md)
-    cases = [r for r in task_rows(cfg)[1] if r["split"] == "dev"]
-    tok = load_tokenizer(md, verified=True)
-    model = AutoModelForCausalLM.from_pretrained(str(md), dtype=torch.float32).eval().to(device)
+    if args.random_135m:
+        device = torch.device(args.random_135m)
+        model, prompts, budget = random_135m(device)
+        cases, tok, eos, pad = [None] * len(prompts), None, set(), 2
+        args.experiment, args.profile = "random-135m-shape", "none"
+    else:
+        cfg = lineage(args.experiment, args.profile)[-1]
+        device = torch.device(cfg.profile.device)
+        md = Path(args.seeds) / cfg.profile.seed
+        materialize(cfg.profile.seed, md)
+        cases = [r for r in task_rows(cfg)[1] if r["split"] == "dev"]
+        tok = load_tokenizer(md, verified=True)
+        model = AutoModelForCausalLM.from_pretrained(str(md), dtype=torch.float32).eval().to(device)
+        budget = generation_budget(tok, cases)
+        eos = eos_ids(model, tok)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        prompts = [tok(prompt_text(tok, c), add_special_tokens=False)["input_ids"] for c in cases]
     cast_for_serving(model, getattr(torch, args.dtype))  # as the replica does (training/serve.py)
-    budget = generation_budget(tok, cases)
-    eos = eos_ids(model, tok)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    prompts = [tok(prompt_text(tok, c), add_special_tokens=False)["input_ids"] for c in cases]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"{len(cases)} dev cases of {args.experiment}/{args.profile}, prompts {min(map(len, prompts))}–"
           f"{max(map(len, prompts))} tokens, budget {budget}, {name}, torch {torch.__version__}, "
@@ -161,10 +190,19 @@ def main() -> int:
             torch.cuda.synchronize(device)
 
     ref_n = min(args.reference, len(cases))
-    replica_call(model, tok, cases[0], 4, eos, pad)  # the first call allocates
+
+    def one(i: int, n: int) -> list[int]:  # generate() one request at a time: the replica's call before #58
+        if tok is not None:
+            return replica_call(model, tok, cases[i], n, eos, pad)
+        with torch.no_grad():
+            g = model.generate(torch.tensor([prompts[i]], device=device), max_new_tokens=n, min_new_tokens=n,
+                               do_sample=False, pad_token_id=pad, eos_token_id=None)
+        return g[0, len(prompts[i]):].tolist()
+
+    one(0, 4)  # the first call allocates
     sync()
     t = time.perf_counter()
-    reference = [replica_call(model, tok, c, budget, eos, pad) for c in cases[:ref_n]]  # one at a time
+    reference = [one(i, budget) for i in range(ref_n)]
     sync()
     secs = time.perf_counter() - t
     result["replica_call_before"] = {"requests": ref_n, "tokens_per_second": sum(map(len, reference)) / secs,

@@ -9,6 +9,9 @@
 #                        bench/serving_bench.py at gpu-135m (16 and 64 slots, 1/4/16/64 in flight, generate()
 #                        one at a time beside it, a profile of the decode step) and the same library's serving
 #                        modes (.peer/serving/serve_bench.py, a copy of ../shared/anchors/serving) in the same call
+#   STEPS="table random"  one call instead, carry .whl .peer (device time short): the table, then the bench on a
+#                        random model of the seed's shape (--random-135m, the anchor's model and prompt lengths)
+#                        and the anchor's modes in the same call
 # .whl holds the image's missing wheels and the pinned transformers (the image has 5.17; the pin is 5.24).
 # Writes under $OUT: session.log and, per step, its figures.
 set -uo pipefail
@@ -25,7 +28,7 @@ step_check() {
 }
 step_table() {
   timeout 400 python3 bench/architecture_table.py --device cuda --slots 4 \
-    --names "${NAMES:-llama,llama3-rope,qwen2,qwen3,mistral,phi3,gemma2,gpt2}" --out "$OUT/architecture-table-cuda.json" \
+    --names "${NAMES:-llama,qwen2,gemma2,gpt2}" --out "$OUT/architecture-table-cuda.json" \
     2>&1 | grep -v "Loading weights\|\[transformers\]" | tee "$OUT/architecture-table-cuda.txt"
 }
 step_bench() {
@@ -38,6 +41,17 @@ step_bench() {
   t0=$SECONDS
   OUT=$OUT SERVE_BENCH_BUDGET_S=${ANCHOR_BUDGET:-150} SERVE_BENCH_MODES=${ANCHOR_MODES:-a_replica,b_static_compile,e_static_compile_b16,c_batched_64} \
     timeout 200 python3 .peer/serving/serve_bench.py > "$OUT/anchor-serve-bench.txt" 2>&1
+  echo "anchor serve_bench: exit $? in $((SECONDS - t0)) s"; tail -14 "$OUT/anchor-serve-bench.txt"
+}
+step_random() {
+  local t0=$SECONDS
+  timeout "${BENCH_TIMEOUT:-270}" python3 bench/serving_bench.py --random-135m cuda --slots "${SLOTS:-16,64}" \
+    --levels "${LEVELS:-1,16,64}" --requests 64 --reference 8 --profile-steps 20 \
+    --out "$OUT/serving-bench-random-135m.json" 2>&1 | tee "$OUT/serving-bench-random-135m.txt"
+  echo "serving bench (random 135M shape): exit ${PIPESTATUS[0]} in $((SECONDS - t0)) s"
+  t0=$SECONDS
+  OUT=$OUT SERVE_BENCH_BUDGET_S=${ANCHOR_BUDGET:-110} SERVE_BENCH_MODES=${ANCHOR_MODES:-a_replica,b_static_compile,c_batched_64} \
+    timeout 140 python3 .peer/serving/serve_bench.py > "$OUT/anchor-serve-bench.txt" 2>&1
   echo "anchor serve_bench: exit $? in $((SECONDS - t0)) s"; tail -14 "$OUT/anchor-serve-bench.txt"
 }
 for step in ${STEPS:-}; do
