@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-from tiny_architectures import CONFIGS, build, table_row
+from tiny_architectures import CONFIGS, build, drive, table_row
 from training.architecture import SERVED, unservable
 from training.engine import Engine, EngineError
 
@@ -45,17 +45,7 @@ def prompts(model, n: int, seed: int) -> list[list[int]]:
     return [[rng.randrange(3, v) for _ in range(rng.randrange(5, 70))] for _ in range(n)]
 
 
-def run(engine: Engine, schedule: list[tuple[int, list[int], int]]) -> dict[int, object]:
-    """Step the engine by hand: schedule = (step at which it arrives, prompt, new tokens)."""
-    futures, step = {}, 0
-    pending = sorted(enumerate(schedule), key=lambda x: x[1][0])
-    while pending or not all(f.done() for f in futures.values()):
-        while pending and pending[0][1][0] <= step:
-            i, (_, p, n) = pending.pop(0)
-            futures[i] = engine.submit(p, n, keep_logits=True)
-        engine.step()
-        step += 1
-    return {i: f.result() for i, f in futures.items()}
+run = drive  # step the engine by hand: schedule = (step at which it arrives, prompt, new tokens)
 
 
 @pytest.mark.parametrize("slots,bucket", [(1, 1), (2, 1), (3, 16), (8, 1), (8, 16)])
