@@ -15,10 +15,11 @@ hours) ends as a `RunError`: Pulumi prints its message alone — the same words 
 prints for the same stack — instead of a Python traceback.
 
 `pulumi destroy` must run the program (`--run-program`) so that the hooks refusing an unpreserved
-trial exist; by then the deadline has usually passed and the plan would refuse, so the destroy is
-run with `TRIALS_TEARDOWN=1` in its environment: the program then registers what the stack holds
-without refusing the plan and without looking anything up (an environment variable, not stack
-config, so that no later `pulumi up` inherits it)."""
+trial exist; by then the deadline has usually passed and the plan would refuse, so the destroy is a
+teardown: the program registers what the stack holds without refusing the plan and without looking
+anything up. Only `orchestrate destroy` asks for one, through a request no later `pulumi up` can inherit
+(infra/destroy_request.py); a `TRIALS_TEARDOWN` that is not such a request is said and ignored: the run
+then does what an `up` does."""
 
 import os
 import sys
@@ -29,10 +30,13 @@ sys.path.insert(0, os.path.dirname(_HERE))
 
 import pulumi  # noqa: E402 — after the path is settled
 
+from infra.destroy_request import VARIABLE, teardown_asked  # noqa: E402
 from infra.plan import trial_config  # noqa: E402
 from infra.program import build  # noqa: E402
 
-TEARDOWN = os.environ.get("TRIALS_TEARDOWN") == "1"
+TEARDOWN, _ignored = teardown_asked(os.environ.get(VARIABLE), pulumi.get_project(), pulumi.get_stack())
+if _ignored:
+    pulumi.log.warn(_ignored)
 
 try:
     _cluster = dict(pulumi.Config("trials").require_object("cluster"))
@@ -40,4 +44,4 @@ try:
         _cluster["ssh_public_key"] = None
     build(trial_config(_cluster, pulumi.Config("aws").require("region")), teardown=TEARDOWN)
 except ValueError as e:  # the plan's StackConfigError and BudgetError are ValueErrors
-    raise pulumi.RunError(str(e)) from None
+    raise pulumi.RunError(str(e) + (f"\n({_ignored})" if _ignored else "")) from None

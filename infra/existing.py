@@ -33,8 +33,9 @@ from typing import Any
 import pulumi_aws as aws
 from pydantic import BaseModel
 
+from infra.held import STACK_TAG, Held
 from infra.plan import TrialConfig
-from infra.teardown import ADVICE, BUCKET_TAG, NOT_TERMINATED, NotPreserved, judge
+from infra.teardown import ADVICE, BUCKET_TAG, NOT_TERMINATED, NotPreserved, end_advice, judge
 
 VPC_CIDR = "10.42.0.0/16"
 
@@ -62,6 +63,8 @@ class SeenHost(BaseModel):
     zone_name: str | None = None
     subnet_id: str | None = None
     bucket: str | None = None
+    stack: str | None = None  # the `pulumi-stack` tag: the stack that made it (none on a host made before the tag)
+    state: str | None = None
 
 
 class Existing(BaseModel):
@@ -87,7 +90,8 @@ def look_up(cfg: TrialConfig) -> Existing:
         rank = t.get("rank")
         hosts.append(SeenHost(instance_id=iid, rank=int(rank) if rank and rank.isdigit() else None,
                               instance_type=i.instance_type, zone_name=i.availability_zone,
-                              subnet_id=i.subnet_id, bucket=t.get(BUCKET_TAG)))
+                              subnet_id=i.subnet_id, bucket=t.get(BUCKET_TAG), stack=t.get(STACK_TAG),
+                              state=getattr(i, "instance_state", None)))
     subnets = []
     for sid in aws.ec2.get_subnets(tags=tags).ids:
         s = aws.ec2.get_subnet(id=sid)
@@ -156,3 +160,42 @@ def refuse_host_changes(cfg: TrialConfig, seen: Existing, *, session_for: Any,
         raise ValueError(f"refusing this `pulumi up`: it would change host(s) of trial {cfg.trial} whose evidence "
                          f"is not preserved:\n{lines}\nNothing has been changed. Why: {why}. {ADVICE}; or put "
                          "trials:cluster.hosts back as they were.") from None
+
+
+def outside_problems(cfg: TrialConfig, seen: Existing, held: Held, stack: str) -> list[str]:
+    """The trial's live instances this `up` must not go on beside: another stack's (its `pulumi-stack` tag), a
+    second instance of one rank (the stack holds one per rank: the other is an interrupted `up`'s create, or
+    one started by hand) and one tagged with the trial but not by this program (no rank). A host of a rank
+    the state may hold, alone in its rank, is not refused here: only the stack's state knows it, and the run's
+    registrations tell (the delete check refuses every delete while one is outside)."""
+    problems = []
+    for h in seen.hosts:
+        if h.stack and h.stack != stack:
+            problems.append(f"{h.instance_id} (rank {h.rank}) is stack {h.stack}'s: trial {cfg.trial} is in use by "
+                            "another stack in this account")
+        elif h.rank is None:
+            problems.append(f"{h.instance_id} carries the trial's tag but no rank: it was not made by this program")
+    by_rank: dict[int, list[SeenHost]] = {}
+    for h in seen.hosts:
+        if h.rank is not None and (not h.stack or h.stack == stack):
+            by_rank.setdefault(h.rank, []).append(h)
+    for rank, hosts in sorted(by_rank.items()):
+        if len(hosts) > 1:
+            ids = [h.instance_id for h in hosts]
+            mine = [i for i in ids if i in held.instances]
+            others = [i for i in ids if i not in held.instances] if mine else ids
+            problems.append(f"rank {rank} has {len(hosts)} live instances ({', '.join(sorted(ids))}); the stack holds "
+                            + (f"{', '.join(mine)}: {', '.join(sorted(others))} is outside it" if mine else
+                               "one of them at most (its record does not say which)")
+                            + " — an interrupted `up` created one the state never recorded")
+    return problems
+
+
+def refuse_outside(cfg: TrialConfig, seen: Existing, held: Held, stack: str) -> None:
+    """Raises ValueError (the program's refusal, nothing registered) when `outside_problems` finds any."""
+    problems = outside_problems(cfg, seen, held, stack)
+    if problems:
+        ids = sorted({h.instance_id for h in seen.hosts})
+        raise ValueError(f"refusing this `pulumi up`: trial {cfg.trial} has live instance(s) this stack does not "
+                         "hold:\n  " + "\n  ".join(problems) + "\nNothing has been changed. "
+                         + end_advice(cfg.trial, cfg.region, ids))

@@ -17,6 +17,7 @@ from infra.bucket import Evidence
 from infra.guards import Guards
 from infra.network import Network
 from infra.plan import Host, TrialConfig
+from infra.held import STACK_TAG
 from infra.teardown import BUCKET_TAG
 from infra.sweep import utc_text
 from infra.userdata import user_data
@@ -33,7 +34,7 @@ class Hosts(Concern):
     key may be gone: the key pair then keeps the public key the stack holds."""
 
     def __init__(self, cfg: TrialConfig, refuse: pulumi.ResourceHook, network: Network, evidence: Evidence,
-                 guards: Guards, *, teardown: bool = False, opts: pulumi.ResourceOptions | None = None) -> None:
+                 guards: Guards, *, stack: str, teardown: bool = False, opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("Hosts", cfg, refuse, opts)
         name, tags = self.name, self.tags
         assert cfg.deadline is not None  # the plan refuses a stack without one before anything exists
@@ -83,7 +84,9 @@ class Hosts(Concern):
                 user_data_replace_on_change=False,
                 # the deadline and the grace cap as the stack has them now: the host's own check reads these
                 # (infra/userdata.py), so a moved deadline reaches a host whose boot script is never re-run
+                # `pulumi-stack`: whose instance it is, where two stacks use one trial name (infra/held.py)
                 tags={**tags, "rank": str(h.rank), "Name": name("rank", h.rank), BUCKET_TAG: evidence.bucket.bucket,
+                      STACK_TAG: stack,
                       "trial-deadline": utc_text(cfg.deadline),
                       "trial-grace-cap-seconds": str(int(cfg.grace_cap_minutes * 60))},
                 opts=self.child(ignore_changes=["userData", "ami"], depends_on=guards.before_hosts))

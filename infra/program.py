@@ -27,7 +27,8 @@ import pulumi
 
 from infra.bucket import Evidence
 from infra.credentials import session_factory
-from infra.existing import look_up, refuse_host_changes, subnet_cidrs
+from infra.existing import look_up, refuse_host_changes, refuse_outside, subnet_cidrs
+from infra.held import held_from_outputs, identity_problem, keep_previous, merged, read_previous, stack_fqn
 from infra.gate import DestroyGate
 from infra.guards import Guards
 from infra.hosts import Hosts
@@ -52,11 +53,21 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = 
 
     dry_run = pulumi.runtime.is_dry_run()
     session_for = session_factory()  # the stack's own AWS identity (infra/credentials.py), opened when first used
+    # the stack's record of itself (infra/held.py): a trial, region or account changed under it is refused first
+    previous = read_previous()
+    keep_previous(previous)  # a run that fails leaves the stack's outputs (its record) as they were
+    held, stack = held_from_outputs(previous), stack_fqn()
+    moved = identity_problem(held, cfg.trial, cfg.region,
+                             lambda: session_for().client("sts").get_caller_identity()["Account"], teardown=teardown)
+    if moved:
+        raise ValueError(moved)  # nothing registered
     check = DeleteCheck(cfg.trial, cfg.abandon_unpreserved, session_for, dry_run=dry_run)
+    check.hold(held.instances, stack)
     refuse = pulumi.ResourceHook(f"{cfg.trial}-refuse-unpreserved", check.hook,
                                  pulumi.ResourceHookOptions(on_dry_run=True))
     seen = None if teardown else look_up(cfg)  # a teardown looks nothing up: the state says what to delete
     if seen is not None:
+        refuse_outside(cfg, seen, held, stack)  # raises: nothing registered
         live = {h.rank for h in seen.hosts if h.rank is not None}
         lead = deadline_lead_problems(cfg, start, [h.rank for h in cfg.by_rank if h.rank not in live])
         if lead:  # raises: nothing registered
@@ -71,7 +82,7 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = 
     network = Network(cfg, refuse, subnet_cidrs(cfg, seen))
     evidence = Evidence(cfg, refuse)
     guards = Guards(cfg, refuse)  # before the hosts: each host depends on its deadline stop
-    hosts = Hosts(cfg, refuse, network, evidence, guards, teardown=teardown)
+    hosts = Hosts(cfg, refuse, network, evidence, guards, stack=stack, teardown=teardown)
     for _, inst in hosts.instances:  # the check looks these up by id too, and in their account and region
         pulumi.Output.all(inst.id, inst.arn).apply(lambda v: check.know(*v))
     DestroyGate(cfg, evidence, [network, evidence, hosts, guards], check)  # last: it depends on everything above
@@ -95,6 +106,9 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = 
             "ebs_baseline_mb_s": INSTANCE_TYPES.get(h.instance_type, {}).get("ebs_baseline_mb_s"),
             "volume_throughput_mb_s": cfg.volume.throughput_mb_s,
         } for h, inst in hosts.instances],
+        # every instance the stack has held, this run's included: what the next run reads back (infra/held.py)
+        "instances_held": pulumi.Output.all(*[inst.id for _, inst in hosts.instances]).apply(
+            lambda ids: merged(held, [(h.rank, i) for (h, _), i in zip(hosts.instances, ids)])),
     }
     for k, v in outputs.items():
         pulumi.export(k, v)

@@ -20,7 +20,10 @@ nothing and carry no hook.
 
 What it asks, once per program run (`DeleteCheck`, its answer shared by every hook of that run):
   1. Which hosts of the trial exist in the account (EC2, any state but terminated)? Found by their `trial`
-     tag and by the ids the stack's state holds (a host whose tag was removed is still found). Before that,
+     tag and by the ids the stack's state holds (a host whose tag was removed is still found). Any of them the
+     stack does not hold — neither registered by this run nor in the stack's own record of what it held
+     (infra/held.py): an interrupted `up`'s create, one started by hand, another stack's — refuses every
+     delete, preserved or abandoned: deleting the deadline stop would leave it unguarded, tracked by no stack. Before that,
      the identity the check speaks as must be in the account and region of those hosts (their ARNs): a
      check pointed at another account or region would find no host and could not be trusted to say so.
      No live host: nothing unpreserved can sit on a disk, and the delete goes on (a stack whose first `up`
@@ -161,12 +164,6 @@ def trial_instances(session: Any, trial: str, ids: set[str] = frozenset()) -> li
     return list(found.values())
 
 
-def trial_hosts(trial: str, session: Any, ids: set[str] = frozenset()) -> dict[str, str | None]:
-    """The trial's live hosts (tagged, or the stack's own `ids`): id -> its evidence bucket (tag)."""
-    return {i["InstanceId"]: next((t["Value"] for t in i.get("Tags", []) if t["Key"] == BUCKET_TAG), None)
-            for i in trial_instances(session, trial, ids)}
-
-
 def arn_place(arn: str) -> tuple[str, str] | None:
     """(region, account) of an EC2 instance's ARN; None for anything else."""
     parts = arn.split(":")
@@ -216,6 +213,36 @@ def judge(trial: str, hosts: dict[str, str | None], *, abandon_unpreserved: bool
     return "abandoned"
 
 
+def end_advice(trial: str, region: str | None, ids: list[str]) -> str:
+    """What to do about instances of the trial the stack does not hold (#65)."""
+    return (f"Such a host never received work (`cluster.json` comes from the stack's outputs, which never listed it): "
+            f"end it — `aws ec2 terminate-instances --region {region or '<region>'} --instance-ids <id>` — once you "
+            f"have checked it is not another stack's (`orchestrate status` lists every instance of trial {trial}, "
+            "held or not); an instance of another stack means this trial name is taken in the account: give the "
+            f"trial another name. (Live instances of {trial} now: {', '.join(ids) or 'none'}.)")
+
+
+class OutsideTheStack(NotPreserved):
+    """Instances of the trial exist that the stack does not hold: deleting anything now (its deadline stop first of
+    all) would leave them unguarded, tracked by no stack."""
+
+
+def outside_refusal(trial: str, region: str | None, outside: list[dict[str, Any]], stack: str | None,
+                    live: list[str]) -> OutsideTheStack:
+    def tag(i: dict[str, Any], key: str) -> str | None:
+        return next((t["Value"] for t in i.get("Tags", []) if t["Key"] == key), None)
+
+    def one(i: dict[str, Any]) -> str:
+        owner = tag(i, "pulumi-stack")
+        whose = f"; stack {owner}'s" if owner and stack and owner != stack else ""
+        return (f"{i['InstanceId']} (rank {tag(i, 'rank') or 'none'}, {i.get('State', {}).get('Name', '?')}, launched "
+                f"{str(i.get('LaunchTime', '?'))[:19]}{whose})")
+
+    return OutsideTheStack(f"instance(s) of trial {trial} that this stack does not hold exist: "
+                           f"{', '.join(one(i) for i in outside)}. While one exists nothing of the stack is deleted — "
+                           "its deadline stop is what stops them. " + end_advice(trial, region, live))
+
+
 ADVICE = ("Preserve the trial first (`orchestrate preserve --home H` for each home, or `orchestrate down`); if "
           "no trial ran on these hosts, or to give its evidence up on purpose, set "
           "trials:cluster.abandon_unpreserved: true (the choice is written to the bucket)")
@@ -232,15 +259,23 @@ class DeleteCheck:
         self.dry_run = dry_run
         self.lock = threading.Lock()
         self.answer: str | None = None
-        self.refusal: str | None = None
+        self.refusal: NotPreserved | None = None
         self.asked = 0
         self.known: dict[str, str] = {}  # the stack's instances: id -> ARN
+        self.held: set[str] = set()  # instances the stack's own record says it held (infra/held.py)
+        self.stack: str | None = None  # this stack (organization/project/stack), as instances' pulumi-stack tag has it
 
     def know(self, instance_id: str | None, arn: str | None) -> None:
         """A host the stack holds (its id and ARN as the engine answered the program's registration)."""
         if instance_id:
             with self.lock:
                 self.known[instance_id] = arn or ""
+
+    def hold(self, ids: Any, stack: str | None = None) -> None:
+        """Instances the stack's own record says it held (the previous runs' `instances_held`)."""
+        with self.lock:
+            self.held |= set(ids)
+            self.stack = stack or self.stack
 
     def settle(self, answer: str) -> None:
         """The program's own verdict for this run (an `up` it let change hosts): the hooks give the same."""
@@ -256,17 +291,23 @@ class DeleteCheck:
                     session = self.session_for()
                     same_place(session, self.known)
                     try:
-                        hosts = trial_hosts(self.trial, session, set(self.known))
+                        found = trial_instances(session, self.trial, set(self.known))
                     except Exception as e:  # noqa: BLE001 — hosts that cannot be listed may hold evidence
                         raise NotPreserved(f"the hosts of trial {self.trial} cannot be listed: {e}") from None
+                    outside = [i for i in found if i["InstanceId"] not in self.known and i["InstanceId"] not in self.held]
+                    if outside:
+                        raise outside_refusal(self.trial, getattr(session, "region_name", None), outside, self.stack,
+                                              sorted(i["InstanceId"] for i in found))
+                    hosts = {i["InstanceId"]: next((t["Value"] for t in i.get("Tags", []) if t["Key"] == BUCKET_TAG), None)
+                             for i in found}
                     self.answer = judge(self.trial, hosts, abandon_unpreserved=self.abandon_unpreserved,
                                         session=session, dry_run=self.dry_run, who=who)
                 except NotPreserved as e:
-                    self.refusal = str(e)
+                    self.refusal = e
                 except Exception as e:  # noqa: BLE001 — a check that cannot run has verified nothing
-                    self.refusal = f"the check could not run: {type(e).__name__}: {e}"
+                    self.refusal = NotPreserved(f"the check could not run: {type(e).__name__}: {e}")
             if self.refusal is not None:
-                raise NotPreserved(self.refusal)
+                raise type(self.refusal)(str(self.refusal))
             assert self.answer is not None
             return self.answer
 
@@ -277,6 +318,9 @@ class DeleteCheck:
             self.know(args.id, (args.old_outputs or {}).get("arn"))
         try:
             self.verdict(args.id or args.name)
+        except OutsideTheStack as e:
+            raise OutsideTheStack(f"refusing to delete {args.name}{f' ({args.id})' if args.id else ''}: {e} Nothing "
+                                  "of the stack has been deleted by this check.") from None
         except NotPreserved as e:
             raise NotPreserved(f"refusing to delete {args.name}{f' ({args.id})' if args.id else ''}: trial "
                                f"{self.trial} is not preserved: {e}. Nothing of it has been deleted by this "

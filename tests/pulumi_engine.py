@@ -188,6 +188,16 @@ class Deployment:
         return self.record.get("ops", [])
 
     @property
+    def warnings(self) -> list[str]:
+        """What the engine itself warned of (the pending operations of an interrupted deployment)."""
+        return self.record.get("engine_warnings", [])
+
+    @property
+    def pending(self) -> list[dict[str, Any]]:
+        """The pending CREATE operations the checkpoint holds after this deployment (`pending_operations`)."""
+        return [s for s in self.state if s.get("pending")]
+
+    @property
     def modules(self) -> dict[str, str]:
         return self.record.get("modules", {})
 
@@ -266,6 +276,24 @@ def pulumi_run(operation: str, config: dict[str, Any], *, root: Path = ROOT, sta
     for r in d.resources:
         r.outputs_registered = record["component_outputs"].get(r.urn)
     return d
+
+
+_REQUESTS: list[Path] = []
+
+
+def teardown_env(stack: str = "test", project: str = "trials") -> dict[str, str]:
+    """The environment `orchestrate destroy` gives `pulumi destroy --run-program`: `TRIALS_TEARDOWN` naming a
+    request written by this process (infra/destroy_request.py), which every program the harness starts has
+    as an ancestor. Removed when this process ends, as `orchestrate destroy` removes its own."""
+    import atexit
+
+    from infra.destroy_request import VARIABLE, write_request
+
+    path = write_request(project, stack)
+    if not _REQUESTS:
+        atexit.register(lambda: [p.unlink(missing_ok=True) for p in _REQUESTS])
+    _REQUESTS.append(path)
+    return {VARIABLE: str(path)}
 
 
 def plain_destroy(operation: str, state: list[dict[str, Any]], config: dict[str, Any]) -> Deployment:
@@ -424,6 +452,7 @@ def plan_deletes(operation: str, prev: list[dict[str, Any]], registered: list[di
     is the new states followed by `prev` (`getDepgraphForScheduling`). `replaced`: the states (members of
     `prev`) of resources an `up` replaced create-before-delete; they are condemned with the rest, in the same waves
     (`GenerateDeletes`: DeleteReplaced steps, scheduled by `ScheduleDeletes` with the deletes)."""
+    prev = [s for s in prev if not s.get("pending")]  # a pending create is no resource: nothing deletes it
     old = {s["urn"]: s for s in prev if not s.get("delete")}
     to_delete: list[Node] = []
     operated: set[str] = set()
@@ -565,7 +594,7 @@ def account_invoke(token: str, args: dict[str, Any], state: list[dict[str, Any]]
     `get_instance`, `get_subnets` and `get_subnet` results (camelCase, as the engine returns them). A
     lookup of one resource that matches none fails, as EC2's does."""
     def custom(typ: str) -> list[dict[str, Any]]:  # an old copy pending deletion still exists in the account
-        return [s for s in state if s["type"] == typ and s.get("id")]
+        return [s for s in state if s["type"] == typ and s.get("id") and not s.get("pending")]
 
     tags_arg = args.get("instanceTags") or args.get("tags")
     if token == "aws:ec2/getInstances:getInstances":
@@ -594,6 +623,61 @@ def account_invoke(token: str, args: dict[str, Any], state: list[dict[str, Any]]
         return {"id": s["id"], "cidrBlock": o.get("cidrBlock"), "availabilityZone": o.get("availabilityZone"),
                 "availabilityZoneId": o.get("availabilityZoneId"), "vpcId": o.get("vpcId"), "tags": o.get("tags") or {}}
     raise KeyError(token)
+
+
+READ_STACK_OUTPUTS = "pulumi:pulumi:readStackOutputs"
+
+
+def read_stack_outputs(name: str, state: list[dict[str, Any]], project: str, stack: str) -> dict[str, Any]:
+    """The builtin provider's `readStackOutputs` (pkg/resource/deploy/builtins.go `readStackReference`, through
+    pkg/backend/backend.go `GetStackOutputs`) for the stack being deployed, as the self-managed backend answers
+    it: the root stack resource's outputs in the checkpoint as last written (pkg/backend/diy/state.go
+    `getSnapshotStackOutputs`: an empty map for a stack with no deployment yet). Names are `stack`,
+    `org/stack` or `organization/<project>/<stack>` (pkg/backend/diy/store.go; the organization is always
+    "organization"); another stack is not emulated."""
+    accepted = {stack, f"organization/{stack}", f"organization/{project}/{stack}"}
+    if name not in accepted:
+        raise LookupError(f'unknown stack "{name}"')
+    root = next((s for s in state if s["type"] == STACK_TYPE), None)
+    return {"name": name, "outputs": dict((root or {}).get("outputs") or {}), "secretOutputNames": []}
+
+
+MOTO_INVOKES = ("aws:ec2/getInstances:getInstances", "aws:ec2/getInstance:getInstance")
+
+
+def moto_invoke(token: str, args: dict[str, Any]) -> dict[str, Any]:
+    """The instance lookups answered by moto's EC2 (with `provider="moto"` the account is moto's, and holds what
+    was created there — an interrupted `up`'s instance too, which the state lacks), in pulumi-aws's shapes."""
+    import boto3
+
+    ec2 = boto3.client("ec2")
+    if token == "aws:ec2/getInstances:getInstances":
+        filters = [{"Name": f"tag:{k}", "Values": [v]} for k, v in (args.get("instanceTags") or {}).items()]
+        filters.append({"Name": "instance-state-name", "Values": args.get("instanceStateNames") or ["running"]})
+        found = [i for r in ec2.describe_instances(Filters=filters)["Reservations"] for i in r["Instances"]]
+        return {"id": "us-east-1", "ids": [i["InstanceId"] for i in found], "ipv6Addresses": [],
+                "privateIps": [i["PrivateIpAddress"] for i in found if i.get("PrivateIpAddress")],
+                "publicIps": [i["PublicIpAddress"] for i in found if i.get("PublicIpAddress")]}
+    (i,) = [i for r in ec2.describe_instances(InstanceIds=[args["instanceId"]])["Reservations"] for i in r["Instances"]]
+    return {"id": i["InstanceId"], "instanceState": i["State"]["Name"],
+            "availabilityZone": i["Placement"]["AvailabilityZone"], "instanceType": i["InstanceType"],
+            "subnetId": i.get("SubnetId"), "keyName": i.get("KeyName"), "privateIp": i.get("PrivateIpAddress"),
+            "publicIp": i.get("PublicIpAddress"), "tags": {t["Key"]: t["Value"] for t in i.get("Tags", [])}}
+
+
+def pending_operations_warning(pending: list[dict[str, Any]]) -> str:
+    """pkg/resource/deploy/deployment_executor.go `printPendingOperationsWarning`, in its words: printed by every
+    non-preview deployment of a checkpoint holding pending operations; the deployment then goes on (a pending
+    create's URN is not a resource of the checkpoint, so the step generator creates it again)."""
+    return ("Attempting to deploy or update resources " + f"with {len(pending)} pending operations from previous "
+            "deployment.\n" + "".join(f"  * {p['urn']}, interrupted while {p['pending']}\n" for p in pending)
+            + "These resources are in an unknown state because the Pulumi CLI was interrupted while waiting for "
+            "changes to these resources to complete. You should confirm whether or not the operations listed "
+            "completed successfully by checking the state of the appropriate provider. For example, if you are using "
+            "AWS, you can confirm using the AWS Console.\n\nOnce you have confirmed the status of the interrupted "
+            "operations, you can repair your stack using `pulumi refresh` which will refresh the state from the "
+            "provider you are using and clear the pending operations if there are any.\n\nNote that `pulumi refresh` "
+            "will need to be run interactively to clear pending CREATE operations.")
 
 
 def plain_destroy_refusal(state: list[dict[str, Any]]) -> str | None:

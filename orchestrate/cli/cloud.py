@@ -236,3 +236,20 @@ def down(home: Path = typer.Option(..., help="the trial home"),
                   highlight=False)
     if any(f.billing and f.kind == "instance" for f in left):
         raise typer.Exit(1)
+
+
+def destroy(stack: str = typer.Option(..., help="the trial's Pulumi stack (its name, as `pulumi stack ls` lists it)"),
+            work_dir: Path = typer.Option(Path("."), help="the Pulumi project's directory (where Pulumi.yaml is)"),
+            yes: bool = typer.Option(False, "--yes", help="no question before deleting (passed to pulumi)"),
+            preview_only: bool = typer.Option(False, "--preview-only", help="only show what would be deleted")) -> None:
+    """Tear the trial's stack down: `pulumi destroy --run-program`, asked for as a teardown this run alone carries
+    (never an `up`). Refused, deleting nothing, while the trial is unpreserved or any instance of it is outside the
+    stack; the evidence bucket and what keeps it safe stay."""
+    from orchestrate.destroy import DestroyRefused, run_destroy
+
+    with refusing(DestroyRefused):
+        code = run_destroy(stack, work_dir.resolve(), yes=yes, preview_only=preview_only, say=say)
+    if code != 0:
+        say("error:", f"pulumi destroy ended with status {code}: what it refused is above; nothing it did not "
+                      "list as deleted was deleted", style="bold red")
+        raise typer.Exit(code)

@@ -18,11 +18,11 @@ import requests
 
 from evidence.stores import preserve
 from infra.credentials import CredentialsError, StackAws, go_duration_s, open_session
-from pulumi_engine import pulumi_run
+from pulumi_engine import pulumi_run, teardown_env
 from test_infra import CALLS, answers, live, stack_of
 from test_teardown import a_home
 
-TEARDOWN = {"TRIALS_TEARDOWN": "1"}
+TEARDOWN = teardown_env()
 
 
 def test_the_stack_config_read_as_the_provider_reads_it():
@@ -136,7 +136,8 @@ def test_the_check_speaks_as_the_stack_does_when_only_its_config_holds_credentia
         TagSpecifications=[{"ResourceType": "instance", "Tags": [
             {"Key": "trial", "Value": trial}, {"Key": "evidence-bucket", "Value": bucket}]}])["Instances"]]
     cluster = live(trial=trial)
-    up = pulumi_run("up", stack_of(cluster), answers=answers(trial), calls=CALLS)  # mocks: the state to destroy
+    rules = answers(trial) + [{"type": "aws:ec2/instance:Instance", "name": f"{trial}-rank-0", "id": iid}]
+    up = pulumi_run("up", stack_of(cluster), answers=rules, calls=CALLS)  # mocks: the state to destroy (rank 0: iid)
     assert up.returncode == 0, up.errors
     # nothing in the environment: no keys, no endpoint, no profile, no role, no container or instance metadata
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
@@ -148,7 +149,7 @@ def test_the_check_speaks_as_the_stack_does_when_only_its_config_holds_credentia
 
     def destroy(**aws_config):
         config = {**stack_of(cluster), **{f"aws:{k}": v for k, v in aws_config.items()}}
-        return pulumi_run("destroy", config, state=up.state, answers=answers(trial), calls=CALLS, env=env)
+        return pulumi_run("destroy", config, state=up.state, answers=rules, calls=CALLS, env=env)
 
     with_keys = {"accessKey": enforced["key"], "secretKey": enforced["secret"], "endpoints": endpoints}
     # the stack's own identity: the check sees the live host and reads the bucket, and refuses (unpreserved)

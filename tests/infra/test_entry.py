@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pulumi_engine import EXEC, STACK_TYPE, pulumi_run
+from pulumi_engine import EXEC, STACK_TYPE, pulumi_run, teardown_env
 from test_infra import CALLS, answers, live, stack_of
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,7 +41,7 @@ def test_no_module_of_infra_shadows_an_importable_name():
     assert not [p for p in (ROOT / "infra").iterdir() if p.is_dir() and p.name != "__pycache__"]  # no sub-packages to check
 
 
-@pytest.mark.parametrize("operation, env", [("up", {}), ("preview", {}), ("destroy", {"TRIALS_TEARDOWN": "1"})])
+@pytest.mark.parametrize("operation, env", [("up", {}), ("preview", {}), ("destroy", teardown_env())])
 def test_the_program_runs_as_the_engine_starts_it(operation, env):
     """The issue's reproduction — `cd infra && python -c "import runpy; runpy.run_path('.', run_name='__main__')"`
     — with the engine's arguments, config and monitor: every resource registered, for each operation."""

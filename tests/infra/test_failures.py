@@ -61,6 +61,14 @@ def failed_at(order: list[dict], urn: str, mode: str) -> list[dict]:
     return [n.state for n in nodes if n is not failed and id(failed) not in graph.transitive_dependencies_of(n)]
 
 
+def no_nulls(v):
+    """A state with null values left out: the stack's outputs, exported again by a refused run (infra/held.py
+    `keep_previous`), come back without the null keys (a host's unknown public address)."""
+    if isinstance(v, dict):
+        return {k: no_nulls(x) for k, x in v.items() if x is not None}
+    return [no_nulls(x) for x in v] if isinstance(v, list) else v
+
+
 def coverage(state: list[dict], cfg: TrialConfig, trial: str = TRIAL) -> list[dict]:
     """For each host the state holds: which of its cloud-side stops exist."""
     names = {s["name"] for s in in_account(state)}
@@ -142,6 +150,7 @@ def judge_destroys(aws, states: dict[str, list[dict]], teardown, account: Accoun
         for live in (True, False):
             account.hosts(1 if live else 0, bucket)
             check = DeleteCheck(TRIAL, False, lambda: aws, dry_run=False)
+            check.hold(account.ids)  # the live host is one the state holds (as the program registers it)
             for key, state in states.items():
                 if bool(out[key]["hosts"]) != live:
                     continue
@@ -386,7 +395,8 @@ def test_an_up_that_would_drop_replace_or_restart_a_host_is_refused_before_anyth
     assert again.returncode == 1 and "refusing this `pulumi up`" in again.errors, again.errors
     assert what.format(rank3) in again.errors and "Nothing has been changed" in again.errors
     assert "holds no preservation index" in again.errors and "abandon_unpreserved: true" in again.errors
-    assert again.ops == [] and again.steps == [] and again.state == up.state and live_instances(aws, T) == 4
+    assert again.ops == [] and again.steps == [] and no_nulls(again.state) == no_nulls(up.state)
+    assert live_instances(aws, T) == 4
     print(f"\n{list(edit)[0]}: refused, {len(again.ops)} steps, {len(in_account(again.state))} resources as before; "
           f"{again.errors.splitlines()[1].strip()}")
     if "drop" in edit:  # the preview `pulumi up` shows first says it already

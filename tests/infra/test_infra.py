@@ -20,7 +20,7 @@ from infra.outputs import OutputsError, parse_outputs
 from infra.plan import TrialConfig, arm_traffic, estimate, sweep_usd_per_day
 from infra.userdata import GUARD_SCRIPT
 from conftest import public_key
-from pulumi_engine import STACK_TYPE, Deployment, pulumi_run
+from pulumi_engine import STACK_TYPE, Deployment, pulumi_run, teardown_env
 
 ROOT = Path(__file__).resolve().parents[2]
 NOW = dt.datetime(2026, 11, 30, 0, 0, tzinfo=dt.timezone.utc)
@@ -626,15 +626,31 @@ def test_every_delete_that_costs_something_is_checked(program):
 
 def test_destroy_runs_the_program_after_the_deadline(tmp_path):
     """`pulumi destroy --run-program` runs the program to register the destroy hooks, by when the deadline
-    has passed and the operator's key file may be gone: with TRIALS_TEARDOWN=1 the program builds (the
-    hooks registered) instead of refusing the plan; without it, it refuses as `pulumi up` must."""
+    has passed and the operator's key file may be gone: asked for by `orchestrate destroy` (a request this
+    process wrote, infra/destroy_request.py) the program builds (the hooks registered) instead of refusing the
+    plan; without it — or with a `TRIALS_TEARDOWN=1` left in the shell, a request of another stack, or one whose
+    writer is not an ancestor of the run — it refuses as `pulumi up` must (#65), and says why."""
+    from infra.destroy_request import write_request
+
     past = study(deadline=(dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1)).isoformat(),
                  ssh_public_key=str(tmp_path / "gone.pub"))
     assert "is neither an OpenSSH public key nor a file" in words(run_entry(past, env={"TRIALS_TEARDOWN": ""}))
     past["ssh_public_key"] = OPERATOR_KEY
     assert "has passed" in words(run_entry(past, env={"TRIALS_TEARDOWN": ""}))
+    left = words(run_entry(past, env={"TRIALS_TEARDOWN": "1"}))
+    assert "has passed" in left and "TRIALS_TEARDOWN=1 names no request file: this run does what `pulumi up` does" in left
+    other = words(run_entry(past, env={"TRIALS_TEARDOWN": str(write_request("trials", "prod", where=tmp_path))}))
+    assert "has passed" in other and "names a request for trials/prod, not trials/test" in other
+    stranger = subprocess.Popen(["sleep", "60"])  # alive, but not an ancestor of the program's process
+    try:
+        foreign = words(run_entry(past, env={"TRIALS_TEARDOWN": str(write_request("trials", "test", pid=stranger.pid,
+                                                                                   where=tmp_path))}))
+    finally:
+        stranger.kill()
+        stranger.wait()
+    assert "has passed" in foreign and f"a request of process {stranger.pid}, which did not start this run" in foreign
     past["ssh_public_key"] = str(tmp_path / "gone.pub")
-    assert run_entry(past, env={"TRIALS_TEARDOWN": "1"}) == ""
+    assert run_entry(past, env=teardown_env()) == ""
 
 
 def test_one_guard_fraction_for_plan_controller_and_host(program, tmp_path):

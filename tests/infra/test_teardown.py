@@ -19,7 +19,8 @@ from types import SimpleNamespace
 import pytest
 
 from evidence.stores import object_key, preserve
-from infra.teardown import DeleteCheck, NotPreserved
+from evidence.stores import S3Store
+from infra.teardown import DeleteCheck, NotPreserved, OutsideTheStack, trial_prefix
 
 INSTANCE = "aws:ec2/instance:Instance"
 
@@ -28,6 +29,10 @@ def resource(name: str = "td-trial-rank-0", typ: str = INSTANCE, rid: str = "i-0
     """What Pulumi hands a before_delete hook (`ResourceHookArgs`)."""
     return SimpleNamespace(name=name, id=rid, type=typ, urn=f"urn:pulumi:test::trials::{typ}::{name}",
                            old_inputs={}, old_outputs=None, new_inputs=None, new_outputs=None)
+
+
+HELD: dict[str, list[str]] = {}
+"""The hosts each test trial's stack holds (every one `trial.launch` made): what its program would register."""
 
 
 @pytest.fixture
@@ -45,15 +50,25 @@ def trial(aws):
             ImageId=ami, InstanceType="g6e.xlarge", MinCount=n, MaxCount=n,
             TagSpecifications=[{"ResourceType": "instance", "Tags": tags}])["Instances"]]
         made.extend(ids)
+        HELD.setdefault(name, []).extend(ids)
         return ids
 
-    yield SimpleNamespace(name=name, launch=launch)
+    def outside(n: int = 1) -> list[str]:
+        """Hosts of the trial the stack does not hold (an interrupted `up`'s create, one started by hand)."""
+        ids = launch(None, n)
+        HELD[name] = [i for i in HELD[name] if i not in ids]
+        return ids
+
+    yield SimpleNamespace(name=name, launch=launch, outside=outside)
+    HELD.pop(name, None)
     if made:
         ec2.terminate_instances(InstanceIds=made)
 
 
 def check(aws, trial: str, *, abandon: bool = False, dry_run: bool = False) -> DeleteCheck:
-    return DeleteCheck(trial, abandon, lambda: aws, dry_run=dry_run)
+    c = DeleteCheck(trial, abandon, lambda: aws, dry_run=dry_run)
+    c.hold(HELD.get(trial, []))  # the stack's own record (infra/held.py): the hosts its runs registered
+    return c
 
 
 def a_home(root, name: str = "cooperative-learning-gpu"):
@@ -269,3 +284,25 @@ def test_hosts_that_cannot_be_listed_are_not_taken_for_none(aws, trial):
         get_paginator=lambda op: (_ for _ in ()).throw(ConnectionError("EC2 unreachable"))))
     with pytest.raises(NotPreserved, match="the hosts of trial .* cannot be listed: EC2 unreachable"):
         DeleteCheck(trial.name, False, lambda: ec2_down, dry_run=False).hook(resource())
+
+
+def test_an_instance_the_stack_does_not_hold_refuses_every_delete_preserved_or_abandoned(aws, trial, tmp_path):
+    """#65: an instance tagged with the trial that the stack does not hold (an interrupted `up`'s create, one
+    started by hand) refuses every delete — preserved or abandoned — naming it and how to end it; ended, the
+    preserved trial's delete goes on."""
+    s3 = aws.client("s3")
+    bucket = f"{trial.name}-evidence"
+    s3.create_bucket(Bucket=bucket)
+    held = trial.launch(bucket, 2)
+    home = a_home(tmp_path)
+    preserve(home, S3Store.url_for(bucket, trial_prefix(trial.name)), trial=home.name, session=aws)
+    assert check(aws, trial.name).verdict("x") == "preserved"
+    (orphan,) = trial.outside()
+    for abandon in (False, True):
+        with pytest.raises(OutsideTheStack, match=rf"refusing to delete td-trial-rank-0 .*instance\(s\) of trial "
+                                                  rf"{trial.name} that this stack does not hold exist: {orphan} \(rank "
+                                                  rf"none, running.*terminate-instances --region us-east-1"):
+            check(aws, trial.name, abandon=abandon).hook(resource(rid=held[0]))
+    assert not [k for k in s3.list_objects_v2(Bucket=bucket).get("Contents", []) if "abandoned/" in k["Key"]]
+    aws.client("ec2").terminate_instances(InstanceIds=[orphan])
+    assert check(aws, trial.name).verdict("x") == "preserved"

@@ -50,7 +50,7 @@ from conftest import ROOT, example_stack, run_cli, serving_processes, signal_cli
 from evidence.canonical import file_sha256, read_json
 from evidence.commitments import LOG_NAME, CommitmentLog
 from machinery.aws_clock import Clock, Cloud, Lifecycle, at_time, run_until
-from pulumi_engine import is_provider, pulumi_run, stack_config
+from pulumi_engine import is_provider, pulumi_run, stack_config, teardown_env
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("/usr/sbin/sshd") is None
                                 or shutil.which("faketime") is None,
@@ -58,7 +58,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("/usr/sbin/ssh
 
 TRIAL, REGION, ACCOUNT = "aws-loop", "us-east-1", "123456789012"
 BUCKET = "aws-loop-evidence"
-TEARDOWN = {"TRIALS_TEARDOWN": "1"}
+TEARDOWN = teardown_env()
 
 
 def cloud_answers(hosts, instance_ids: list[str], topic: str) -> list[dict]:

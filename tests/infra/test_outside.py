@@ -1,0 +1,144 @@
+"""The promise outside the state (#65): instances of the trial the stack does not hold, a stack whose trial,
+region or account changes under it, two stacks that use one trial name, and a `TRIALS_TEARDOWN` left in a shell
+— each walked over time, command after command, through the engine harness (tests/pulumi_engine.py) with
+moto's EC2 as the account: the program's instance look-ups are answered by moto (`provider="moto"`), so it sees
+what the account holds, not what the state says.
+
+How an interrupted `up` is emulated (pulumi/pulumi, read: `pkg/backend/snapshot.go` `doCreate` marks a create
+pending before the provider's call and completes it after; `Snap` carries every pending CREATE into each later
+checkpoint; `pkg/resource/deploy/deployment_executor.go` `printPendingOperationsWarning`): the create of rank 3
+reaches EC2 and the engine goes away; the checkpoint keeps a pending CREATE with no id; the next `up` warns
+with the engine's words and, since a pending create is no resource of the checkpoint, creates rank 3 again.
+"""
+
+from __future__ import annotations
+
+import copy
+import uuid
+
+import pytest
+
+from pulumi_engine import pulumi_run, teardown_env
+from test_destroy import live_instances, moto_rules, terminate_trial
+from test_failures import preserve_into
+from test_infra import CALLS, live, stack_of
+
+HOST = "aws:ec2/instance:Instance"
+
+
+def tagged(aws, trial: str) -> dict[str, str]:
+    """The trial's live instances by id -> rank tag, as EC2 has them."""
+    out = {}
+    for r in aws.client("ec2").describe_instances(Filters=[{"Name": "tag:trial", "Values": [trial]}])["Reservations"]:
+        for i in r["Instances"]:
+            if i["State"]["Name"] != "terminated":
+                out[i["InstanceId"]] = next((t["Value"] for t in i.get("Tags", []) if t["Key"] == "rank"), None)
+    return out
+
+
+def in_state(state: list[dict]) -> set[str]:
+    return {s["id"] for s in state if s["type"] == HOST and s.get("id") and not s.get("pending")}
+
+
+def deleted(d) -> list[str]:
+    return [st["name"] for st in d.steps if st["custom"] and st["outcome"].startswith("deleted")]
+
+
+@pytest.fixture
+def trial(aws):
+    name = f"out-{uuid.uuid4().hex[:6]}"
+    bucket = f"{name}-evidence"
+    aws.client("s3").create_bucket(Bucket=bucket)
+    yield name, bucket, moto_rules(bucket, name)
+    terminate_trial(aws, name)
+
+
+def test_an_interrupted_up_leaves_a_host_the_state_does_not_hold_and_nothing_deletes_past_it(aws, trial, tmp_path):
+    T, bucket, rules = trial
+    config = stack_of(live(trial=T))
+    engine = {"answers": rules, "calls": CALLS, "provider": "moto"}
+    # 1. the first `up` goes away while EC2 creates rank 3
+    first = pulumi_run("up", config, faults=[{"name": f"{T}-rank-3", "op": "create", "interrupt": True}], **engine)
+    assert first.failed and "interrupted" in first.failed
+    assert [p["name"] for p in first.pending] == [f"{T}-rank-3"]
+    orphan = next(i for i, r in tagged(aws, T).items() if r == "3")
+    assert len(tagged(aws, T)) == 4 and len(in_state(first.state)) == 3 and orphan not in in_state(first.state)
+    # 2. the next `up`: the engine warns of the pending create and creates rank 3 again; the program sees one
+    # instance per rank, which the state may hold (a failed up's hosts look the same), and goes on
+    second = pulumi_run("up", config, state=first.state, **engine)
+    assert second.returncode == 0 and second.failed is None, second.errors
+    assert "1 pending operations from previous deployment" in second.warnings[0] and f"{T}-rank-3" in second.warnings[0]
+    assert len(tagged(aws, T)) == 5 and len(in_state(second.state)) == 4 and orphan not in in_state(second.state)
+    assert orphan not in {h["instance_id"] for h in second.exports["instances_held"]}
+    print(f"\nafter the interrupted up and the next: {len(tagged(aws, T))} live instances of {T} by tag, "
+          f"{len(in_state(second.state))} in the state; outside: {orphan} (rank 3)")
+    # 3. any later `up` refuses before it changes anything: two instances of rank 3, which one is outside
+    third = pulumi_run("up", config, state=second.state, **engine)
+    assert third.returncode == 1 and third.ops == [], third.errors
+    held3 = next(s["id"] for s in second.state if s["name"] == f"{T}-rank-3" and not s.get("pending"))
+    assert f"rank 3 has 2 live instances" in third.errors and f"the stack holds {held3}: {orphan} is outside it" in \
+        third.errors and "terminate-instances" in third.errors
+    # 4. a destroy, before preservation and after it: the orphan refuses it, nothing is deleted
+    for when in ("before", "after"):
+        if when == "after":
+            preserve_into(aws, bucket, T, tmp_path)
+        d = pulumi_run("destroy", config, state=second.state, env=teardown_env(), **engine)
+        assert d.failed and f"instance(s) of trial {T} that this stack does not hold exist: {orphan} (rank 3" in d.failed
+        assert deleted(d) == [] and len(tagged(aws, T)) == 5, (when, deleted(d))
+        print(f"destroy {when} preservation: refused, {len(deleted(d))} deleted, {len(tagged(aws, T))} live")
+    # 5. the orphan ended as the refusal says: the preserved trial's destroy deletes everything but the evidence
+    aws.client("ec2").terminate_instances(InstanceIds=[orphan])
+    d = pulumi_run("destroy", config, state=second.state, env=teardown_env(), **engine)
+    assert d.failed is None, d.failed
+    assert len(tagged(aws, T)) == 0 and f"{T}-deadline" in deleted(d)
+    assert aws.client("s3").list_objects_v2(Bucket=bucket)["KeyCount"] > 0  # the evidence stays
+    print(f"orphan terminated; destroy deleted {len(deleted(d))} resources, {len(tagged(aws, T))} instances left")
+
+
+def test_a_stack_does_not_change_trial_region_or_account_under_its_hosts(aws, trial):
+    T, _, rules = trial
+    cluster = live(trial=T)
+    engine = {"calls": CALLS, "provider": "moto"}
+    up = pulumi_run("up", stack_of(cluster), answers=rules, **engine)
+    assert up.returncode == 0, up.errors
+    renamed = f"{T}-b"
+    for edit, said in (({"trial": renamed}, f"trial {T} -> {renamed}"), ({"region": "us-west-2"}, "region us-east-1 -> us-west-2")):
+        moved = {**copy.deepcopy(cluster), **edit}
+        if "region" in edit:
+            moved["hosts"] = [{**h, "zone": "us-west-2a"} for h in moved["hosts"]]
+        again = pulumi_run("up", stack_of(moved), state=up.state, answers=moto_rules(f"{T}-evidence", moved["trial"]),
+                           **engine)
+        assert again.returncode == 1 and again.ops == [], again.errors
+        assert "refusing this `pulumi up`: the stack holds trial" in again.errors and said in again.errors
+        assert len(tagged(aws, T)) == 4 and tagged(aws, renamed) == {}
+        d = pulumi_run("destroy", stack_of(moved), state=up.state, answers=rules, env=teardown_env(), **engine)
+        assert d.failed is None and d.returncode == 1 and "refusing this destroy" in d.errors and d.steps == []
+        print(f"\n{said}: up refused ({len(again.ops)} steps), destroy refused; {len(tagged(aws, T))} hosts of {T}")
+
+
+def test_two_stacks_do_not_share_a_trial_name(aws, trial):
+    T, _, rules = trial
+    config = stack_of(live(trial=T))
+    first = pulumi_run("up", config, answers=rules, calls=CALLS, provider="moto", stack="first")
+    assert first.returncode == 0, first.errors
+    second = pulumi_run("up", config, answers=rules, calls=CALLS, provider="moto", stack="second")
+    assert second.returncode == 1 and second.ops == [], second.errors
+    assert "is stack organization/trials/first's: trial" in second.errors and len(tagged(aws, T)) == 4
+
+
+def test_a_teardown_setting_left_in_the_shell_does_not_turn_an_up_into_one(aws, trial):
+    """An `up` that resizes a host of an unpreserved trial, with `TRIALS_TEARDOWN=1` exported long ago: the
+    program does what `up` does — the look-up, and the refusal of a stop/start — and says why."""
+    T, _, rules = trial
+    cluster = live(trial=T)
+    up = pulumi_run("up", stack_of(cluster), answers=rules, calls=CALLS, provider="moto")
+    resized = copy.deepcopy(cluster)
+    resized["hosts"][3]["instance_type"] = "g6e.2xlarge"
+    resized["prices"] = {"instance/g6e.2xlarge": 2.24}
+    resized["budget"] = {**resized["budget"], "compute_usd": 30, "total_usd": 106}
+    again = pulumi_run("up", stack_of(resized), state=up.state, answers=rules, calls=CALLS, provider="moto",
+                       env={"TRIALS_TEARDOWN": "1"})
+    assert again.returncode == 1 and again.ops == []
+    assert "would be stopped and started again" in again.errors
+    assert any("TRIALS_TEARDOWN=1 names no request file: this run does what `pulumi up` does" in m["message"]
+               for m in again.logs)
