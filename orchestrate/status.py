@@ -79,6 +79,8 @@ class TrialStatus(Model):
     spend: Budget | Unknown | None = Field(
         description="the trial's AWS budget (orchestrate.cloud.cluster_budget); None: the cluster has none")
     addresses: list[str] | None  # where cluster.json no longer reaches a host; None: not a Pulumi stack's cluster
+    outside: list[str] | None = Field(None, description="instances tagged with the trial that cluster.json (the "
+                                                        "stack's outputs) does not list: none of the stack's")
     alerts: Alerts | Unknown | None = Field(
         description="the transfer alarms and the alert topic's subscriptions (orchestrate.cloud.trial_alerts)")
 
@@ -153,6 +155,18 @@ def address_warnings(cluster: Cluster, now: dict[int | None, Instance]) -> list[
     return out
 
 
+def outside_warnings(cluster: Cluster, found: list[Instance]) -> list[str]:
+    """Every instance tagged with the trial that cluster.json does not list (#65): an interrupted `up`'s create,
+    one started by hand, another stack's. None of them ever received work; while one exists the stack's destroy
+    deletes nothing (infra/teardown.py)."""
+    listed = {h.instance_id for h in cluster.hosts if h.instance_id}
+    return [f"{i.instance_id} (rank {'none' if i.rank is None else i.rank}, {i.state}, {i.instance_type} in {i.zone}) "
+            f"carries trial={cluster.trial}'s tag but is not in cluster.json: outside the stack — its destroy is "
+            f"refused while it exists; once you have checked it is not another stack's, end it: aws ec2 "
+            f"terminate-instances --region {cluster.region} --instance-ids {i.instance_id}"
+            for i in found if i.instance_id not in listed]
+
+
 def trial_status(cluster: Cluster, home: Path | None, *, session: Any = None,
                  now: dt.datetime | None = None) -> TrialStatus:
     now = now or dt.datetime.now(dt.timezone.utc)
@@ -195,6 +209,7 @@ def trial_status(cluster: Cluster, home: Path | None, *, session: Any = None,
         except Exception as e:  # noqa: BLE001 — spend is reported as unknown, never guessed
             spend = Unknown(error=str(e)[:300])
     addresses: list[str] | None = None
+    outside: list[str] | None = None
     if cluster.source == "pulumi" and cluster.trial:  # a stop/start gives a host a new public address
 
         try:
@@ -203,7 +218,12 @@ def trial_status(cluster: Cluster, home: Path | None, *, session: Any = None,
                 import boto3
 
                 session = boto3.Session(region_name=cluster.region)
-            addresses = address_warnings(cluster, {i.rank: i for i in trial_instances(session, cluster.trial)})
+            found = trial_instances(session, cluster.trial)
+            listed = {h.instance_id for h in cluster.hosts}
+            # per rank, the listed instance first: a second one of the rank is outside, not the host
+            by_rank = {i.rank: i for i in sorted(found, key=lambda i: i.instance_id in listed)}
+            addresses = address_warnings(cluster, by_rank)
+            outside = outside_warnings(cluster, found)
         except Exception as e:  # noqa: BLE001 — unknown, never assumed current
             addresses = [f"the hosts' current addresses are unknown ({str(e)[:200]})"]
     alerts: Alerts | Unknown | None = None
@@ -220,4 +240,4 @@ def trial_status(cluster: Cluster, home: Path | None, *, session: Any = None,
                        transfer_guard_bytes=cluster.transfer_guard_bytes,
                        deadline=cluster.deadline.isoformat() if cluster.deadline else None,
                        seconds_to_deadline=(cluster.deadline - now).total_seconds() if cluster.deadline else None,
-                       spend=spend, addresses=addresses, alerts=alerts)
+                       spend=spend, addresses=addresses, outside=outside, alerts=alerts)

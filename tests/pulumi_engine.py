@@ -39,6 +39,15 @@ What is reproduced, each from the engine's source (pulumi/pulumi, read, not copi
   steps, its old hooks and all (`step_generator.go`, `step.go` ReplaceStep/DeleteReplaced). In a preview
   (`dry_run`) a create gets no id and the program sees its outputs as unknown, and only `on_dry_run` hooks
   run; in destroy mode a skipped create is answered unknown.
+* **When the engine goes away** (#65). A fault with `"interrupt": True` lets the provider's create reach the
+  cloud (moto makes the instance) and ends the deployment there: the checkpoint keeps a pending CREATE with no id
+  (`pkg/backend/snapshot.go` `doCreate`), which every later deployment carries (`Snap`) and every later non-preview
+  one warns of in the engine's words (`deployment_executor.go` `printPendingOperationsWarning`, `Deployment.warnings`);
+  a pending create is no resource, so the next `up` creates it again. The root stack resource keeps its outputs
+  (a same step keeps the old ones; the program's registration at its end replaces them, a failed one's too:
+  `pulumi/runtime/stack.py` `run_in_stack`), and the builtin `pulumi:pulumi:readStackOutputs` answers them for
+  this stack (`read_stack_outputs`). With `provider="moto"` the program's instance look-ups are answered by moto's
+  EC2 (`moto_invoke`): the account holds what was created there, whatever the state says.
 * **When the cloud says no.** `faults` fail a create, update, replacement or delete with the provider's
   error; the engine then stops ("cancel") or lets every independent step finish ("drain"), and no delete
   runs after a failed `up` (`step_executor.go` `cancelDueToError`). A plain `pulumi destroy` without

@@ -87,6 +87,8 @@ def status(cluster: Path = typer.Option(Path("cluster.json"), help="the trial's 
     con.print(tb)
     for w in st.addresses or []:
         say("warning:", w, style="bold yellow")
+    for w in st.outside or []:
+        say("outside the stack:", w, style="bold red")
     alerts = st.alerts
     if isinstance(alerts, Unknown):
         say("alerts:", f"unknown ({alerts.error})", style="bold yellow")

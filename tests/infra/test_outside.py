@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import copy
 import uuid
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -142,3 +144,50 @@ def test_a_teardown_setting_left_in_the_shell_does_not_turn_an_up_into_one(aws, 
     assert "would be stopped and started again" in again.errors
     assert any("TRIALS_TEARDOWN=1 names no request file: this run does what `pulumi up` does" in m["message"]
                for m in again.logs)
+
+
+def test_orchestrate_destroy_is_the_teardown_and_a_copied_request_is_not(aws, trial, tmp_path, monkeypatch):
+    """`orchestrate destroy --stack test` runs `pulumi destroy --run-program` (a stand-in CLI that runs the program
+    through the harness, tests/standin/pulumi) with a request only that run carries: past the deadline the teardown
+    registers what the stack holds and, the trial preserved, deletes it. The same CLI run from a shell that copied
+    the request's value afterwards, or with `TRIALS_TEARDOWN=1`, is an `up` of a past deadline: refused, nothing
+    deleted. The request file is gone once the destroy ends."""
+    import datetime as dt
+    import json
+    import os
+    import subprocess
+
+    from conftest import ROOT, run_cli
+
+    T, bucket, rules = trial
+    cluster = live(trial=T)
+    up = pulumi_run("up", stack_of(cluster), answers=rules, calls=CALLS, provider="moto")
+    assert up.returncode == 0, up.errors
+    preserve_into(aws, bucket, T, tmp_path)
+    past = {**cluster, "deadline": (dt.datetime.now(dt.timezone.utc) - dt.timedelta(minutes=5)).isoformat()}
+    harness = tmp_path / "harness.json"
+    harness.write_text(json.dumps({"config": stack_of(past), "state": up.state, "answers": rules, "calls": CALLS,
+                                   "provider": "moto"}))
+    monkeypatch.setenv("PATH", f"{ROOT / 'tests' / 'standin'}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PULUMI_HARNESS", str(harness))
+    monkeypatch.setenv("TRIALS_TEARDOWN", "1")  # a value left in the shell: the CLI alone, as a user would type it
+    r = subprocess.run(["pulumi", "destroy", "--run-program", "--stack", "test", "--yes"], capture_output=True,
+                       text=True, cwd=ROOT, timeout=300)
+    got = json.loads(harness.read_text())["result"]
+    assert r.returncode != 0 and "has passed" in got["errors"] and got["steps"] == [], got["errors"]
+    assert "names no request file: this run does what `pulumi up` does" in got["errors"]
+    monkeypatch.delenv("TRIALS_TEARDOWN")
+    r = run_cli("-m", "orchestrate", "destroy", "--stack", "test", "--yes")
+    got = json.loads(harness.read_text())["result"]
+    assert r.returncode == 0, r.stdout + r.stderr + got["errors"]
+    assert got["failed"] is None and tagged(aws, T) == {} and f"{T}-deadline" in deleted(SimpleNamespace(**got))
+    assert not Path(got["teardown"]).exists()  # the request went with the run
+    # the request's value copied into another shell afterwards: the file is gone, the run is an `up`
+    harness.write_text(json.dumps({**json.loads(harness.read_text()), "state": up.state}))
+    monkeypatch.setenv("TRIALS_TEARDOWN", got["teardown"])
+    r = subprocess.run(["pulumi", "destroy", "--run-program", "--stack", "test", "--yes"], capture_output=True,
+                       text=True, cwd=ROOT, timeout=300)
+    again = json.loads(harness.read_text())["result"]
+    assert r.returncode != 0 and "has passed" in again["errors"] and again["steps"] == []
+    print(f"\norchestrate destroy: {len(deleted(SimpleNamespace(**got)))} deleted; TRIALS_TEARDOWN=1 or a copied "
+          "request: refused as an up past its deadline, 0 deleted")

@@ -233,7 +233,7 @@ def test_up_and_status_read_the_addresses_ec2_gives_now(aws, tmp_path):
     the same): `up` builds cluster.json from the addresses EC2 reports now, refuses a stopped host by
     name, and `status` says when cluster.json no longer reaches a host."""
     from orchestrate.cluster import load
-    from orchestrate.status import address_warnings
+    from orchestrate.status import address_warnings, outside_warnings
 
     ec2 = aws.client("ec2")
     ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
@@ -271,3 +271,14 @@ def test_up_and_status_read_the_addresses_ec2_gives_now(aws, tmp_path):
     assert address_warnings(stale, now) == [f"rank 1 ({ids[1]}) is now at {public(ids[1])}, cluster.json says "
                                             f"{at_up[1]}: run `orchestrate up` again"]
     assert address_warnings(c, now) == []
+    # #65: a second instance of rank 1 the stack never listed (an interrupted `up`'s create): `status` names it as
+    # outside the stack, and still reads rank 1's host as the one cluster.json lists
+    (extra,) = [i["InstanceId"] for i in ec2.run_instances(ImageId=ami, InstanceType="g6e.xlarge", MinCount=1, MaxCount=1,
+                TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": "trial", "Value": "keys-test"},
+                                                                         {"Key": "rank", "Value": "1"}]}])["Instances"]]
+    found = trial_instances(aws, "keys-test")
+    (said,) = outside_warnings(c, found)
+    assert said.startswith(f"{extra} (rank 1, running, g6e.xlarge in ") and "not in cluster.json: outside the stack" in \
+        said and f"terminate-instances --region us-east-1 --instance-ids {extra}" in said
+    listed = {h.instance_id for h in c.hosts}
+    assert address_warnings(c, {i.rank: i for i in sorted(found, key=lambda i: i.instance_id in listed)}) == []
