@@ -137,9 +137,9 @@ def hosts_not_running(cluster: Any, session: Any = None) -> list[str]:
     if cluster.source != "pulumi" or not cluster.region:
         return []
     if session is None:
-        import boto3  # start-up: AWS only (boto3 ~0.9 s)
+        from orchestrate.identity import stack_session
 
-        session = boto3.Session(region_name=cluster.region)
+        session = stack_session(cluster.stack_config, cluster.region)
     ids = {h.instance_id: h for h in cluster.hosts if h.instance_id}
     now = current_addresses(session, list(ids)) if ids else {}
     return [f"{h.name} ({iid}: {now[iid]['state'] if iid in now else 'not found'})"
@@ -330,10 +330,9 @@ def cluster_budget(cluster: Any, session: Any = None) -> Budget:
     """The trial's AWS budget (`read_budget`) as the cloud accounts for it, read with a session in the
     cluster's region unless one is given: what `run` checks before anything starts and `status` shows."""
     if session is None:
-        # start-up: boto3/botocore take ~0.9 s to import (-X importtime, 2026-12-06); only AWS calls pay it
-        import boto3
+        from orchestrate.identity import stack_session  # start-up: boto3 (~0.9 s) only where AWS is called
 
-        session = boto3.Session(region_name=cluster.region)
+        session = stack_session(getattr(cluster, "stack_config", None), cluster.region)
     return read_budget(session, account_id(session), cluster.budget_name)
 
 

@@ -76,6 +76,9 @@ class Cluster(BaseModel):
     alert_topic: str | None = None  # the SNS topic the budget and the transfer alarms notify
     # the longest grace after the deadline `orchestrate start --grace` may grant (the stack's); written only if set
     grace_cap_minutes: float | None = Field(None, ge=0)
+    # the stack config whose AWS identity every call about this cluster uses (orchestrate/identity.py); written
+    # only if known
+    stack_config: str | None = None
     # how staging reaches the hosts: through the trial's bucket (each artifact leaves this machine
     # once; the hosts fetch it with their own credentials) or over SSH to each host; "auto" relays on
     # a stack's cluster (its hosts have the instance role) and uses SSH elsewhere
@@ -99,6 +102,8 @@ class Cluster(BaseModel):
             out.pop("shared_cores", None)
         if self.grace_cap_minutes is None:
             out.pop("grace_cap_minutes", None)
+        if self.stack_config is None:
+            out.pop("stack_config", None)
         return out
 
     @field_validator("store")
@@ -173,7 +178,7 @@ def local_cluster(n: int, root: Path, store: str) -> Cluster:
 
 
 def pulumi_cluster(outputs: str | dict, *, key_file: str, host_keys: dict[int, str] | None = None,
-                   root: str = "/opt/trial") -> Cluster:
+                   root: str = "/opt/trial", stack_config: str | None = None) -> Cluster:
     """From `pulumi stack output --json`. Host keys are not in the outputs (the cloud cannot vouch
     for them): pass them per rank, read from each instance's console output."""
 
@@ -188,6 +193,7 @@ def pulumi_cluster(outputs: str | dict, *, key_file: str, host_keys: dict[int, s
                        guard_fraction=out.guard_fraction,
                        budget_name=out.budget_name, budget_usd=out.budget.get("total_usd") if out.budget else None,
                        alert_topic=out.alert_topic, grace_cap_minutes=out.grace_cap_minutes,
+                       stack_config=stack_config,
                        hosts=[
                            Host(rank=h.rank, name=f"{out.trial}-{h.rank}", transport="ssh",
                                 address=h.public_ip or h.private_ip, private_address=h.private_ip, zone=h.zone,

@@ -214,10 +214,9 @@ def trial_status(cluster: Cluster, home: Path | None, *, session: Any = None,
 
         try:
             if session is None:
-                # start-up: boto3/botocore take ~0.9 s to import (-X importtime, 2026-12-06); only AWS calls pay it
-                import boto3
+                from orchestrate.identity import stack_session  # start-up: boto3 (~0.9 s) only for AWS calls
 
-                session = boto3.Session(region_name=cluster.region)
+                session = stack_session(cluster.stack_config, cluster.region)
             found = trial_instances(session, cluster.trial)
             listed = {h.instance_id for h in cluster.hosts}
             # per rank, the listed instance first: a second one of the rank is outside, not the host
@@ -230,9 +229,9 @@ def trial_status(cluster: Cluster, home: Path | None, *, session: Any = None,
     if cluster.alert_topic or (cluster.trial and cluster.guarded_ranks):
         try:
             if session is None:
-                import boto3  # start-up: as above
+                from orchestrate.identity import stack_session  # start-up: as above
 
-                session = boto3.Session(region_name=cluster.region)
+                session = stack_session(cluster.stack_config, cluster.region)
             alerts = trial_alerts(session, cluster)
         except Exception as e:  # noqa: BLE001 — whether anyone hears the alerts is unknown, never assumed
             alerts = Unknown(error=str(e)[:300])

@@ -29,6 +29,8 @@ def up(local: bool = typer.Option(False, "--local", help="the embedded local clu
                                                    "addresses from EC2 (a stop/start gives new public ones); "
                                                    "'outputs' takes the stack outputs' as they are"),
        store: Optional[str] = typer.Option(None, help="--local: evidence store (default file://trials/store)"),
+       stack_config: Optional[Path] = typer.Option(None, help="--pulumi-outputs: the stack's Pulumi.<stack>.yaml, whose "
+                                                              "AWS identity every call uses (--stack: its own file)"),
        out: Path = typer.Option(Path("cluster.json"), help="where to write the description")) -> None:
     """Write cluster.json: the embedded local cluster, or a Pulumi stack's hosts from its outputs
     (`pulumi up` creates them; this only describes them, and checks every field)."""
@@ -38,13 +40,14 @@ def up(local: bool = typer.Option(False, "--local", help="the embedded local clu
     from evidence.covered import CoveredFileError
     from orchestrate.cloud import HostKeysMissing
     from orchestrate.cluster import ClusterError
+    from orchestrate.identity import IdentityError
     from orchestrate.stages.cluster import write_cluster
 
     try:
         desc = write_cluster(out, progress, local=local, hosts=hosts, stack=stack, pulumi_outputs=pulumi_outputs,
                              key_file=key_file, host_keys=host_keys, boot_wait=boot_wait, addresses=addresses,
-                             store=store)
-    except (ClusterError, CoveredFileError, ValueError, OSError, HostKeysMissing) as e:  # ValueError: pydantic's
+                             store=store, stack_config=stack_config)
+    except (ClusterError, CoveredFileError, ValueError, OSError, HostKeysMissing, IdentityError) as e:  # ValueError: pydantic's
         say("error:", str(e), style="bold red")                                           # or a key's refusal
         raise typer.Exit(2)
     except (BotoCoreError, ClientError) as e:
@@ -176,9 +179,9 @@ def _start(cluster: Path, grace: Optional[float], home: Optional[Path], reason: 
                            f"{desc.trial} that runs within a minute or two. To preserve what the hosts hold, grant a "
                            f"grace: orchestrate start --cluster {cluster} --grace MINUTES --home <trial home>"
                            + (f" (at most {cap:g} min)" if cap is not None else ""))
-    import boto3  # start-up: AWS only (boto3 ~0.9 s)
+    from orchestrate.identity import stack_session  # start-up: AWS only (boto3 ~0.9 s)
 
-    session = boto3.Session(region_name=desc.region)
+    session = stack_session(desc.stack_config, desc.region)
     found = trial_instances(session, desc.trial)
     startable(found, desc.trial)  # before anything is recorded or tagged
     granted = None
@@ -214,10 +217,13 @@ def _report_again(home: Path) -> None:
 
 def down(home: Path = typer.Option(..., help="the trial home"),
          aws_trial: Optional[str] = typer.Option(None, help="stop and reconcile this trial's AWS hosts by tag"),
-         region: Optional[str] = typer.Option(None, help="AWS region of --aws-trial")) -> None:
+         region: Optional[str] = typer.Option(None, help="AWS region of --aws-trial"),
+         stack_config: Optional[Path] = typer.Option(None, help="--aws-trial: the stack's Pulumi.<stack>.yaml, whose AWS "
+                                                                "identity the calls use (else the environment's)")) -> None:
     """Tear down — only once the home's evidence index verifies in its store, object by object."""
     from orchestrate.cloud import reconcile, stop_trial
     from orchestrate.homes import Refused, verified_home
+    from orchestrate.identity import IdentityError, stack_session
 
     with refusing(Refused, label="refused:"):
         with verified_home(home, f"run `orchestrate preserve --home {home}` first — hosts stay up until the evidence "
@@ -227,12 +233,17 @@ def down(home: Path = typer.Option(..., help="the trial home"),
     if aws_trial is None:
         con.print("embedded local cluster: no hosts to stop", highlight=False)
         return
-    import boto3  # start-up: AWS only (boto3 ~0.9 s)
+    from botocore.exceptions import BotoCoreError, ClientError
 
-    session = boto3.Session(region_name=region)
-    stopped = stop_trial(session, aws_trial)
-    con.print(f"stopped {len(stopped)} instance(s): {', '.join(stopped) or '—'}", highlight=False)
-    left = reconcile(session, aws_trial)
+    with refusing(IdentityError):
+        session = stack_session(stack_config, region)
+    try:
+        stopped = stop_trial(session, aws_trial)
+        con.print(f"stopped {len(stopped)} instance(s): {', '.join(stopped) or '—'}", highlight=False)
+        left = reconcile(session, aws_trial)
+    except (BotoCoreError, ClientError) as e:
+        say("error:", f"AWS refused ({e}): `orchestrate status` says where the hosts are", style="bold red")
+        raise typer.Exit(1) from None
     for f in left:
         con.print(f"  {f.kind} {f.id}: {f.state}{' — still billing' if f.billing else ''} {f.detail}",
                   highlight=False)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from evidence.covered import guard_writes
 from evidence.stores import FileStore
-from infra.outputs import OutputsError, parse_outputs, read_stack_outputs
+from infra.outputs import OutputsError, parse_outputs, read_stack_outputs, stack_file
 from orchestrate.cloud import (
     budget_note,
     cluster_budget,
@@ -23,6 +23,7 @@ from orchestrate.cloud import (
 )
 from orchestrate.cluster import ClusterError, load, local_cluster, pulumi_cluster, save
 from orchestrate.guard import Guard
+from orchestrate.identity import IdentityError, stack_session
 from orchestrate.progress import Progress
 
 if TYPE_CHECKING:
@@ -31,12 +32,14 @@ if TYPE_CHECKING:
 
 def write_cluster(out: Path, progress: Progress, *, local: bool, hosts: int, stack: Optional[str],
                   pulumi_outputs: Optional[Path], key_file: Optional[Path], host_keys: Optional[Path],
-                  boot_wait: float, addresses: str, store: Optional[str]) -> Cluster:
+                  boot_wait: float, addresses: str, store: Optional[str],
+                  stack_config: Optional[Path] = None) -> Cluster:
     """The description of the cluster the options name, every field checked, saved at `out`. The
     hosts' SSH keys are pinned here (from --host-keys, from `out` for the same instances, else from
     each instance's console), because an unknown host key is never accepted later. Raises
-    ClusterError, HostKeysMissing, CoveredFileError, ValueError, OSError, or botocore's errors
-    when EC2 cannot be read."""
+    ClusterError, HostKeysMissing, CoveredFileError, ValueError, OSError, IdentityError, or botocore's errors
+    when EC2 cannot be read. Every AWS call speaks as the stack's config (`stack_config`, else `--stack`'s own
+    file) says, which cluster.json then records (orchestrate/identity.py)."""
     if [local, pulumi_outputs is not None, stack is not None].count(True) != 1:
         raise ClusterError("pass exactly one of --local, --stack and --pulumi-outputs")
     if local:
@@ -54,21 +57,27 @@ def write_cluster(out: Path, progress: Progress, *, local: bool, hosts: int, sta
             raise ClusterError(f"cannot read {host_keys or pulumi_outputs}: {e}") from None
         if addresses not in ("cloud", "outputs"):
             raise ClusterError(f"--addresses {addresses!r}: give 'cloud' or 'outputs'")
-        if addresses == "cloud":  # the outputs' addresses are those of `pulumi up`, gone after a stop
-            # start-up: boto3/botocore take ~0.9 s to import (-X importtime, 2026-12-06); only AWS calls pay it
-            import boto3
+        if stack_config is None and stack is not None and stack_file(stack).is_file():
+            stack_config = stack_file(stack)
+        if stack_config is not None and not stack_config.is_file():
+            raise ClusterError(f"--stack-config {stack_config}: no such file (the stack's Pulumi.<stack>.yaml)")
+        config_path = str(stack_config.resolve()) if stack_config is not None else None
+        sessions: list = []
 
+        def session_for(region: str):  # one session, opened at the first AWS call
+            if not sessions:
+                sessions.append(stack_session(config_path, region))
+            return sessions[0]
+        if addresses == "cloud":  # the outputs' addresses are those of `pulumi up`, gone after a stop
             try:
                 parsed = parse_outputs(text)
             except OutputsError as e:
                 raise ClusterError(str(e)) from None
-            now = current_addresses(boto3.Session(region_name=parsed.region), [h.instance_id for h in parsed.hosts])
+            now = current_addresses(session_for(parsed.region), [h.instance_id for h in parsed.hosts])
             text = json.dumps(with_current_addresses(json.loads(text), now))
             progress.say("cluster", "addresses as EC2 reports them now: " + ", ".join(
                 f"rank {h.rank} {now[h.instance_id]['public_ip']}" for h in parsed.hosts))
         if keys is None:  # from the consoles, where cloud-init printed them at first boot
-            import boto3
-
             try:
                 parsed = parse_outputs(text)
             except OutputsError as e:
@@ -81,11 +90,11 @@ def write_cluster(out: Path, progress: Progress, *, local: bool, hosts: int, sta
                                         "cloud-init prints them only at first boot)")
             todo = {h.rank: h.instance_id for h in parsed.hosts if h.rank not in keys}
             if todo:
-                session = boto3.Session(region_name=parsed.region)
+                session = session_for(parsed.region)
                 progress.say("cluster", f"reading {len(todo)} instance console(s) for their SSH host keys")
                 keys |= pin_host_keys(todo, lambda iid: console_output(session, iid), wait_s=boot_wait,
                                       say=lambda m: progress.say("cluster", m))
-        desc = pulumi_cluster(text, key_file=str(key_file.resolve()), host_keys=keys)
+        desc = pulumi_cluster(text, key_file=str(key_file.resolve()), host_keys=keys, stack_config=config_path)
         missing = [h.rank for h in desc.hosts if h.host_key is None]
         if missing:
             raise ClusterError(f"no pinned host key for rank(s) {missing}: --host-keys names none for them "
@@ -126,7 +135,7 @@ def load_cluster(path: Optional[Path], progress: Progress) -> Cluster | None:
 
         try:
             b = cluster_budget(desc)
-        except (BotoCoreError, ClientError) as e:
+        except (BotoCoreError, ClientError, IdentityError) as e:
             raise ClusterError(f"cannot read the trial's budget {desc.budget_name}: {e}") from None
         # a spent budget starts nothing; an unspent one proves little: its figure is hours old
         if b.actual_usd >= b.limit_usd:
@@ -143,10 +152,12 @@ def alarm_check(desc: Cluster | None, progress: Progress) -> Callable[[], str | 
     read is said and not a stop (the alarm's own action stops its host either way)."""
     if desc is None or not desc.trial or not desc.guarded_ranks:
         return None
-    import boto3  # start-up: AWS only, as above
-    from botocore.exceptions import BotoCoreError, ClientError
+    from botocore.exceptions import BotoCoreError, ClientError  # start-up: AWS only, as above
 
-    session = boto3.Session(region_name=desc.region)
+    try:
+        session = stack_session(desc.stack_config, desc.region)
+    except IdentityError as e:
+        raise ClusterError(f"the transfer alarms cannot be read: {e}") from None
 
     def check() -> str | None:
         try:

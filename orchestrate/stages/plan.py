@@ -150,10 +150,14 @@ def plan_arm(cfg: TrialConfig, stack: Path, arm: str, *, wheelhouse: Optional[Pa
     zones: ZonesChecked | ZonesUnchecked = ZonesUnchecked(note="not checked (--no-quota: no AWS reads)")
     if quota:
         # start-up: boto3/botocore take ~0.9 s to import (-X importtime, 2026-12-06); only AWS calls pay it
-        import boto3
         from botocore.exceptions import BotoCoreError, ClientError
 
-        session = boto3.Session(region_name=cfg.region)
+        from orchestrate.identity import IdentityError, stack_session
+
+        try:  # as the stack's config says the provider will speak (orchestrate/identity.py)
+            session = stack_session(stack, cfg.region)
+        except IdentityError as e:
+            raise PlanError(f"{e} (or --no-quota: no AWS reads)") from None
         try:
             quota_read = read_vcpu_quota(session)
         except (BotoCoreError, ClientError) as e:

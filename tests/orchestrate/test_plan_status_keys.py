@@ -22,7 +22,7 @@ PLAN_KEYS = ["lines", "totals_usd", "total_usd", "reserved_usd", "budget_usd", "
 STAGING_KEYS = ["hosts", "seed_bytes", "wheelhouse_bytes", "uplink_mbps", "bytes", "hours", "ssh_only_bytes",
                 "ssh_only_hours"]
 STATUS_KEYS = ["source", "trial", "at", "hosts", "transfer_guard_bytes", "deadline", "seconds_to_deadline", "spend",
-               "addresses", "alerts"]
+               "addresses", "outside", "alerts"]
 FACTS = ["rank", "host", "zone", "guarded", "reachable"]
 
 
@@ -66,4 +66,4 @@ def test_status_dumps_what_it_learned_and_nothing_else(tmp_path, monkeypatch):
     # (a host that does not answer had its error before its state: the order was the failure's path)
     assert sorted(gone) == sorted(FACTS + ["error", "state"]) and (gone["reachable"], gone["state"]) == \
         (False, "unreachable")
-    assert got["spend"] is None and got["addresses"] is None and got["alerts"] is None
+    assert got["spend"] is None and got["addresses"] is None and got["outside"] is None and got["alerts"] is None
