@@ -5,7 +5,7 @@
 For each of the program's creates in turn: `pulumi up` with that create refused by the provider
 (InsufficientInstanceCapacity's words), the engine stopping at once ("cancel") or letting every independent
 step finish ("drain"); what it left (resources, hosts) and which stops cover each host; then
-`TRIALS_TEARDOWN=1 pulumi destroy --run-program` of that state before preservation (its hooks over gRPC
+the teardown `orchestrate destroy` runs (`pulumi destroy --run-program`) of that state before preservation (its hooks over gRPC
 against moto's EC2 and S3), and after it. Each answer is compared with the in-process walk of
 tests/infra/test_failures.py (`destroy_here`) on the same state; a difference is printed and counted.
 Prints one row per point, then the totals. Uses a moto server on loopback of its own; touches nothing else.
@@ -75,7 +75,7 @@ def main() -> None:
                 n = len(in_account(state))
 
                 def destroy() -> tuple[set[str], int, str | None]:
-                    """TRIALS_TEARDOWN=1 pulumi destroy --run-program of `state`: deleted urns, kept, error."""
+                    """The teardown of `state` (`pulumi destroy --run-program`): deleted urns, kept, error."""
                     d = pulumi_run("destroy", config, state=state, answers=rules, calls=CALLS, env=TEARDOWN,
                                    provider="moto")
                     done = {st["urn"] for st in in_account(d.steps)
@@ -89,7 +89,9 @@ def main() -> None:
                 if hosts:
                     totals["deleted_before_with_hosts"] += len(done)
                     if error is not None:  # the in-process walk on the same state, the hosts live and unpreserved
-                        here = destroy_here(state, teardown, DeleteCheck(TRIAL, False, lambda: aws, dry_run=False))
+                        check = DeleteCheck(TRIAL, False, lambda: aws, dry_run=False)
+                        check.hold({s["id"] for s in state if s["type"] == HOST})  # the hosts the state holds
+                        here = destroy_here(state, teardown, check)
                         if {st["urn"] for st in here[0] if st["outcome"] == "deleted"} != done or here[1] is None:
                             notes.append("walk differs")
                     with tempfile.TemporaryDirectory() as tmp:
