@@ -10,7 +10,6 @@ whose docstring cites what each follows). Prints a Markdown table; touches nothi
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -26,19 +25,10 @@ def main() -> None:
     ap.add_argument("--precision-s", type=float, default=59, help="how late Scheduler fires (its precision: < 60 s)")
     a = ap.parse_args()
     import boto3
-    from moto.server import ThreadedMotoServer
 
-    from orchestrate.launch.command import free_port
+    from local_moto import local_moto
 
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    for k in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
-        os.environ.pop(k, None)
-    os.environ.update({"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
-                       "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-                       "AWS_EC2_METADATA_DISABLED": "true"})
-    try:
+    with local_moto():
         import deadline_world as w
 
         s = boto3.Session(region_name="us-east-1")
@@ -53,8 +43,6 @@ def main() -> None:
         print(w.table(rows))
         bad = [r for r in rows if r.minutes_after is None]
         print(f"\n{len(rows) - len(bad)} of {len(rows)} stopped; the longest {max(r.minutes_after or 0 for r in rows):.2f} min")
-    finally:
-        server.stop()
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ Prints one row per point, then the totals. Uses a moto server on loopback of its
 
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 import time
@@ -28,19 +27,10 @@ sys.path.insert(0, str(ROOT))
 
 def main() -> None:
     import boto3
-    from moto.server import ThreadedMotoServer
 
-    from orchestrate.launch.command import free_port
+    from local_moto import local_moto
 
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    url = f"http://127.0.0.1:{port}"
-    for k in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
-        os.environ.pop(k, None)
-    os.environ.update({"AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"})
-    try:
+    with local_moto():
         from infra.teardown import DeleteCheck
         from pulumi_engine import pulumi_run
         from test_destroy import TEARDOWN, live_instances, moto_rules, terminate_trial
@@ -114,8 +104,6 @@ def main() -> None:
                   f"the deadline stop: {totals['uncovered']}; resources a destroy deleted before preservation where "
                   f"a host existed: {totals['deleted_before_with_hosts']}")
         print(f"in-process walk vs the harness: {mismatches} difference(s)")
-    finally:
-        server.stop()
 
 
 if __name__ == "__main__":

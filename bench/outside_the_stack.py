@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-for sub in ("tests", "tests/infra"):
+for sub in ("tests", "tests/infra", "bench"):
     sys.path.insert(0, str(ROOT / sub))
 sys.path.insert(0, str(ROOT))
 
@@ -38,19 +38,15 @@ def first_words(d, n: int = 150) -> str:
 
 def main() -> None:
     import boto3
-    from moto.server import ThreadedMotoServer
 
-    from orchestrate.launch.command import free_port
+    from local_moto import local_moto
 
     before_rev = sys.argv[1] if len(sys.argv) > 1 else "2a0edbf"
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    for k in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
-        os.environ.pop(k, None)
-    os.environ.update({"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
-                       "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-                       "AWS_EC2_METADATA_DISABLED": "true"})
+    with local_moto():
+        run_cases(boto3.Session(region_name="us-east-1"), before_rev)
+
+
+def run_cases(aws, before_rev: str) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="outside-"))
     before = tmp / "before"
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(before), before_rev], check=True)
@@ -60,7 +56,6 @@ def main() -> None:
         from test_failures import preserve_into
         from test_infra import CALLS, live, stack_of
 
-        aws = boto3.Session(region_name="us-east-1")
         ec2 = aws.client("ec2")
 
         def tagged(trial: str) -> dict[str, str | None]:
@@ -168,7 +163,6 @@ def main() -> None:
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(before)], check=False)
         shutil.rmtree(tmp, ignore_errors=True)
-        server.stop()
 
 
 if __name__ == "__main__":
