@@ -31,9 +31,13 @@ sys.path.insert(0, os.path.dirname(_HERE))
 import pulumi  # noqa: E402 — after the path is settled
 
 from infra.destroy_request import VARIABLE, teardown_asked  # noqa: E402
+from infra.held import keep_previous, read_previous  # noqa: E402
 from infra.plan import trial_config  # noqa: E402
 from infra.program import build  # noqa: E402
 
+# first, before anything can refuse: the stack's record exported again, so that a refused run keeps it (infra/held.py)
+_previous = read_previous()
+keep_previous(_previous)
 TEARDOWN, _ignored = teardown_asked(os.environ.get(VARIABLE), pulumi.get_project(), pulumi.get_stack())
 if _ignored:
     pulumi.log.warn(_ignored)
@@ -42,6 +46,6 @@ try:
     _cluster = dict(pulumi.Config("trials").require_object("cluster"))
     if TEARDOWN:  # the key may be gone from this machine by now; deleting needs no key
         _cluster["ssh_public_key"] = None
-    build(trial_config(_cluster, pulumi.Config("aws").require("region")), teardown=TEARDOWN)
+    build(trial_config(_cluster, pulumi.Config("aws").require("region")), teardown=TEARDOWN, previous=_previous)
 except ValueError as e:  # the plan's StackConfigError and BudgetError are ValueErrors
     raise pulumi.RunError(str(e) + (f"\n({_ignored})" if _ignored else "")) from None

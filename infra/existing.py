@@ -170,20 +170,21 @@ def outside_problems(cfg: TrialConfig, seen: Existing, held: Held, stack: str) -
     registrations tell (the delete check refuses every delete while one is outside)."""
     problems = []
     for h in seen.hosts:
-        if h.stack and h.stack != stack:
+        if h.stack and h.stack != stack and h.instance_id not in held.instances:  # renamed stack: its record says
             problems.append(f"{h.instance_id} (rank {h.rank}) is stack {h.stack}'s: trial {cfg.trial} is in use by "
                             "another stack in this account")
         elif h.rank is None:
             problems.append(f"{h.instance_id} carries the trial's tag but no rank: it was not made by this program")
     by_rank: dict[int, list[SeenHost]] = {}
     for h in seen.hosts:
-        if h.rank is not None and (not h.stack or h.stack == stack):
+        if h.rank is not None and (not h.stack or h.stack == stack or h.instance_id in held.instances):
             by_rank.setdefault(h.rank, []).append(h)
     for rank, hosts in sorted(by_rank.items()):
-        if len(hosts) > 1:
-            ids = [h.instance_id for h in hosts]
-            mine = [i for i in ids if i in held.instances]
-            others = [i for i in ids if i not in held.instances] if mine else ids
+        ids = [h.instance_id for h in hosts]
+        mine = [i for i in ids if i in held.instances]
+        others = [i for i in ids if i not in held.instances]
+        # two the stack holds: a replacement whose old copy's delete has not run yet (this `up` deletes it)
+        if len(hosts) > 1 and (others if mine else True):
             problems.append(f"rank {rank} has {len(hosts)} live instances ({', '.join(sorted(ids))}); the stack holds "
                             + (f"{', '.join(mine)}: {', '.join(sorted(others))} is outside it" if mine else
                                "one of them at most (its record does not say which)")

@@ -56,7 +56,7 @@ def account_of(arn: Any) -> str | None:
 
 def held_from_outputs(outputs: dict[str, Any]) -> Held:
     """The record in a stack's outputs (those of a stack made before `instances_held` give their `hosts`)."""
-    if not outputs.get("trial"):
+    if not isinstance(outputs.get("trial"), str):
         return Held()
     instances: dict[str, int | None] = {}
     for h in outputs.get("instances_held") or []:
@@ -70,15 +70,22 @@ def held_from_outputs(outputs: dict[str, Any]) -> Held:
 
 
 def read_previous() -> dict[str, Any]:
-    """This stack's previous outputs, through the builtin provider. A read that fails is said and taken as no record:
-    every instance of the trial is then judged by what this run registers (stricter, never looser)."""
-    try:
-        result = pulumi.runtime.invoke(READ_OUTPUTS, {"name": stack_fqn()})
-        return dict((result.value or {}).get("outputs") or {})
-    except Exception as e:  # noqa: BLE001 — no record: nothing is taken as held that this run does not register
-        pulumi.log.warn(f"the stack's own previous outputs could not be read ({type(e).__name__}: {e}); every "
-                        "instance of the trial this run does not register counts as outside the stack")
-        return {}
+    """This stack's previous outputs, through the builtin provider, its secret ones kept secret. The full name
+    first, then the bare stack name (a self-managed backend in the legacy layout parses no `org/project/stack`:
+    pkg/backend/diy/store.go `legacyReferenceStore`). A read that fails is said and taken as no record: every
+    instance of the trial is then judged by what this run registers (stricter, never looser)."""
+    errors = []
+    for name in (stack_fqn(), pulumi.get_stack()):
+        try:
+            value = pulumi.runtime.invoke(READ_OUTPUTS, {"name": name}).value or {}
+        except Exception as e:  # noqa: BLE001 — tried by the next name, else no record
+            errors.append(f"{name}: {type(e).__name__}: {e}")
+            continue
+        secret = set(value.get("secretOutputNames") or [])
+        return {k: pulumi.Output.secret(v) if k in secret else v for k, v in dict(value.get("outputs") or {}).items()}
+    pulumi.log.warn(f"the stack's own previous outputs could not be read ({'; '.join(errors)}); every instance of "
+                    "the trial this run does not register counts as outside the stack")
+    return {}
 
 
 def keep_previous(previous: dict[str, Any]) -> None:

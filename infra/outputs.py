@@ -59,6 +59,12 @@ class HostOut(BaseModel):
         return v
 
 
+class HeldOut(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    instance_id: str = Field(pattern=r"^i-[0-9a-f]{8,17}$")
+    rank: int | None = None
+
+
 class StackOutputs(BaseModel):
     model_config = ConfigDict(extra="ignore")
     format: str
@@ -80,6 +86,8 @@ class StackOutputs(BaseModel):
     budget_name: str | None = Field(None, pattern=r"^[A-Za-z0-9_.:-]{1,100}$")
     budget: dict[str, float] | None = None
     hosts: list[HostOut] = Field(min_length=1)
+    # every instance the stack has held (infra/held.py), a replaced host pending deletion included; none: older stacks
+    instances_held: list[HeldOut] = []
 
     @model_validator(mode="after")
     def _consistent(self) -> "StackOutputs":

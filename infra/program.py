@@ -39,10 +39,12 @@ from infra.prices import INSTANCE_TYPES
 from infra.teardown import DeleteCheck
 
 
-def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = False) -> dict[str, Any]:
+def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = False,
+          previous: dict[str, Any] | None = None) -> dict[str, Any]:
     """`teardown`: the program runs for `pulumi destroy --run-program` (infra/__main__.py), to register
     the hooks; the plan is not refused then (its deadline has passed by design), nothing is created and
-    nothing looked up."""
+    nothing looked up. `previous`: the stack's previous outputs, read and exported again by the entry before
+    anything can refuse (infra/held.py); read here when not given."""
     start = now or dt.datetime.now(dt.timezone.utc)
     # raises with the whole table; nothing registered yet
     # the deadline's lead is judged after the look-up below: only an `up` that creates hosts is held to it
@@ -54,8 +56,9 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = 
     dry_run = pulumi.runtime.is_dry_run()
     session_for = session_factory()  # the stack's own AWS identity (infra/credentials.py), opened when first used
     # the stack's record of itself (infra/held.py): a trial, region or account changed under it is refused first
-    previous = read_previous()
-    keep_previous(previous)  # a run that fails leaves the stack's outputs (its record) as they were
+    if previous is None:
+        previous = read_previous()
+        keep_previous(previous)  # a run that fails leaves the stack's outputs (its record) as they were
     held, stack = held_from_outputs(previous), stack_fqn()
     moved = identity_problem(held, cfg.trial, cfg.region,
                              lambda: session_for().client("sts").get_caller_identity()["Account"], teardown=teardown)

@@ -23,7 +23,9 @@ What it asks, once per program run (`DeleteCheck`, its answer shared by every ho
      tag and by the ids the stack's state holds (a host whose tag was removed is still found). Any of them the
      stack does not hold — neither registered by this run nor in the stack's own record of what it held
      (infra/held.py): an interrupted `up`'s create, one started by hand, another stack's — refuses every
-     delete, preserved or abandoned: deleting the deadline stop would leave it unguarded, tracked by no stack. Before that,
+     delete, preserved or abandoned: deleting the deadline stop would leave it unguarded, tracked by no stack
+     (an `up` whose own refusal check allowed host changes settles the run's answer first and is not asked
+     again: its deletes never include the deadline stop). Before that,
      the identity the check speaks as must be in the account and region of those hosts (their ARNs): a
      check pointed at another account or region would find no host and could not be trusted to say so.
      No live host: nothing unpreserved can sit on a disk, and the delete goes on (a stack whose first `up`

@@ -79,6 +79,8 @@ class Cluster(BaseModel):
     # the stack config whose AWS identity every call about this cluster uses (orchestrate/identity.py); written
     # only if known
     stack_config: str | None = None
+    # every instance the stack holds beyond `hosts` (a replaced host pending deletion): not outside it (status)
+    held_instances: list[str] = []
     # how staging reaches the hosts: through the trial's bucket (each artifact leaves this machine
     # once; the hosts fetch it with their own credentials) or over SSH to each host; "auto" relays on
     # a stack's cluster (its hosts have the instance role) and uses SSH elsewhere
@@ -104,6 +106,8 @@ class Cluster(BaseModel):
             out.pop("grace_cap_minutes", None)
         if self.stack_config is None:
             out.pop("stack_config", None)
+        if not self.held_instances:
+            out.pop("held_instances", None)
         return out
 
     @field_validator("store")
@@ -194,6 +198,7 @@ def pulumi_cluster(outputs: str | dict, *, key_file: str, host_keys: dict[int, s
                        budget_name=out.budget_name, budget_usd=out.budget.get("total_usd") if out.budget else None,
                        alert_topic=out.alert_topic, grace_cap_minutes=out.grace_cap_minutes,
                        stack_config=stack_config,
+                       held_instances=sorted({h.instance_id for h in out.instances_held} - {h.instance_id for h in out.hosts}),
                        hosts=[
                            Host(rank=h.rank, name=f"{out.trial}-{h.rank}", transport="ssh",
                                 address=h.public_ip or h.private_ip, private_address=h.private_ip, zone=h.zone,

@@ -1,6 +1,5 @@
 """`orchestrate destroy`: the one way a trial's stack is torn down — `pulumi destroy --run-program` asked for
-as a teardown through a request no later `pulumi up` can inherit (infra/destroy_request.py), then the account
-asked what of the trial is still there.
+as a teardown through a request no later `pulumi up` can inherit (infra/destroy_request.py).
 
 Why not the CLI alone. The program cannot tell a destroy from an `up` (the engine says only whether a run is a
 preview), so the teardown is named by a request file this process writes and removes, in the environment of the

@@ -159,7 +159,7 @@ def outside_warnings(cluster: Cluster, found: list[Instance]) -> list[str]:
     """Every instance tagged with the trial that cluster.json does not list (#65): an interrupted `up`'s create,
     one started by hand, another stack's. None of them ever received work; while one exists the stack's destroy
     deletes nothing (infra/teardown.py)."""
-    listed = {h.instance_id for h in cluster.hosts if h.instance_id}
+    listed = {h.instance_id for h in cluster.hosts if h.instance_id} | set(cluster.held_instances)
     return [f"{i.instance_id} (rank {'none' if i.rank is None else i.rank}, {i.state}, {i.instance_type} in {i.zone}) "
             f"carries trial={cluster.trial}'s tag but is not in cluster.json: outside the stack — its destroy is "
             f"refused while it exists; once you have checked it is not another stack's, end it: aws ec2 "

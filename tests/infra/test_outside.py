@@ -103,6 +103,14 @@ def test_a_stack_does_not_change_trial_region_or_account_under_its_hosts(aws, tr
     engine = {"calls": CALLS, "provider": "moto"}
     up = pulumi_run("up", stack_of(cluster), answers=rules, **engine)
     assert up.returncode == 0, up.errors
+    # a run the plan refuses (a deadline already past) keeps the stack's record: the SDK registers the exports so
+    # far even for a failed program, and the program exports the previous ones before anything can refuse
+    late = {**copy.deepcopy(cluster), "deadline": "2020-01-01T00:00:00+00:00"}
+    refused = pulumi_run("up", stack_of(late), state=up.state, answers=rules, **engine)
+    assert refused.returncode == 1 and "has passed" in refused.errors
+    stack_outputs = next(s for s in refused.state if s["type"] == "pulumi:pulumi:Stack")["outputs"]
+    assert stack_outputs["trial"] == T and len(stack_outputs["instances_held"]) == 4
+    up.record["state"] = refused.state  # what the next runs start from
     renamed = f"{T}-b"
     for edit, said in (({"trial": renamed}, f"trial {T} -> {renamed}"), ({"region": "us-west-2"}, "region us-east-1 -> us-west-2")):
         moved = {**copy.deepcopy(cluster), **edit}
@@ -191,3 +199,36 @@ def test_orchestrate_destroy_is_the_teardown_and_a_copied_request_is_not(aws, tr
     assert r.returncode != 0 and "has passed" in again["errors"] and again["steps"] == []
     print(f"\norchestrate destroy: {len(deleted(SimpleNamespace(**got)))} deleted; TRIALS_TEARDOWN=1 or a copied "
           "request: refused as an up past its deadline, 0 deleted")
+
+
+def test_what_the_up_refuses_is_what_the_stack_does_not_hold():
+    """Two live instances of a rank that the stack's record both holds (a replacement whose old copy's delete has not
+    run yet: this `up` deletes it) and a host whose `pulumi-stack` tag names the stack under an old name (`pulumi
+    stack rename`) are the stack's own; a second instance the record lacks, another stack's, or one no rank tags are
+    not."""
+    from infra.existing import Existing, SeenHost, outside_problems
+    from infra.held import Held
+    from infra.plan import TrialConfig
+
+    cfg = TrialConfig.model_validate(live(trial="out-unit"))
+    me = "organization/trials/test"
+
+    def host(iid: str, rank: int | None, stack: str | None = me) -> SeenHost:
+        return SeenHost(instance_id=iid, rank=rank, stack=stack)
+
+    held = Held(trial="out-unit", region="us-east-1", instances={"i-000000000000000a1": 3, "i-000000000000000a2": 3,
+                                                                  "i-000000000000000b1": 0})
+    both = Existing(hosts=[host("i-000000000000000a1", 3), host("i-000000000000000a2", 3)])
+    assert outside_problems(cfg, both, held, me) == []
+    renamed = Existing(hosts=[host("i-000000000000000b1", 0, "organization/trials/old-name")])
+    assert outside_problems(cfg, renamed, held, me) == []
+    extra = Existing(hosts=[host("i-000000000000000a1", 3), host("i-000000000000000c1", 3)])
+    (p,) = outside_problems(cfg, extra, held, me)
+    assert "the stack holds i-000000000000000a1: i-000000000000000c1 is outside it" in p
+    (p,) = outside_problems(cfg, Existing(hosts=[host("i-000000000000000d1", 1, "organization/trials/other")]), held, me)
+    assert "is stack organization/trials/other's" in p
+    (p,) = outside_problems(cfg, Existing(hosts=[host("i-000000000000000e1", None)]), held, me)
+    assert "no rank" in p
+    no_record = Existing(hosts=[host("i-000000000000000f1", 2), host("i-000000000000000f2", 2)])
+    (p,) = outside_problems(cfg, no_record, Held(), me)
+    assert "one of them at most" in p

@@ -233,6 +233,7 @@ def test_up_and_status_read_the_addresses_ec2_gives_now(aws, tmp_path):
     the same): `up` builds cluster.json from the addresses EC2 reports now, refuses a stopped host by
     name, and `status` says when cluster.json no longer reaches a host."""
     from orchestrate.cluster import load
+    from orchestrate.cluster import pulumi_cluster
     from orchestrate.status import address_warnings, outside_warnings
 
     ec2 = aws.client("ec2")
@@ -280,5 +281,12 @@ def test_up_and_status_read_the_addresses_ec2_gives_now(aws, tmp_path):
     (said,) = outside_warnings(c, found)
     assert said.startswith(f"{extra} (rank 1, running, g6e.xlarge in ") and "not in cluster.json: outside the stack" in \
         said and f"terminate-instances --region us-east-1 --instance-ids {extra}" in said
+    # one the stack's record holds (a replaced host pending deletion: `instances_held` in the outputs) is not outside
+    held = pulumi_cluster(outputs([{"rank": h.rank, "instance_id": h.instance_id, "instance_type": "g6e.xlarge",
+                                    "zone": "us-east-1c", "private_ip": h.private_address, "public_ip": h.address}
+                                   for h in c.by_rank], trial="keys-test") | {"instances_held": [
+                              {"instance_id": extra, "rank": 1}, *({"instance_id": h.instance_id, "rank": h.rank}
+                                                                    for h in c.by_rank)]}, key_file="k")
+    assert held.held_instances == [extra] and outside_warnings(held, found) == []
     listed = {h.instance_id for h in c.hosts}
     assert address_warnings(c, {i.rank: i for i in sorted(found, key=lambda i: i.instance_id in listed)}) == []
