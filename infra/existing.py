@@ -33,9 +33,9 @@ from typing import Any
 import pulumi_aws as aws
 from pydantic import BaseModel
 
-from infra.held import STACK_TAG, Held
+from infra.held import Held
 from infra.plan import TrialConfig
-from infra.teardown import ADVICE, BUCKET_TAG, NOT_TERMINATED, NotPreserved, end_advice, judge
+from infra.teardown import ADVICE, BUCKET_TAG, NOT_TERMINATED, STACK_TAG, NotPreserved, end_advice, judge
 
 VPC_CIDR = "10.42.0.0/16"
 
@@ -64,7 +64,6 @@ class SeenHost(BaseModel):
     subnet_id: str | None = None
     bucket: str | None = None
     stack: str | None = None  # the `pulumi-stack` tag: the stack that made it (none on a host made before the tag)
-    state: str | None = None
 
 
 class Existing(BaseModel):
@@ -90,8 +89,7 @@ def look_up(cfg: TrialConfig) -> Existing:
         rank = t.get("rank")
         hosts.append(SeenHost(instance_id=iid, rank=int(rank) if rank and rank.isdigit() else None,
                               instance_type=i.instance_type, zone_name=i.availability_zone,
-                              subnet_id=i.subnet_id, bucket=t.get(BUCKET_TAG), stack=t.get(STACK_TAG),
-                              state=getattr(i, "instance_state", None)))
+                              subnet_id=i.subnet_id, bucket=t.get(BUCKET_TAG), stack=t.get(STACK_TAG)))
     subnets = []
     for sid in aws.ec2.get_subnets(tags=tags).ids:
         s = aws.ec2.get_subnet(id=sid)

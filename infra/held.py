@@ -29,7 +29,6 @@ import pulumi
 from pydantic import BaseModel
 
 READ_OUTPUTS = "pulumi:pulumi:readStackOutputs"
-STACK_TAG = "pulumi-stack"
 
 
 class Held(BaseModel):

@@ -17,8 +17,7 @@ from infra.bucket import Evidence
 from infra.guards import Guards
 from infra.network import Network
 from infra.plan import Host, TrialConfig
-from infra.held import STACK_TAG
-from infra.teardown import BUCKET_TAG
+from infra.teardown import BUCKET_TAG, STACK_TAG
 from infra.sweep import utc_text
 from infra.userdata import user_data
 

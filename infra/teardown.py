@@ -63,6 +63,12 @@ from evidence.errors import UserError
 from evidence.stores import PreservationError, S3Store, open_store, parse_index, verify_index
 
 BUCKET_TAG = "evidence-bucket"
+STACK_TAG = "pulumi-stack"  # on every host: the stack (organization/project/stack) that made it (infra/held.py)
+
+
+def tag_value(tags: list[dict[str, str]] | None, key: str) -> str | None:
+    """One tag's value in EC2's list of {Key, Value}."""
+    return next((t["Value"] for t in tags or [] if t["Key"] == key), None)
 
 
 class NotPreserved(UserError, RuntimeError):
@@ -231,13 +237,10 @@ class OutsideTheStack(NotPreserved):
 
 def outside_refusal(trial: str, region: str | None, outside: list[dict[str, Any]], stack: str | None,
                     live: list[str]) -> OutsideTheStack:
-    def tag(i: dict[str, Any], key: str) -> str | None:
-        return next((t["Value"] for t in i.get("Tags", []) if t["Key"] == key), None)
-
     def one(i: dict[str, Any]) -> str:
-        owner = tag(i, "pulumi-stack")
+        owner = tag_value(i.get("Tags"), STACK_TAG)
         whose = f"; stack {owner}'s" if owner and stack and owner != stack else ""
-        return (f"{i['InstanceId']} (rank {tag(i, 'rank') or 'none'}, {i.get('State', {}).get('Name', '?')}, launched "
+        return (f"{i['InstanceId']} (rank {tag_value(i.get('Tags'), 'rank') or 'none'}, {i.get('State', {}).get('Name', '?')}, launched "
                 f"{str(i.get('LaunchTime', '?'))[:19]}{whose})")
 
     return OutsideTheStack(f"instance(s) of trial {trial} that this stack does not hold exist: "
@@ -300,8 +303,7 @@ class DeleteCheck:
                     if outside:
                         raise outside_refusal(self.trial, getattr(session, "region_name", None), outside, self.stack,
                                               sorted(i["InstanceId"] for i in found))
-                    hosts = {i["InstanceId"]: next((t["Value"] for t in i.get("Tags", []) if t["Key"] == BUCKET_TAG), None)
-                             for i in found}
+                    hosts = {i["InstanceId"]: tag_value(i.get("Tags"), BUCKET_TAG) for i in found}
                     self.answer = judge(self.trial, hosts, abandon_unpreserved=self.abandon_unpreserved,
                                         session=session, dry_run=self.dry_run, who=who)
                 except NotPreserved as e:

@@ -5,7 +5,7 @@ Why not the CLI alone. The program cannot tell a destroy from an `up` (the engin
 preview), so the teardown is named by a request file this process writes and removes, in the environment of the
 one `pulumi` process it starts. The delete hooks still refuse while the trial is unpreserved or while an instance
 of it exists that the stack does not hold (infra/teardown.py); this command adds nothing that could let a delete
-through, only what the user should see: the command run, Pulumi's own output and prompt, and what is left.
+through, only what the user should see: the command run, and Pulumi's own output and prompt.
 """
 
 from __future__ import annotations

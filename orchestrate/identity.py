@@ -11,7 +11,7 @@ provider's precedence). A `secure:` value is decrypted by the Pulumi CLI (`pulum
 
 Where the config comes from: `plan --stack FILE`; `up --stack NAME` (its `Pulumi.<NAME>.yaml`) or `up
 --stack-config FILE` beside `--pulumi-outputs`; then `cluster.json` records the file's path (`stack_config`), so
-`status`, `start`, `run` and `down --cluster` speak as the stack without being told again.
+`status`, `start` and `run` speak as the stack without being told again; `down --aws-trial` takes `--stack-config`.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 stages that do the work (orchestrate/trial.py, orchestrate/stages/) and renders what they return; the
 commands live in modules by what they are about, registered here in the order `--help` lists them.
 
-    trial.py   run, probe, recovery-trial          plan.py    estimate, plan, gates, wheelhouse
-    cloud.py   up, status, stop, start, down, destroy             homes.py   preserve, remove
-    study.py   list, validate                       render.py  the tables and gate lines a trial shows
+    trial.py   run, probe, recovery-trial                   plan.py    estimate, plan, gates, wheelhouse
+    cloud.py   up, status, stop, start, down, destroy       homes.py   preserve, remove
+    study.py   list, validate                               render.py  the tables and gate lines a trial shows
 
 Start-up: each command imports what it does (the trial, its backends, the plan, the report's models)
 when it runs, not at the top of its module. With every command's machinery imported up front, every
@@ -33,7 +33,8 @@ def _root() -> None:
 for name, command in [("run", trial.run), ("up", cloud.up), ("probe", trial.probe), ("estimate", plan.estimate),
                       ("plan", plan.plan), ("gates", plan.gates), ("wheelhouse", plan.wheelhouse),
                       ("status", cloud.status), ("preserve", homes.preserve), ("down", cloud.down),
-                      ("stop", cloud.stop), ("start", cloud.start), ("destroy", cloud.destroy), ("remove", homes.remove), ("list", study.list_cmd),
+                      ("stop", cloud.stop), ("start", cloud.start), ("destroy", cloud.destroy),
+                      ("remove", homes.remove), ("list", study.list_cmd),
                       ("validate", study.validate), ("recovery-trial", trial.recovery_trial_cmd)]:
     app.command(name)(command)
 
