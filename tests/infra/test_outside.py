@@ -232,3 +232,22 @@ def test_what_the_up_refuses_is_what_the_stack_does_not_hold():
     no_record = Existing(hosts=[host("i-000000000000000f1", 2), host("i-000000000000000f2", 2)])
     (p,) = outside_problems(cfg, no_record, Held(), me)
     assert "one of them at most" in p
+
+
+def test_orchestrate_destroy_without_the_cli_refuses(tmp_path):
+    import os
+    import sys
+
+    from conftest import run_cli
+
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    os.symlink(sys.executable, bare / "python")
+    env_path = os.environ["PATH"]
+    try:
+        os.environ["PATH"] = str(bare)  # no pulumi on it
+        r = run_cli("-m", "orchestrate", "destroy", "--stack", "test")
+    finally:
+        os.environ["PATH"] = env_path
+    said = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode == 2 and "put the pulumi CLI on PATH" in said and "Traceback" not in said, said

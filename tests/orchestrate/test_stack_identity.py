@@ -101,3 +101,22 @@ def test_up_status_down_and_plan_speak_as_the_stack(aws, tmp_path, finished_tria
     assert r.returncode == 0 and "stopped 0 instance(s)" in said(r) and "stopped" in said(r), said(r)  # already stopped
     print(f"\nenvironment's identity: up refused (hosts not found), down stopped 0; the stack's: up wrote "
           f"cluster.json, status found {len(mine)} hosts, down stopped 2; no credentials: down refused (exit 2)")
+
+
+def test_a_secret_key_in_the_stack_needs_the_cli_and_says_so(tmp_path, monkeypatch):
+    """A stack whose `aws:secretKey` is encrypted (`secure:`) is decrypted by `pulumi config get` only: without the
+    CLI on PATH the command refuses, naming the key, instead of speaking as someone else."""
+    import pytest
+
+    from orchestrate.identity import IdentityError, stack_session
+
+    conf = yaml.safe_load((ROOT / "Pulumi.dev.yaml").read_text())
+    conf["config"]["aws:accessKey"] = "AKIAEXAMPLEEXAMPLE00"
+    conf["config"]["aws:secretKey"] = {"secure": "v1:AAAABBBBCCCC"}
+    stack = tmp_path / "Pulumi.sec.yaml"
+    stack.write_text(yaml.safe_dump(conf))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no pulumi here
+    with pytest.raises(IdentityError, match=r"keeps aws:secretKey encrypted \(secure:\); decrypting it needs the pulumi CLI"):
+        stack_session(stack, "us-east-1")
+    with pytest.raises(IdentityError, match="cannot be read"):
+        stack_session(tmp_path / "Pulumi.gone.yaml", "us-east-1")
