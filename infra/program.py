@@ -29,6 +29,7 @@ from infra.bucket import Evidence
 from infra.credentials import session_factory
 from infra.existing import look_up, refuse_host_changes, refuse_outside, subnet_cidrs
 from infra.held import held_from_outputs, identity_problem, keep_previous, merged, read_previous, stack_fqn
+from infra.lease import current, take
 from infra.gate import DestroyGate
 from infra.guards import Guards
 from infra.hosts import Hosts
@@ -64,7 +65,21 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = 
                              lambda: session_for().client("sts").get_caller_identity()["Account"], teardown=teardown)
     if moved:
         raise ValueError(moved)  # nothing registered
-    check = DeleteCheck(cfg.trial, cfg.abandon_unpreserved, session_for, dry_run=dry_run)
+    # one operation at a time on the trial, whatever the backend's lock says (infra/lease.py): raises, nothing registered
+    lease = None
+    if not dry_run:
+        lease, stale = take(lambda: session_for().client("ssm"), cfg.trial, stack, "destroy" if teardown else "up")
+        lease.start()
+        if stale:
+            pulumi.log.warn(stale)
+    else:
+        try:
+            running = current(session_for().client("ssm"), cfg.trial)
+        except Exception as e:  # noqa: BLE001 — a preview changes nothing: said, not refused
+            running = f"unknown: the trial's lease cannot be read ({type(e).__name__}: {e})"
+        if running:
+            pulumi.log.warn(f"another operation on trial {cfg.trial}: {running}; what this preview shows may change")
+    check = DeleteCheck(cfg.trial, cfg.abandon_unpreserved, session_for, dry_run=dry_run, lease=lease)
     check.hold(held.instances, stack)
     refuse = pulumi.ResourceHook(f"{cfg.trial}-refuse-unpreserved", check.hook,
                                  pulumi.ResourceHookOptions(on_dry_run=True))

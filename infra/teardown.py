@@ -61,6 +61,7 @@ from evidence.anchors import AnchorError, released_prefixes
 from evidence.canonical import bytes_sha256
 from evidence.errors import UserError
 from evidence.stores import PreservationError, S3Store, open_store, parse_index, verify_index
+from infra.lease import LeaseHeld
 
 BUCKET_TAG = "evidence-bucket"
 STACK_TAG = "pulumi-stack"  # on every host: the stack (organization/project/stack) that made it (infra/held.py)
@@ -259,9 +260,10 @@ class DeleteCheck:
     hosts as it registers them (`know`), and may settle the answer itself (`settle`)."""
 
     def __init__(self, trial: str, abandon_unpreserved: bool, session_for: Callable[[], Any], *,
-                 dry_run: bool) -> None:
+                 dry_run: bool, lease: Any = None) -> None:
         self.trial, self.abandon_unpreserved, self.session_for = trial, abandon_unpreserved, session_for
         self.dry_run = dry_run
+        self.lease = lease  # this run's operation lease (infra/lease.py): once lost, no delete goes on
         self.lock = threading.Lock()
         self.answer: str | None = None
         self.refusal: NotPreserved | None = None
@@ -320,6 +322,10 @@ class DeleteCheck:
         go on, raises to refuse it."""
         if args.type == INSTANCE and args.id:
             self.know(args.id, (args.old_outputs or {}).get("arn"))
+        lost = getattr(self.lease, "lost", None)
+        if lost:
+            raise LeaseHeld(f"refusing to delete {args.name}{f' ({args.id})' if args.id else ''}: {lost}. No "
+                            "further delete of this operation goes on.")
         try:
             self.verdict(args.id or args.name)
         except OutsideTheStack as e:

@@ -218,12 +218,17 @@ class Deployment:
         return r
 
 
-def pulumi_run(operation: str, config: dict[str, Any], *, root: Path = ROOT, stack: str = "test",
-               state: list[dict[str, Any]] | None = None, answers: list[dict[str, Any]] | None = None,
-               calls: dict[str, Any] | None = None, env: dict[str, str] | None = None,
-               site: Path | None = None, provider: str | None = None, continue_on_error: bool = False,
-               faults: list[dict[str, Any]] | None = None, after_failure: str = "cancel", run_program: bool = True,
-               timeout: float = 300) -> Deployment:
+def pulumi_run(operation: str, config: dict[str, Any], **kw: Any) -> Deployment:
+    """`pulumi_start(...)`, waited for: see there."""
+    return pulumi_start(operation, config, **kw).wait()
+
+
+def pulumi_start(operation: str, config: dict[str, Any], *, root: Path = ROOT, stack: str = "test",
+                 state: list[dict[str, Any]] | None = None, answers: list[dict[str, Any]] | None = None,
+                 calls: dict[str, Any] | None = None, env: dict[str, str] | None = None,
+                 site: Path | None = None, provider: str | None = None, continue_on_error: bool = False,
+                 faults: list[dict[str, Any]] | None = None, after_failure: str = "cancel", run_program: bool = True,
+                 backend: "DiyBackend | None" = None, timeout: float = 300) -> "Running":
     """Run the program of the project at `root` as `pulumi <operation>` would (`destroy` is `destroy
     --run-program`: the environment, e.g. TRIALS_TEARDOWN=1, is the caller's), with `config` as the
     stack's config, `state` as what an earlier deployment left, `answers` for the resources (rules
@@ -238,15 +243,35 @@ def pulumi_run(operation: str, config: dict[str, Any], *, root: Path = ROOT, sta
     the failed resource still completes: the most the engine's in-flight steps can have created before it
     stopped (`step_executor.go` `cancelDueToError`: steps already applying run to their end and are
     recorded). Either way no delete runs after a failed `up`. `continue_on_error`: the engine's flag.
-    `run_program=False` (`destroy` only): a plain `pulumi destroy`, refused when the state holds delete hooks."""
+    `run_program=False` (`destroy` only): a plain `pulumi destroy`, refused when the state holds delete hooks.
+
+    `backend`: a self-managed backend (`DiyBackend`) holding the stack's checkpoint and locks, as the CLI uses
+    one: the operation takes the stack's lock (refused while another holds one), reads `state` from the
+    checkpoint, and at its end writes the checkpoint and removes its lock. A fault with `"pause": PATH` holds
+    that create or delete (after its before-delete hooks) until the file PATH exists, the checkpoint as of then
+    written and `PATH.reached` made: a second operation can be started meanwhile (`pulumi_start` returns at once)."""
     import yaml
 
     if operation not in ("up", "preview", "destroy", "destroy-preview"):
         raise ValueError(operation)
     if after_failure not in ("cancel", "drain"):
         raise ValueError(after_failure)
+    lock = None
+    if backend is not None and operation in ("up", "destroy"):  # `diy/backend.go`: Preview takes no lock
+        try:
+            lock = backend.lock(stack)
+        except BackendLocked as e:  # the CLI stops before any program runs
+            return Running.done(Deployment(operation, 255, "", str(e), {
+                "registrations": [], "calls": [], "logs": [], "hooks": {}, "hook_calls": [], "component_outputs": {},
+                "exports": None, "steps": [], "waves": [], "ops": [], "deployment_error": str(e),
+                "state": backend.read(stack), "program_ran": False}, config))
+    if backend is not None:
+        state = backend.read(stack)
     if not run_program:
-        return plain_destroy(operation, state or [], config)
+        d = plain_destroy(operation, state or [], config)
+        if backend is not None:
+            backend.finish(stack, lock, d.state)
+        return Running.done(d)
     project = yaml.safe_load((root / "Pulumi.yaml").read_text())
     runtime = project.get("runtime") or {}
     options = runtime.get("options", {}) if isinstance(runtime, dict) else {}
@@ -258,7 +283,8 @@ def pulumi_run(operation: str, config: dict[str, Any], *, root: Path = ROOT, sta
         session = {"record": str(work / "record.json"), "engine_module": str(Path(__file__).resolve()),
                    "operation": "destroy" if operation == "destroy-preview" else operation, "state": state,
                    "answers": answers or [], "calls": calls or {}, "provider": provider,
-                   "continue_on_error": continue_on_error, "faults": faults or [], "after_failure": after_failure}
+                   "continue_on_error": continue_on_error, "faults": faults or [], "after_failure": after_failure,
+                   "checkpoint": str(backend.checkpoint(stack)) if backend is not None else None}
         (work / "session.json").write_text(json.dumps(session))
         e = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PULUMI_CONFIG", "PULUMI_CONFIG_SECRET_KEYS")}
         if venv is not None and python != Path(sys.executable):
@@ -269,22 +295,162 @@ def pulumi_run(operation: str, config: dict[str, Any], *, root: Path = ROOT, sta
         if site is not None:
             e["PYTHONPATH"] = str(site)
         e.update(env or {})
+        account_ssm(e, config)
         argv = [str(python), str(EXEC), "--monitor", str(work / "session.json"), "--engine", "harness",
                 "--project", project["name"], "--root_directory", str(root), "--stack", stack, "--pwd", str(pwd),
                 "--dry_run", "true" if operation in ("preview", "destroy-preview") else "false", "--parallel", "16",
                 "--organization", "organization", entry]
-        p = subprocess.run(argv, cwd=root, env=e, capture_output=True, text=True, timeout=timeout)
-        path = work / "record.json"
-        if not path.exists():
-            raise AssertionError(f"the program wrote no record (exit {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-6000:]}")
-        record = json.loads(path.read_text())
-    finally:
+        p = subprocess.Popen(argv, cwd=root, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    except BaseException:
         shutil.rmtree(work, ignore_errors=True)
-    d = Deployment(operation, p.returncode, p.stdout, p.stderr, record, config)
-    d.resources = [Registered(**r) for r in record["registrations"]]
-    for r in d.resources:
-        r.outputs_registered = record["component_outputs"].get(r.urn)
-    return d
+        raise
+    return Running(operation, config, p, work, timeout, backend, stack, lock)
+
+
+class Running:
+    """An operation under way (`pulumi_start`): `wait()` gives its Deployment, after which a backend's checkpoint
+    holds its state and its lock is gone."""
+
+    def __init__(self, operation: str, config: dict[str, Any], p: subprocess.Popen | None, work: Path | None,
+                 timeout: float, backend: "DiyBackend | None", stack: str, lock: Path | None) -> None:
+        self.operation, self.config, self.p, self.work, self.timeout = operation, config, p, work, timeout
+        self.backend, self.stack, self.lock = backend, stack, lock
+        self.deployment: Deployment | None = None
+
+    @classmethod
+    def done(cls, d: Deployment) -> "Running":
+        r = cls(d.operation, d.config, None, None, 0, None, "", None)
+        r.deployment = d
+        return r
+
+    def wait(self) -> Deployment:
+        if self.deployment is not None:
+            return self.deployment
+        assert self.p is not None and self.work is not None
+        try:
+            try:
+                stdout, stderr = self.p.communicate(timeout=self.timeout)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.communicate()
+                raise
+            path = self.work / "record.json"
+            if not path.exists():
+                raise AssertionError(f"the program wrote no record (exit {self.p.returncode}):\n{stdout[-3000:]}\n"
+                                     f"{stderr[-6000:]}")
+            record = json.loads(path.read_text())
+        finally:
+            shutil.rmtree(self.work, ignore_errors=True)
+        d = Deployment(self.operation, self.p.returncode, stdout, stderr, record, self.config)
+        d.resources = [Registered(**r) for r in record["registrations"]]
+        for r in d.resources:
+            r.outputs_registered = record["component_outputs"].get(r.urn)
+        if self.backend is not None and self.operation in ("up", "destroy"):
+            self.backend.finish(self.stack, self.lock, d.state)
+        self.deployment = d
+        return d
+
+
+class BackendLocked(Exception):
+    """`pkg/backend/diy/lock.go` `checkForLock`: another operation's lock file exists."""
+
+
+class DiyBackend:
+    """A self-managed backend's files for one project, as pulumi/pulumi `pkg/backend/diy` lays them out under
+    `<url>/.pulumi/`: the checkpoint `stacks/<org>/<project>/<stack>.json` (here: the state list the harness
+    uses) and one lock file per operation `locks/<org>/<project>/<stack>/<uuid>.json`. `lock` is `Lock`
+    (refused with `checkForLock`'s words while any other lock exists), `finish` is the end of an operation (the
+    checkpoint written, its own lock deleted: `Unlock`), and `cancel` is `pulumi cancel` on this backend
+    (`backend.go` `CancelCurrentUpdate`): every lock file deleted, nothing else, the operation running on."""
+
+    def __init__(self, root: Path, project: str = "trials", org: str = "organization") -> None:
+        self.root, self.project, self.org = Path(root), project, org
+
+    def checkpoint(self, stack: str) -> Path:
+        return self.root / ".pulumi" / "stacks" / self.org / self.project / f"{stack}.json"
+
+    def lock_dir(self, stack: str) -> Path:
+        return self.root / ".pulumi" / "locks" / self.org / self.project / stack
+
+    def read(self, stack: str) -> list[dict[str, Any]]:
+        path = self.checkpoint(stack)
+        return json.loads(path.read_text()) if path.exists() else []
+
+    def lock(self, stack: str) -> Path:
+        import datetime as dt
+        import getpass
+        import socket
+        import uuid
+
+        def held() -> list[Path]:
+            return sorted(self.lock_dir(stack).glob("*.json")) if self.lock_dir(stack).exists() else []
+
+        def refuse(others: list[Path]) -> BackendLocked:
+            lines = [f"the stack is currently locked by {len(others)} lock(s). Either wait for the other process(es) "
+                     "to end or delete the lock file with `pulumi cancel`."]
+            for o in others:
+                c = json.loads(o.read_text())
+                lines.append(f"  file://{o}: created by {c['username']}@{c['hostname']} (pid {c['pid']}) at {c['timestamp']}")
+            return BackendLocked("\n".join(lines))
+
+        if held():
+            raise refuse(held())
+        mine = self.lock_dir(stack) / f"{uuid.uuid4()}.json"
+        mine.parent.mkdir(parents=True, exist_ok=True)
+        mine.write_text(json.dumps({"pid": os.getpid(), "username": getpass.getuser(), "hostname": socket.gethostname(),
+                                    "timestamp": dt.datetime.now(dt.timezone.utc).isoformat()}))
+        others = [o for o in held() if o != mine]
+        if others:  # Lock checks again after writing its own, and backs off
+            mine.unlink()
+            raise refuse(others)
+        return mine
+
+    def finish(self, stack: str, lock: Path | None, state: list[dict[str, Any]]) -> None:
+        path = self.checkpoint(stack)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(state))
+        if lock is not None:
+            lock.unlink(missing_ok=True)  # after a `cancel` it is gone already (Unlock reports it, and goes on)
+
+    def cancel(self, stack: str) -> int:
+        """`pulumi cancel`: the number of lock files deleted."""
+        gone = 0
+        for f in sorted(self.lock_dir(stack).glob("*.json")) if self.lock_dir(stack).exists() else []:
+            f.unlink()
+            gone += 1
+        return gone
+
+
+_ACCOUNT: list[Any] = []
+
+
+def account_ssm(e: dict[str, str], config: dict[str, Any]) -> None:
+    """Every account has Parameter Store, where the program takes its operation lease (infra/lease.py). A test
+    that brings no AWS endpoint of its own (the mocks answer its resources) gets this process's moto server for
+    SSM alone, with moto's test keys where the environment has no identity: the program's other AWS calls go
+    where they went before."""
+    endpoints = config.get("aws:endpoints") or []
+    endpoints = json.loads(endpoints) if isinstance(endpoints, str) else endpoints
+    if e.get("AWS_ENDPOINT_URL_SSM") or e.get("AWS_ENDPOINT_URL") or any("ssm" in x for x in endpoints):
+        return
+    if not _ACCOUNT:
+        import atexit
+        import logging
+
+        from moto.server import ThreadedMotoServer
+
+        from orchestrate.launch.command import free_port
+
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)
+        port = free_port()
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server.start()
+        atexit.register(server.stop)
+        _ACCOUNT.append(f"http://127.0.0.1:{port}")
+    e["AWS_ENDPOINT_URL_SSM"] = _ACCOUNT[0]
+    if not any(e.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_PROFILE")) and not any(
+            config.get(f"aws:{k}") for k in ("accessKey", "profile")):
+        e.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"})
 
 
 _REQUESTS: list[Path] = []

@@ -17,6 +17,7 @@ import pytest
 import requests
 
 from evidence.stores import preserve
+from infra.lease import statement as lease_statement
 from infra.credentials import CredentialsError, StackAws, go_duration_s, open_session
 from pulumi_engine import pulumi_run, teardown_env
 from test_infra import CALLS, answers, live, stack_of
@@ -117,11 +118,16 @@ def enforced(aws, moto_url):
         {"Version": "2012-10-17", "Statement": [
             {"Effect": "Allow", "Action": ["ec2:DescribeInstances"], "Resource": "*"},
             {"Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetObject", "s3:PutObject",
-                                           "s3:GetObjectAttributes"], "Resource": "*"}]}))
+                                           "s3:GetObjectAttributes"], "Resource": "*"},
+            # the operation lease (infra/lease.py), as docs/aws.md grants it
+            # moto authorizes SSM's actions against "*" only (moto/iam/access_control.py: no resource of its own
+            # for them), so the statement's resources (infra/lease.py, AWS's rule) cannot be tested here
+            {**lease_statement(), "Resource": "*"}]}))
     ok = iam.create_access_key(UserName=f"operator-{run}")["AccessKey"]
     was = requests.post(f"{moto_url}/moto-api/reset-auth", data=b"0").json()["PREVIOUS_INITIAL_NO_AUTH_ACTION_COUNT"]
     try:
-        yield {"admin": admin, "role": role, "key": ok["AccessKeyId"], "secret": ok["SecretAccessKey"], "url": moto_url}
+        yield {"admin": admin, "admin_keys": {"AWS_ACCESS_KEY_ID": k["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": k["SecretAccessKey"]},
+               "role": role, "key": ok["AccessKeyId"], "secret": ok["SecretAccessKey"], "url": moto_url}
     finally:
         requests.post(f"{moto_url}/moto-api/reset-auth", data=str(was).encode())
 
@@ -137,14 +143,15 @@ def test_the_check_speaks_as_the_stack_does_when_only_its_config_holds_credentia
             {"Key": "trial", "Value": trial}, {"Key": "evidence-bucket", "Value": bucket}]}])["Instances"]]
     cluster = live(trial=trial)
     rules = answers(trial) + [{"type": "aws:ec2/instance:Instance", "name": f"{trial}-rank-0", "id": iid}]
-    up = pulumi_run("up", stack_of(cluster), answers=rules, calls=CALLS)  # mocks: the state to destroy (rank 0: iid)
+    # mocks: the state to destroy (rank 0: iid); the admin takes the trial's lease
+    up = pulumi_run("up", stack_of(cluster), answers=rules, calls=CALLS, env=enforced["admin_keys"])
     assert up.returncode == 0, up.errors
     # nothing in the environment: no keys, no endpoint, no profile, no role, no container or instance metadata
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
         monkeypatch.delenv(k, raising=False)
     no_other_source(monkeypatch, tmp_path)
     env = dict(TEARDOWN)
-    endpoints = json.dumps([{"ec2": url, "s3": url, "sts": url}])
+    endpoints = json.dumps([{"ec2": url, "s3": url, "sts": url, "ssm": url}])
     roles = json.dumps([{"roleArn": enforced["role"], "sessionName": "trials-destroy"}])
 
     def destroy(**aws_config):
@@ -156,11 +163,15 @@ def test_the_check_speaks_as_the_stack_does_when_only_its_config_holds_credentia
     d = destroy(**with_keys, assumeRoles=roles)
     assert d.failed and f"s3://{bucket}/trials/{trial}/ holds no preservation index" in d.failed, d.failed
     assert iid in d.failed and not [s for s in d.steps if s["outcome"] not in ("failed", "not started")]
-    # controls: without the config's keys there is no identity at all; without its role, one that may not look
+    # controls: without the config's keys there is no identity at all; without its role, one that may not look:
+    # the lease (the first call) is refused, nothing registered, nothing deleted
     d = destroy(endpoints=endpoints, assumeRoles=roles)
-    assert d.failed and "the check could not run" in d.failed and "credentials" in d.failed.lower(), d.failed
+    assert d.returncode == 1 and "lease of trial" in d.errors and "credentials" in d.errors.lower(), d.errors
+    assert not d.steps and [r.typ for r in d.resources] == ["pulumi:pulumi:Stack"]
     d = destroy(**with_keys)
-    assert d.failed and "cannot be listed" in d.failed and ("Unauthorized" in d.failed or "denied" in d.failed.lower())
+    assert d.returncode == 1 and "lease of trial" in d.errors, d.errors
+    assert "Unauthorized" in d.errors or "denied" in d.errors.lower() or "not authorized" in d.errors.lower(), d.errors
+    assert not d.steps and [r.typ for r in d.resources] == ["pulumi:pulumi:Stack"]
     # preserved (by the admin): the same stack's identity verifies it, and the destroy goes through
     home = a_home(tmp_path, "local-training-windows-gpu")
     preserve(home, f"s3://{bucket}/trials/{trial}/", trial=home.name, session=admin)
