@@ -162,7 +162,7 @@ class Guards(Concern):
                                             {"Sid": "KeepWhatItCouldNotDeliver", "Effect": "Allow",
                                              "Action": "sqs:SendMessage", "Resource": a[1]}]})))
         at = utc_text(cfg.deadline)
-        schedule = aws.scheduler.Schedule(
+        schedule = self.schedule = aws.scheduler.Schedule(
             name("deadline"), schedule_expression=f"rate({SWEEP_MINUTES} minute)", schedule_expression_timezone="UTC",
             start_date=at, flexible_time_window=aws.scheduler.ScheduleFlexibleTimeWindowArgs(mode="OFF"),
             description=f"from the deadline on, every minute: stop every running host tagged trial={cfg.trial}",

@@ -103,6 +103,9 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = 
     hosts = Hosts(cfg, refuse, network, evidence, guards, stack=stack, teardown=teardown)
     for _, inst in hosts.instances:  # the check looks these up by id too, and in their account and region
         pulumi.Output.all(inst.id, inst.arn).apply(lambda v: check.know(*v))
+    if teardown:  # a destroy leaves no deadline stop running: one the stack does not hold refuses it
+        check.watch_stops()
+        guards.schedule.name.apply(check.know_stop)
     DestroyGate(cfg, evidence, [network, evidence, hosts, guards], check)  # last: it depends on everything above
 
     outputs = {

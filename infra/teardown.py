@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import threading
 from typing import Any, Callable
 
@@ -231,6 +232,24 @@ def end_advice(trial: str, region: str | None, ids: list[str]) -> str:
             f"trial another name. (Live instances of {trial} now: {', '.join(ids) or 'none'}.)")
 
 
+SCHEDULE = "aws:scheduler/schedule:Schedule"
+
+
+def trial_stops(session: Any, trial: str) -> list[str]:
+    """The names of every EventBridge schedule named as the trial's deadline stop is: `<trial>-deadline-` and the
+    engine's seven hex characters (a schedule takes no tags; infra/guards.py leaves its name to the engine)."""
+    sched = session.client("scheduler")
+    names: list[str] = []
+    kw: dict[str, Any] = {"NamePrefix": f"{trial}-deadline-"}
+    while True:
+        page = sched.list_schedules(**kw)
+        names += [s["Name"] for s in page.get("Schedules", [])
+                  if re.fullmatch(rf"{re.escape(trial)}-deadline-[0-9a-f]{{7}}", s["Name"])]
+        if not page.get("NextToken"):
+            return names
+        kw["NextToken"] = page["NextToken"]
+
+
 class OutsideTheStack(NotPreserved):
     """Instances of the trial exist that the stack does not hold: deleting anything now (its deadline stop first of
     all) would leave them unguarded, tracked by no stack."""
@@ -247,6 +266,16 @@ def outside_refusal(trial: str, region: str | None, outside: list[dict[str, Any]
     return OutsideTheStack(f"instance(s) of trial {trial} that this stack does not hold exist: "
                            f"{', '.join(one(i) for i in outside)}. While one exists nothing of the stack is deleted — "
                            "its deadline stop is what stops them. " + end_advice(trial, region, live))
+
+
+def stray_stop_refusal(trial: str, region: str | None, stray: list[str]) -> OutsideTheStack:
+    where = f" --region {region}" if region else ""
+    return OutsideTheStack(
+        f"deadline stop(s) of trial {trial} that this stack does not hold exist: {', '.join(stray)} (the create of an "
+        "interrupted `up`, which the next `up` made again). A destroy would leave them running, every minute, with "
+        "no stack to end them, so nothing of the stack is deleted while one exists. Once `orchestrate status` shows "
+        "no instance of the trial outside the stack, delete them: "
+        + "; ".join(f"`aws scheduler delete-schedule --name {n}{where}`" for n in stray) + ".")
 
 
 ADVICE = ("Preserve the trial first (`orchestrate preserve --home H` for each home, or `orchestrate down`); if "
@@ -271,6 +300,7 @@ class DeleteCheck:
         self.known: dict[str, str] = {}  # the stack's instances: id -> ARN
         self.held: set[str] = set()  # instances the stack's own record says it held (infra/held.py)
         self.stack: str | None = None  # this stack (organization/project/stack), as instances' pulumi-stack tag has it
+        self.stops: set[str] | None = None  # a destroy's: the deadline stops the stack holds (`watch_stops`)
 
     def know(self, instance_id: str | None, arn: str | None) -> None:
         """A host the stack holds (its id and ARN as the engine answered the program's registration)."""
@@ -283,6 +313,17 @@ class DeleteCheck:
         with self.lock:
             self.held |= set(ids)
             self.stack = stack or self.stack
+
+    def watch_stops(self) -> None:
+        """A destroy: schedules named as the trial's deadline stop that the stack does not hold refuse it too."""
+        with self.lock:
+            self.stops = set() if self.stops is None else self.stops
+
+    def know_stop(self, name: str | None) -> None:
+        """A deadline stop the stack holds (its schedule's name as the engine answered the registration)."""
+        if name:
+            with self.lock:
+                self.stops = (self.stops or set()) | {name}
 
     def settle(self, answer: str) -> None:
         """The program's own verdict for this run (an `up` it let change hosts): the hooks give the same."""
@@ -305,6 +346,13 @@ class DeleteCheck:
                     if outside:
                         raise outside_refusal(self.trial, getattr(session, "region_name", None), outside, self.stack,
                                               sorted(i["InstanceId"] for i in found))
+                    if self.stops is not None:
+                        try:
+                            stray = [n for n in trial_stops(session, self.trial) if n not in self.stops]
+                        except Exception as e:  # noqa: BLE001 — a stop that cannot be listed may be left running
+                            raise NotPreserved(f"the deadline stops of trial {self.trial} cannot be listed: {e}") from None
+                        if stray:
+                            raise stray_stop_refusal(self.trial, getattr(session, "region_name", None), stray)
                     hosts = {i["InstanceId"]: tag_value(i.get("Tags"), BUCKET_TAG) for i in found}
                     self.answer = judge(self.trial, hosts, abandon_unpreserved=self.abandon_unpreserved,
                                         session=session, dry_run=self.dry_run, who=who)

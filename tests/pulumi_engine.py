@@ -70,6 +70,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -907,7 +908,8 @@ def execute(plan: Plan, apply_step: Callable[[Node], str], *, continue_on_error:
 
 class MotoProvider:
     """pulumi-aws's Create and Delete for the types the AWS loop test keeps in moto: the evidence bucket
-    and what keeps it safe, and the instances (terminated). Everything else exists only in the mocks.
+    and what keeps it safe, the instances (terminated) and the deadline stop's schedule (autonamed). Everything
+    else exists only in the mocks.
     The TLS-only bucket policy is not put: this emulation talks plain HTTP to moto, which enforces
     `aws:SecureTransport` (it is checked as a document in tests/infra/test_infra.py)."""
 
@@ -916,6 +918,7 @@ class MotoProvider:
 
         self.s3 = boto3.client("s3")
         self.ec2 = boto3.client("ec2")
+        self.scheduler = boto3.client("scheduler")
 
     def create(self, typ: str, inputs: dict[str, Any], outputs: dict[str, Any], rid: str) -> str | None:
         """Create as the provider would; returns the physical id when it is the cloud's (an instance)."""
@@ -935,6 +938,19 @@ class MotoProvider:
                                           TagSpecifications=[{"ResourceType": "instance", "Tags": tags}])
             outputs["arn"] = f"arn:aws:ec2:us-east-1:123456789012:instance/{made['Instances'][0]['InstanceId']}"
             return made["Instances"][0]["InstanceId"]
+        if typ == "aws:scheduler/schedule:Schedule":
+            # the provider's autonaming (a schedule given no name): the resource's name, "-", seven hex characters
+            # drawn anew for each create (the mocks' fixed suffix would make a second create collide, which the real
+            # one does not); its id is "<group>/<name>" (pulumi-aws `scheduler/schedule.go`)
+            name = inputs.get("name") or f"{rid.removesuffix('-id')}-{uuid.uuid4().hex[:7]}"
+            target = inputs.get("target") or {}
+            self.scheduler.create_schedule(
+                Name=name, ScheduleExpression=inputs.get("scheduleExpression", "rate(1 minute)"),
+                FlexibleTimeWindow={"Mode": (inputs.get("flexibleTimeWindow") or {}).get("mode", "OFF")},
+                Target={"Arn": target.get("arn") or "arn:aws:lambda:us-east-1:123456789012:function:x",
+                        "RoleArn": target.get("roleArn") or "arn:aws:iam::123456789012:role/x"})
+            outputs["name"] = name
+            return f"default/{name}"
         if typ == "aws:s3/bucket:Bucket":
             try:
                 s3.create_bucket(Bucket=outputs["bucket"], ObjectLockEnabledForBucket=bool(inputs.get("objectLockEnabled")))
@@ -973,6 +989,8 @@ class MotoProvider:
             s3.delete_bucket_policy(Bucket=inputs["bucket"])
         elif typ == "aws:ec2/instance:Instance":
             self.ec2.terminate_instances(InstanceIds=[rid])
+        elif typ == "aws:scheduler/schedule:Schedule":
+            self.scheduler.delete_schedule(Name=rid.split("/", 1)[1])
         else:
             return "deleted (mocks only)"
         return "deleted"

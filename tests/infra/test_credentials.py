@@ -97,6 +97,39 @@ class AtMoto:
 
 
 @pytest.fixture
+def unsigned_scheduler():
+    """EventBridge Scheduler for the destroy check's look for stray deadline stops (infra/teardown.py
+    `trial_stops`), answered by a loopback server holding no schedule: once moto enforces IAM it refuses every
+    Scheduler call SignatureDoesNotMatch whatever the keys (moto/iam/access_control.py signs the request again
+    without its query string), and the setting is moto's process-wide. The identity tested is EC2's, S3's, STS's
+    and SSM's; the calls this server saw are kept, to show the check asked."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # ListSchedules: GET /schedules?NamePrefix=...
+            seen.append(self.path)
+            body = json.dumps({"Schedules": []}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
 def enforced(aws, moto_url):
     """moto enforcing IAM: an admin for the test's own set-up, a stack operator whose keys may only assume
     `role`, and `role`, which may list instances and use the trial's buckets."""
@@ -116,7 +149,7 @@ def enforced(aws, moto_url):
         {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole", "Resource": role}]}))
     iam.put_role_policy(RoleName=f"trial-destroyer-{run}", PolicyName="check", PolicyDocument=json.dumps(
         {"Version": "2012-10-17", "Statement": [
-            {"Effect": "Allow", "Action": ["ec2:DescribeInstances"], "Resource": "*"},
+            {"Effect": "Allow", "Action": ["ec2:DescribeInstances", "scheduler:ListSchedules"], "Resource": "*"},
             {"Effect": "Allow", "Action": ["s3:ListBucket", "s3:GetObject", "s3:PutObject",
                                            "s3:GetObjectAttributes"], "Resource": "*"},
             # the operation lease (infra/lease.py), as docs/aws.md grants it
@@ -132,7 +165,8 @@ def enforced(aws, moto_url):
         requests.post(f"{moto_url}/moto-api/reset-auth", data=str(was).encode())
 
 
-def test_the_check_speaks_as_the_stack_does_when_only_its_config_holds_credentials(enforced, aws, monkeypatch, tmp_path):
+def test_the_check_speaks_as_the_stack_does_when_only_its_config_holds_credentials(enforced, aws, monkeypatch, tmp_path,
+                                                                                   unsigned_scheduler):
     admin, url = enforced["admin"], enforced["url"]
     trial = f"cr-{uuid.uuid4().hex[:6]}"
     bucket = f"{trial}-evidence"
@@ -151,7 +185,7 @@ def test_the_check_speaks_as_the_stack_does_when_only_its_config_holds_credentia
         monkeypatch.delenv(k, raising=False)
     no_other_source(monkeypatch, tmp_path)
     env = dict(TEARDOWN)
-    endpoints = json.dumps([{"ec2": url, "s3": url, "sts": url, "ssm": url}])
+    endpoints = json.dumps([{"ec2": url, "s3": url, "sts": url, "ssm": url, "scheduler": unsigned_scheduler[0]}])
     roles = json.dumps([{"roleArn": enforced["role"], "sessionName": "trials-destroy"}])
 
     def destroy(**aws_config):
@@ -179,4 +213,5 @@ def test_the_check_speaks_as_the_stack_does_when_only_its_config_holds_credentia
     assert d.failed is None, d.failed
     assert {s["outcome"] for s in d.steps if s["custom"] and s["type"].startswith("aws:")} == \
         {"deleted (mocks only)", "retained"}
+    assert any(p.startswith("/schedules?NamePrefix=" + trial) for p in unsigned_scheduler[1])  # the stops were asked for
     admin.client("ec2").terminate_instances(InstanceIds=[iid])

@@ -251,3 +251,38 @@ def test_orchestrate_destroy_without_the_cli_refuses(tmp_path):
         os.environ["PATH"] = env_path
     said = " ".join((r.stdout + r.stderr).split())
     assert r.returncode == 2 and "put the pulumi CLI on PATH" in said and "Traceback" not in said, said
+
+
+def test_a_deadline_stop_the_stack_does_not_hold_refuses_the_destroy_until_it_is_deleted(aws, trial, tmp_path):
+    """The create of the deadline stop's schedule reaches the cloud and the engine goes away: the next `up` makes
+    another (a schedule is autonamed: no create is refused), and a destroy would leave the first running every
+    minute, with no stack to end it."""
+    T, bucket, rules = trial
+    config = stack_of(live(trial=T))
+    engine = {"answers": rules, "calls": CALLS, "provider": "moto"}
+    sched = aws.client("scheduler")
+
+    def stops() -> list[str]:
+        return [s["Name"] for s in sched.list_schedules(NamePrefix=f"{T}-deadline-")["Schedules"]]
+
+    first = pulumi_run("up", config, faults=[{"name": f"{T}-deadline", "type": "aws:scheduler/schedule:Schedule",
+                                              "op": "create", "interrupt": True}], **engine)
+    assert first.failed and [p["name"] for p in first.pending] == [f"{T}-deadline"]
+    (stray,) = stops()
+    assert tagged(aws, T) == {}  # every host depends on its deadline stop: none was started
+    second = pulumi_run("up", config, state=first.state, **engine)
+    assert second.returncode == 0, second.errors
+    held = next(s["outputs"]["name"] for s in second.state if s["name"] == f"{T}-deadline" and not s.get("pending")
+                and s["type"] == "aws:scheduler/schedule:Schedule")
+    assert sorted(stops()) == sorted([stray, held]) and len(tagged(aws, T)) == 4
+    preserve_into(aws, bucket, T, tmp_path)
+    d = pulumi_run("destroy", config, state=second.state, env=teardown_env(), **engine)
+    assert d.failed and f"deadline stop(s) of trial {T} that this stack does not hold exist: {stray}" in d.failed, d.failed
+    assert f"aws scheduler delete-schedule --name {stray}" in d.failed and deleted(d) == []
+    assert len(stops()) == 2 and len(tagged(aws, T)) == 4
+    print(f"\ndestroy with a stray deadline stop: refused, {len(deleted(d))} deleted, {len(stops())} stops live")
+    sched.delete_schedule(Name=stray)  # as the refusal says
+    d = pulumi_run("destroy", config, state=second.state, env=teardown_env(), **engine)
+    assert d.failed is None, d.failed
+    assert stops() == [] and tagged(aws, T) == {}
+    print(f"stray deleted; destroy deleted {len(deleted(d))}: {len(stops())} stops, {len(tagged(aws, T))} instances left")
