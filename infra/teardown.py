@@ -229,7 +229,9 @@ def end_advice(trial: str, region: str | None, ids: list[str]) -> str:
             f"end it — `aws ec2 terminate-instances --region {region or '<region>'} --instance-ids <id>` — once you "
             f"have checked it is not another stack's (`orchestrate status` lists every instance of trial {trial}, "
             "held or not); an instance of another stack means this trial name is taken in the account: give the "
-            f"trial another name. (Live instances of {trial} now: {', '.join(ids) or 'none'}.)")
+            "trial another name. If an interrupted `up` made it, `pulumi refresh --clear-pending-creates` then drops "
+            "the pending create that `up` left in the state (the next `up` made that rank again, so it cannot be "
+            f"imported under its name). (Live instances of {trial} now: {', '.join(ids) or 'none'}.)")
 
 
 SCHEDULE = "aws:scheduler/schedule:Schedule"
