@@ -43,7 +43,8 @@ class Concern(pulumi.ComponentResource):
     def child(self, **options: Any) -> pulumi.ResourceOptions:
         """A child's options: parented here, aliased to the URN it had under the stack, and — unless it is
         retained — refusing its delete while the trial is unpreserved (see above)."""
+        before_create = options.pop("before_create", None)
         if not options.get("retain_on_delete"):
-            options["hooks"] = pulumi.ResourceHookBinding(before_delete=[self.refuse])
+            options["hooks"] = pulumi.ResourceHookBinding(before_delete=[self.refuse], before_create=before_create)
         return pulumi.ResourceOptions(parent=self, aliases=[pulumi.Alias(parent=pulumi.ROOT_STACK_RESOURCE)],
                                       **options)

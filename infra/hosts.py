@@ -30,10 +30,12 @@ TEARDOWN_AMI = "ami-teardown-never-launched"
 class Hosts(Concern):
     """`instances`: (host, instance) in rank order, which the guards stop and the outputs list.
     `teardown`: registered for `pulumi destroy --run-program` (infra/__main__.py), when the operator's
-    key may be gone: the key pair then keeps the public key the stack holds."""
+    key may be gone: the key pair then keeps the public key the stack holds. `creating`: each instance's
+    before-create hook (an operation that lost the trial's lease creates no host)."""
 
     def __init__(self, cfg: TrialConfig, refuse: pulumi.ResourceHook, network: Network, evidence: Evidence,
-                 guards: Guards, *, stack: str, teardown: bool = False, opts: pulumi.ResourceOptions | None = None) -> None:
+                 guards: Guards, *, stack: str, teardown: bool = False, creating: pulumi.ResourceHook | None = None,
+                 opts: pulumi.ResourceOptions | None = None) -> None:
         super().__init__("Hosts", cfg, refuse, opts)
         name, tags = self.name, self.tags
         assert cfg.deadline is not None  # the plan refuses a stack without one before anything exists
@@ -88,7 +90,9 @@ class Hosts(Concern):
                       STACK_TAG: stack,
                       "trial-deadline": utc_text(cfg.deadline),
                       "trial-grace-cap-seconds": str(int(cfg.grace_cap_minutes * 60))},
-                opts=self.child(ignore_changes=["userData", "ami"], depends_on=guards.before_hosts))
+                # `creating`: no host is created by an operation that no longer holds the trial's lease (infra/lease.py)
+                opts=self.child(ignore_changes=["userData", "ami"], depends_on=guards.before_hosts,
+                                before_create=[creating] if creating is not None else None))
             self.instances.append((h, inst))
             guards.cover(h, inst)
         # the image the hosts run (their stored state, kept by ignore_changes), not this run's lookup:

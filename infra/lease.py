@@ -43,11 +43,18 @@ import json
 import os
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any, Callable
 
 from evidence.errors import UserError
+
+def clock() -> float:
+    """Seconds on a clock that counts a machine's sleep (Linux's CLOCK_BOOTTIME; else the monotonic clock): a
+    laptop that slept through the TTL must find its lease's writes that old."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME) if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic()
+
 
 TTL_S = 90
 """A slot not rewritten for this long has no live holder: its holder beats every BEAT_S."""
@@ -127,27 +134,54 @@ class Lease:
     def __init__(self, ssm: Any, trial: str, slot: int, holder: dict[str, Any]) -> None:
         self.ssm, self.trial, self.n, self.holder = ssm, trial, slot, holder
         self.name = f"{path_of(trial)}/{slot:010d}"
-        self.lost: str | None = None
+        self.taken_over: str | None = None  # a later slot seen at a beat
+        self.written = clock()  # when the last write that succeeded was sent
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
+    @property
+    def lost(self) -> str | None:
+        """Why this operation may no longer act as the lease's holder: a later slot was seen, or no write has
+        gone through for long enough that another operation may already have passed this one over (a beat
+        that cannot reach the service is no beat: others see the slot age all the same)."""
+        if self.taken_over:
+            return self.taken_over
+        silent = clock() - self.written
+        if not self._stop.is_set() and silent > TTL_S - 2 * BEAT_S:
+            return (f"this operation has not renewed its lease on trial {self.trial} for {silent:.0f} s; after "
+                    f"{TTL_S} s another operation may take it")
+        return None
+
     def _write(self, **extra: Any) -> None:
+        sent = clock()
         self.ssm.put_parameter(Name=self.name, Value=json.dumps({**self.holder, **extra}), Type="String",
                                Overwrite=True)
+        self.written = sent
 
     def beat(self) -> None:
         """Rewrites the slot, unless a later slot exists: then the lease is lost and never written again."""
         with self._lock:
-            if self.lost or self._stop.is_set():
+            if self.taken_over or self._stop.is_set():
                 return
             slots, now = read_slots(self.ssm, self.trial)
             later = [s for s in slots if s.n > self.n]
             if later:
-                self.lost = (f"this operation's lease on trial {self.trial} was taken by {later[-1].describe(now)} "
+                self.taken_over = (f"this operation's lease on trial {self.trial} was taken by {later[-1].describe(now)} "
                              f"(this one was not heard for over {TTL_S} s)")
                 return
             self._write()
+
+    def check(self) -> str | None:
+        """Renews now (unless a write went through in the last second: no one can have passed over a slot written
+        since) and says whether the lease is lost: what a hook asks before the step it guards, so that no step waits
+        for the next beat to learn of a takeover."""
+        if clock() - self.written > 1.0:
+            try:
+                self.beat()
+            except Exception:  # noqa: BLE001 — a renewal that fails counts toward `lost` by its silence
+                pass
+        return self.lost
 
     def start(self, every_s: float = BEAT_S) -> "Lease":
         def run() -> None:
@@ -157,9 +191,9 @@ class Lease:
                 except Exception:  # noqa: BLE001 — a missed beat is retried; TTL_S allows several
                     pass
 
+        atexit.register(self.release)
         self._thread = threading.Thread(target=run, name=f"lease-{self.trial}", daemon=True)
         self._thread.start()
-        atexit.register(self.release)
         return self
 
     def release(self) -> None:
@@ -167,8 +201,9 @@ class Lease:
         with self._lock:
             if self._stop.is_set():
                 return
+            lost = self.lost
             self._stop.set()
-            if self.lost is None:
+            if lost is None:
                 try:
                     self._write(released=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
                 except Exception:  # noqa: BLE001 — unreleased, the slot goes stale after TTL_S
@@ -184,6 +219,10 @@ def holder_of(stack: str, operation: str) -> dict[str, Any]:
             "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
 
 
+CLIENT_CONFIG = {"connect_timeout": 3, "read_timeout": 5, "retries": {"max_attempts": 2}}
+"""The SSM client's settings: a beat must fail fast rather than hang past the TTL in botocore's retries."""
+
+
 def take(ssm_for: Callable[[], Any], trial: str, stack: str, operation: str) -> tuple[Lease, str | None]:
     """Takes the trial's lease for `operation` ("up" or "destroy") with the SSM client `ssm_for()` opens (the
     stack's identity), or raises LeaseHeld naming the holder, or why the lease cannot be read. Returns the lease
@@ -192,7 +231,7 @@ def take(ssm_for: Callable[[], Any], trial: str, stack: str, operation: str) -> 
         ssm = ssm_for()
         slots, now = read_slots(ssm, trial)
         top = slots[-1] if slots else None
-        if top is not None and top.live(now):
+        if top is not None and top.live(now) and not gone_here(top):
             raise LeaseHeld(held_message(trial, top, now))
         lease = Lease(ssm, trial, (top.n + 1) if top else 1, holder_of(stack, operation))
         try:
@@ -201,7 +240,9 @@ def take(ssm_for: Callable[[], Any], trial: str, stack: str, operation: str) -> 
         except ssm.exceptions.ParameterAlreadyExists:
             slots, now = read_slots(ssm, trial)
             (raced,) = [s for s in slots if s.n == lease.n] or [None]
-            raise LeaseHeld(held_message(trial, raced, now)) from None
+            # a create that went through but whose answer was lost, retried by botocore: the slot is this one's
+            if raced is None or raced.holder != lease.holder:
+                raise LeaseHeld(held_message(trial, raced, now)) from None
         for old in slots:  # the record of earlier operations: only the last one is ever read
             if old.n < lease.n - 1:
                 try:
@@ -216,21 +257,43 @@ def take(ssm_for: Callable[[], Any], trial: str, stack: str, operation: str) -> 
                         f"ssm:PutParameter and ssm:DeleteParameter on parameter{path_of(trial)} and its children (docs/aws.md).") from None
     note = None
     if top is not None and not top.holder.get("released"):
-        note = (f"the previous operation on trial {trial} ended without releasing its lease ({top.describe(now)}, "
-                f"over {TTL_S} s): it was killed or lost. Check that it is not still running before trusting the "
-                "state (`pulumi refresh`).")
+        how = (f"its process is gone from this machine" if gone_here(top) and top.live(now)
+               else f"not heard for over {TTL_S} s")
+        note = (f"the previous operation on trial {trial} ended without releasing its lease ({top.describe(now)}; "
+                f"{how}). A failed deployment ends so (the engine then stops the program instead of letting it "
+                "finish), and so does one killed. If it was not a failure you saw, check that it is not still "
+                "running before trusting the state (`pulumi refresh`).")
     return lease, note
+
+
+def gone_here(slot: Slot) -> bool:
+    """The slot's holder ran on this machine and its process is gone. The engine ends a failed deployment by
+    stopping the program's process rather than letting it return (pulumi/pulumi `deployment_executor.go`: the source
+    is closed, which answers `SignalAndWaitForShutdown`, only when no step failed), so a refused `up` or destroy
+    leaves its slot unreleased; rerun on the same machine, it is passed over at once instead of after TTL_S."""
+    h = slot.holder
+    if h.get("host") != socket.gethostname() or not isinstance(h.get("pid"), int):
+        return False
+    try:
+        os.kill(h["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # alive, another user's
+        return False
+    return False
 
 
 def held_message(trial: str, slot: Slot | None, now: dt.datetime) -> str:
     who = slot.describe(now) if slot is not None else "another operation"
-    return (f"refusing to start: another operation holds trial {trial}'s lease: {who}. Nothing was changed. Wait "
-            f"for it to end (it releases the lease as it ends; one killed outright stops beating and is passed over "
-            f"{TTL_S} s after it was last heard). `pulumi cancel` does not stop it.")
+    where = f" ({slot.name})" if slot is not None else ""
+    return (f"refusing to start: another operation holds trial {trial}'s lease{where}: {who}. Nothing was changed. "
+            f"Wait for it to end: it releases the lease as it ends; one that failed or was killed on another machine "
+            f"stops renewing it and is passed over {TTL_S} s after it was last heard (on this machine, at once). "
+            "`pulumi cancel` does not stop it.")
 
 
 def current(ssm: Any, trial: str) -> str | None:
-    """Who holds the trial's lease now, or None (for a preview's warning and `orchestrate status`)."""
+    """Who holds the trial's lease now, or None (for a preview's warning)."""
     slots, now = read_slots(ssm, trial)
     if slots and slots[-1].live(now):
         return slots[-1].describe(now)

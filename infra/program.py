@@ -24,12 +24,13 @@ import datetime as dt
 from typing import Any
 
 import pulumi
+from botocore.config import Config
 
 from infra.bucket import Evidence
 from infra.credentials import session_factory
 from infra.existing import look_up, refuse_host_changes, refuse_outside, subnet_cidrs
 from infra.held import held_from_outputs, identity_problem, keep_previous, merged, read_previous, stack_fqn
-from infra.lease import current, take
+from infra.lease import CLIENT_CONFIG, current, take
 from infra.gate import DestroyGate
 from infra.guards import Guards
 from infra.hosts import Hosts
@@ -68,7 +69,7 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = 
     # one operation at a time on the trial, whatever the backend's lock says (infra/lease.py): raises, nothing registered
     lease = None
     if not dry_run:
-        lease, stale = take(lambda: session_for().client("ssm"), cfg.trial, stack, "destroy" if teardown else "up")
+        lease, stale = take(lambda: session_for().client("ssm", config=Config(**CLIENT_CONFIG)), cfg.trial, stack, "destroy" if teardown else "up")
         lease.start()
         if stale:
             pulumi.log.warn(stale)
@@ -100,7 +101,8 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = 
     network = Network(cfg, refuse, subnet_cidrs(cfg, seen))
     evidence = Evidence(cfg, refuse)
     guards = Guards(cfg, refuse)  # before the hosts: each host depends on its deadline stop
-    hosts = Hosts(cfg, refuse, network, evidence, guards, stack=stack, teardown=teardown)
+    creating = pulumi.ResourceHook(f"{cfg.trial}-lease-held", check.create_hook)  # not on a preview: it takes no lease
+    hosts = Hosts(cfg, refuse, network, evidence, guards, stack=stack, teardown=teardown, creating=creating)
     for _, inst in hosts.instances:  # the check looks these up by id too, and in their account and region
         pulumi.Output.all(inst.id, inst.arn).apply(lambda v: check.know(*v))
     if teardown:  # a destroy leaves no deadline stop running: one the stack does not hold refuses it

@@ -367,12 +367,19 @@ class DeleteCheck:
             assert self.answer is not None
             return self.answer
 
+    def create_hook(self, args: Any) -> None:
+        """A host's `before_create` hook: an operation that lost the trial's lease (infra/lease.py) creates none, since
+        the operation that took the lease over may already have deleted the deadline stop."""
+        lost = self.lease.check() if self.lease is not None else None
+        if lost:
+            raise LeaseHeld(f"refusing to create {args.name}: {lost}. No host is created by this operation.")
+
     def hook(self, args: Any) -> None:
         """A `before_delete` hook (every deleting resource's, and the destroy gate's): returns to let the delete
         go on, raises to refuse it."""
         if args.type == INSTANCE and args.id:
             self.know(args.id, (args.old_outputs or {}).get("arn"))
-        lost = getattr(self.lease, "lost", None)
+        lost = self.lease.check() if self.lease is not None else None
         if lost:
             raise LeaseHeld(f"refusing to delete {args.name}{f' ({args.id})' if args.id else ''}: {lost}. No "
                             "further delete of this operation goes on.")

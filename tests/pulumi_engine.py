@@ -449,9 +449,11 @@ def account_ssm(e: dict[str, str], config: dict[str, Any]) -> None:
         atexit.register(server.stop)
         _ACCOUNT.append(f"http://127.0.0.1:{port}")
     e["AWS_ENDPOINT_URL_SSM"] = _ACCOUNT[0]
-    if not any(e.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_PROFILE")) and not any(
-            config.get(f"aws:{k}") for k in ("accessKey", "profile")):
-        e.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"})
+    # moto's keys, never this machine's: a profile could name a role, SSO or a credential process, which would
+    # reach out for credentials (the stack's own static keys, if it names any, are answered by moto all the same)
+    for k in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_SESSION_TOKEN"):
+        e.pop(k, None)
+    e.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"})
 
 
 _REQUESTS: list[Path] = []

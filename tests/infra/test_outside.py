@@ -284,5 +284,8 @@ def test_a_deadline_stop_the_stack_does_not_hold_refuses_the_destroy_until_it_is
     sched.delete_schedule(Name=stray)  # as the refusal says
     d = pulumi_run("destroy", config, state=second.state, env=teardown_env(), **engine)
     assert d.failed is None, d.failed
+    # the refused destroy's program was ended by the engine, its lease unreleased: on this machine, passed over at once
+    assert any("ended without releasing its lease" in m["message"] and "its process is gone from this machine" in
+               m["message"] for m in d.logs if m["severity"] == "WARNING"), [m["message"][:200] for m in d.logs]
     assert stops() == [] and tagged(aws, T) == {}
     print(f"stray deleted; destroy deleted {len(deleted(d))}: {len(stops())} stops, {len(tagged(aws, T))} instances left")

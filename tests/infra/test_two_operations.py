@@ -86,7 +86,8 @@ def test_a_destroy_beside_a_running_up_is_refused_though_pulumi_cancel_removed_t
     print(f"\nthe up held at rank 3's create: {len(in_state(midway))} hosts in the checkpoint, {len(tagged(aws, T))} live")
     d = pulumi_run("destroy", config, env=teardown_env(), **engine)
     assert d.returncode == 1 and only_the_stack(d) and d.steps == [], d.errors
-    assert f"another operation holds trial {T}'s lease: up of stack organization/trials/test" in d.errors, d.errors
+    assert f"another operation holds trial {T}'s lease (/trials/{T}/operations/" in d.errors, d.errors
+    assert "): up of stack organization/trials/test" in d.errors
     assert "`pulumi cancel` does not stop it" in d.errors
     print(f"\ndestroy beside the running up, after `pulumi cancel` removed its lock: refused, {len(deleted(d))} deleted")
     pause.touch()  # the `up` goes on to its end
@@ -121,7 +122,8 @@ def test_an_up_beside_a_running_destroy_is_refused_and_a_preview_only_says_so(aw
                for m in seen.logs if m["severity"] == "WARNING"), seen.logs
     again = pulumi_run("up", config, **engine)
     assert again.returncode == 1 and only_the_stack(again) and again.ops == [], again.errors
-    assert f"another operation holds trial {T}'s lease: destroy of stack organization/trials/test" in again.errors
+    assert f"another operation holds trial {T}'s lease (/trials/{T}/operations/" in again.errors
+    assert "): destroy of stack organization/trials/test" in again.errors
     print(f"\nup beside the running destroy: refused, {len(again.ops)} steps")
     pause.touch()
     d = destroy.wait()
@@ -163,7 +165,7 @@ def test_the_lease_is_taken_refused_released_and_a_dead_holder_passed_over(ssm, 
     T = f"lease-{uuid.uuid4().hex[:6]}"
     a, note = take(lambda: ssm, T, "org/trials/a", "up")
     assert note is None and a.n == 1
-    with pytest.raises(LeaseHeld, match=rf"another operation holds trial {T}'s lease: up of stack org/trials/a .*\(pid "):
+    with pytest.raises(LeaseHeld, match=rf"another operation holds trial {T}'s lease \(/trials/{T}/operations/0000000001\): up of stack org/trials/a .*\(pid "):
         take(lambda: ssm, T, "org/trials/b", "destroy")
     assert "up of stack org/trials/a" in current(ssm, T)
     a.release()
@@ -239,3 +241,91 @@ def test_a_lease_that_cannot_be_read_refuses(monkeypatch):
                                                                            connect_timeout=1))
     with pytest.raises(LeaseHeld, match=r"cannot be taken \(EndpointConnectionError.*ssm:GetParametersByPath"):
         take(lambda: dead, "lease-x", "org/trials/a", "up")
+
+
+def test_a_holder_that_failed_on_this_machine_is_passed_over_at_once_and_a_silent_one_stops_deleting(ssm):
+    """The engine ends a failed deployment's program without letting it return (its lease unreleased); a holder
+    that cannot renew its lease must stop acting before others may pass it over."""
+    import subprocess
+    import sys
+
+    T = f"lease-{uuid.uuid4().hex[:6]}"
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead, _ = take(lambda: ssm, T, "org/trials/a", "destroy")
+    dead.holder["pid"] = gone.pid  # as the killed program wrote it
+    dead._write()
+    b, note = take(lambda: ssm, T, "org/trials/a", "destroy")
+    assert b.n == 2 and "its process is gone from this machine" in note and "ended without releasing" in note
+    # b's writes stop going through (the service unreachable): past TTL - 2 beats it is lost, and its deletes stop
+    assert b.lost is None
+
+    class Unreachable:
+        exceptions = ssm.exceptions
+
+        def __getattr__(self, name):
+            def call(**kw):
+                raise ConnectionError("the service cannot be reached")
+            return call
+
+    b.ssm = Unreachable()
+    b.written -= lease_mod.TTL_S - 2 * lease_mod.BEAT_S + 1
+    assert b.check() and "has not renewed its lease" in b.lost
+    check = DeleteCheck(T, False, lambda: None, dry_run=False, lease=b)
+    with pytest.raises(LeaseHeld, match="has not renewed its lease"):
+        check.hook(SimpleNamespace(type="aws:ec2/instance:Instance", id="i-1", name=f"{T}-rank-0", old_outputs={}))
+    with pytest.raises(LeaseHeld, match="refusing to create .*has not renewed its lease"):
+        check.create_hook(SimpleNamespace(type="aws:ec2/instance:Instance", id="", name=f"{T}-rank-0"))
+    b.ssm = ssm  # the service back before anyone passed b over: its next renewal makes the lease b's again
+    assert b.check() is None
+    b.release()
+
+
+def test_a_create_retried_after_its_answer_was_lost_keeps_the_slot(ssm):
+    """botocore retries a PutParameter whose answer was lost; the retry meets the slot the first one made."""
+    T = f"lease-{uuid.uuid4().hex[:6]}"
+
+    class LostAnswer:
+        def __init__(self, real):
+            self.real, self.exceptions = real, real.exceptions
+
+        def get_parameters_by_path(self, **kw):
+            return self.real.get_parameters_by_path(**kw)
+
+        def put_parameter(self, **kw):
+            self.real.put_parameter(**kw)
+            if not kw.get("Overwrite"):
+                return self.real.put_parameter(**kw)  # the retry: ParameterAlreadyExists
+            return None
+
+        def delete_parameter(self, **kw):
+            return self.real.delete_parameter(**kw)
+
+    a, note = take(lambda: LostAnswer(ssm), T, "org/trials/a", "up")
+    assert a.n == 1 and note is None
+    assert "up of stack org/trials/a" in current(ssm, T)
+
+
+def test_an_up_that_lost_its_lease_creates_no_more_hosts(aws, trial, tmp_path):
+    """An `up` held (a laptop asleep) past the TTL while another operation took the trial's lease over: when it
+    goes on, its next host's create is refused before EC2 is asked (the host's before-create hook)."""
+    T, _, rules = trial
+    config = stack_of(live(trial=T))
+    backend = DiyBackend(tmp_path / "backend")
+    pause = tmp_path / "rank-3-create"
+    up = pulumi_start("up", config, answers=rules, calls=CALLS, provider="moto", backend=backend,
+                      faults=[{"name": f"{T}-rank-3", "type": HOST, "op": "create", "pause": str(pause)}])
+    wait_for(Path(f"{pause}.reached"), up)
+    settled(backend, 3)
+    ssm = aws.client("ssm")
+    (mine,) = ssm.get_parameters_by_path(Path=f"/trials/{T}/operations")["Parameters"]
+    n = int(mine["Name"].rsplit("/", 1)[1])
+    ssm.put_parameter(Name=f"/trials/{T}/operations/{n + 1:010d}", Type="String", Overwrite=False, Value=json.dumps(
+        {"stack": "organization/trials/test", "operation": "destroy", "user": "someone", "host": "elsewhere",
+         "pid": 1, "started": "2026-12-07T00:00:00+00:00"}))  # as an operation that passed the silent one over
+    time.sleep(1.2)  # the held `up` wrote its lease over a second ago (its renewals then skip no check)
+    pause.touch()
+    d = up.wait()
+    assert d.failed and f"refusing to create {T}-rank-3: this operation's lease on trial {T} was taken by destroy" \
+        in d.failed, d.failed
+    assert sorted(tagged(aws, T).values()) == ["0", "1", "2"]  # rank 3 never reached EC2
