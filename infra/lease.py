@@ -21,12 +21,17 @@ hosts once they exist).
 
 How long a lease lasts. The program's process lives as long as the deployment. The engine answers the SDK's
 `SignalAndWaitForShutdown` only once every step has run, deletes and their hooks included
-(`pkg/resource/deploy/source_eval.go`). So a lease taken when the program starts and released when its process
-exits covers the whole `up` or destroy, all but the engine's last checkpoint write. A preview takes no lease:
-it changes nothing, and `pulumi up` runs one just before its update.
+(`pkg/resource/deploy/source_eval.go`). So a lease taken when the program starts covers the whole `up` or
+destroy, all but the engine's last checkpoint write, and is released when the process exits. A failed deployment
+is the exception: the engine never answers that call when a step failed (`deployment_executor.go` `Execute`), and
+ends the program's process when it closes the language host, so nothing of the program runs after that. Its slot
+stays unreleased. The next operation on the same machine sees that the holder's process is gone and passes the
+slot over at once (`gone_here`); from another machine, it waits TTL_S. A preview takes no lease: it changes
+nothing, and `pulumi up` runs one just before its update.
 
-A holder that finds a slot later than its own has lost the lease: it missed beats for TTL_S. Every delete it has
-not yet made is then refused (infra/teardown.py `DeleteCheck`).
+A holder stops acting once it sees a slot later than its own, or once none of its renewals has gone through for
+TTL_S - 2 * BEAT_S (counted on a clock that includes a machine's sleep). Its hooks renew first, then refuse: every
+delete it has not made and every host it has not created (infra/teardown.py `DeleteCheck`).
 
 What the stack's identity needs (`statement`, docs/aws.md): ssm:GetParametersByPath, ssm:PutParameter and
 ssm:DeleteParameter on `parameter/trials/<trial>/operations` (GetParametersByPath is authorized against the path
