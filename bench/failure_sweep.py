@@ -1,6 +1,7 @@
 """Every failure point of the four-host program through the whole engine harness (#54), against moto:
 
     python bench/failure_sweep.py [cancel|drain ...]    # both by default; about 4 s a harness run
+    python bench/failure_sweep.py --hosts 32 --stops     # 32 hosts, the creates of the stops alone (#68)
 
 For each of the program's creates in turn: `pulumi up` with that create refused by the provider
 (InsufficientInstanceCapacity's words), the engine stopping at once ("cancel") or letting every independent
@@ -39,14 +40,30 @@ def main() -> None:
 
         from infra.plan import TrialConfig
 
+        from test_many_hosts import big
+
+        args = sys.argv[1:]
+        hosts = 4
+        if "--hosts" in args:
+            i = args.index("--hosts")
+            hosts = int(args[i + 1])
+            del args[i:i + 2]
+        stops_only = "--stops" in args
+        if stops_only:
+            args.remove("--stops")
         aws = boto3.Session(region_name="us-east-1")
-        cluster = live()
+        cluster = live() if hosts == 4 else big(hosts, trial=TRIAL)
         config, cfg = stack_of(cluster), TrialConfig.model_validate(cluster)
-        teardown = pulumi_run("destroy", config, state=[], answers=answers(TRIAL), calls=CALLS,
+        teardown = pulumi_run("destroy", config, state=[], answers=answers(TRIAL, hosts), calls=CALLS,
                               env=TEARDOWN).record["engine_states"]
-        baseline = pulumi_run("up", config, answers=answers(TRIAL), calls=CALLS)
+        baseline = pulumi_run("up", config, answers=answers(TRIAL, hosts), calls=CALLS)
         points = [(s["name"], s["type"]) for s in in_account(baseline.record["engine_states"])]
-        modes = sys.argv[1:] or ["cancel", "drain"]
+        if stops_only:  # the stops: the deadline stop's schedule, the budgets, the spend stops, the transfer alarms
+            points = [(n, t) for n, t in points if t in ("aws:scheduler/schedule:Schedule", "aws:budgets/budget:Budget",
+                                                         "aws:budgets/budgetAction:BudgetAction",
+                                                         "aws:cloudwatch/metricAlarm:MetricAlarm")]
+        print(f"{hosts} hosts, {len(points)} failure points{' (the stops)' if stops_only else ''}")
+        modes = args or ["cancel", "drain"]
         mismatches = 0
         for mode in modes:
             print(f"\n{mode}: create fails at | exist (hosts) | deadline stop | transfer alarms (isolated) | "

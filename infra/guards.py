@@ -27,7 +27,9 @@ Per host, when it exists (`cover`):
              one on their sum that notifies. AWS runs an EC2 stop action only from an alarm on a
              per-instance metric (InstanceId dimension), so these need the host's id.
   spend      a budget action that, at 100 % of actual spend, runs SSM's stop document on that host (Budgets'
-             `SsmActionDefinition` takes instance ids only; 10 actions per budget, so at most 10 hosts).
+             `SsmActionDefinition` takes instance ids only). A budget holds 10 actions: past ten hosts the
+             stops of ranks 10g … 10g+9 go on budget g, `<trial>-budget-<g>`, on the same spend (infra/plan.py
+             `budget_group`), each stop still for its host alone.
 The on-host deadline timer and transfer guard (the hosts' user data) stay as the last line.
 """
 
@@ -42,7 +44,7 @@ import pulumi_aws as aws
 
 from infra.concern import Concern
 from infra.outputs import transfer_alarm_prefix
-from infra.plan import SWEEP_MEMORY_MB, Host, TrialConfig, stopped_volume_usd_per_day
+from infra.plan import SWEEP_MEMORY_MB, Host, TrialConfig, budget_group, budget_groups, stopped_volume_usd_per_day
 from infra.sweep import SWEEP_MINUTES, utc_text
 
 ALARM_PERIOD_S = 3600
@@ -237,6 +239,15 @@ class Guards(Concern):
                  "Condition": {"StringEquals": {"aws:ResourceTag/trial": cfg.trial},
                                "ForAnyValue:StringEquals": {"aws:CalledVia": ["ssm.amazonaws.com"]}}},
                 {"Sid": "ReadState", "Effect": "Allow", "Action": "ec2:DescribeInstanceStatus", "Resource": "*"}]}))
+        # past ten hosts (10 actions a budget): one more budget per ten ranks, on the same spend, limit and period,
+        # holding those ranks' spend stops; they notify no one (the first budget does, for the same spend)
+        self.budgets = {0: budget}
+        for g in budget_groups(h.rank for h in cfg.hosts)[1:]:
+            self.budgets[g] = aws.budgets.Budget(
+                name("budget", g), name=f"{self.budget_name}-{g}", budget_type="COST",
+                limit_amount=f"{cfg.budget.total_usd:.2f}", limit_unit="USD", time_unit="ANNUALLY",
+                time_period_start=budget_period_start(cfg), tags=tags, cost_filters=[cost_filter],
+                opts=self.child(ignore_changes=["timePeriodStart"]))
         return budget, spender
 
     def cover(self, host: Host, inst: aws.ec2.Instance) -> None:
@@ -244,7 +255,7 @@ class Guards(Concern):
         transfer alarms. They depend on this host only, so no host waits for another to be guarded."""
         name, cfg, tags = self.name, self.cfg, self.tags
         aws.budgets.BudgetAction(
-            name("spend-stop", host.rank), budget_name=self.budget.name, action_type="RUN_SSM_DOCUMENTS",
+            name("spend-stop", host.rank), budget_name=self.budgets[budget_group(host.rank)].name, action_type="RUN_SSM_DOCUMENTS",
             approval_model="AUTOMATIC", notification_type="ACTUAL", execution_role_arn=self.spender.arn, tags=tags,
             opts=self.child(),
             action_threshold=aws.budgets.BudgetActionActionThresholdArgs(action_threshold_type="PERCENTAGE",

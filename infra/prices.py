@@ -42,6 +42,11 @@ PRICES: dict[str, Price] = {
                             "2026-12"),
     "lambda/gb-second": Price(0.0000166667, "GB-second", "AWS Lambda pricing, us-east-1, x86: $0.0000166667 per "
                                                           "GB-second", "2026-12"),
+    # a budget with actions, beyond the first two of the account (62 budget-days a month free): the AWS Price List's
+    # AWSBudgets offer, usage type ActionEnabledBudgetsUsage, $0.00 for budget-days 0-62 and $0.10 above
+    "budgets/action-enabled-budget-day": Price(0.10, "budget-day", "AWS Budgets pricing (AWS Price List, AWSBudgets: "
+                                                                   "$0.10 per action-enabled budget-day past 62 a "
+                                                                   "month)", "2026-12"),
     "cloudwatch/alarm": Price(0.10, "alarm-month", "Amazon CloudWatch pricing: standard-resolution alarm metric",
                               "2026-12"),
 }

@@ -120,6 +120,8 @@ def build(cfg: TrialConfig, now: dt.datetime | None = None, *, teardown: bool = 
         "grace_cap_minutes": cfg.grace_cap_minutes, "deadline_stop": guards.deadline_stop,
         "isolated_ranks": sorted(cfg.isolated_ranks()), "ami": hosts.ami,
         "budget": cfg.budget.model_dump(exclude={"alert_email"}), "budget_name": guards.budget_name,
+        # every budget holding spend stops (past ten hosts, one per ten ranks: infra/plan.py `budget_group`)
+        "budget_names": [b.name for _, b in sorted(guards.budgets.items())],
         "estimate": {"total_usd": est.total_usd, "totals_usd": est.totals_usd.model_dump(),
                      "traffic": [t.model_dump() for t in est.traffic]},
         "hosts": [{

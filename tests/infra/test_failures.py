@@ -82,7 +82,9 @@ def coverage(state: list[dict], cfg: TrialConfig, trial: str = TRIAL) -> list[di
                      <= names,
                      "transfer": None if rank not in isolated else
                      {f"{trial}-transfer-{rank}-in", f"{trial}-transfer-{rank}-out"} <= names,
-                     "spend": f"{trial}-spend-stop-{rank}" in names})
+                     # its spend stop, on its rank's budget (past ten hosts, one budget per ten ranks: infra/plan.py)
+                     "spend": f"{trial}-spend-stop-{rank}" in names and
+                     (f"{trial}-budget-{rank // 10}" if rank >= 10 else f"{trial}-budget") in names})
     return rows
 
 
