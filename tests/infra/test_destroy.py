@@ -42,12 +42,16 @@ def cloud(state_or_steps: list[dict]) -> list[dict]:
 
 
 def terminate_trial(aws, trial: str = TRIAL) -> None:
-    """End every instance of `trial` this worker's moto holds (the next test's check must not find them)."""
+    """End every instance of `trial` this worker's moto holds, and delete its deadline stops' schedules (the next
+    test's check must find neither: a schedule left would be a stop outside that test's stack)."""
     ec2 = aws.client("ec2")
     ids = [i["InstanceId"] for r in ec2.describe_instances(Filters=[{"Name": "tag:trial", "Values": [trial]}])["Reservations"]
            for i in r["Instances"] if i["State"]["Name"] != "terminated"]
     if ids:
         ec2.terminate_instances(InstanceIds=ids)
+    sched = aws.client("scheduler")
+    for s in sched.list_schedules(NamePrefix=f"{trial}-deadline-")["Schedules"]:
+        sched.delete_schedule(Name=s["Name"])
 
 
 def moto_rules(bucket: str, trial: str = TRIAL) -> list[dict]:

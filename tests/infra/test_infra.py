@@ -607,8 +607,11 @@ def test_every_delete_that_costs_something_is_checked(program):
     tests/infra/test_teardown.py; the order the engine runs them in, from every state, in
     tests/infra/test_destroy.py and test_failures.py). Only the retained evidence carries none. Both hooks
     run in previews too, so a destroy refuses before it asks."""
-    assert set(program.hooks) == {"ltw-four-refuse-unpreserved", "ltw-four-destroy-gate"}
-    assert all(h["on_dry_run"] and not h["ignore_errors"] for h in program.hooks.values())
+    assert set(program.hooks) == {"ltw-four-refuse-unpreserved", "ltw-four-destroy-gate", "ltw-four-lease-held"}
+    deletes = {k: h for k, h in program.hooks.items() if k != "ltw-four-lease-held"}
+    assert all(h["on_dry_run"] and not h["ignore_errors"] for h in deletes.values())
+    # a host's before-create hook (infra/lease.py): not in a preview, which takes no lease
+    assert not program.hooks["ltw-four-lease-held"]["on_dry_run"] and not program.hooks["ltw-four-lease-held"]["ignore_errors"]
     for r in program.resources:
         if r.typ == STACK_TYPE or (not r.custom and r.typ != "trials:infra:DestroyGate"):
             assert not r.hooks, r.name  # the stack and the concerns: their delete deletes nothing
@@ -616,6 +619,8 @@ def test_every_delete_that_costs_something_is_checked(program):
             assert r.hooks == {"before_delete": ["ltw-four-destroy-gate"]}
         elif r.retain_on_delete:
             assert not r.hooks and r.typ.startswith("aws:s3/"), r.name  # the evidence and what keeps it safe
+        elif r.typ == "aws:ec2/instance:Instance":
+            assert r.hooks == {"before_delete": ["ltw-four-refuse-unpreserved"], "before_create": ["ltw-four-lease-held"]}
         else:
             assert r.hooks == {"before_delete": ["ltw-four-refuse-unpreserved"]}, r.name
     assert len([r for r in program.resources if r.hooks.get("before_delete") == ["ltw-four-refuse-unpreserved"]]) == 45

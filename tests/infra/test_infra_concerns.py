@@ -116,4 +116,5 @@ def test_the_same_resources_and_outputs_as_the_flat_program(registered):
     aws = [(r.typ, r.name) for r in registered.resources if r.custom]
     assert len(aws) == len(set(aws)) == 51
     assert set(aws) == set().union(*BY_CONCERN.values())  # every other logical name as before
-    assert set(registered.exports) == HEAD_OUTPUTS | {"grace_cap_minutes", "deadline_stop", "instances_held"}  # #64, #65
+    assert set(registered.exports) == HEAD_OUTPUTS | {"grace_cap_minutes", "deadline_stop", "instances_held",  # #64, #65
+                                                      "budget_names"}  # #68
