@@ -44,7 +44,8 @@ import pulumi_aws as aws
 
 from infra.concern import Concern
 from infra.outputs import transfer_alarm_prefix
-from infra.plan import SWEEP_MEMORY_MB, Host, TrialConfig, budget_group, budget_groups, stopped_volume_usd_per_day
+from infra.plan import (SWEEP_MEMORY_MB, Host, TrialConfig, budget_group, budget_groups, budget_label,
+                        stopped_volume_usd_per_day)
 from infra.sweep import SWEEP_MINUTES, utc_text
 
 ALARM_PERIOD_S = 3600
@@ -244,7 +245,7 @@ class Guards(Concern):
         self.budgets = {0: budget}
         for g in budget_groups(h.rank for h in cfg.hosts)[1:]:
             self.budgets[g] = aws.budgets.Budget(
-                name("budget", g), name=f"{self.budget_name}-{g}", budget_type="COST",
+                name("budget", g), name=budget_label(cfg.trial, g), budget_type="COST",
                 limit_amount=f"{cfg.budget.total_usd:.2f}", limit_unit="USD", time_unit="ANNUALLY",
                 time_period_start=budget_period_start(cfg), tags=tags, cost_filters=[cost_filter],
                 opts=self.child(ignore_changes=["timePeriodStart"]))

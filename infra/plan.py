@@ -154,6 +154,11 @@ def budget_group(rank: int) -> int:
     return rank // ACTIONS_PER_BUDGET
 
 
+def budget_label(trial: str, group: int) -> str:
+    """The AWS name of the trial's budget `group` (`status` reads the first one's spend by this name)."""
+    return f"{trial}-budget" if group == 0 else f"{trial}-budget-{group}"
+
+
 def budget_groups(ranks: Any) -> list[int]:
     """The trial's budgets (0: `<trial>-budget`, g > 0: `<trial>-budget-<g>`) for hosts of these ranks."""
     return sorted({budget_group(r) for r in ranks} | {0})

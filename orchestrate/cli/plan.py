@@ -69,7 +69,8 @@ def plan(arm: str = typer.Argument(..., help="an arm the stack plans, e.g. diloc
     """Cost, hours and bytes of ARM's experiment (the arm and its controls) against the budget split,
     the hosts' vCPUs against the account's G-instance quota, and what staging sends from this machine.
     Exit 1 when anything does not fit."""
-    from infra.plan import GB, stopped_volume_usd_per_day, sweep_usd_per_day, table
+    from infra.plan import (ACTIONS_PER_BUDGET, GB, budget_groups, budget_label, stopped_volume_usd_per_day,
+                            sweep_usd_per_day, table)
     from infra.prices import price
     from orchestrate.stages.plan import PlanError, plan_arm
     from training.config import ConfigError
@@ -147,8 +148,11 @@ def plan(arm: str = typer.Argument(..., help="an arm the stack plans, e.g. diloc
     print(f"stops: the deadline stop (every host tagged trial={cfg.trial}, from its first moment) "
           "and the transfer guards are the bounds. The budget "
           f"(${cfg.budget.total_usd:g}, {'the region' if cfg.budget_filter == 'region' else 'the trial tag'}'s spend) "
-          "and its stop action are a late backstop: AWS Budgets sees costs hours late (its data is refreshed at "
-          f"least daily), so a {cfg.hours:g}-h trial's spend may not show in it before the deadline")
+          "and its per-host stop actions are a late backstop: AWS Budgets sees costs hours late (its data is refreshed "
+          f"at least daily), so a {cfg.hours:g}-h trial's spend may not show in it before the deadline"
+          + (f". A budget holds {ACTIONS_PER_BUDGET} actions: the {len(cfg.hosts)} hosts' stops go on {len(groups)} "
+             f"budgets on that spend, one per {ACTIONS_PER_BUDGET} ranks ({', '.join(budget_label(cfg.trial, g) for g in groups)})"
+             if len(groups := budget_groups(h.rank for h in cfg.hosts)) > 1 else ""))
     for p in problems:
         say("does not fit:", p, style="bold red")
     raise typer.Exit(1 if problems else 0)
