@@ -13,9 +13,6 @@ a destroy deleted; and at each case's end what is still live. Uses a moto server
 from __future__ import annotations
 
 import copy
-import os
-import shutil
-import subprocess
 import sys
 import tempfile
 import uuid
@@ -28,29 +25,21 @@ sys.path.insert(0, str(ROOT))
 
 
 def first_words(d, n: int = 150) -> str:
-    text = d.failed or d.errors or ""
-    for marker in ("refusing", "instance(s) of trial", "rank 3 has", "hook \""):
-        if marker in text:
-            text = text[text.index(marker):]
-            break
-    return " ".join(text.split())[:n] or "ok"
+    from before_after import first_words as words
+
+    return words(d, ("refusing", "instance(s) of trial", "rank 3 has", "hook \""), n)
 
 
 def main() -> None:
-    import boto3
+    from before_after import run_against
 
-    from local_moto import local_moto
-
-    before_rev = sys.argv[1] if len(sys.argv) > 1 else "2a0edbf"
-    with local_moto():
-        run_cases(boto3.Session(region_name="us-east-1"), before_rev)
+    run_against(run_cases, "2a0edbf")
 
 
 def run_cases(aws, before_rev: str) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix="outside-"))
-    before = tmp / "before"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(before), before_rev], check=True)
-    try:
+    from before_after import before_tree
+
+    with before_tree(before_rev, "outside-") as (before, tmp):
         from pulumi_engine import pulumi_run, teardown_env
         from test_destroy import moto_rules, terminate_trial
         from test_failures import preserve_into
@@ -160,9 +149,6 @@ def run_cases(aws, before_rev: str) -> None:
             row("up, resize rank 3, TRIALS_TEARDOWN=1", d, T)
             print(f"  {label:6} | hosts stopped and started: {[o['name'] for o in restarts]}")
             terminate_trial(aws, T)
-    finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(before)], check=False)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -16,10 +16,7 @@ a destroy deleted; at each case's end what is live and whether the trial's deadl
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -31,29 +28,21 @@ sys.path.insert(0, str(ROOT))
 
 
 def first_words(d, n: int = 140) -> str:
-    text = d.failed or d.errors or ""
-    for marker in ("refusing", "the stack is currently locked"):
-        if marker in text:
-            text = text[text.index(marker):]
-            break
-    return " ".join(text.split())[:n] or "ok"
+    from before_after import first_words as words
+
+    return words(d, ("refusing", "the stack is currently locked"), n)
 
 
 def main() -> None:
-    import boto3
+    from before_after import run_against
 
-    from local_moto import local_moto
-
-    before_rev = sys.argv[1] if len(sys.argv) > 1 else "61f09cb"
-    with local_moto():
-        run_cases(boto3.Session(region_name="us-east-1"), before_rev)
+    run_against(run_cases, "61f09cb")
 
 
 def run_cases(aws, before_rev: str) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix="two-ops-"))
-    before = tmp / "before"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(before), before_rev], check=True)
-    try:
+    from before_after import before_tree
+
+    with before_tree(before_rev, "two-ops-") as (before, tmp):
         from pulumi_engine import DiyBackend, pulumi_run, pulumi_start, teardown_env
         from test_destroy import moto_rules, terminate_trial
         from test_failures import preserve_into
@@ -66,6 +55,12 @@ def run_cases(aws, before_rev: str) -> None:
             return {i["InstanceId"]: next((t["Value"] for t in i.get("Tags", []) if t["Key"] == "rank"), None)
                     for r in ec2.describe_instances(Filters=[{"Name": "tag:trial", "Values": [trial]}])["Reservations"]
                     for i in r["Instances"] if i["State"]["Name"] != "terminated"}
+
+        def new_trial(case: str) -> tuple[str, str, dict]:
+            """A trial of its own for a case: its name, its evidence bucket (made), its stack config."""
+            t = f"two-{case}-{uuid.uuid4().hex[:5]}"
+            aws.client("s3").create_bucket(Bucket=f"{t}-evidence")
+            return t, f"{t}-evidence", stack_of(live(trial=t))
 
         def hosts_in(state: list[dict]) -> int:
             return sum(s["type"] == host and bool(s.get("id")) and not s.get("pending") for s in state)
@@ -100,13 +95,10 @@ def run_cases(aws, before_rev: str) -> None:
             deleted_stop = [False]
 
             # A -------------------------------------------------------------------------------------------------
-            t = f"two-a-{uuid.uuid4().hex[:5]}"
-            bucket = f"{t}-evidence"
-            aws.client("s3").create_bucket(Bucket=bucket)
+            t, bucket, config = new_trial("a")
             preserve_into(aws, bucket, t, tmp / f"{label}-a")
             backend = DiyBackend(tmp / f"{label}-a-backend")
             kw = {"root": root, "answers": moto_rules(bucket, t), "calls": CALLS, "provider": "moto", "backend": backend}
-            config = stack_of(live(trial=t))
             print("A  an up held at rank 3's create; pulumi cancel; orchestrate destroy beside it (preserved)")
             pause = tmp / f"{label}-a-pause"
             up = pulumi_start("up", config, faults=[{"name": f"{t}-rank-3", "type": host, "op": "create",
@@ -124,12 +116,9 @@ def run_cases(aws, before_rev: str) -> None:
 
             # B -------------------------------------------------------------------------------------------------
             deleted_stop[0] = False
-            t = f"two-b-{uuid.uuid4().hex[:5]}"
-            bucket = f"{t}-evidence"
-            aws.client("s3").create_bucket(Bucket=bucket)
+            t, bucket, config = new_trial("b")
             backend = DiyBackend(tmp / f"{label}-b-backend")
             kw = {"root": root, "answers": moto_rules(bucket, t), "calls": CALLS, "provider": "moto", "backend": backend}
-            config = stack_of(live(trial=t))
             print("B  a destroy held at rank 0's delete; pulumi cancel; an up beside it")
             row("up", pulumi_run("up", config, **kw), t, backend)
             preserve_into(aws, bucket, t, tmp / f"{label}-b")
@@ -148,12 +137,9 @@ def run_cases(aws, before_rev: str) -> None:
 
             # C -------------------------------------------------------------------------------------------------
             deleted_stop[0] = False
-            t = f"two-c-{uuid.uuid4().hex[:5]}"
-            bucket = f"{t}-evidence"
-            aws.client("s3").create_bucket(Bucket=bucket)
+            t, bucket, config = new_trial("c")
             mine, theirs = DiyBackend(tmp / f"{label}-c-mine"), DiyBackend(tmp / f"{label}-c-theirs")
             kw = {"root": root, "answers": moto_rules(bucket, t), "calls": CALLS, "provider": "moto"}
-            config = stack_of(live(trial=t))
             print("C  a first up held at its VPC's create (no host yet); a second stack (another backend) ups the same trial")
             pause = tmp / f"{label}-c-pause"
             up = pulumi_start("up", config, backend=mine, faults=[{"name": f"{t}-vpc", "type": "aws:ec2/vpc:Vpc",
@@ -167,9 +153,6 @@ def run_cases(aws, before_rev: str) -> None:
             print(f"  {'the first up, let go on':<44} exit {first.returncode:>3}  {len(tagged(t))} live by tag, "
                   f"{hosts_in(mine.read('test'))} + {hosts_in(theirs.read('colleague'))} in the two checkpoints")
             terminate_trial(aws, t)
-    finally:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(before)], check=False)
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import json
-import uuid
 from collections import Counter
 
 import pytest
@@ -18,10 +17,9 @@ import yaml
 from conftest import ROOT, run_cli
 from infra.plan import TrialConfig, budget_group, estimate
 from pulumi_engine import pulumi_run, teardown_env
-from test_destroy import moto_rules, terminate_trial
 from test_failures import preserve_into
 from test_infra import CALLS, live, stack_of
-from test_outside import deleted, in_state, tagged
+from test_outside import a_trial, deleted, in_state, tagged
 
 BUDGET = "aws:budgets/budget:Budget"
 ACTION = "aws:budgets/budgetAction:BudgetAction"
@@ -71,11 +69,8 @@ def est_start(cluster: dict):
 
 @pytest.fixture
 def trial(aws):
-    name = f"big-{uuid.uuid4().hex[:6]}"
-    bucket = f"{name}-evidence"
-    aws.client("s3").create_bucket(Bucket=bucket)
-    yield name, bucket, moto_rules(bucket, name)
-    terminate_trial(aws, name)
+    with a_trial(aws, "big") as t:
+        yield t
 
 
 def spend_stops(d) -> dict[int, tuple[str, list[str]]]:

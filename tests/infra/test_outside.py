@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -46,13 +47,23 @@ def deleted(d) -> list[str]:
     return [st["name"] for st in d.steps if st["custom"] and st["outcome"].startswith("deleted")]
 
 
-@pytest.fixture
-def trial(aws):
-    name = f"out-{uuid.uuid4().hex[:6]}"
+@contextmanager
+def a_trial(aws, prefix: str):
+    """A trial of the test's own in moto: (its name, its evidence bucket, the mocks' answers for it); its instances
+    and schedules gone at the end."""
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
     bucket = f"{name}-evidence"
     aws.client("s3").create_bucket(Bucket=bucket)
-    yield name, bucket, moto_rules(bucket, name)
-    terminate_trial(aws, name)
+    try:
+        yield name, bucket, moto_rules(bucket, name)
+    finally:
+        terminate_trial(aws, name)
+
+
+@pytest.fixture
+def trial(aws):
+    with a_trial(aws, "out") as t:
+        yield t
 
 
 def test_an_interrupted_up_leaves_a_host_the_state_does_not_hold_and_nothing_deletes_past_it(aws, trial, tmp_path):

@@ -24,21 +24,17 @@ import infra.lease as lease_mod
 from infra.lease import LeaseHeld, current, take
 from infra.teardown import DeleteCheck
 from pulumi_engine import DiyBackend, pulumi_run, pulumi_start, teardown_env
-from test_destroy import moto_rules, terminate_trial
 from test_failures import preserve_into
 from test_infra import CALLS, live, stack_of
-from test_outside import deleted, in_state, tagged
+from test_outside import a_trial, deleted, in_state, tagged
 
 HOST = "aws:ec2/instance:Instance"
 
 
 @pytest.fixture
 def trial(aws):
-    name = f"two-{uuid.uuid4().hex[:6]}"
-    bucket = f"{name}-evidence"
-    aws.client("s3").create_bucket(Bucket=bucket)
-    yield name, bucket, moto_rules(bucket, name)
-    terminate_trial(aws, name)
+    with a_trial(aws, "two") as t:
+        yield t
 
 
 def wait_for(path: Path, running, timeout: float = 120) -> None:
