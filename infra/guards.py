@@ -240,15 +240,21 @@ class Guards(Concern):
                  "Condition": {"StringEquals": {"aws:ResourceTag/trial": cfg.trial},
                                "ForAnyValue:StringEquals": {"aws:CalledVia": ["ssm.amazonaws.com"]}}},
                 {"Sid": "ReadState", "Effect": "Allow", "Action": "ec2:DescribeInstanceStatus", "Resource": "*"}]}))
-        # past ten hosts (10 actions a budget): one more budget per ten ranks, on the same spend, limit and period,
-        # holding those ranks' spend stops; they notify no one (the first budget does, for the same spend)
+        # past ten hosts (10 actions a budget): one more budget per ten ranks, on the same spend, limit and period as
+        # the first (its period as created: a budget added after the deadline moved must not start later and miss
+        # the spend before), holding those ranks' spend stops. Each notifies at 100 % of actual spend, the threshold
+        # its actions share, as the console pairs an action with an alert; the first budget's other alerts are not
+        # repeated
         self.budgets = {0: budget}
         for g in budget_groups(h.rank for h in cfg.hosts)[1:]:
             self.budgets[g] = aws.budgets.Budget(
                 name("budget", g), name=budget_label(cfg.trial, g), budget_type="COST",
                 limit_amount=f"{cfg.budget.total_usd:.2f}", limit_unit="USD", time_unit="ANNUALLY",
-                time_period_start=budget_period_start(cfg), tags=tags, cost_filters=[cost_filter],
-                opts=self.child(ignore_changes=["timePeriodStart"]))
+                time_period_start=budget.time_period_start, tags=tags, cost_filters=[cost_filter],
+                opts=self.child(ignore_changes=["timePeriodStart"]),
+                notifications=[aws.budgets.BudgetNotificationArgs(
+                    comparison_operator="GREATER_THAN", notification_type="ACTUAL", threshold=100,
+                    threshold_type="PERCENTAGE", subscriber_sns_topic_arns=[self.topic.arn])])
         return budget, spender
 
     def cover(self, host: Host, inst: aws.ec2.Instance) -> None:

@@ -2,7 +2,8 @@
 
     {"format": "trial-stack-v1", "trial", "region", "deadline" (ISO, UTC), "hours", "ssh_user", "host_python",
      "bucket", "prefix" ("trials/<trial>/"), "alert_topic", "security_group",
-     "transfer_guard_bytes", "guard_fraction", "grace_cap_minutes", "isolated_ranks": [r, ...], "ami", "budget": {...}, "budget_name", "estimate": {...},
+     "transfer_guard_bytes", "guard_fraction", "grace_cap_minutes", "isolated_ranks": [r, ...], "ami", "budget": {...}, "budget_name",
+     "budget_names" (every budget holding spend stops: one per ten ranks), "estimate": {...},
      "hosts": [{"rank", "instance_id", "instance_type", "zone", "private_ip", "public_ip",
                 "vcpus", "ebs_baseline_mb_s", "volume_throughput_mb_s"}, ...]}
 

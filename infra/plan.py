@@ -459,10 +459,11 @@ def estimate(cfg: TrialConfig, now: dt.datetime, *, wheelhouse_bytes: int = 0,
                                  "infra/prices.py, 2026-12)"))
     # past ten hosts the spend stops need more budgets (10 actions each); every action-enabled budget bills per day
     # it exists once the account's free 62 budget-days of the month are used. The trial's first budget is taken
-    # as within them (as before #68); the others are priced for every day from the `up` to the destroy
+    # as within them (as before #68); the others are priced for every calendar day from the `up` to the destroy
+    # (one more than the span, which may start late in a day)
     extra = len(budget_groups(h.rank for h in cfg.hosts)) - 1
     if extra:
-        days = math.ceil(cfg.hours / 24 + cfg.stopped_days)
+        days = math.ceil(cfg.hours / 24 + cfg.stopped_days) + 1
         line("storage_other", f"{extra} more action-enabled budget(s) for the spend stops past "
              f"{ACTIONS_PER_BUDGET} hosts x {days} d", extra * days, "budgets/action-enabled-budget-day")
     # an auto-assigned public IPv4 address bills per hour while its host runs (released at stop)

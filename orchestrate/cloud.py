@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -17,7 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from evidence.errors import UserError
 from infra.keys import pinned_host_key
 from infra.outputs import transfer_alarm_prefix
-from infra.teardown import tag_value
+from infra.teardown import tag_value, trial_stops
 from infra.teardown import trial_instances as described_instances
 
 LIVE_STATES = ("pending", "running", "stopping", "shutting-down")
@@ -388,8 +389,9 @@ def raised_alarm(session: Any, trial: str) -> str | None:
 
 
 def reconcile(session: Any, trial: str) -> list[Finding]:
-    """What of the trial still exists, by tag: instances (running ones bill compute), volumes (bill
-    storage), alarms on its hosts. An empty list of billing findings is what teardown must reach."""
+    """What of the trial still exists: instances (running ones bill compute), volumes (bill storage), alarms on
+    its hosts (by tag), its budgets and its deadline stops (by name). An empty list of billing findings is what
+    teardown must reach."""
     found = [Finding("instance", i.instance_id, i.state, i.state in LIVE_STATES, {"rank": i.rank, "zone": i.zone})
              for i in trial_instances(session, trial)]
     ec2 = session.client("ec2")
@@ -399,6 +401,16 @@ def reconcile(session: Any, trial: str) -> list[Finding]:
                                  {"size_gib": v["Size"], "zone": v["AvailabilityZone"]}))
     found += [Finding("alarm", a.name, a.state, False, {"threshold": a.threshold})
               for a in read_alarms(session, f"{trial}-")]
+    # the trial's budgets (past ten hosts, one per ten ranks: infra/plan.py) and deadline stops: until the destroy
+    # they are the stack's; after it, a budget holding actions bills by the day and a stop runs every minute
+    account = session.client("sts").get_caller_identity()["Account"]
+    for page in session.client("budgets").get_paginator("describe_budgets").paginate(AccountId=account):
+        for b in page.get("Budgets", []):
+            if re.fullmatch(rf"{re.escape(trial)}-budget(-\d+)?", b["BudgetName"]):
+                found.append(Finding("budget", b["BudgetName"], "exists", True,
+                                     {"bills": "$0.10 a day with actions, past the account's free 62 budget-days a month"}))
+    found += [Finding("schedule", name, "runs every minute from the deadline", True, {"what": "deadline stop"})
+              for name in trial_stops(session, trial)]
     return found
 
 

@@ -26,7 +26,7 @@ from types import SimpleNamespace
 import pytest
 
 from evidence.stores import preserve
-from infra.plan import TrialConfig
+from infra.plan import TrialConfig, budget_group, budget_label
 from infra.teardown import DeleteCheck, NotPreserved
 from pulumi_engine import (DependencyGraph, Node, StepError, execute, is_provider, plan_deletes, pulumi_run)
 from test_destroy import TEARDOWN, live_instances, moto_rules, terminate_trial
@@ -72,6 +72,7 @@ def no_nulls(v):
 def coverage(state: list[dict], cfg: TrialConfig, trial: str = TRIAL) -> list[dict]:
     """For each host the state holds: which of its cloud-side stops exist."""
     names = {s["name"] for s in in_account(state)}
+    stops_on = {s["name"]: s["inputs"].get("budgetName") for s in state if s["type"] == "aws:budgets/budgetAction:BudgetAction"}
     isolated = set(cfg.isolated_ranks())
     rows = []
     for s in state:
@@ -83,8 +84,9 @@ def coverage(state: list[dict], cfg: TrialConfig, trial: str = TRIAL) -> list[di
                      "transfer": None if rank not in isolated else
                      {f"{trial}-transfer-{rank}-in", f"{trial}-transfer-{rank}-out"} <= names,
                      # its spend stop, on its rank's budget (past ten hosts, one budget per ten ranks: infra/plan.py)
-                     "spend": f"{trial}-spend-stop-{rank}" in names and
-                     (f"{trial}-budget-{rank // 10}" if rank >= 10 else f"{trial}-budget") in names})
+                     "spend": f"{trial}-spend-stop-{rank}" in names and budget_label(trial, budget_group(rank)) in
+                     {s["inputs"].get("name") for s in state if s["type"] == "aws:budgets/budget:Budget"} and
+                     stops_on.get(f"{trial}-spend-stop-{rank}") == budget_label(trial, budget_group(rank))})
     return rows
 
 

@@ -44,11 +44,12 @@ def test_a_32_host_plan_prices_its_extra_budgets_and_no_longer_refuses(tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     plan = json.loads(r.stdout)
     text = json.dumps(plan)
-    assert "3 more action-enabled budget(s) for the spend stops past 10 hosts x 2 d" in text, text[:3000]
+    assert "3 more action-enabled budget(s) for the spend stops past 10 hosts x 3 d" in text, text[:3000]
     est = estimate(TrialConfig.model_validate(cluster), __import__("datetime").datetime.fromisoformat(
         cluster["deadline"]) - __import__("datetime").timedelta(hours=3))
     (extra,) = [x for x in est.lines if "action-enabled" in x.item]
-    assert (extra.quantity, extra.unit_usd, round(extra.usd, 2)) == (6, 0.10, 0.60)  # 3 budgets x (3 h + 1 stopped day)
+    # 3 budgets x the calendar days 3 h and 1 stopped day may touch
+    assert (extra.quantity, extra.unit_usd, round(extra.usd, 2)) == (9, 0.10, 0.90)
     assert not [p for p in est.problems if "hosts" in p], est.problems
     print("\n" + "\n".join(f"  {x.category:<14} {x.item:<70} ${x.usd:9.2f}" for x in est.lines))
     print(f"  total ${est.total_usd:.2f} of ${est.budget_usd:.2f}")
@@ -110,6 +111,11 @@ def test_a_32_host_up_covers_every_host_and_a_destroy_keeps_the_rules(aws, trial
         host = next(h for h in up.of("aws:ec2/instance:Instance") if h.name == f"{T}-rank-{r.name.rsplit('-', 1)[1]}")
         assert {budget.urn, host.urn} <= set(r.dependencies), r.name
     assert up.exports["budget_names"] == [f"{T}-budget", f"{T}-budget-1", f"{T}-budget-2", f"{T}-budget-3"]
+    first = up.named(f"{T}-budget", BUDGET).inputs
+    for extra in (b for b in up.of(BUDGET) if b.name != f"{T}-budget"):  # the same spend, limit and period
+        assert {k: extra.inputs[k] for k in ("costFilters", "limitAmount", "timePeriodStart", "timeUnit")} == \
+            {k: first[k] for k in ("costFilters", "limitAmount", "timePeriodStart", "timeUnit")}, extra.name
+        assert [(n["notificationType"], n["threshold"]) for n in extra.inputs["notifications"]] == [("ACTUAL", 100)]
     print(f"\n32-host up: {len(ids)} instances, {len(stops)} spend stops on {len(per_budget)} budgets "
           f"({', '.join(f'{b.removeprefix(T)}: {n}' for b, n in sorted(per_budget.items()))})")
     # a destroy before preservation deletes nothing; after it, everything but the evidence
@@ -120,7 +126,7 @@ def test_a_32_host_up_covers_every_host_and_a_destroy_keeps_the_rules(aws, trial
     assert d.failed is None, d.failed
     kept = {s["name"] for s in d.steps if s["outcome"] == "retained"}
     assert tagged(aws, T) == {} and all(n.startswith(f"{T}-evidence") for n in kept), kept
-    assert {f"{T}-budget", f"{T}-budget-1", f"{T}-budget-3"} <= set(deleted(d))
+    assert {f"{T}-budget", f"{T}-budget-1", f"{T}-budget-2", f"{T}-budget-3"} <= set(deleted(d))
     assert sum(n.startswith(f"{T}-spend-stop-") for n in deleted(d)) == 32
     print(f"destroy before preservation: refused, 0 deleted; after: {len(deleted(d))} deleted, kept {sorted(kept)}")
 

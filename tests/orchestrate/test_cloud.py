@@ -58,6 +58,20 @@ def test_reconcile_reports_what_still_bills(aws):
     assert [f.state for f in after if f.kind == "instance"] == ["stopped", "stopped"]
     aws.client("ec2").terminate_instances(InstanceIds=ids)
     assert [f for f in reconcile(aws, "t-rec") if f.kind == "instance"] == []
+    # what a destroy must not leave either: a budget of the trial (one per ten hosts' spend stops) and a deadline stop
+    budgets = aws.client("budgets")
+    for name in ("t-rec-budget", "t-rec-budget-2", "t-rec-budgetary", "other-budget"):
+        budgets.create_budget(AccountId="123456789012", Budget={
+            "BudgetName": name, "BudgetLimit": {"Amount": "100", "Unit": "USD"}, "TimeUnit": "ANNUALLY",
+            "BudgetType": "COST"})
+    aws.client("scheduler").create_schedule(
+        Name="t-rec-deadline-0a1b2c3", ScheduleExpression="rate(1 minute)", FlexibleTimeWindow={"Mode": "OFF"},
+        Target={"Arn": "arn:aws:lambda:us-east-1:123456789012:function:t-rec-deadline-sweep",
+                "RoleArn": "arn:aws:iam::123456789012:role/x"})
+    left = {(f.kind, f.id): f.billing for f in reconcile(aws, "t-rec")}
+    assert {k: v for k, v in left.items() if k[0] in ("budget", "schedule")} == {
+        ("budget", "t-rec-budget"): True, ("budget", "t-rec-budget-2"): True,
+        ("schedule", "t-rec-deadline-0a1b2c3"): True}
 
 
 def test_budget_and_alarm_reads(aws):
